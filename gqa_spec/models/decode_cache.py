@@ -1,0 +1,83 @@
+"""Functional access to the decoder's cache: create it, append k tokens, read and move its index.
+
+These are the only operations the decoding loops need, so autoregressive, speculative and tree
+decoding share one implementation of the cache protocol documented in `t5.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from gqa_spec.models.t5 import Transformer
+
+Cache = Any
+
+
+def init_decode_cache(model: Transformer, params: Any, encoded: jax.Array,
+                      encoder_input_tokens: jax.Array, max_decode_length: int) -> Cache:
+  """Creates the cache for a batch: cross-attention K/V from `encoded`, empty self-attention.
+
+  Args:
+    model: the Transformer.
+    params: its parameters.
+    encoded: `[batch, S, emb]` encoder output.
+    encoder_input_tokens: `[batch, S]` (0 = padding, masked out of cross-attention).
+    max_decode_length: self-attention cache length L; every later call must keep
+      `index + k <= L`.
+
+  Returns:
+    The cache, with index 0 in every row.
+  """
+  batch = encoder_input_tokens.shape[0]
+  dummy = jnp.zeros((batch, 1), jnp.int32)
+  # Creating the cache runs one decode call; its write at slot 0 is overwritten by the first real
+  # call because the index is reset to 0.
+  _, variables = model.apply({'params': params}, encoded, encoder_input_tokens, dummy,
+                             decode=True, max_decode_length=max_decode_length,
+                             method=Transformer.decode, mutable=['cache'])
+  return set_cache_index(variables['cache'], jnp.zeros((batch,), jnp.int32))
+
+
+def decode_tokens(model: Transformer, params: Any, cache: Cache, tokens: jax.Array,
+                  positions: Optional[jax.Array] = None,
+                  attention_mask: Optional[jax.Array] = None) -> Tuple[jax.Array, Cache]:
+  """Appends `tokens [batch, k]` to the cache; returns `([batch, k, vocab] logits, cache)`.
+
+  `positions [batch, k]` and `attention_mask [batch, k, k]` (bool, which of the k new tokens each
+  new token sees) default to consecutive positions after the index and a causal mask.
+  """
+  logits, variables = model.apply({'params': params, 'cache': cache}, None, None, tokens,
+                                  decode=True, decoder_positions=positions,
+                                  decoder_attention_mask=attention_mask,
+                                  method=Transformer.decode, mutable=['cache'])
+  return logits, variables['cache']
+
+
+def cache_index(cache: Cache) -> jax.Array:
+  """`[batch]` number of cached positions per row."""
+  return cache['decoder']['cache_index']
+
+
+def set_cache_index(cache: Cache, index: jax.Array) -> Cache:
+  """Moves every row's index (rollback when moved back: later writes overwrite the slots)."""
+  decoder = dict(cache['decoder'])
+  decoder['cache_index'] = jnp.asarray(index, jnp.int32)
+  return {**cache, 'decoder': decoder}
+
+
+def cache_length(cache: Cache) -> int:
+  """Self-attention cache length L."""
+  return cache['decoder']['positions'].shape[1]
+
+
+def self_attention_kv_bytes(cache: Cache) -> int:
+  """Bytes of self-attention K/V held in the cache (scales with num_kv_heads)."""
+  total = 0
+  for name, layer in cache['decoder'].items():
+    if name.startswith('layers_'):
+      for arr in layer['self_attention'].values():
+        total += arr.size * arr.dtype.itemsize
+  return total

@@ -1,0 +1,99 @@
+"""T5.1.1 building blocks: RMSNorm, bias-free dense layers, the gated MLP and the token embedding.
+
+Parameter names, shapes and initialisers follow t5x's `layers.py`, so a T5X checkpoint maps onto
+these modules one to one.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Initializer = Callable[..., jax.Array]
+
+default_kernel_init = nn.initializers.variance_scaling(1.0, 'fan_in', 'truncated_normal')
+default_embed_init = nn.initializers.normal(stddev=1.0)
+
+
+class RMSNorm(nn.Module):
+  """T5's layer norm: rescales by the root mean square, no mean subtraction, no bias."""
+
+  epsilon: float = 1e-6
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    scale = self.param('scale', nn.initializers.ones, (x.shape[-1],), self.param_dtype)
+    mean2 = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+    y = x32 * jax.lax.rsqrt(mean2 + self.epsilon)
+    # As t5x and HF: normalise in float32, cast to the activation dtype, then scale.
+    return y.astype(self.dtype) * scale.astype(self.dtype)
+
+
+class Dense(nn.Module):
+  """Bias-free dense layer over the last axis with a 2-D `[in, out]` kernel (t5x's joined layout)."""
+
+  features: int
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+  kernel_init: Initializer = default_kernel_init
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    kernel = self.param('kernel', self.kernel_init, (x.shape[-1], self.features), self.param_dtype)
+    return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+
+
+def _activation(name: str) -> Callable[[jax.Array], jax.Array]:
+  return {
+      'gelu': lambda x: nn.gelu(x, approximate=True),  # t5x's default; HF's 'gelu_new'
+      'gelu_exact': lambda x: nn.gelu(x, approximate=False),
+      'relu': nn.relu,
+      'silu': nn.silu,
+      'linear': lambda x: x,
+  }[name]
+
+
+class MlpBlock(nn.Module):
+  """Gated MLP: wo(act_0(wi_0 x) * act_1(wi_1 x)); T5.1.1 is ('gelu', 'linear')."""
+
+  intermediate_dim: int
+  activations: Sequence[str] = ('gelu', 'linear')
+  intermediate_dropout_rate: float = 0.0
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, enable_dropout: bool = False) -> jax.Array:
+    hidden = None
+    for i, act in enumerate(self.activations):
+      name = f'wi_{i}' if len(self.activations) > 1 else 'wi'
+      h = _activation(act)(Dense(self.intermediate_dim, self.dtype, self.param_dtype, name=name)(x))
+      hidden = h if hidden is None else hidden * h
+    hidden = nn.Dropout(self.intermediate_dropout_rate, broadcast_dims=(-2,))(
+        hidden, deterministic=not enable_dropout)  # [batch, length, mlp]
+    return Dense(x.shape[-1], self.dtype, self.param_dtype, name='wo')(hidden)
+
+
+class Embed(nn.Module):
+  """Token embedding `[vocab, emb]`; `attend` gives tied logits (unused by T5.1.1)."""
+
+  num_embeddings: int
+  features: int
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.embedding = self.param('embedding', default_embed_init,
+                                (self.num_embeddings, self.features), self.param_dtype)
+
+  def __call__(self, tokens: jax.Array) -> jax.Array:
+    return jnp.take(self.embedding, tokens, axis=0).astype(self.dtype)  # [batch, length, emb]
+
+  def attend(self, x: jax.Array) -> jax.Array:
+    return jnp.dot(x, self.embedding.T.astype(x.dtype))  # [batch, length, vocab]
