@@ -1,0 +1,154 @@
+"""Logits -> adjusted distributions, and the modified rejection sampling of speculative decoding.
+
+Every sampling method is cast as standard sampling from an adjusted distribution (Leviathan et al.
+2023, sec. 2.2): temperature, then top-k, then top-p (nucleus); temperature 0 is argmax. The same
+adjustment is applied to the target's p and the draft's q before rejection sampling, which is what
+keeps speculative sampling exact for every method.
+
+Acceptance follows Algorithm 1 of Leviathan et al. / Algorithm 2 of Chen et al.: draft token x_i is
+accepted when r_i < p_i(x_i) / (l * q_i(x_i)) with r_i ~ U[0, 1) (l = lenience, 1 = exact; the
+strict `<` with r in [0, 1) never accepts a token with p(x) = 0 and always accepts when
+p >= l * q); on the first rejection the token is resampled from norm(max(0, p - q)); if all gamma are
+accepted the bonus token is sampled from p_{gamma+1}. With l < 1 no token can be emitted with
+probability above p(x) / l (Leviathan sec. A.5). At temperature 0 the draft token is accepted while
+it equals the target's argmax, or, with l < 1, while p(x) >= l * max p on the unstandardised (T=1)
+target distribution (sec. A.5; the paper's text prints the inequality reversed, which would accept
+every token at l = 1; we follow its stated intent and its reported alphas).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Tuple
+
+import jax
+import jax.numpy as jnp
+
+from gqa_spec.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """How tokens are chosen; hashable so it can be a static `jax.jit` argument.
+
+  Attributes:
+    temperature: 0 = greedy (argmax); > 0 divides the logits.
+    top_k: keep the k most likely tokens (0 = off).
+    top_p: keep the smallest set of most likely tokens whose mass reaches top_p (1.0 = off).
+    lenience: l in (0, 1] of speculative acceptance (1 = exact); ignored by autoregressive decoding.
+  """
+
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  lenience: float = 1.0
+
+  def __post_init__(self):
+    if not self.temperature >= 0:
+      raise UserError(f'temperature must be >= 0, got {self.temperature}')
+    if int(self.top_k) != self.top_k or self.top_k < 0:
+      raise UserError(f'top_k must be a non-negative integer, got {self.top_k}')
+    if not 0.0 < self.top_p <= 1.0:
+      raise UserError(f'top_p must be in (0, 1], got {self.top_p}')
+    if not 0.0 < self.lenience <= 1.0:
+      raise UserError(f'lenience must be in (0, 1], got {self.lenience}')
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0.0
+
+
+GREEDY = SamplingConfig()
+
+
+def adjust_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
+  """`[..., V]` logits -> `[..., V]` float32 probabilities of the configured sampling method."""
+  logits = logits.astype(jnp.float32)
+  vocab = logits.shape[-1]
+  if config.greedy:
+    return jax.nn.one_hot(jnp.argmax(logits, axis=-1), vocab, dtype=jnp.float32)  # [..., V]
+  logits = logits / config.temperature
+  if 0 < config.top_k < vocab:
+    kth = jax.lax.top_k(logits, config.top_k)[0][..., -1:]  # [..., 1]
+    logits = jnp.where(logits >= kth, logits, -jnp.inf)  # ties at the k-th value are kept
+  probs = jax.nn.softmax(logits, axis=-1)  # [..., V]
+  if config.top_p < 1.0:
+    order = jnp.argsort(-probs, axis=-1)  # [..., V] descending
+    sorted_probs = jnp.take_along_axis(probs, order, axis=-1)  # [..., V]
+    mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs  # [..., V]
+    keep_sorted = mass_before < config.top_p  # the first token always kept
+    keep = jnp.take_along_axis(keep_sorted, jnp.argsort(order, axis=-1), axis=-1)  # [..., V]
+    probs = jnp.where(keep, probs, 0.0)
+    probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+  return probs
+
+
+def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
+  """Draws one token per row from `[..., V]` probabilities -> `[...]` int32."""
+  return jax.random.categorical(rng, jnp.log(probs), axis=-1).astype(jnp.int32)
+
+
+def choose(rng: jax.Array, logits: jax.Array, config: SamplingConfig) -> Tuple[jax.Array, jax.Array]:
+  """Picks tokens from `[..., V]` logits -> (`[...]` tokens, `[..., V]` the adjusted distribution)."""
+  probs = adjust_logits(logits, config)  # [..., V]
+  if config.greedy:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), probs
+  return sample(rng, probs), probs
+
+
+def _first_rejection(accept: jax.Array) -> jax.Array:
+  """`[b, gamma]` bools -> `[b]` number of leading Trues."""
+  return jnp.sum(jnp.cumprod(accept.astype(jnp.int32), axis=-1), axis=-1)
+
+
+def verify(rng: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array,
+           target_logits: jax.Array, config: SamplingConfig
+           ) -> Tuple[jax.Array, jax.Array, jax.Array]:
+  """Modified rejection sampling of one speculative iteration.
+
+  Args:
+    rng: PRNG key.
+    draft_tokens: `[b, gamma]` the draft's proposals x_1..x_gamma.
+    draft_probs: `[b, gamma, V]` the draft's adjusted q_1..q_gamma (one-hot for deterministic drafts;
+      unused at temperature 0).
+    target_logits: `[b, gamma + 1, V]` target logits for p_1..p_{gamma+1}.
+    config: sampling method and lenience.
+
+  Returns:
+    (`[b]` n, the number of accepted draft tokens; `[b]` the corrected / bonus token t;
+     `[b, gamma]` beta_i of each position, sum_x min(p_i / l, q_i) (Leviathan sec. A.5; the
+     acceptance probability of position i given its prefix, whose mean is alpha)).
+  """
+  gamma = draft_tokens.shape[1]
+  lenience = config.lenience
+  if config.greedy:
+    argmax = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [b, gamma + 1]
+    accept = draft_tokens == argmax[:, :gamma]  # [b, gamma]
+    if lenience < 1.0:
+      p = jax.nn.softmax(target_logits[:, :gamma].astype(jnp.float32), axis=-1)  # [b, gamma, V]
+      p_x = jnp.take_along_axis(p, draft_tokens[..., None], axis=-1)[..., 0]  # [b, gamma]
+      accept |= p_x >= lenience * jnp.max(p, axis=-1)
+    n = _first_rejection(accept)  # [b]
+    # Rejected or all accepted, the next token is the target's argmax at position n + 1.
+    token = jnp.take_along_axis(argmax, n[:, None], axis=1)[:, 0]  # [b]
+    return n, token, accept.astype(jnp.float32)
+
+  p = adjust_logits(target_logits, config)  # [b, gamma + 1, V]
+  q = draft_probs.astype(jnp.float32)  # [b, gamma, V]
+  p_x = jnp.take_along_axis(p[:, :gamma], draft_tokens[..., None], axis=-1)[..., 0]  # [b, gamma]
+  q_x = jnp.take_along_axis(q, draft_tokens[..., None], axis=-1)[..., 0]  # [b, gamma]
+  r_rng, t_rng = jax.random.split(rng)
+  r = jax.random.uniform(r_rng, p_x.shape)  # [b, gamma] in [0, 1)
+  accept = r * lenience * q_x < p_x  # r < p / (l q), without dividing by q = 0
+  n = _first_rejection(accept)  # [b]
+  p_n = jnp.take_along_axis(p, n[:, None, None], axis=1)[:, 0]  # [b, V] p_{n+1}
+  q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)  # [b, gamma + 1, V]
+  q_n = jnp.take_along_axis(q_pad, n[:, None, None], axis=1)[:, 0]  # [b, V]; zeros if all accepted
+  residual = jnp.maximum(p_n - q_n, 0.0)  # [b, V]
+  mass = jnp.sum(residual, axis=-1, keepdims=True)  # [b, 1]
+  # mass == 0 only when p_{n+1} <= q_{n+1} everywhere, i.e. p == q, where rejection cannot happen
+  # (up to float rounding): fall back to p then.
+  residual = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_n)  # [b, V]
+  token = sample(t_rng, residual)  # [b]
+  beta = jnp.sum(jnp.minimum(p[:, :gamma] / lenience, q), axis=-1)  # [b, gamma]
+  return n, token, beta

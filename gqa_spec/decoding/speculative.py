@@ -1,0 +1,189 @@
+"""Speculative decoding (Leviathan et al. 2023, Alg. 1; Chen et al. 2023, Alg. 2) as one jitted loop.
+
+One `lax.while_loop` whose state holds the target's and the draft's states. Each iteration:
+  1. the draft proposes gamma tokens x_1..x_gamma with their adjusted distributions q_1..q_gamma;
+  2. the target appends [s_n, x_1..x_gamma] (gamma + 1 tokens, s_n = each row's last token) in ONE
+     decode call, giving p_1..p_{gamma+1};
+  3. `sampling.verify` accepts a prefix of k tokens and samples t (the correction from
+     norm(max(0, p - q)) or the bonus token from p_{gamma+1});
+  4. each row appends x_1..x_k, t at its own offset (ragged: never synchronised to the batch
+     minimum) and both states roll back by index: the target's to the new length (it then holds
+     s_0..s_{n+k}; t is the next iteration's first input), the draft's via `Draft.commit`.
+A row is done at EOS or `max_decode_len` tokens (tokens after an accepted EOS are discarded); done
+rows keep being computed (batched hardware runs all rows) but are rolled back, so they never
+change; the loop ends when every row is done.
+
+Statistics (all counted over active rows only): target calls, tokens, proposed and accepted
+draft tokens per row, accepted-per-position counts, a histogram of k, and the alpha estimate of
+Corollary 6: the mean of beta_i = sum_x min(p_i / l, q_i) over the positions each iteration
+actually tried (1..min(k + 1, gamma)), whose prefixes are the target's own generations.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Dict
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gqa_spec.decoding import sampling
+from gqa_spec.decoding.autoregressive import DECODER_START, EOS, PAD, finish
+from gqa_spec.decoding.drafts.base import Draft
+from gqa_spec.decoding.sampling import SamplingConfig
+from gqa_spec.decoding.targets import Decoder
+
+PyTree = Any
+
+
+@flax.struct.dataclass
+class SpeculativeResult:
+  """Sequences as in `autoregressive.DecodeResult`, plus acceptance statistics.
+
+  Attributes:
+    sequences: `[b, 2 + max_decode_len + gamma]`, slot 0 the start token; PAD after the length.
+    lengths: `[b]` generated tokens (an EOS included).
+    target_calls: `[b]` verification calls while the row was active.
+    proposed: `[b]` draft tokens proposed to the row (gamma per call).
+    accepted: `[b]` draft tokens accepted (before truncation at EOS / max length).
+    accepted_per_position: `[gamma]` how often draft position i was accepted (pooled).
+    accept_histogram: `[gamma + 1]` how often k = 0..gamma tokens were accepted.
+    beta_sum, beta_count: `[]` sum and number of tried positions' beta (alpha = sum / count).
+    loop_iterations: `[]`.
+  """
+
+  sequences: jax.Array
+  lengths: jax.Array
+  target_calls: jax.Array
+  proposed: jax.Array
+  accepted: jax.Array
+  accepted_per_position: jax.Array
+  accept_histogram: jax.Array
+  beta_sum: jax.Array
+  beta_count: jax.Array
+  loop_iterations: jax.Array
+
+
+@flax.struct.dataclass
+class _State:
+  target_state: PyTree
+  draft_state: PyTree
+  done: jax.Array  # [b] bool
+  result: SpeculativeResult
+  rng: jax.Array
+
+
+def target_cache_length(max_decode_len: int, gamma: int) -> int:
+  """Slots the target's cache needs so that no write clamps: `max_decode_len + gamma + 1`."""
+  return max_decode_len + gamma + 1
+
+
+@functools.partial(jax.jit, static_argnames=('target', 'draft', 'gamma', 'max_decode_len',
+                                             'config', 'eos_id'))
+def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
+           rng: jax.Array, *, gamma: int, max_decode_len: int,
+           config: SamplingConfig = sampling.GREEDY, eos_id: int = EOS) -> SpeculativeResult:
+  """Speculative decoding of a batch.
+
+  Args:
+    target: static target decoder binding.
+    target_state: its state, index 0 per row, >= `target_cache_length(...)` slots.
+    draft: static draft (see `drafts.base.Draft`).
+    draft_state: the draft's initial state.
+    rng: PRNG key.
+    gamma: draft tokens per iteration (>= 1).
+    max_decode_len: most generated tokens per row (EOS included).
+    config: sampling method and lenience, applied to p and q alike.
+    eos_id: end-of-sequence token.
+
+  Returns:
+    `SpeculativeResult`.
+  """
+  if gamma < 1:
+    raise ValueError(f'gamma must be >= 1, got {gamma}')
+  batch = target.index(target_state).shape[0]
+  width = 2 + max_decode_len + gamma  # a done row at max length still writes gamma + 1 slots
+  zeros_b = jnp.zeros((batch,), jnp.int32)
+  result = SpeculativeResult(
+      sequences=jnp.full((batch, width), PAD, jnp.int32).at[:, 0].set(DECODER_START),
+      lengths=zeros_b, target_calls=zeros_b, proposed=zeros_b, accepted=zeros_b,
+      accepted_per_position=jnp.zeros((gamma,), jnp.int32),
+      accept_histogram=jnp.zeros((gamma + 1,), jnp.int32),
+      beta_sum=jnp.zeros((), jnp.float32), beta_count=jnp.zeros((), jnp.float32),
+      loop_iterations=jnp.zeros((), jnp.int32))
+  init = _State(target_state=target_state, draft_state=draft_state,
+                done=jnp.zeros((batch,), bool), result=result, rng=rng)
+  positions = jnp.arange(gamma + 1)  # [gamma + 1]
+
+  def cond(s: _State):
+    return ~jnp.all(s.done)
+
+  def body(s: _State) -> _State:
+    r = s.result
+    rng, draft_rng, verify_rng = jax.random.split(s.rng, 3)
+    active = ~s.done  # [b]
+    tokens, q, dstate = draft.propose(s.draft_state, r.sequences, r.lengths, draft_rng, gamma,
+                                      config)  # [b, gamma], [b, gamma, V]
+    last = jnp.take_along_axis(r.sequences, r.lengths[:, None], axis=1)  # [b, 1]
+    logits, tstate = target.tokens_to_logits(
+        s.target_state, jnp.concatenate([last, tokens], axis=1))  # [b, gamma + 1, V]
+    k, t, beta = sampling.verify(verify_rng, tokens, q, logits, config)  # [b], [b], [b, gamma]
+
+    new = jnp.concatenate([tokens, jnp.zeros_like(tokens[:, :1])], axis=1)  # [b, gamma + 1]
+    new = jnp.where(positions[None] == k[:, None], t[:, None], new)  # x_1..x_k, t, junk
+    keep = k + 1  # [b]
+    is_eos = (new == eos_id) & (positions[None] < keep[:, None])  # [b, gamma + 1]
+    hit_eos = jnp.any(is_eos, axis=1)  # [b]
+    keep = jnp.where(hit_eos, jnp.argmax(is_eos, axis=1) + 1, keep)  # through the first EOS
+    keep = jnp.minimum(keep, max_decode_len - r.lengths)
+    keep = jnp.where(active, keep, 0)  # [b]
+    sequences = jax.vmap(lambda row, upd, i: jax.lax.dynamic_update_slice(row, upd, (i,)))(
+        r.sequences, new, r.lengths + 1)  # [b, width]; slots past the new length are junk
+    lengths = r.lengths + keep  # [b]
+    tstate = target.rollback(tstate, lengths)
+    dstate = draft.commit(dstate, sequences, lengths)
+    done = s.done | (active & hit_eos & (keep > 0)) | (lengths >= max_decode_len)
+
+    act = active.astype(jnp.int32)  # [b]
+    tried = (positions[None, :gamma] <= k[:, None]) & active[:, None]  # [b, gamma]
+    acc = (positions[None, :gamma] < k[:, None]) & active[:, None]  # [b, gamma]
+    result = r.replace(
+        sequences=sequences, lengths=lengths, target_calls=r.target_calls + act,
+        proposed=r.proposed + gamma * act, accepted=r.accepted + k * act,
+        accepted_per_position=r.accepted_per_position + jnp.sum(acc, axis=0, dtype=jnp.int32),
+        accept_histogram=r.accept_histogram + jnp.sum(
+            jax.nn.one_hot(k, gamma + 1, dtype=jnp.int32) * act[:, None], axis=0),
+        beta_sum=r.beta_sum + jnp.sum(jnp.where(tried, beta, 0.0)),
+        beta_count=r.beta_count + jnp.sum(tried),
+        loop_iterations=r.loop_iterations + 1)
+    return _State(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
+
+  final = jax.lax.while_loop(cond, body, init).result
+  return final.replace(sequences=finish(final.sequences, final.lengths))
+
+
+def summarize(result: SpeculativeResult) -> Dict[str, Any]:
+  """Host-side statistics of one call (JSON-ready)."""
+  r = jax.device_get(result)
+  tokens = int(np.sum(r.lengths))
+  calls = int(np.sum(r.target_calls))
+  proposed = np.asarray(r.proposed)
+  accepted = np.asarray(r.accepted)
+  per_row = np.where(proposed > 0, accepted / np.maximum(proposed, 1), np.nan)
+  return {
+      'tokens': tokens,
+      'target_calls': calls,
+      'loop_iterations': int(r.loop_iterations),
+      'mean_tokens_per_call': tokens / calls if calls else 0.0,
+      'mean_tokens_per_call_note': 'generated tokens / target calls, the corrected or bonus token '
+                                   'counted (so >= 1); tokens after EOS / max length are not',
+      'proposed': int(proposed.sum()),
+      'accepted': int(accepted.sum()),
+      'acceptance_rate': float(accepted.sum() / max(proposed.sum(), 1)),
+      'acceptance_rate_per_row': [None if np.isnan(x) else float(x) for x in per_row],
+      'accepted_per_position': [int(x) for x in r.accepted_per_position],
+      'accept_histogram': [int(x) for x in r.accept_histogram],
+      'alpha': float(r.beta_sum / r.beta_count) if r.beta_count else None,
+  }

@@ -1,0 +1,114 @@
+"""The decoder interface the decoding loops drive, its T5 binding, and a fixed-table stub.
+
+A decoder is a hashable, static object (a `jax.jit` static argument) whose methods act on an
+explicit state pytree (parameters + cache), so the loops never see a model:
+
+  tokens_to_logits(state, tokens [b, k], positions=None, mask=None) -> (logits [b, k, V], state)
+      append k >= 1 tokens at each row's index, advance the index by k;
+  rollback(state, index [b]) -> state      move each row's index (back: forget what came after);
+  index(state) -> [b]                      tokens cached per row.
+
+`T5Decoder` binds `gqa_spec.models.decode_cache` (cross-attention K/V computed once per input);
+`TableDecoder` reads next-token logits from a fixed `[T, V, V]` table indexed by (position, current
+token): t5x-style stubs that make exact-distribution tests cheap and every acceptance path reachable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Optional, Protocol, Tuple
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from gqa_spec.models import decode_cache
+from gqa_spec.models.t5 import Transformer
+
+PyTree = Any
+
+
+class Decoder(Protocol):
+  """Incremental decoder with a per-row, rollback-able index (see the module docstring)."""
+
+  def tokens_to_logits(self, state: PyTree, tokens: jax.Array, positions: Optional[jax.Array] = None,
+                       mask: Optional[jax.Array] = None) -> Tuple[jax.Array, PyTree]:
+    ...
+
+  def rollback(self, state: PyTree, index: jax.Array) -> PyTree:
+    ...
+
+  def index(self, state: PyTree) -> jax.Array:
+    ...
+
+
+@flax.struct.dataclass
+class T5State:
+  params: PyTree
+  cache: PyTree
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Decoder:
+  """The T5 `Transformer`'s decoder with its decode cache."""
+
+  model: Transformer
+
+  def init(self, params: PyTree, encoder_input_tokens: jax.Array, cache_length: int) -> T5State:
+    """Encodes `[b, S]` inputs once and creates a cache of `cache_length` slots (index 0)."""
+    return _t5_init(self.model, params, jnp.asarray(encoder_input_tokens, jnp.int32), cache_length)
+
+  def tokens_to_logits(self, state: T5State, tokens: jax.Array, positions=None, mask=None):
+    logits, cache = decode_cache.decode_tokens(self.model, state.params, state.cache, tokens,
+                                               positions, mask)  # [b, k, V]
+    return logits, state.replace(cache=cache)
+
+  def rollback(self, state: T5State, index: jax.Array) -> T5State:
+    return state.replace(cache=decode_cache.set_cache_index(state.cache, index))
+
+  def index(self, state: T5State) -> jax.Array:
+    return decode_cache.cache_index(state.cache)
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'cache_length'))
+def _t5_init(model: Transformer, params: PyTree, encoder_input_tokens: jax.Array,
+             cache_length: int) -> T5State:
+  encoded = model.apply({'params': params}, encoder_input_tokens,
+                        method=Transformer.encode)  # [b, S, emb]
+  cache = decode_cache.init_decode_cache(model, params, encoded, encoder_input_tokens, cache_length)
+  return T5State(params=params, cache=cache)
+
+
+@flax.struct.dataclass
+class TableState:
+  table: jax.Array  # [T, V, V] next-token logits by (position, current token)
+  tokens: jax.Array  # [b, L] tokens fed so far (slot = position)
+  cache_index: jax.Array  # [b]
+
+
+@dataclasses.dataclass(frozen=True)
+class TableDecoder:
+  """Stub decoder: logits of the token at position t are `table[min(t, T-1), token]`."""
+
+  def init(self, table: jax.Array, batch: int, cache_length: int) -> TableState:
+    return TableState(table=jnp.asarray(table, jnp.float32),
+                      tokens=jnp.zeros((batch, cache_length), jnp.int32),
+                      cache_index=jnp.zeros((batch,), jnp.int32))
+
+  def tokens_to_logits(self, state: TableState, tokens: jax.Array, positions=None, mask=None):
+    del mask  # the table conditions on the current token only
+    k = tokens.shape[1]
+    if positions is None:
+      positions = state.cache_index[:, None] + jnp.arange(k, dtype=jnp.int32)  # [b, k]
+    written = jax.vmap(lambda row, new, i: jax.lax.dynamic_update_slice(row, new, (i,)))(
+        state.tokens, tokens.astype(jnp.int32), state.cache_index)  # [b, L]
+    pos = jnp.minimum(positions, state.table.shape[0] - 1)  # [b, k]
+    logits = state.table[pos, tokens]  # [b, k, V]
+    return logits, state.replace(tokens=written, cache_index=state.cache_index + k)
+
+  def rollback(self, state: TableState, index: jax.Array) -> TableState:
+    return state.replace(cache_index=jnp.asarray(index, jnp.int32))
+
+  def index(self, state: TableState) -> jax.Array:
+    return state.cache_index
