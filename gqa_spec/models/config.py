@@ -132,10 +132,10 @@ CPU_VOCAB_SIZE = 8192
 
 PRESETS = {
     # CPU-scale presets. `mini` is the target-sized model, `nano` the draft-sized one: per generated
-    # token nano's decoder does ~15x fewer FLOPs than mini's (see tests/models/test_config.py).
+    # token nano's decoder does ~11x fewer FLOPs than mini's (see tests/models/test_config.py).
     'nano': T5Config(vocab_size=CPU_VOCAB_SIZE, emb_dim=64, num_heads=4, head_dim=16, mlp_dim=128,
                      num_encoder_layers=2, num_decoder_layers=2),
-    'mini': T5Config(vocab_size=CPU_VOCAB_SIZE, emb_dim=256, num_heads=8, head_dim=32, mlp_dim=768,
+    'mini': T5Config(vocab_size=CPU_VOCAB_SIZE, emb_dim=256, num_heads=8, head_dim=32, mlp_dim=1024,
                      num_encoder_layers=4, num_decoder_layers=4),
     # The public T5.1.1 sizes (t5x/examples/t5/t5_1_1/*.gin).
     'small': T5Config(emb_dim=512, num_heads=6, head_dim=64, mlp_dim=1024,

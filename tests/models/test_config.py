@@ -1,0 +1,72 @@
+"""Model configs: validation, JSON round trip, preset sizes and golden parameter shapes.
+
+Golden files (as flaxformer's testdata) make any change of checkpoint layout visible in review.
+Regenerate them deliberately with: GQA_SPEC_UPDATE_GOLDENS=1 pytest tests/models/test_config.py
+"""
+
+import json
+import os
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from gqa_spec.models.config import PRESETS, T5Config, decoder_flops_per_token, preset
+from gqa_spec.models.t5 import Transformer
+
+GOLDEN_DIR = pathlib.Path(__file__).parents[1] / 'testdata' / 'param_shapes'
+GOLDEN_CASES = {name: (name, None) for name in PRESETS}
+GOLDEN_CASES.update({'mini_gqa2': ('mini', 2), 'mini_mqa': ('mini', 1), 'xxl_gqa8': ('xxl', 8)})
+
+
+def param_shapes(config: T5Config) -> dict:
+  """Flattened `{'decoder/layers_0/...': [shapes]}` without allocating parameters."""
+  tokens = jax.ShapeDtypeStruct((1, 4), jnp.int32)
+  abstract = jax.eval_shape(
+      lambda e, d: Transformer(config).init(jax.random.PRNGKey(0), e, d, d, enable_dropout=False),
+      tokens, tokens)['params']
+  flat = jax.tree_util.tree_flatten_with_path(abstract)[0]
+  return {'/'.join(k.key for k in path): list(leaf.shape) for path, leaf in flat}
+
+
+@pytest.mark.parametrize('case', sorted(GOLDEN_CASES))
+def test_parameter_shapes_match_golden_file(case):
+  name, kv_heads = GOLDEN_CASES[case]
+  shapes = param_shapes(preset(name, num_kv_heads=kv_heads))
+  path = GOLDEN_DIR / f'{case}.json'
+  if os.environ.get('GQA_SPEC_UPDATE_GOLDENS'):
+    lines = [f'  {json.dumps(k)}: {json.dumps(v)}' for k, v in sorted(shapes.items())]
+    path.write_text('{\n' + ',\n'.join(lines) + '\n}\n')  # one parameter per line
+  assert shapes == json.loads(path.read_text())
+
+
+def test_public_t5_1_1_sizes():
+  expected = {  # (d_model, heads, layers, mlp) of the public T5.1.1 checkpoints
+      'small': (512, 6, 8, 1024), 'base': (768, 12, 12, 2048), 'large': (1024, 16, 24, 2816),
+      'xl': (2048, 32, 24, 5120), 'xxl': (4096, 64, 24, 10240)}
+  for name, (d, h, layers, mlp) in expected.items():
+    c = PRESETS[name]
+    assert (c.emb_dim, c.num_heads, c.num_encoder_layers, c.num_decoder_layers, c.mlp_dim) == (
+        d, h, layers, layers, mlp)
+    assert c.head_dim == 64 and c.vocab_size == 32128 and c.num_kv_heads == h
+
+
+def test_draft_preset_is_ten_to_twenty_times_cheaper_than_target_preset():
+  ratio = decoder_flops_per_token(PRESETS['mini']) / decoder_flops_per_token(PRESETS['nano'])
+  assert 10 <= ratio <= 20
+
+
+def test_json_round_trip_and_bad_fields():
+  config = preset('mini', num_kv_heads=2, dtype='bfloat16')
+  assert T5Config.from_json(config.to_json()) == config
+  with pytest.raises(ValueError, match='unknown T5Config fields'):
+    T5Config.from_dict({'emb_dim': 8, 'n_heads': 2})
+  with pytest.raises(ValueError, match='not valid JSON'):
+    T5Config.from_json('{"emb_dim": ')
+  with pytest.raises(ValueError, match='dtype'):
+    T5Config(dtype='float8')
+  with pytest.raises(ValueError, match='unknown model preset'):
+    preset('huge')
+  with pytest.raises(ValueError, match='num_kv_heads must be a positive integer'):
+    T5Config(num_kv_heads=0)
