@@ -199,7 +199,7 @@ def _read_file(path: str) -> Tuple[str, bool]:
   try:
     with _OPENERS[_compression(path)](path, 'rb') as f:
       while True:
-        chunk = f.read(1 << 20)
+        chunk = f.read1(1 << 16)  # one block at a time: a damaged tail loses only itself
         if not chunk:
           break
         chunks.append(chunk)
