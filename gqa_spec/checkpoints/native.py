@@ -1,0 +1,178 @@
+"""The native checkpoint: orbax parameters with the model config (and vocabulary) beside them.
+
+Layout of a checkpoint directory; loading needs nothing but its path:
+  config.json                  `T5Config.to_json()`
+  params/                      orbax `StandardCheckpointer` PyTree (the flax 'params' collection)
+  vocab/sentencepiece.model    optional vocabulary, copied in when the checkpoint is written
+
+Every failure to read one (missing directory or file, corrupt JSON, unreadable orbax data, a
+parameter tree that does not fit the config) is a `UserError` naming the path and the problem.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gqa_spec.errors import UserError
+from gqa_spec.models.config import T5Config
+from gqa_spec.models.t5 import Transformer
+
+Params = Any  # nested dict of arrays, the flax 'params' collection
+
+CONFIG_FILE = 'config.json'
+PARAMS_DIR = 'params'
+VOCAB_FILE = os.path.join('vocab', 'sentencepiece.model')
+
+
+def abstract_params(config: T5Config) -> Params:
+  """The parameter tree `config` defines, as `jax.ShapeDtypeStruct`s (nothing is allocated)."""
+  tokens = jnp.zeros((1, 1), jnp.int32)
+  variables = jax.eval_shape(
+      lambda: Transformer(config).init(jax.random.PRNGKey(0), tokens, tokens, tokens,
+                                       enable_dropout=False))
+  return variables['params']
+
+
+def _flat(tree: Params) -> dict:
+  return {'/'.join(path): leaf for path, leaf in _items(tree, ())}
+
+
+def _items(tree, prefix):
+  for key, value in tree.items():
+    if isinstance(value, dict) or hasattr(value, 'items'):
+      yield from _items(value, prefix + (str(key),))
+    else:
+      yield prefix + (str(key),), value
+
+
+def check_params(params: Params, config: T5Config, source: str) -> None:
+  """Raises `UserError` unless `params` has exactly the names and shapes `config` defines.
+
+  Args:
+    params: the parameter tree to check.
+    config: the model config it should fit.
+    source: where the parameters came from, for the message.
+  """
+  expected = _flat(abstract_params(config))
+  got = _flat(params)
+  missing = sorted(set(expected) - set(got))
+  if missing:
+    raise UserError(f'{source}: parameter {missing[0]} is missing ({len(missing)} missing in all) '
+                    'for the model config')
+  unexpected = sorted(set(got) - set(expected))
+  if unexpected:
+    raise UserError(f'{source}: unexpected parameter {unexpected[0]} ({len(unexpected)} in all) '
+                    'for the model config')
+  for name in sorted(expected):
+    if tuple(np.shape(got[name])) != tuple(expected[name].shape):
+      raise UserError(f'{source}: parameter {name} has shape {tuple(np.shape(got[name]))}, the '
+                      f'model config needs {tuple(expected[name].shape)}')
+
+
+def cast_params(params: Params, config: T5Config) -> Params:
+  """Casts every parameter to the config's parameter dtype (as numpy arrays)."""
+  dtype = config.parameter_dtype
+  return jax.tree.map(lambda x: np.asarray(x).astype(dtype), params)
+
+
+def save_checkpoint(directory: str, config: T5Config, params: Params,
+                    vocab_path: Optional[str] = None, overwrite: bool = False) -> None:
+  """Writes a native checkpoint.
+
+  Args:
+    directory: the checkpoint directory; created, and must not exist unless `overwrite`.
+    config: the model config, saved as `config.json`.
+    params: the flax 'params' tree; checked against `config` before anything is written.
+    vocab_path: optional SentencePiece model copied to `vocab/sentencepiece.model`.
+    overwrite: replace an existing directory.
+  """
+  directory = os.path.abspath(directory)
+  check_params(params, config, 'parameters to save')
+  if vocab_path is not None and not os.path.isfile(vocab_path):
+    raise UserError(f'{vocab_path}: vocabulary file not found')
+  if os.path.exists(directory):
+    if not overwrite:
+      raise UserError(f'{directory}: output directory already exists (pass --overwrite to replace it)')
+    shutil.rmtree(directory)
+  os.makedirs(directory)
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top; slow import, save/load only
+  with ocp.StandardCheckpointer() as checkpointer:
+    # numpy leaves carry no sharding, so the checkpoint loads on any device layout.
+    checkpointer.save(os.path.join(directory, PARAMS_DIR), jax.tree.map(np.asarray, params))
+  if vocab_path is not None:
+    os.makedirs(os.path.join(directory, 'vocab'))
+    shutil.copyfile(vocab_path, os.path.join(directory, VOCAB_FILE))
+  with open(os.path.join(directory, CONFIG_FILE), 'w') as f:
+    f.write(config.to_json() + '\n')
+
+
+def load_config(directory: str) -> T5Config:
+  """Reads `config.json` of a native checkpoint."""
+  if not os.path.isdir(directory):
+    raise UserError(f'{directory}: checkpoint directory not found')
+  path = os.path.join(directory, CONFIG_FILE)
+  if not os.path.isfile(path):
+    raise UserError(f'{path}: missing; not a gqa-spec checkpoint directory')
+  try:
+    with open(path) as f:
+      return T5Config.from_json(f.read())
+  except (ValueError, TypeError, UnicodeDecodeError) as e:
+    raise UserError(f'{path}: corrupt model config: {e}') from None
+
+
+def vocab_path(directory: str) -> Optional[str]:
+  """The checkpoint's vocabulary file, or None when it carries none."""
+  path = os.path.join(directory, VOCAB_FILE)
+  return path if os.path.isfile(path) else None
+
+
+def load_checkpoint(directory: str) -> Tuple[T5Config, Params, Optional[str]]:
+  """Reads a native checkpoint.
+
+  Args:
+    directory: a directory written by `save_checkpoint`.
+
+  Returns:
+    `(config, params, vocab_path)`: params are jax arrays in the config's parameter dtype on the
+    default device; `vocab_path` is None when the checkpoint carries no vocabulary.
+  """
+  directory = os.path.abspath(directory)
+  config = load_config(directory)
+  params_dir = os.path.join(directory, PARAMS_DIR)
+  if not os.path.isdir(params_dir):
+    raise UserError(f'{params_dir}: missing; the checkpoint has no parameters')
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  expected = abstract_params(config)
+  with ocp.StandardCheckpointer() as checkpointer:
+    try:
+      stored = checkpointer.metadata(params_dir).item_metadata.tree
+    except Exception as e:  # pylint: disable=broad-except; orbax raises many types for bad data
+      raise UserError(f'{params_dir}: unreadable orbax checkpoint ({type(e).__name__}: '
+                      f'{_first_line(e)})') from None
+    check_params(stored, config, params_dir)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, s.dtype, sharding=device),
+                          expected, _unflat_like(expected, _flat(stored)))
+    try:
+      params = checkpointer.restore(params_dir, target)
+    except Exception as e:  # pylint: disable=broad-except
+      raise UserError(f'{params_dir}: corrupt orbax checkpoint ({type(e).__name__}: '
+                      f'{_first_line(e)})') from None
+  params = jax.tree.map(lambda x: x.astype(config.parameter_dtype), params)
+  return config, params, vocab_path(directory)
+
+
+def _unflat_like(tree: Params, flat: dict, prefix: str = '') -> Params:
+  return {k: (_unflat_like(v, flat, f'{prefix}{k}/') if isinstance(v, dict) else flat[prefix + k])
+          for k, v in tree.items()}
+
+
+def _first_line(e: BaseException) -> str:
+  text = str(e).strip()
+  return text.splitlines()[0] if text else ''
