@@ -1,0 +1,48 @@
+"""Metrics against values computed by hand on small examples."""
+
+import math
+
+import pytest
+
+from gqa_spec.data import metrics
+
+
+def test_rouge_hand_computed():
+  # 'the cat sat' vs 'the cat sat on the mat': 3 of 6 unigrams (P=1, R=1/2, F=2/3);
+  # 2 of 5 bigrams (P=1, R=2/5, F=4/7); LCS 3 (= rouge1). The second pair is identical (100).
+  scores = metrics.rouge(['the cat sat on the mat', 'a dog'], ['the cat sat', 'a dog'])
+  assert scores['rouge1'] == pytest.approx((200 / 3 + 100) / 2)
+  assert scores['rouge2'] == pytest.approx((400 / 7 + 100) / 2)
+  assert scores['rougeLsum'] == pytest.approx((200 / 3 + 100) / 2)
+
+
+def test_rouge_lsum_splits_sentences():
+  # Swapped sentences: one line has LCS 2 of 4 tokens (rougeL 50); T5's ' . ' -> newline makes
+  # them two sentences whose union LCS covers all 4 tokens (rougeLsum 100).
+  scores = metrics.rouge(['a b . c d'], ['c d . a b'], ['rougeL', 'rougeLsum'])
+  assert scores == {'rougeL': pytest.approx(50.0), 'rougeLsum': pytest.approx(100.0)}
+
+
+def test_bleu_hand_computed():
+  assert metrics.bleu(['the cat sat on the mat'], ['the cat sat on the mat'])['bleu'] == (
+      pytest.approx(100.0))
+  # Every n-gram precision is 1; brevity penalty exp(1 - 6/5).
+  assert metrics.bleu(['the cat sat on the mat'], ['the cat sat on the'])['bleu'] == (
+      pytest.approx(100 * math.exp(-0.2), abs=1e-3))
+  # Two references per example (lists of references).
+  assert metrics.bleu([['a b c d e', 'the cat sat on the mat']],
+                      ['the cat sat on the mat'])['bleu'] == pytest.approx(100.0)
+
+
+def test_trivia_qa_max_over_aliases_with_squad_normalisation():
+  scores = metrics.trivia_qa([['The Beatles', 'Beatles'], ['Paris']], ['beatles!', 'paris france'])
+  assert scores['em'] == pytest.approx(50.0)
+  # F1: 1 for the first; 'paris france' vs 'paris': P=1/2, R=1, F1=2/3.
+  assert scores['f1'] == pytest.approx(100 * (1 + 2 / 3) / 2)
+  assert metrics.normalize_squad('The  Quick, brown fox!') == 'quick brown fox'
+
+
+def test_answers_postprocessor():
+  example = {'answers': [b'Paris', b'City of Light']}
+  assert metrics.answers_postprocessor('x', example, is_target=True) == ['Paris', 'City of Light']
+  assert metrics.answers_postprocessor('x', example, is_target=False) == 'x'
