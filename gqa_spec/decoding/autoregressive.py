@@ -12,7 +12,7 @@ is done. Beam search lives in `beam_search.py`; the t5x-compatible `temperature_
 from __future__ import annotations
 
 import functools
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 import flax
 import jax
@@ -65,7 +65,8 @@ def finish(sequences: jax.Array, lengths: jax.Array) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames=('decoder', 'max_decode_len', 'config', 'eos_id'))
 def decode(decoder: Decoder, decoder_state: PyTree, rng: jax.Array, *, max_decode_len: int,
-           config: SamplingConfig = sampling.GREEDY, eos_id: int = EOS) -> DecodeResult:
+           config: SamplingConfig = sampling.GREEDY, eos_id: int = EOS,
+           skip: Optional[jax.Array] = None) -> DecodeResult:
   """Decodes every row of the batch until EOS or `max_decode_len` tokens.
 
   Args:
@@ -75,6 +76,7 @@ def decode(decoder: Decoder, decoder_state: PyTree, rng: jax.Array, *, max_decod
     max_decode_len: most tokens generated per row (EOS included).
     config: sampling method (lenience is ignored).
     eos_id: end-of-sequence token.
+    skip: optional `[b]` bools: rows that start done (batch padding) and generate nothing.
 
   Returns:
     `DecodeResult`.
@@ -83,7 +85,8 @@ def decode(decoder: Decoder, decoder_state: PyTree, rng: jax.Array, *, max_decod
   batch = index.shape[0]
   sequences = jnp.full((batch, 1 + max_decode_len), PAD, jnp.int32).at[:, 0].set(DECODER_START)
   init = _State(decoder_state=decoder_state, sequences=sequences,
-                lengths=jnp.zeros((batch,), jnp.int32), done=jnp.zeros((batch,), bool),
+                lengths=jnp.zeros((batch,), jnp.int32),
+                done=jnp.zeros((batch,), bool) if skip is None else jnp.asarray(skip, bool),
                 target_calls=jnp.zeros((batch,), jnp.int32), iterations=jnp.zeros((), jnp.int32),
                 rng=rng)
 

@@ -22,7 +22,7 @@ actually tried (1..min(k + 1, gamma)), whose prefixes are the target's own gener
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import flax
 import jax
@@ -84,7 +84,8 @@ def target_cache_length(max_decode_len: int, gamma: int) -> int:
                                              'config', 'eos_id'))
 def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
            rng: jax.Array, *, gamma: int, max_decode_len: int,
-           config: SamplingConfig = sampling.GREEDY, eos_id: int = EOS) -> SpeculativeResult:
+           config: SamplingConfig = sampling.GREEDY, eos_id: int = EOS,
+           skip: Optional[jax.Array] = None) -> SpeculativeResult:
   """Speculative decoding of a batch.
 
   Args:
@@ -97,6 +98,8 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
     max_decode_len: most generated tokens per row (EOS included).
     config: sampling method and lenience, applied to p and q alike.
     eos_id: end-of-sequence token.
+    skip: optional `[b]` bools: rows that start done (batch padding); they generate nothing and
+      are left out of every statistic.
 
   Returns:
     `SpeculativeResult`.
@@ -114,7 +117,8 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
       beta_sum=jnp.zeros((), jnp.float32), beta_count=jnp.zeros((), jnp.float32),
       loop_iterations=jnp.zeros((), jnp.int32))
   init = _State(target_state=target_state, draft_state=draft_state,
-                done=jnp.zeros((batch,), bool), result=result, rng=rng)
+                done=jnp.zeros((batch,), bool) if skip is None else jnp.asarray(skip, bool),
+                result=result, rng=rng)
   positions = jnp.arange(gamma + 1)  # [gamma + 1]
 
   def cond(s: _State):

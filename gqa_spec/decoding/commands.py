@@ -1,0 +1,267 @@
+"""`gqa-spec generate` (autoregressive or speculative decoding of a checkpoint) and `gqa-spec ngram fit`.
+
+  gqa-spec generate --model CKPT --inputs IN.jsonl --out OUT.jsonl [--stats STATS.json]
+      [--max-decode-len N] [--batch-size B] [--draft {none,CKPT_DIR,unigram:PATH,bigram:PATH,copy}]
+      [--gamma G] [--temperature T] [--top-k K] [--top-p P] [--lenience L] [--seed S]
+  gqa-spec ngram fit --task TASK --order {1,2} --out PATH [--split train] [--max-examples N]
+
+Input lines hold `input_ids` (ints) or `inputs` (text; needs a checkpoint vocabulary). Output
+lines hold `output_ids` (no decoder start token, cut at and excluding EOS) and `output` text when
+a vocabulary is known. All inputs are padded to one length and the last batch is filled with dummy
+rows, so decoding compiles once; `--stats` `seconds` is the decode wall time after that compile
+(`compile_seconds` apart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Any, Dict, List, Optional
+
+from gqa_spec.errors import UserError
+
+EOS = 1
+
+
+def register(subparsers) -> None:
+  p = subparsers.add_parser('generate', help='decode a checkpoint on JSONL inputs (optionally '
+                            'speculative, with a draft)')
+  p.add_argument('--model', required=True, help='native checkpoint directory (the target)')
+  p.add_argument('--inputs', required=True, help='JSONL: input_ids or inputs per line')
+  p.add_argument('--out', required=True, help='JSONL output path')
+  p.add_argument('--stats', help='write timing and acceptance statistics JSON here')
+  p.add_argument('--max-decode-len', type=int, default=64)
+  p.add_argument('--batch-size', type=int, default=8)
+  p.add_argument('--draft', default='none',
+                 help='none | CKPT_DIR (a smaller T5, same vocabulary) | unigram:PATH | '
+                      'bigram:PATH (from `gqa-spec ngram fit`) | copy (prompt lookup)')
+  p.add_argument('--gamma', type=int, default=4, help='draft tokens per target call')
+  p.add_argument('--temperature', type=float, default=0.0, help='0 = greedy')
+  p.add_argument('--top-k', type=int, default=0, help='0 = off')
+  p.add_argument('--top-p', type=float, default=1.0, help='1 = off')
+  p.add_argument('--lenience', type=float, default=1.0, help='(0, 1]; 1 = exact')
+  p.add_argument('--seed', type=int, default=0)
+  p.set_defaults(func=generate)
+
+  ngram = subparsers.add_parser('ngram', help='n-gram drafts for speculative decoding')
+  ngram_sub = ngram.add_subparsers(dest='ngram_command', metavar='SUBCOMMAND')
+  ngram_sub.required = True
+  f = ngram_sub.add_parser('fit', help="fit a unigram/bigram draft on a task's training targets")
+  f.add_argument('--task', required=True)
+  f.add_argument('--order', type=int, choices=(1, 2), required=True)
+  f.add_argument('--out', required=True, help='output .npz path')
+  f.add_argument('--split', default='train')
+  f.add_argument('--max-examples', type=int, default=None)
+  f.set_defaults(func=ngram_fit)
+
+
+def _read_inputs(path: str, vocab) -> List[List[int]]:
+  if not os.path.isfile(path):
+    raise UserError(f'inputs file not found: {path}')
+  rows = []
+  with open(path) as f:
+    for n, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        obj = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise UserError(f'{path}:{n}: not valid JSON ({e.msg})') from None
+      if not isinstance(obj, dict):
+        raise UserError(f'{path}:{n}: each line must be a JSON object')
+      if 'input_ids' in obj:
+        ids = obj['input_ids']
+        if (not isinstance(ids, list) or not ids
+            or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
+          raise UserError(f'{path}:{n}: input_ids must be a non-empty list of integers')
+      elif 'inputs' in obj:
+        if vocab is None:
+          raise UserError(f'{path}:{n}: text `inputs` need a vocabulary, and the checkpoint '
+                          'carries none; give `input_ids`')
+        if not isinstance(obj['inputs'], str):
+          raise UserError(f'{path}:{n}: inputs must be a string')
+        ids = list(vocab.encode(obj['inputs'])) + [EOS]
+      else:
+        raise UserError(f'{path}:{n}: needs `input_ids` or `inputs`')
+      rows.append(ids)
+  if not rows:
+    raise UserError(f'{path}: no inputs')
+  return rows
+
+
+def _positive(name: str, value: int) -> None:
+  if value < 1:
+    raise UserError(f'--{name} must be >= 1, got {value}')
+
+
+def _load(path: str, what: str):
+  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
+  if not os.path.isdir(path):
+    raise UserError(f'{what} checkpoint directory not found: {path}')
+  return native.load_checkpoint(path)
+
+
+def _make_draft(spec: str, target_config, params_enc, gamma: int, max_len: int):
+  """Returns (draft, init(encoder_tokens) -> state, description)."""
+  from gqa_spec.decoding.drafts import CopyDraft, ModelDraft, NgramDraft, load_ngram  # pylint: disable=g-import-not-at-top
+  from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  vocab_size = target_config.vocab_size
+  if spec == 'copy':
+    draft = CopyDraft(vocab_size)
+    return draft, draft.init, 'copy (prompt lookup over the encoder input)'
+  if spec.startswith(('unigram:', 'bigram:')):
+    kind, path = spec.split(':', 1)
+    model = load_ngram(path)
+    if model.vocab_size != vocab_size:
+      raise UserError(f'{path}: n-gram vocabulary {model.vocab_size} != model vocabulary {vocab_size}')
+    order = 1 if kind == 'unigram' else 2
+    if order > model.order:
+      raise UserError(f'{path} holds order-{model.order} counts; a bigram draft needs order 2')
+    model = type(model)(order=order, unigram=model.unigram, bigram=model.bigram)
+    draft = NgramDraft(vocab_size)
+    table = draft.init(model)
+    return draft, lambda enc: table, f'{kind} ({path})'
+  config, params, _ = _load(spec, 'draft')
+  if config.vocab_size != vocab_size:
+    raise UserError(f'draft vocabulary {config.vocab_size} != target vocabulary {vocab_size}')
+  draft = ModelDraft.t5(Transformer(config))
+  return draft, lambda enc: draft.init(params, enc, max_len, gamma), f'model ({spec})'
+
+
+def generate(args: argparse.Namespace) -> int:
+  for name in ('max_decode_len', 'batch_size', 'gamma'):
+    _positive(name.replace('_', '-'), getattr(args, name))
+  from gqa_spec.decoding.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top
+  config = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          lenience=args.lenience)
+  draft_spec = args.draft
+  if draft_spec != 'none' and draft_spec != 'copy' and not draft_spec.startswith(
+      ('unigram:', 'bigram:')) and not os.path.isdir(draft_spec):
+    raise UserError(f'--draft must be none, copy, unigram:PATH, bigram:PATH or a checkpoint '
+                    f'directory; {draft_spec!r} is none of these')
+  target_config, params, vocab_path = _load(args.model, 'model')
+  vocab = None
+  if vocab_path:
+    from gqa_spec.data.vocabulary import get_vocabulary  # pylint: disable=g-import-not-at-top
+    vocab = get_vocabulary(vocab_path)
+  rows = _read_inputs(args.inputs, vocab)
+  for ids in rows:
+    bad = [t for t in ids if t < 0 or t >= target_config.vocab_size]
+    if bad:
+      raise UserError(f'input id {bad[0]} outside the model vocabulary [0, {target_config.vocab_size})')
+
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding import autoregressive, speculative  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
+  from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
+
+  target = T5Decoder(Transformer(target_config))
+  max_len, gamma, batch = args.max_decode_len, args.gamma, args.batch_size
+  width = -(-max(len(r) for r in rows) // 8) * 8  # one input length for all batches
+  draft = None
+  if draft_spec != 'none':
+    draft, draft_init, draft_desc = _make_draft(draft_spec, target_config, params, gamma, max_len)
+
+  def run(enc, n, rng):
+    skip = np.arange(batch) >= n  # dummy rows filling the last batch
+    if draft is None:
+      state = target.init(params, enc, max_len + 1)
+      return autoregressive.decode(target, state, rng, max_decode_len=max_len, config=config,
+                                   skip=skip)
+    state = target.init(params, enc, speculative.target_cache_length(max_len, gamma))
+    return speculative.decode(target, state, draft, draft_init(enc), rng, gamma=gamma,
+                              max_decode_len=max_len, config=config, skip=skip)
+
+  batches = []
+  for start in range(0, len(rows), batch):
+    chunk = rows[start:start + batch]
+    enc = np.zeros((batch, width), np.int32)
+    for i, ids in enumerate(chunk):
+      enc[i, :len(ids)] = ids
+    enc[len(chunk):, 0] = EOS  # dummy rows filling the last batch
+    batches.append((enc, len(chunk)))
+
+  rng = jax.random.PRNGKey(args.seed)
+  t0 = time.perf_counter()
+  jax.block_until_ready(run(*batches[0], rng))  # compile (and warm) once
+  compile_seconds = time.perf_counter() - t0
+  outputs, results, seconds = [], [], 0.0
+  for enc, n in batches:
+    rng, step_rng = jax.random.split(rng)
+    t0 = time.perf_counter()
+    result = jax.block_until_ready(run(enc, n, step_rng))
+    seconds += time.perf_counter() - t0
+    seqs, lengths = np.asarray(result.sequences)[:n], np.asarray(result.lengths)[:n]
+    outputs.extend(autoregressive.strip(seqs, lengths))
+    results.append((result, n))
+
+  with open(args.out, 'w') as f:
+    for ids in outputs:
+      line: Dict[str, Any] = {'output_ids': ids}
+      if vocab is not None:
+        line['output'] = vocab.decode(ids)
+      f.write(json.dumps(line) + '\n')
+  if args.stats:
+    stats = _stats(results, draft is not None, seconds, compile_seconds)
+    stats.update(draft=draft_spec if draft is None else draft_desc, gamma=gamma if draft else None,
+                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                 lenience=args.lenience, batch_size=batch, max_decode_len=max_len,
+                 examples=len(rows))
+    with open(args.stats, 'w') as f:
+      json.dump(stats, f, indent=2)
+  return 0
+
+
+def _stats(results, speculative_run: bool, seconds: float, compile_seconds: float) -> Dict[str, Any]:
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  tokens = sum(int(np.sum(np.asarray(r.lengths)[:n])) for r, n in results)
+  calls = sum(int(np.sum(np.asarray(r.target_calls)[:n])) for r, n in results)
+  out = {'tokens': tokens, 'seconds': seconds, 'compile_seconds': compile_seconds,
+         'tokens_per_second': tokens / seconds if seconds else None, 'target_calls': calls,
+         'mean_tokens_per_call': tokens / calls if calls else 0.0,
+         'mean_tokens_per_call_note': 'tokens / target calls; with a draft the corrected or bonus '
+                                      'token is counted',
+         'acceptance_rate': None, 'accepted_per_position': []}
+  if not speculative_run:
+    return out
+  proposed = accepted = 0
+  per_position = None
+  beta_sum = beta_count = 0.0
+  for r, n in results:
+    # Dummy rows of the last batch start done: the loop leaves them out of every count.
+    proposed += int(np.sum(np.asarray(r.proposed)[:n]))
+    accepted += int(np.sum(np.asarray(r.accepted)[:n]))
+    pp = np.asarray(r.accepted_per_position)
+    per_position = pp if per_position is None else per_position + pp
+    beta_sum += float(r.beta_sum)
+    beta_count += float(r.beta_count)
+  out.update(acceptance_rate=accepted / proposed if proposed else None,
+             accepted_per_position=[int(x) for x in per_position],
+             proposed=proposed, accepted=accepted,
+             alpha=beta_sum / beta_count if beta_count else None)
+  return out
+
+
+def ngram_fit(args: argparse.Namespace) -> int:
+  from gqa_spec.data import pipeline, tasks  # pylint: disable=g-import-not-at-top
+  from gqa_spec.data.vocabulary import padded_vocab_size  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.drafts import fit_ngram, save_ngram  # pylint: disable=g-import-not-at-top
+  task = tasks.get(args.task)
+  vocab_size = padded_vocab_size(task.output_features['targets'].vocabulary)
+  ds = pipeline.get_dataset(args.task, args.split, pack=False)
+  if args.max_examples is not None:
+    ds = ds.take(args.max_examples)
+
+  def targets():
+    for ex in ds.as_numpy_iterator():
+      t = ex['decoder_target_tokens']
+      yield [int(x) for x in t[t > 0]]
+
+  model = fit_ngram(targets(), args.order, vocab_size)
+  save_ngram(model, args.out)
+  print(f'{args.out}: order {args.order}, {int(model.unigram.sum())} target tokens, '
+        f'{len(model.bigram)} bigram types')
+  return 0

@@ -1,0 +1,97 @@
+"""`gqa-spec generate` and `gqa-spec ngram` end to end on a tiny checkpoint."""
+
+import json
+
+import numpy as np
+import pytest
+
+from gqa_spec import cli
+from gqa_spec.checkpoints import native
+from gqa_spec.decoding.drafts import fit_ngram, load_ngram, save_ngram
+from tests.decoding.conftest import INPUTS, VOCAB, model_and_params
+
+
+@pytest.fixture(scope='module')
+def workdir(tmp_path_factory):
+  d = tmp_path_factory.mktemp('generate')
+  model, params = model_and_params(2)
+  native.save_checkpoint(str(d / 'ckpt'), model.config, params)
+  with open(d / 'in.jsonl', 'w') as f:
+    for row in INPUTS[:3]:  # 3 rows with batch size 2: the last batch has a dummy row
+      f.write(json.dumps({'input_ids': [int(t) for t in row if t]}) + '\n')
+  save_ngram(fit_ngram([[5, 6, 7, 8], [6, 7, 1]], order=2, vocab_size=VOCAB), str(d / 'bigram.npz'))
+  return d
+
+
+def _generate(d, name, *extra):
+  argv = ['generate', '--model', str(d / 'ckpt'), '--inputs', str(d / 'in.jsonl'), '--out',
+          str(d / f'{name}.jsonl'), '--stats', str(d / f'{name}.json'), '--max-decode-len', '8',
+          '--batch-size', '2', *extra]
+  assert cli.main(argv) == 0
+  outputs = [json.loads(line)['output_ids'] for line in open(d / f'{name}.jsonl')]
+  return outputs, json.load(open(d / f'{name}.json'))
+
+
+def test_greedy_drafts_give_the_same_outputs(workdir):
+  ref, stats = _generate(workdir, 'ar')
+  assert len(ref) == 3 and all(1 not in ids and len(ids) <= 8 for ids in ref)
+  assert stats['mean_tokens_per_call'] == 1.0 and stats['tokens'] == stats['target_calls']
+  for name, draft in [('self', str(workdir / 'ckpt')), ('copy', 'copy'),
+                      ('bigram', 'bigram:' + str(workdir / 'bigram.npz'))]:
+    out, stats = _generate(workdir, name, '--draft', draft, '--gamma', '3')
+    assert out == ref, name
+    for key in ('tokens', 'seconds', 'target_calls', 'mean_tokens_per_call', 'acceptance_rate',
+                'accepted_per_position'):
+      assert key in stats
+    assert len(stats['accepted_per_position']) == 3
+    if name == 'self':
+      assert stats['acceptance_rate'] == 1.0
+
+
+def test_sampling_flags_run(workdir):
+  out, stats = _generate(workdir, 'sample', '--draft', 'copy', '--temperature', '1', '--top-k',
+                         '5', '--top-p', '0.9', '--lenience', '0.8', '--seed', '3')
+  assert len(out) == 3 and stats['lenience'] == 0.8
+
+
+@pytest.mark.parametrize('extra, message', [
+    (['--draft', 'nonsense'], '--draft must be'),
+    (['--gamma', '0'], '--gamma must be'),
+    (['--lenience', '1.5'], 'lenience'),
+    (['--draft', 'bigram:/nonexistent.npz'], 'not found'),
+])
+def test_bad_arguments_are_one_line_errors(workdir, capsys, extra, message):
+  argv = ['generate', '--model', str(workdir / 'ckpt'), '--inputs', str(workdir / 'in.jsonl'),
+          '--out', str(workdir / 'x.jsonl'), *extra]
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith('gqa-spec: error:') and message in err and '\n' not in err
+
+
+def test_bad_inputs_are_one_line_errors(workdir, tmp_path, capsys):
+  bad = tmp_path / 'bad.jsonl'
+  for content, message in [('{"input_ids": [1, "a"]}\n', 'input_ids'), ('nope\n', 'JSON'),
+                           ('{"inputs": "hello"}\n', 'vocabulary'),
+                           ('{"input_ids": [999]}\n', 'outside')]:
+    bad.write_text(content)
+    argv = ['generate', '--model', str(workdir / 'ckpt'), '--inputs', str(bad), '--out',
+            str(tmp_path / 'o.jsonl')]
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err
+  assert cli.main(['generate', '--model', str(tmp_path / 'none'), '--inputs', str(bad), '--out',
+                   str(tmp_path / 'o.jsonl')]) == 2
+
+
+def test_ngram_round_trip_and_successors(tmp_path):
+  model = fit_ngram([[5, 6, 7, 1], [5, 6, 8, 1], [5, 6, 7, 1]], order=2, vocab_size=VOCAB)
+  save_ngram(model, str(tmp_path / 'b.npz'))
+  loaded = load_ngram(str(tmp_path / 'b.npz'))
+  succ = loaded.successor()
+  assert (succ[0], succ[5], succ[6], succ[7]) == (5, 6, 7, 1)
+  assert succ[20] == int(np.argmax(loaded.unigram))  # unseen predecessor: unigram backoff
+
+
+def test_ngram_fit_unknown_task_is_a_one_line_error(tmp_path, capsys):
+  assert cli.main(['ngram', 'fit', '--task', 'no_such_task', '--order', '2', '--out',
+                   str(tmp_path / 'x.npz')]) == 2
+  assert 'unknown task' in capsys.readouterr().err
