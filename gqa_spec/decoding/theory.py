@@ -1,0 +1,93 @@
+"""Leviathan et al. (2023) sec. 3: acceptance rate, expected tokens, walltime and operations factors.
+
+  beta(p, q)  = sum_x min(p, q)                     (Theorem 5); with lenience l: sum_x min(p / l, q)
+  D_LK(p, q)  = sum_x |p - M| = 1 - sum_x min(p, q) (Definition 2, Lemma 3)
+  alpha       = E[beta] over prefixes from the target's own generations (Corollary 6)
+  E[tokens]   = (1 - alpha^(gamma+1)) / (1 - alpha)                     (Eq. 1)
+  speedup     = (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))       (Theorem 8)
+  ops factor  = (1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1))   (Theorem 10)
+  best gamma  = argmax_gamma of Theorem 8 (sec. 3.5), numerically.
+
+Theorem 8 assumes the target scores gamma + 1 positions in the time of one. On real hardware
+verification grows with gamma, so `speedup_measured_costs` also takes v(gamma) = T_target(gamma + 1
+tokens) / T_target(1 token): per iteration the cost is gamma c + v(gamma) target steps (Theorem 8
+is v = 1). `c` may be a number or a function of gamma (measured, see benchmarks/speculative.py).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gqa_spec.decoding import sampling
+from gqa_spec.decoding.sampling import SamplingConfig
+
+Cost = Union[float, Callable[[int], float]]
+
+
+def beta(p: jax.Array, q: jax.Array, lenience: float = 1.0) -> jax.Array:
+  """`[..., V]` x `[..., V]` -> `[...]` acceptance probability sum_x min(p / l, q)."""
+  return jnp.sum(jnp.minimum(p / lenience, q), axis=-1)
+
+
+def d_lk(p: jax.Array, q: jax.Array) -> jax.Array:
+  """`[..., V]` x `[..., V]` -> `[...]` D_LK = sum_x |p - (p + q) / 2| = 1 - sum_x min(p, q)."""
+  return jnp.sum(jnp.abs(p - (p + q) / 2), axis=-1)
+
+
+def alpha(target_logits: jax.Array, draft_logits: jax.Array, mask: Optional[jax.Array] = None,
+          config: SamplingConfig = SamplingConfig(temperature=1.0)) -> float:
+  """Corollary 6: mean beta over positions, with `config`'s adjustment applied to p and q.
+
+  Args:
+    target_logits: `[b, T, V]` target logits on prefixes the target generated itself.
+    draft_logits: `[b, T, V]` draft logits on the same prefixes.
+    mask: `[b, T]` positions to average over (default all).
+    config: the sampling method (temperature 0: beta = 1 if the argmaxes agree, else 0).
+
+  Returns:
+    alpha, a Python float.
+  """
+  p = sampling.adjust_logits(target_logits, config)  # [b, T, V]
+  q = sampling.adjust_logits(draft_logits, config)  # [b, T, V]
+  b = beta(p, q, config.lenience)  # [b, T]
+  if mask is None:
+    return float(jnp.mean(b))
+  mask = mask.astype(jnp.float32)
+  return float(jnp.sum(b * mask) / jnp.maximum(jnp.sum(mask), 1.0))
+
+
+def expected_tokens(alpha_: float, gamma: int) -> float:
+  """Eq. 1: expected tokens per iteration (the corrected / bonus token included)."""
+  if alpha_ >= 1.0:
+    return float(gamma + 1)
+  return (1 - alpha_ ** (gamma + 1)) / (1 - alpha_)
+
+
+def _cost(c: Cost, gamma: int) -> float:
+  return float(c(gamma)) if callable(c) else float(c)
+
+
+def walltime_improvement(alpha_: float, gamma: int, c: Cost) -> float:
+  """Theorem 8: expected walltime improvement factor."""
+  return expected_tokens(alpha_, gamma) / (gamma * _cost(c, gamma) + 1)
+
+
+def speedup_measured_costs(alpha_: float, gamma: int, c: Cost, verify_ratio: Cost = 1.0) -> float:
+  """Theorem 8 with the verification call costing `verify_ratio(gamma)` single target steps."""
+  return expected_tokens(alpha_, gamma) / (gamma * _cost(c, gamma) + _cost(verify_ratio, gamma))
+
+
+def operations_factor(alpha_: float, gamma: int, c_hat: float) -> float:
+  """Theorem 10: expected factor of increase in total arithmetic operations."""
+  return (gamma * c_hat + gamma + 1) / expected_tokens(alpha_, gamma)
+
+
+def optimal_gamma(alpha_: float, c: Cost, max_gamma: int = 64, verify_ratio: Cost = 1.0) -> int:
+  """The gamma in [1, max_gamma] maximising the (generalised) Theorem 8 improvement."""
+  gammas = np.arange(1, max_gamma + 1)
+  values = [speedup_measured_costs(alpha_, int(g), c, verify_ratio) for g in gammas]
+  return int(gammas[int(np.argmax(values))])

@@ -1,0 +1,61 @@
+"""Leviathan et al.'s formulas against hand values and a Monte-Carlo check of Eq. 1."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gqa_spec.decoding import theory
+from gqa_spec.decoding.sampling import SamplingConfig
+
+
+def test_beta_and_d_lk():
+  p = jnp.array([0.5, 0.3, 0.2])
+  q = jnp.array([0.2, 0.3, 0.5])
+  assert float(theory.beta(p, q)) == pytest.approx(0.7)
+  assert float(theory.d_lk(p, q)) == pytest.approx(0.3)  # Lemma 3: 1 - beta
+  assert float(theory.d_lk(p, p)) == 0.0
+  assert float(theory.d_lk(jnp.array([1.0, 0]), jnp.array([0, 1.0]))) == 1.0
+  # Lenience (sec. A.5): sum_x min(p / l, q)
+  assert float(theory.beta(p, q, 0.5)) == pytest.approx(0.2 + 0.3 + 0.4)
+
+
+def test_alpha_from_logits():
+  p = jnp.log(jnp.array([[[0.5, 0.3, 0.2], [1 / 3, 1 / 3, 1 / 3]]]))
+  q = jnp.log(jnp.array([[[0.2, 0.3, 0.5], [1 / 3, 1 / 3, 1 / 3]]]))
+  assert theory.alpha(p, q) == pytest.approx((0.7 + 1.0) / 2)
+  assert theory.alpha(p, q, jnp.array([[True, False]])) == pytest.approx(0.7)
+  assert theory.alpha(p, q, config=SamplingConfig()) == pytest.approx(0.5)  # greedy: argmax 0 vs 2
+
+
+def test_closed_forms_match_the_paper():
+  # Eq. 1 / Figure 2 style values.
+  assert theory.expected_tokens(0.0, 5) == 1.0
+  assert theory.expected_tokens(1.0, 5) == 6.0
+  assert theory.expected_tokens(0.8, 4) == pytest.approx((1 - 0.8 ** 5) / 0.2)
+  # Corollary 9: gamma = 1 gives (1 + alpha) / (1 + c).
+  assert theory.walltime_improvement(0.6, 1, 0.2) == pytest.approx(1.6 / 1.2)
+  # Theorem 10 with alpha = 0: every iteration wastes gamma target positions.
+  assert theory.operations_factor(0.0, 3, 0.1) == pytest.approx(3 * 0.1 + 4)
+  # Sec. A.5: T5-XXL / T5-small, alpha = 0.75 (greedy, l = 1), c = 0.015, gamma = 8 -> ~3.3X.
+  assert theory.walltime_improvement(0.75, 8, 0.015) == pytest.approx(3.3, abs=0.1)
+  # Verification costing more than one step lowers the prediction; c may depend on gamma.
+  assert theory.speedup_measured_costs(0.8, 4, 0.05, lambda g: 1 + 0.1 * g) < \
+      theory.walltime_improvement(0.8, 4, 0.05)
+
+
+def test_optimal_gamma():
+  for a, c in [(0.6, 0.05), (0.8, 0.02), (0.9, 0.1)]:
+    best = theory.optimal_gamma(a, c)
+    values = [theory.walltime_improvement(a, g, c) for g in range(1, 65)]
+    assert best == 1 + int(np.argmax(values))
+  assert theory.optimal_gamma(0.9, 0.01) > theory.optimal_gamma(0.5, 0.01)
+  assert theory.optimal_gamma(0.8, 0.02, verify_ratio=lambda g: 1 + 0.3 * g) < \
+      theory.optimal_gamma(0.8, 0.02)
+
+
+def test_eq1_matches_simulation():
+  rng = np.random.RandomState(0)
+  a, gamma = 0.7, 4
+  accepted = np.cumprod(rng.rand(200_000, gamma) < a, axis=1).sum(axis=1)
+  assert np.mean(accepted + 1) == pytest.approx(theory.expected_tokens(a, gamma), rel=0.01)
