@@ -61,6 +61,11 @@ def check_params(params: Params, config: T5Config, source: str) -> None:
   """
   expected = _flat(abstract_params(config))
   got = _flat(params)
+  # Shapes first: for a checkpoint of another size the first wrong shape says the most.
+  for name in sorted(set(expected) & set(got)):
+    if tuple(np.shape(got[name])) != tuple(expected[name].shape):
+      raise UserError(f'{source}: parameter {name} has shape {tuple(np.shape(got[name]))}, the '
+                      f'model config needs {tuple(expected[name].shape)}')
   missing = sorted(set(expected) - set(got))
   if missing:
     raise UserError(f'{source}: parameter {missing[0]} is missing ({len(missing)} missing in all) '
@@ -69,10 +74,6 @@ def check_params(params: Params, config: T5Config, source: str) -> None:
   if unexpected:
     raise UserError(f'{source}: unexpected parameter {unexpected[0]} ({len(unexpected)} in all) '
                     'for the model config')
-  for name in sorted(expected):
-    if tuple(np.shape(got[name])) != tuple(expected[name].shape):
-      raise UserError(f'{source}: parameter {name} has shape {tuple(np.shape(got[name]))}, the '
-                      f'model config needs {tuple(expected[name].shape)}')
 
 
 def cast_params(params: Params, config: T5Config) -> Params:
