@@ -41,6 +41,8 @@ def _prepare(args) -> int:
   for lang in sorted(reader['parsed']):
     print(f'{lang}: {reader["parsed"][lang]} records from {len(reader["files"][lang])} file(s), '
           f'{reader["malformed"][lang]} malformed (not used)')
+  if reader['orphan_translations']:
+    print(f'{reader["orphan_translations"]} translations have no English record (not used)')
   for path in reader['truncated_files']:
     print(f'warning: {path} is truncated; its last record was dropped and counted as malformed')
   print(f'splits written to {data_dir}:')

@@ -54,7 +54,7 @@ def padded_vocab_size(vocabulary: seqio.Vocabulary, multiple: int = 128) -> int:
 
 def train_sentencepiece(texts: Iterable[str], output_path: str,
                         vocab_size: int = DEFAULT_VOCAB_SIZE,
-                        character_coverage: float = 0.9995,
+                        character_coverage: float = 0.99995,
                         max_sentences: Optional[int] = 2_000_000,
                         num_threads: Optional[int] = None) -> str:
   """Trains a unigram SentencePiece model with T5's special ids and writes it.
@@ -63,7 +63,8 @@ def train_sentencepiece(texts: Iterable[str], output_path: str,
     texts: training text; each item is split on newlines into sentences.
     output_path: where to write the `.model` file (its directory is created).
     vocab_size: pieces, before the 100 extra ids the vocabulary adds.
-    character_coverage: fraction of characters covered by single pieces (rest -> unk).
+    character_coverage: fraction of characters covered by single pieces (rest -> unk); high
+      enough to keep German capitals such as `Ä`.
     max_sentences: sentences SentencePiece samples for training (None: all).
     num_threads: trainer threads (default: the CPU count).
 
