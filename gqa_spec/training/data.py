@@ -1,0 +1,143 @@
+"""Training batches: a deterministic, resumable seqio pipeline, and synthetic packed batches.
+
+Resume determinism (t5x's recipe): the seqio pipeline is shuffled with a fixed seed (which also
+seeds the random preprocessors, e.g. span corruption), repeated forever, batched with
+`drop_remainder`, and on resume `ds.skip(k)` drops the `k` batches the run has already consumed.
+A restarted run therefore sees exactly the batches the uninterrupted run would have seen.
+
+On several hosts each host reads its own shard (`seqio.ShardInfo(process_index, process_count)`)
+and yields its `batch_size / process_count` rows; `Partitioner.shard_batch` joins them.
+
+  cfg = DatasetConfig('ddtp_span_corruption', {'inputs': 512, 'targets': 114}, batch_size=128)
+  for batch in get_batches(cfg, skip_batches=resumed_step - start_step): ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator, Mapping, Optional
+
+import jax
+import numpy as np
+
+from gqa_spec.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetConfig:
+  """Which data, how long, how many, in what order (t5x's `utils.DatasetConfig`).
+
+  Attributes:
+    mixture_or_task_name: a registered seqio task or mixture, or 'synthetic' for random packed
+      batches (no seqio; benchmarks and tests).
+    task_feature_lengths: `{'inputs': ..., 'targets': ...}`.
+    split: dataset split.
+    batch_size: global batch size (all hosts together).
+    shuffle: shuffle the examples.
+    seed: shuffle and preprocessing seed; fixed, so that resume is exact.
+    pack: pack several examples per row (EncDecFeatureConverter(pack=True)).
+    use_cached: read seqio's offline cache.
+  """
+
+  mixture_or_task_name: str
+  task_feature_lengths: Mapping[str, int]
+  split: str = 'train'
+  batch_size: int = 128
+  shuffle: bool = True
+  seed: int = 42
+  pack: bool = True
+  use_cached: bool = False
+
+  def __post_init__(self):
+    object.__setattr__(self, 'task_feature_lengths', dict(self.task_feature_lengths))
+    if set(self.task_feature_lengths) != {'inputs', 'targets'}:
+      raise UserError(f"task_feature_lengths needs exactly 'inputs' and 'targets', got "
+                      f"{sorted(self.task_feature_lengths)}")
+    if self.batch_size < 1:
+      raise UserError(f'batch_size must be positive, got {self.batch_size}')
+
+
+def get_batches(cfg: DatasetConfig, skip_batches: int = 0,
+                num_epochs: Optional[int] = None) -> Iterator[dict]:
+  """This host's numpy batches of model features, starting after `skip_batches` batches.
+
+  Args:
+    cfg: the dataset config.
+    skip_batches: batches to drop from the start (the ones a resumed run already consumed).
+    num_epochs: None repeats forever (training).
+
+  Yields:
+    dicts of `[batch_size / process_count, length]` int32 arrays.
+  """
+  processes = jax.process_count()
+  if cfg.batch_size % processes:
+    raise UserError(f'batch_size {cfg.batch_size} is not divisible by the {processes} hosts')
+  local_batch = cfg.batch_size // processes
+  if cfg.mixture_or_task_name == 'synthetic':
+    yield from synthetic_batches(cfg, local_batch, skip_batches)
+    return
+  import seqio  # pylint: disable=g-import-not-at-top  (TensorFlow loads only for real data)
+  from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top,unused-import  (registers)
+  if cfg.mixture_or_task_name not in seqio.MixtureRegistry.names() and \
+      cfg.mixture_or_task_name not in seqio.TaskRegistry.names():
+    raise UserError(f'unknown seqio task or mixture {cfg.mixture_or_task_name!r}; registered: '
+                    f'{sorted(seqio.TaskRegistry.names()) + sorted(seqio.MixtureRegistry.names())}')
+  ds = seqio.get_dataset(
+      cfg.mixture_or_task_name, task_feature_lengths=cfg.task_feature_lengths,
+      feature_converter=seqio.EncDecFeatureConverter(pack=cfg.pack), dataset_split=cfg.split,
+      use_cached=cfg.use_cached, shuffle=cfg.shuffle, num_epochs=num_epochs,
+      shard_info=seqio.ShardInfo(index=jax.process_index(), num_shards=processes),
+      seed=cfg.seed, verbose=False)
+  ds = ds.batch(local_batch, drop_remainder=True)
+  if skip_batches:
+    ds = ds.skip(skip_batches)
+  for batch in ds.as_numpy_iterator():
+    yield {k: np.asarray(v, np.int32) for k, v in batch.items()}
+
+
+def synthetic_batches(cfg: DatasetConfig, local_batch: int, skip_batches: int = 0,
+                      vocab_size: int = 256) -> Iterator[dict]:
+  """Random batches in the EncDecFeatureConverter's packed format; batch `i` depends only on `i`.
+
+  Each row packs examples of random lengths; targets end in EOS (1); decoder inputs are the targets
+  shifted right within each segment (0 starts a segment).
+  """
+  index = skip_batches
+  while True:
+    rng = np.random.default_rng([cfg.seed, jax.process_index(), index])
+    rows = [_synthetic_row(rng, cfg.task_feature_lengths, vocab_size, cfg.pack)
+            for _ in range(local_batch)]
+    yield {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+    index += 1
+
+
+def _synthetic_row(rng: np.random.Generator, lengths: Mapping[str, int], vocab_size: int,
+                   pack: bool) -> dict:
+  row = {}
+  for side, prefix in (('inputs', 'encoder'), ('targets', 'decoder')):
+    length = lengths[side]
+    tokens = np.zeros(length, np.int32)
+    segments = np.zeros(length, np.int32)
+    positions = np.zeros(length, np.int32)
+    start, segment = 0, 1
+    while start < length and (pack or segment == 1):
+      n = int(rng.integers(2, max(3, length // 2 + 1)))
+      n = min(n, length - start)
+      tokens[start:start + n] = rng.integers(2, vocab_size, n)
+      tokens[start + n - 1] = 1  # EOS
+      segments[start:start + n] = segment
+      positions[start:start + n] = np.arange(n)
+      start, segment = start + n, segment + 1
+      if rng.random() < 0.3:
+        break
+    if side == 'inputs':
+      row['encoder_input_tokens'] = tokens
+    else:
+      row['decoder_target_tokens'] = tokens
+      shifted = np.concatenate([[0], tokens[:-1]]).astype(np.int32)
+      row['decoder_input_tokens'] = np.where(positions == 0, 0, shifted).astype(np.int32)
+      row['decoder_loss_weights'] = (tokens > 0).astype(np.int32)
+    if pack:
+      row[f'{prefix}_segment_ids'] = segments
+      row[f'{prefix}_positions'] = positions
+  return row

@@ -1,0 +1,192 @@
+"""Scale-out on `jax.sharding`: a (`data`, `model`) mesh and t5x-style logical axis rules.
+
+The model's parameters are plain arrays (no `nn.with_logical_partitioning`), so their logical axes
+are derived from their T5X path names (`logical_axes`). Logical axes map to mesh axes by rules as in
+t5x's `standard_logical_axis_rules`:
+
+  batch -> data;  heads, mlp, vocab -> model;  embed, relpos_buckets -> replicated;
+  kv_heads (decoder self/cross K/V, `[d, G*head_dim]`) -> model only when G divides by the model
+  axis, otherwise replicated: every model shard then holds all G K/V heads. That replication is the
+  waste of MQA under model parallelism that GQA removes (Ainslie et al. 2023, Sec. 2.2).
+The same divisibility test applies to heads, mlp and vocab, so any preset runs on any mesh.
+
+Optimizer state is sharded like the parameter it belongs to (Adafactor's factored row/column
+statistics drop the factored axis), batches along `data`. Multi-host runs call
+`initialize_distributed` first; each host then feeds its own slice of the global batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Mapping, Optional, Sequence, Tuple
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from gqa_spec.models.config import T5Config
+
+LogicalAxes = Tuple[Optional[str], ...]
+Rules = Tuple[Tuple[str, Optional[str]], ...]
+
+# (regex on the '/'-joined parameter path, logical axes); the first match wins.
+_PARAM_AXES = (
+    (r'token_embedder/embedding$', ('vocab', 'embed')),
+    (r'logits_dense/kernel$', ('embed', 'vocab')),
+    (r'decoder/.*(self_attention|encoder_decoder_attention)/(key|value)/kernel$', ('embed', 'kv_heads')),
+    (r'/(query|key|value)/kernel$', ('embed', 'heads')),
+    (r'/out/kernel$', ('heads', 'embed')),
+    (r'mlp/wi(_\d+)?/kernel$', ('embed', 'mlp')),
+    (r'mlp/wo/kernel$', ('mlp', 'embed')),
+    (r'relpos_bias/rel_embedding$', ('heads', 'relpos_buckets')),
+    (r'/scale$', ('embed',)),
+)
+
+
+def path_name(path: Sequence[Any]) -> str:
+  """A `tree_flatten_with_path` key path as 'encoder/layers_0/attention/query/kernel'."""
+  parts = []
+  for key in path:
+    for attr in ('key', 'name', 'idx'):
+      if hasattr(key, attr):
+        parts.append(str(getattr(key, attr)))
+        break
+  return '/'.join(parts)
+
+
+def param_logical_axes(name: str, ndim: int) -> LogicalAxes:
+  """Logical axes of the parameter at path `name` (see `_PARAM_AXES`)."""
+  for pattern, axes in _PARAM_AXES:
+    if re.search(pattern, name):
+      if len(axes) != ndim:
+        raise ValueError(f'parameter {name} has {ndim} dims, expected {len(axes)} ({axes})')
+      return axes
+  raise ValueError(f'no logical axes known for parameter {name!r}')
+
+
+def logical_axes(params: Any) -> Any:
+  """The tree of `PartitionSpec`s of logical axis names for a (possibly abstract) params tree."""
+  return jax.tree_util.tree_map_with_path(
+      lambda p, x: PartitionSpec(*param_logical_axes(path_name(p), len(x.shape))), params)
+
+
+def logical_axis_rules(config: T5Config, model_size: int) -> Rules:
+  """t5x's standard rules, with every model-parallel axis replicated when not divisible."""
+
+  def model_if(dim: int) -> Optional[str]:
+    return 'model' if model_size > 1 and dim % model_size == 0 else None
+
+  return (
+      ('batch', 'data'),
+      ('vocab', model_if(config.vocab_size)),
+      ('mlp', model_if(config.mlp_dim)),
+      ('heads', model_if(config.num_heads)),
+      ('kv_heads', model_if(config.num_kv_heads)),
+      ('embed', None),
+      ('relpos_buckets', None),
+  )
+
+
+def create_mesh(data: int = -1, model: int = 1,
+                devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
+  """A `[data, model]` device mesh; `data=-1` takes all devices left over by `model`."""
+  devices = list(jax.devices() if devices is None else devices)
+  if model < 1 or len(devices) % model:
+    raise ValueError(f'model parallelism {model} does not divide the {len(devices)} devices')
+  if data == -1:
+    data = len(devices) // model
+  if data * model != len(devices):
+    raise ValueError(f'mesh {data}x{model} needs {data * model} devices, found {len(devices)}')
+  return Mesh(np.asarray(devices).reshape(data, model), ('data', 'model'))
+
+
+def initialize_distributed(coordinator_address: Optional[str] = None,
+                           num_processes: Optional[int] = None,
+                           process_id: Optional[int] = None) -> None:
+  """Multi-host start-up: `jax.distributed.initialize` (arguments auto-detected on TPU/SLURM)."""
+  jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                             process_id=process_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class Partitioner:
+  """Places parameters, optimizer state and batches on a mesh by the logical axis rules.
+
+  Attributes:
+    mesh: the (`data`, `model`) mesh.
+    rules: logical -> mesh axis rules (`logical_axis_rules`).
+  """
+
+  mesh: Mesh
+  rules: Rules
+
+  @classmethod
+  def create(cls, config: T5Config, data: int = -1, model: int = 1,
+             devices: Optional[Sequence[jax.Device]] = None) -> 'Partitioner':
+    """The mesh `data x model` over `devices` (default: all) with rules fitted to `config`."""
+    mesh = create_mesh(data, model, devices)
+    return cls(mesh, logical_axis_rules(config, mesh.shape['model']))
+
+  def _sharding(self, logical: PartitionSpec) -> NamedSharding:
+    return NamedSharding(self.mesh, nn.logical_to_mesh_axes(tuple(logical), self.rules))
+
+  @property
+  def replicated(self) -> NamedSharding:
+    return NamedSharding(self.mesh, PartitionSpec())
+
+  @property
+  def data_size(self) -> int:
+    return self.mesh.shape['data']
+
+  def param_shardings(self, params: Any) -> Any:
+    """`NamedSharding`s for a (possibly abstract) parameter tree."""
+    return jax.tree_util.tree_map(self._sharding, logical_axes(params),
+                                  is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+  def state_shardings(self, state: Any, params: Any) -> Any:
+    """Shardings of any tree (train state, optimizer state) whose leaves belong to `params`.
+
+    A leaf is matched to its parameter by the dict keys on its path (optax states mirror the
+    params tree). Same shape: the parameter's sharding; one axis fewer (Adafactor's factored
+    statistics): the parameter's logical axes without the reduced one; anything else (counters,
+    placeholders, the step): replicated. Shardings are layouts only, never a question of
+    correctness, so an ambiguous match (two equal dims) costs at worst a reshard.
+    """
+    logical = {path_name(p): (spec, x.shape) for p, x, spec in _with_paths(params, logical_axes(params))}
+
+    def leaf_sharding(path, x) -> NamedSharding:
+      keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+      for start in range(len(keys)):
+        match = logical.get('/'.join(str(k) for k in keys[start:]))
+        if match is not None:
+          break
+      else:
+        return self.replicated
+      spec, shape = match
+      if tuple(x.shape) == tuple(shape):
+        return self._sharding(spec)
+      if len(x.shape) == len(shape) - 1:
+        for axis in range(len(shape)):
+          if tuple(shape[:axis]) + tuple(shape[axis + 1:]) == tuple(x.shape):
+            return self._sharding(PartitionSpec(*(spec[:axis] + spec[axis + 1:])))
+      return self.replicated
+
+    return jax.tree_util.tree_map_with_path(leaf_sharding, state)
+
+  def batch_sharding(self) -> NamedSharding:
+    """Examples along `data`; every other axis replicated."""
+    return NamedSharding(self.mesh, nn.logical_to_mesh_axes(('batch',), self.rules))
+
+  def shard_batch(self, batch: Mapping[str, np.ndarray]) -> dict:
+    """This host's slice of the global batch -> global `jax.Array`s sharded along `data`."""
+    sharding = self.batch_sharding()
+    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+            for k, v in batch.items()}
+
+
+def _with_paths(tree: Any, specs: Any):
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  spec_leaves = jax.tree_util.tree_leaves(specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+  return [(p, x, s) for (p, x), s in zip(leaves, spec_leaves)]

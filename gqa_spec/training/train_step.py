@@ -1,0 +1,151 @@
+"""The train state and the jitted, sharded train step.
+
+`TrainState` is an explicit pytree: the global step, the parameters and the optimizer state. The
+step is the schedule's clock and also seeds dropout (`fold_in(seed, step)`), so a resumed run draws
+the same dropout masks as an uninterrupted one.
+
+  step_fn = TrainStep(model_config, tx, rsqrt_decay(), partitioner)
+  state = step_fn.init(rng, batch_size=128, feature_lengths)     # created sharded on the mesh
+  state, metrics = step_fn(state, partitioner.shard_batch(batch))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Mapping, Optional, Tuple
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+
+from gqa_spec.models.config import T5Config
+from gqa_spec.models.t5 import Transformer
+from gqa_spec.training import losses
+from gqa_spec.training.optimizer import LearningRateFn
+from gqa_spec.training.partitioning import Partitioner
+
+# The features of seqio's EncDecFeatureConverter, packed or not; all `[batch, length]` int32.
+MODEL_FEATURES = ('encoder_input_tokens', 'decoder_input_tokens', 'decoder_target_tokens',
+                  'encoder_segment_ids', 'decoder_segment_ids', 'encoder_positions',
+                  'decoder_positions')
+LOSS_WEIGHTS = 'decoder_loss_weights'
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array  # int32 scalar: the global step (continues the original one when uptraining)
+  params: Any
+  opt_state: Any
+
+
+def init_params(config: T5Config, rng: jax.Array, encoder_length: int = 8,
+                decoder_length: int = 8) -> Any:
+  """Freshly initialised parameters (shapes do not depend on the lengths)."""
+  tokens = jnp.ones((1, encoder_length), jnp.int32)
+  targets = jnp.ones((1, decoder_length), jnp.int32)
+  return Transformer(config).init(rng, tokens, targets, targets, enable_dropout=False)['params']
+
+
+def loss_and_metrics(params: Any, batch: Mapping[str, jax.Array], config: T5Config,
+                     dropout_rng: Optional[jax.Array], z_loss: float,
+                     loss_normalizing_factor: losses.LossNormalizingFactor) -> Tuple[jax.Array, dict]:
+  """Teacher-forced objective of one batch; dropout on iff `dropout_rng` is given."""
+  features = {k: batch[k] for k in MODEL_FEATURES if k in batch}
+  enable_dropout = dropout_rng is not None and config.dropout_rate > 0
+  logits = Transformer(config).apply(
+      {'params': params}, **features, enable_dropout=enable_dropout,
+      rngs={'dropout': dropout_rng} if enable_dropout else None)  # [batch, length, vocab]
+  weights = batch.get(LOSS_WEIGHTS, batch['decoder_target_tokens'] > 0)
+  return losses.weighted_cross_entropy(logits, batch['decoder_target_tokens'], weights, z_loss,
+                                       loss_normalizing_factor)
+
+
+def _train_step(state: TrainState, batch: Mapping[str, jax.Array], *, config: T5Config,
+                tx: optax.GradientTransformation, learning_rate_fn: LearningRateFn, z_loss: float,
+                loss_normalizing_factor: losses.LossNormalizingFactor,
+                dropout_seed: int) -> Tuple[TrainState, dict]:
+  dropout_rng = jax.random.fold_in(jax.random.PRNGKey(dropout_seed), state.step)
+  grad_fn = jax.value_and_grad(loss_and_metrics, has_aux=True)
+  (_, metrics), grads = grad_fn(state.params, batch, config, dropout_rng, z_loss,
+                                loss_normalizing_factor)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  learning_rate = learning_rate_fn(state.step)
+  updates = jax.tree_util.tree_map(lambda u: learning_rate * u, updates)
+  params = optax.apply_updates(state.params, updates)
+  metrics = dict(metrics, learning_rate=learning_rate,
+                 input_tokens=jnp.sum(batch['encoder_input_tokens'] > 0).astype(jnp.float32))
+  return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+@dataclasses.dataclass
+class TrainStep:
+  """Builds, initialises and runs the jitted train step on a partitioner's mesh.
+
+  Attributes:
+    config: model configuration.
+    tx: optimizer without learning rate (`optimizer.adafactor`).
+    learning_rate_fn: global step -> learning rate.
+    partitioner: mesh and rules.
+    z_loss: z-loss coefficient (T5: 1e-4).
+    loss_normalizing_factor: see `losses`.
+    dropout_seed: base seed of the per-step dropout rng.
+  """
+
+  config: T5Config
+  tx: optax.GradientTransformation
+  learning_rate_fn: LearningRateFn
+  partitioner: Partitioner
+  z_loss: float = 1e-4
+  loss_normalizing_factor: losses.LossNormalizingFactor = None
+  dropout_seed: int = 0
+
+  def __post_init__(self):
+    losses.check_loss_normalizing_factor(self.loss_normalizing_factor)
+    self._jitted = None
+
+  def abstract_state(self) -> TrainState:
+    """Shapes and dtypes of the train state."""
+    return jax.eval_shape(self._fresh_state, jax.random.PRNGKey(0), jnp.int32(0))
+
+  def state_shardings(self, abstract_state: Optional[TrainState] = None) -> TrainState:
+    abstract_state = abstract_state or self.abstract_state()
+    return self.partitioner.state_shardings(abstract_state, abstract_state.params)
+
+  def _fresh_state(self, rng: jax.Array, step: jax.Array) -> TrainState:
+    params = init_params(self.config, rng)
+    return TrainState(step=jnp.asarray(step, jnp.int32), params=params,
+                      opt_state=self.tx.init(params))
+
+  def init(self, rng: jax.Array, step: int = 0) -> TrainState:
+    """A freshly initialised train state, created directly in its sharded layout."""
+    init_fn = jax.jit(self._fresh_state, out_shardings=self.state_shardings())
+    return init_fn(rng, jnp.int32(step))
+
+  def from_params(self, params: Any, step: int = 0) -> TrainState:
+    """A train state around given parameters with a fresh optimizer state, placed on the mesh."""
+    abstract = self.abstract_state()
+    got = jax.tree_util.tree_map(lambda x: (tuple(x.shape), jnp.dtype(x.dtype)), params)
+    want = jax.tree_util.tree_map(lambda x: (tuple(x.shape), jnp.dtype(x.dtype)), abstract.params)
+    if got != want:
+      raise ValueError('the parameters do not match the model config (shapes or dtypes differ); '
+                       f'config: {self.config}')
+    shardings = self.state_shardings(abstract)
+    params = jax.device_put(params, shardings.params)
+    opt_state = jax.jit(self.tx.init, out_shardings=shardings.opt_state)(params)
+    return TrainState(step=jax.device_put(jnp.int32(step), shardings.step), params=params,
+                      opt_state=opt_state)
+
+  def __call__(self, state: TrainState, batch: Mapping[str, jax.Array]) -> Tuple[TrainState, dict]:
+    """One optimizer step; `state` is donated. Metrics are replicated scalars (sums, see `losses`)."""
+    if self._jitted is None:
+      step = functools.partial(
+          _train_step, config=self.config, tx=self.tx, learning_rate_fn=self.learning_rate_fn,
+          z_loss=self.z_loss, loss_normalizing_factor=self.loss_normalizing_factor,
+          dropout_seed=self.dropout_seed)
+      shardings = self.state_shardings()
+      self._jitted = jax.jit(step, in_shardings=(shardings, self.partitioner.batch_sharding()),
+                             out_shardings=(shardings, self.partitioner.replicated),
+                             donate_argnums=0)
+    return self._jitted(state, batch)

@@ -1,0 +1,48 @@
+"""Adafactor as T5 configures it, the schedules and the z-loss cross-entropy."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from gqa_spec.training import losses, optimizer
+
+
+def test_rsqrt_decay_is_constant_through_warmup_then_decays():
+  lr = optimizer.rsqrt_decay(base_learning_rate=1.0, warmup_steps=10_000)
+  assert float(lr(0)) == pytest.approx(0.01)
+  assert float(lr(10_000)) == pytest.approx(0.01)
+  assert float(lr(40_000)) == pytest.approx(0.005)
+  assert float(optimizer.constant(1e-3)(123)) == pytest.approx(1e-3)
+
+
+def test_adafactor_matches_optax_with_learning_rate_inside():
+  """Scaling the rate-free updates by lr afterwards equals optax's adafactor with that lr."""
+  params = {'w': jnp.linspace(-1, 1, 256 * 128).reshape(256, 128), 'b': jnp.ones(7)}
+  grads = jax.tree_util.tree_map(lambda p: jnp.sin(3 * p) + 0.1, params)
+  ours = optimizer.adafactor()
+  reference = optax.adafactor(learning_rate=0.01, decay_rate=0.8, clipping_threshold=1.0)
+  updates, state = ours.update(grads, ours.init(params), params)
+  expected, _ = reference.update(grads, reference.init(params), params)
+  jax.tree_util.tree_map(lambda u, e: np.testing.assert_allclose(0.01 * u, e, rtol=1e-6),
+                         updates, expected)
+  assert {state[0].v_row['w'].shape, state[0].v_col['w'].shape} == {(256,), (128,)}  # factored
+
+
+def test_cross_entropy_with_z_loss():
+  logits = jnp.array([[[2.0, 0.0, -1.0], [0.5, 0.5, 0.5]]])  # [1, 2, 3]
+  targets = jnp.array([[0, 2]])
+  weights = jnp.array([[1, 0]])
+  log_z = jax.nn.logsumexp(logits[0, 0])
+  objective, m = losses.weighted_cross_entropy(logits, targets, weights, z_loss=1e-4)
+  expected = log_z - 2.0 + 1e-4 * log_z ** 2
+  np.testing.assert_allclose(objective, expected, rtol=1e-6)  # None: summed over the batch
+  np.testing.assert_allclose(m['z_loss_sum'], 1e-4 * log_z ** 2, rtol=1e-6)
+  assert float(m['correct_sum']) == 1.0 and float(m['weight_sum']) == 1.0
+  normalized, _ = losses.weighted_cross_entropy(logits, targets, jnp.ones((1, 2)), 1e-4,
+                                                losses.NUM_REAL_TARGET_TOKENS)
+  summed, _ = losses.weighted_cross_entropy(logits, targets, jnp.ones((1, 2)), 1e-4, None)
+  np.testing.assert_allclose(normalized, summed / 2, rtol=1e-6)
+  with pytest.raises(ValueError, match='loss_normalizing_factor'):
+    losses.weighted_cross_entropy(logits, targets, weights, 1e-4, 'tokens')

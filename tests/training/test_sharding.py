@@ -1,0 +1,73 @@
+"""Sharded training on 8 virtual CPU devices equals single-device training (MHA, GQA, MQA).
+
+XLA's device count is fixed when jax initialises, so the check runs in a subprocess with
+`--xla_force_host_platform_device_count=8`.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+_SCRIPT = textwrap.dedent('''
+    import json, sys
+    import jax, numpy as np
+    from gqa_spec.models.config import T5Config
+    from gqa_spec.training import data, optimizer, partitioning, train_step
+
+    assert jax.device_count() == 8, jax.devices()
+    base = T5Config(vocab_size=256, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
+                    num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.1)
+    cfg_data = data.DatasetConfig('synthetic', {'inputs': 16, 'targets': 8}, batch_size=8)
+    batches = [b for _, b in zip(range(2), data.synthetic_batches(cfg_data, 8))]
+    report = {}
+    for kv_heads in (4, 2, 1):
+      config = base.replace(num_kv_heads=kv_heads)
+      runs, initial = {}, None
+      for mesh in ((1, 1), (2, 4), (8, 1)):
+        part = partitioning.Partitioner.create(config, *mesh,
+                                               devices=jax.devices()[:mesh[0] * mesh[1]])
+        step = train_step.TrainStep(config, optimizer.adafactor(min_dim_size_to_factor=16),
+                                    optimizer.rsqrt_decay(warmup_steps=10), part)
+        if initial is None:
+          initial = jax.device_get(step.init(jax.random.PRNGKey(0)))
+        state = jax.device_put(initial, step.state_shardings())
+        losses = []
+        for batch in batches:
+          state, metrics = step(state, part.shard_batch(batch))
+          losses.append(float(metrics['loss_sum']))
+        kv = state.params['decoder']['layers_0']['self_attention']['key']['kernel']
+        mlp = state.opt_state[0].v_col['decoder']['layers_0']['mlp']['wi_0']['kernel']
+        runs[mesh] = (losses, jax.device_get(state.params))
+        report[f'{kv_heads}/{mesh[0]}x{mesh[1]}'] = {
+            'kv_spec': list(kv.sharding.spec), 'opt_spec': list(mlp.sharding.spec),
+            'batch_spec': list(part.batch_sharding().spec)}
+        if mesh != (1, 1):
+          np.testing.assert_allclose(losses, runs[(1, 1)][0], rtol=1e-5)
+          jax.tree_util.tree_map(
+              lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
+              runs[mesh][1], runs[(1, 1)][1])
+    print('REPORT ' + json.dumps(report))
+''')
+
+
+@pytest.mark.slow
+def test_sharded_train_step_matches_single_device():
+  # Cheap XLA optimisation: the 9 compiles dominate the test's time, not the steps.
+  env = dict(os.environ, JAX_PLATFORMS='cpu',
+             XLA_FLAGS='--xla_force_host_platform_device_count=8 '
+                       '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true')
+  result = subprocess.run([sys.executable, '-c', _SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-4000:]
+  report = json.loads(result.stdout.split('REPORT ', 1)[1])
+  # 2x4 mesh: MHA's 4 K/V heads shard over the model axis; GQA-2 and MQA cannot and replicate.
+  assert report['4/2x4']['kv_spec'] == [None, 'model']
+  assert report['2/2x4']['kv_spec'] == [None, None]
+  assert report['1/2x4']['kv_spec'] == [None, None]
+  # Optimizer state follows its parameter: Adafactor's column statistics of wi_0 [32, 64] are [64].
+  assert report['4/2x4']['opt_spec'] == ['model']
+  assert report['4/8x1']['batch_spec'] == ['data']
