@@ -6,10 +6,12 @@ Layout of a data dir (default `$GQA_SPEC_DATA_DIR`, else `~/.cache/gqa_spec/ddtp
   stats.json                                  records and task examples per split, reader report
   sentencepiece.model                         unigram vocabulary trained on the train split (en+de)
 
-Build a tiny corpus from the checked-in fixtures in a test (a few seconds):
+Build a tiny corpus from the excerpt shipped in the package (70 real English and 58 German
+records of the bookworm Translation files; tests and the `smoke` reproduction use it):
 
   from gqa_spec.data import corpus, tasks
-  stats = corpus.prepare(lists_dir='tests/testdata/ddtp', data_dir=tmp, vocab_size=300)
+  stats = corpus.prepare(lists_dir=corpus.SAMPLE_LISTS_DIR, data_dir=tmp, vocab_size=300,
+                         fractions=corpus.SAMPLE_FRACTIONS)
   tasks.register_ddtp_tasks(tmp)       # vocab defaults to tmp/sentencepiece.model
 """
 
@@ -26,6 +28,9 @@ from gqa_spec.data import vocabulary as vocabulary_lib
 from gqa_spec.errors import UserError
 
 VOCAB_FILENAME = 'sentencepiece.model'
+SAMPLE_LISTS_DIR = os.path.join(os.path.dirname(__file__), 'sample')
+# The excerpt is small: wider validation/test fractions keep every split non-empty.
+SAMPLE_FRACTIONS = (('train', 0.6), ('validation', 0.2), ('test', 0.2))
 STATS_FILENAME = 'stats.json'
 
 

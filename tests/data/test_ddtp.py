@@ -9,10 +9,10 @@ import shutil
 import lz4.frame
 import pytest
 
-from gqa_spec.data import ddtp
+from gqa_spec.data import corpus, ddtp
 from gqa_spec.errors import UserError
 
-FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'testdata', 'ddtp')
+FIXTURES = corpus.SAMPLE_LISTS_DIR
 EN = os.path.join(FIXTURES, 'example_i18n_Translation-en')
 DE = os.path.join(FIXTURES, 'example_i18n_Translation-de')
 
@@ -126,7 +126,7 @@ def test_boilerplate_text_does_not_chain_groups():
 
 def test_split_is_stable_and_groups_never_straddle(fixture_corpus):
   records, _ = fixture_corpus
-  fractions = (('train', 0.6), ('validation', 0.2), ('test', 0.2))
+  fractions = corpus.SAMPLE_FRACTIONS
   splits = ddtp.split_records(records, fractions)
   reordered = ddtp.split_records(list(reversed(records)), fractions)
   assert {s: {r.md5 for r in rs} for s, rs in splits.items()} == {
