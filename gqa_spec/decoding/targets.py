@@ -6,7 +6,8 @@ explicit state pytree (parameters + cache), so the loops never see a model:
   tokens_to_logits(state, tokens [b, k], positions=None, mask=None) -> (logits [b, k, V], state)
       append k >= 1 tokens at each row's index, advance the index by k;
   rollback(state, index [b]) -> state      move each row's index (back: forget what came after);
-  index(state) -> [b]                      tokens cached per row.
+  index(state) -> [b]                      tokens cached per row;
+  reorder(state, rows [b]) -> state        gather rows (beam search only).
 
 `T5Decoder` binds `gqa_spec.models.decode_cache` (cross-attention K/V computed once per input);
 `TableDecoder` reads next-token logits from a fixed `[T, V, V]` table indexed by (position, current
@@ -70,6 +71,10 @@ class T5Decoder:
   def index(self, state: T5State) -> jax.Array:
     return decode_cache.cache_index(state.cache)
 
+  def reorder(self, state: T5State, rows: jax.Array) -> T5State:
+    # Every cache leaf is batch-major (K/V, index, positions, encoder mask); params are not.
+    return state.replace(cache=jax.tree_util.tree_map(lambda x: x[rows], state.cache))
+
 
 @functools.partial(jax.jit, static_argnames=('model', 'cache_length'))
 def _t5_init(model: Transformer, params: PyTree, encoder_input_tokens: jax.Array,
@@ -112,3 +117,6 @@ class TableDecoder:
 
   def index(self, state: TableState) -> jax.Array:
     return state.cache_index
+
+  def reorder(self, state: TableState, rows: jax.Array) -> TableState:
+    return state.replace(tokens=state.tokens[rows], cache_index=state.cache_index[rows])
