@@ -1,9 +1,9 @@
 """Multi-head -> grouped-query / multi-query checkpoint conversion (Ainslie et al. 2023, Sec. 2.1).
 
 Only the key and value projections of the decoder's self- and encoder-decoder attention change;
-the encoder, queries, outputs, MLPs and embeddings are untouched. Query head `h` belongs to K/V group
-`h // R` with `R = H / G` (consecutive heads form a group, as `models/attention.py` computes), so
-group `g` is built from source heads `g*R .. g*R + R - 1`:
+the encoder, queries, outputs, MLPs and embeddings are untouched. Query head `h` belongs to K/V
+group `h // R` with `R = H / G` (consecutive heads form a group, as `models/attention.py`
+computes), so group `g` is built from source heads `g*R .. g*R + R - 1`:
   mean    mean-pool the R heads' K and V projection matrices (the paper's choice)
   first   keep the first head of each group, `g*R`
   random  discard them: fresh kernels from the model's own initialiser, seeded
@@ -45,7 +45,8 @@ def group_kv_heads(kernel: np.ndarray, head_dim: int, num_kv_heads: int, method:
   heads = width // head_dim
   if heads % num_kv_heads:
     raise UserError(f'--kv-heads {num_kv_heads} does not divide the number of heads {heads}')
-  grouped = np.asarray(kernel).reshape(d, num_kv_heads, heads // num_kv_heads, head_dim)  # [d, G, R, hd]
+  grouped = np.asarray(kernel).reshape(d, num_kv_heads, heads // num_kv_heads,
+                                       head_dim)  # [d, G, R, hd]
   if method == 'mean':
     # float64 keeps the mean exact when a group's heads are equal (e.g. 3a/3 == a).
     pooled = grouped.astype(np.float64).mean(axis=2)  # [d, G, hd]

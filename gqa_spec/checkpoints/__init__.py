@@ -1,4 +1,5 @@
-"""Checkpoint formats: native orbax (`native`), HF transformers T5 (`hf`), T5X legacy (`t5x_legacy`).
+"""Checkpoint formats: native orbax (`native`), HF transformers T5 (`hf`), T5X legacy
+(`t5x_legacy`).
 
     config, params, vocab = native.load_checkpoint(ckpt_dir)
     native.save_checkpoint(ckpt_dir, config, params, vocab)

@@ -14,7 +14,8 @@ from gqa_spec.errors import UserError
 def register(subparsers) -> None:
   """Adds the checkpoint commands to the `gqa-spec` parser."""
   p = subparsers.add_parser('import-hf', help='HF T5 checkpoint dir -> native checkpoint')
-  p.add_argument('hf_dir', metavar='HF_DIR', help='config.json + model.safetensors or pytorch_model.bin')
+  p.add_argument('hf_dir', metavar='HF_DIR',
+                 help='config.json + model.safetensors or pytorch_model.bin')
   p.add_argument('out_dir', metavar='OUT_DIR')
   p.add_argument('--param-dtype', default='float32', choices=('float32', 'bfloat16'))
   p.add_argument('--overwrite', action='store_true', help='replace OUT_DIR if it exists')

@@ -4,18 +4,18 @@ An HF directory holds `config.json` and `model.safetensors` (or `pytorch_model.b
 versions with an `*.index.json`); `spiece.model`, when present, is the vocabulary. Torch is needed
 only to read `pytorch_model.bin` (loaded with `weights_only=True`).
 
-Name map (HF torch `Linear.weight` is `[out, in]`, our kernels are `[in, out]`):
-  shared.weight [V, d]                                    token_embedder/embedding [V, d]
-  {enc,dec}oder.block.0.layer.0.SelfAttention.
-      relative_attention_bias.weight [32, H]              {enc,dec}oder/relpos_bias/rel_embedding [H, 32]
-  encoder.block.i.layer.0.SelfAttention.{q,k,v,o}         encoder/layers_i/attention/{query,key,value,out}
-  encoder.block.i.layer.{0,1}.layer_norm                  encoder/layers_i/pre_{attention,mlp}_layer_norm
-  encoder.block.i.layer.1.DenseReluDense.{wi_0,wi_1,wo}   encoder/layers_i/mlp/{wi_0,wi_1,wo}
-  decoder.block.i.layer.0.SelfAttention                   decoder/layers_i/self_attention
-  decoder.block.i.layer.1.EncDecAttention                 decoder/layers_i/encoder_decoder_attention
-  decoder.block.i.layer.2.DenseReluDense                  decoder/layers_i/mlp
-  {enc,dec}oder.final_layer_norm                          {enc,dec}oder/{enc,dec}oder_norm
-  lm_head.weight [V, d]                                   decoder/logits_dense/kernel [d, V]
+Name map, HF -> ours (HF torch `Linear.weight` is `[out, in]`, our kernels are `[in, out]`):
+  shared.weight [V, d]                          token_embedder/embedding [V, d]
+  S.block.0.layer.0.SelfAttention.
+      relative_attention_bias.weight [32, H]    S/relpos_bias/rel_embedding [H, 32]  (S: stack)
+  encoder.block.i.layer.0.SelfAttention.q|k|v|o encoder/layers_i/attention/query|key|value|out
+  encoder.block.i.layer.0|1.layer_norm          encoder/layers_i/pre_attention|mlp_layer_norm
+  encoder.block.i.layer.1.DenseReluDense.X      encoder/layers_i/mlp/X  (X: wi_0, wi_1, wo)
+  decoder.block.i.layer.0.SelfAttention         decoder/layers_i/self_attention
+  decoder.block.i.layer.1.EncDecAttention       decoder/layers_i/encoder_decoder_attention
+  decoder.block.i.layer.2.DenseReluDense        decoder/layers_i/mlp
+  S.final_layer_norm                            S/S_norm
+  lm_head.weight [V, d]                         decoder/logits_dense/kernel [d, V]
 
 HF's T5 is multi-head only, so exporting a GQA/MQA model repeats each K/V head over its group
 (`convert.repeat_kv_heads`); HF then computes exactly our function.
@@ -299,7 +299,8 @@ def save_hf(hf_dir: str, config: T5Config, params: Params, vocab_path: Optional[
   state = params_to_hf(params, config)
   if os.path.exists(hf_dir):
     if not overwrite:
-      raise UserError(f'{hf_dir}: output directory already exists (pass --overwrite to replace it)')
+      raise UserError(f'{hf_dir}: output directory already exists '
+                      '(pass --overwrite to replace it)')
     shutil.rmtree(hf_dir)
   os.makedirs(hf_dir)
   save_file({k: np.ascontiguousarray(v, np.float32) for k, v in state.items()},

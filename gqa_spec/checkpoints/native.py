@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Any, Optional, Tuple
+from typing import Any, Mapping, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +45,7 @@ def _flat(tree: Params) -> dict:
 
 def _items(tree, prefix):
   for key, value in tree.items():
-    if isinstance(value, dict) or hasattr(value, 'items'):
+    if isinstance(value, Mapping):
       yield from _items(value, prefix + (str(key),))
     else:
       yield prefix + (str(key),), value
@@ -99,7 +99,8 @@ def save_checkpoint(directory: str, config: T5Config, params: Params,
     raise UserError(f'{vocab_path}: vocabulary file not found')
   if os.path.exists(directory):
     if not overwrite:
-      raise UserError(f'{directory}: output directory already exists (pass --overwrite to replace it)')
+      raise UserError(f'{directory}: output directory already exists '
+                      '(pass --overwrite to replace it)')
     shutil.rmtree(directory)
   os.makedirs(directory)
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top; slow import, save/load only

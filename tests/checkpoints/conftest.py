@@ -65,9 +65,9 @@ def hf_logits(model, enc, dec):
 
 def our_logits(config, params, enc, dec):
   """Our teacher-forced logits `[b, k, V]` as numpy."""
-  out = Transformer(config).apply({'params': params}, jnp.asarray(enc), jnp.asarray(dec),
-                                  jnp.ones_like(jnp.asarray(dec)), enable_dropout=False)
-  return np.asarray(out)
+  apply = jax.jit(lambda p, e, d: Transformer(config).apply({'params': p}, e, d, jnp.ones_like(d),
+                                                           enable_dropout=False))
+  return np.asarray(apply(params, jnp.asarray(enc), jnp.asarray(dec)))
 
 
 @pytest.fixture(scope='session')
@@ -81,8 +81,8 @@ def init_params():
   """`init_params(config)`: freshly initialised parameters of `config` as numpy arrays (seed 0)."""
   def init(config):
     tokens = jnp.ones((1, 3), jnp.int32)
-    params = Transformer(config).init(jax.random.PRNGKey(0), tokens, tokens, tokens,
-                                      enable_dropout=False)['params']
+    params = jax.jit(lambda: Transformer(config).init(  # one compilation, not one per op
+        jax.random.PRNGKey(0), tokens, tokens, tokens, enable_dropout=False)['params'])()
     return jax.tree.map(np.asarray, params)
   return init
 

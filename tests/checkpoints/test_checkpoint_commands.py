@@ -78,7 +78,8 @@ def test_import_t5x_with_preset_and_config(run, init_params, t5x_writer, tmp_pat
 
 def test_errors_are_one_line(run, hf_dir, tmp_path):
   ckpt = tmp_path / 'ckpt'
-  _one_line_error(*run('import-hf', tmp_path / 'nope', ckpt)[::2], 'HF checkpoint directory not found')
+  _one_line_error(*run('import-hf', tmp_path / 'nope', ckpt)[::2],
+                  'HF checkpoint directory not found')
   _one_line_error(*run('export-hf', tmp_path / 'nope', tmp_path / 'hf')[::2],
                   'checkpoint directory not found')
   _one_line_error(*run('import-t5x', tmp_path, ckpt, '--preset', 'small')[::2],

@@ -19,8 +19,8 @@ TINY = T5Config(vocab_size=40, emb_dim=16, num_heads=4, num_kv_heads=2, head_dim
 
 def _params(config=TINY, seed=0):
   tokens = jnp.ones((1, 3), jnp.int32)
-  return Transformer(config).init(jax.random.PRNGKey(seed), tokens, tokens, tokens,
-                                  enable_dropout=False)['params']
+  return jax.jit(lambda: Transformer(config).init(jax.random.PRNGKey(seed), tokens, tokens, tokens,
+                                                  enable_dropout=False)['params'])()
 
 
 @pytest.fixture(scope='module')
