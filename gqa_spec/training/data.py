@@ -77,11 +77,8 @@ def get_batches(cfg: DatasetConfig, skip_batches: int = 0,
     yield from synthetic_batches(cfg, local_batch, skip_batches)
     return
   import seqio  # pylint: disable=g-import-not-at-top  (TensorFlow loads only for real data)
-  from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top,unused-import  (registers)
-  if cfg.mixture_or_task_name not in seqio.MixtureRegistry.names() and \
-      cfg.mixture_or_task_name not in seqio.TaskRegistry.names():
-    raise UserError(f'unknown seqio task or mixture {cfg.mixture_or_task_name!r}; registered: '
-                    f'{sorted(seqio.TaskRegistry.names()) + sorted(seqio.MixtureRegistry.names())}')
+  from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top  (registers the tasks)
+  tasks.get(cfg.mixture_or_task_name)  # a UserError listing the registered names if unknown
   ds = seqio.get_dataset(
       cfg.mixture_or_task_name, task_feature_lengths=cfg.task_feature_lengths,
       feature_converter=seqio.EncDecFeatureConverter(pack=cfg.pack), dataset_split=cfg.split,

@@ -1,0 +1,112 @@
+"""Train-state checkpoints: an orbax `CheckpointManager` under `<model_dir>/checkpoints`.
+
+Each step directory holds two items: `state` (the whole `TrainState`: step, params, optimizer
+state, saved and restored *sharded*: every host writes its shards, restore places them by the
+target shardings) and `meta` (JSON: the model config, the step the data pipeline started at,
+free-form run information). Saves are asynchronous and atomic (orbax writes a temporary directory
+and renames it when complete), so a run killed at any moment leaves only complete checkpoints, and
+`latest_step` never names a half-written one.
+
+  ckpt = Checkpointer('/tmp/run', save_period=1000, keep=3)
+  if ckpt.latest_step() is not None:
+    state, meta = ckpt.restore(ckpt.latest_step(), abstract_state_with_shardings)
+  ckpt.save(step, state, meta)            # every save_period steps (or force=True)
+  ckpt.close()                            # waits for pending writes
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Tuple
+
+import jax
+import orbax.checkpoint as ocp
+
+from gqa_spec.errors import UserError
+
+CHECKPOINTS_DIR = 'checkpoints'
+
+
+def abstract_with_shardings(abstract: Any, shardings: Any) -> Any:
+  """`ShapeDtypeStruct`s carrying the target shardings: restore places every shard directly."""
+  return jax.tree_util.tree_map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
+
+
+def has_checkpoints(model_dir: str) -> bool:
+  """Whether `model_dir` holds trainer checkpoints."""
+  return os.path.isdir(os.path.join(model_dir, CHECKPOINTS_DIR))
+
+
+class Checkpointer:
+  """Periodic, keep-last-N, asynchronous, sharded train-state checkpoints.
+
+  Args:
+    model_dir: the run directory; checkpoints go to `<model_dir>/checkpoints/<step>`.
+    save_period: save when `step % save_period == 0` (and whenever `save(force=True)`).
+    keep: how many of the latest checkpoints to keep (None: all).
+    asynchronous: write in a background thread while training continues.
+  """
+
+  def __init__(self, model_dir: str, save_period: int = 1000, keep: Optional[int] = 3,
+               asynchronous: bool = True):
+    if save_period < 1:
+      raise UserError(f'checkpoint save_period must be >= 1, got {save_period}')
+    if keep is not None and keep < 1:
+      raise UserError(f'checkpoint keep must be >= 1 or None, got {keep}')
+    self.directory = os.path.join(os.path.abspath(model_dir), CHECKPOINTS_DIR)
+    self.save_period = save_period
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep, create=True,
+        enable_async_checkpointing=asynchronous, cleanup_tmp_directories=True)
+    self._manager = ocp.CheckpointManager(self.directory, item_names=('state', 'meta'),
+                                          options=options)
+
+  def latest_step(self) -> Optional[int]:
+    """The newest complete checkpoint's step, or None."""
+    return self._manager.latest_step()
+
+  def all_steps(self) -> list:
+    return list(self._manager.all_steps())
+
+  def save(self, step: int, state: Any, meta: dict, force: bool = False) -> bool:
+    """Saves if `step` is due (or `force`); returns whether a save started."""
+    if step in self._manager.all_steps() or not (force or step % self.save_period == 0):
+      return False
+    return self._manager.save(
+        step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                      meta=ocp.args.JsonSave(meta)), force=force)
+
+  def restore(self, step: int, target: Any) -> Tuple[Any, dict]:
+    """The state at `step`, laid out as `target` (`abstract_with_shardings`), and its meta."""
+    try:
+      restored = self._manager.restore(
+          step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
+                                        meta=ocp.args.JsonRestore()))
+    except (ValueError, KeyError, FileNotFoundError) as e:
+      raise UserError(f'{self.directory}/{step}: cannot restore the train state (does the model '
+                      f'config match the checkpoint?): {str(e).strip().splitlines()[0]}') from None
+    return restored['state'], restored['meta']
+
+  def restore_meta(self, step: int) -> dict:
+    """Only the meta item (config, data position) of the checkpoint at `step`."""
+    return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
+
+  def restore_params(self, step: int, target_params: Any) -> Any:
+    """Only the parameters of the checkpoint at `step` (no optimizer state is read)."""
+    restored = self._manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+            item={'params': target_params},
+            restore_args=jax.tree_util.tree_map(
+                lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, dtype=x.dtype),
+                {'params': target_params}),
+            partial_restore=True)))
+    return restored['state']['params']
+
+  def wait(self) -> None:
+    """Blocks until pending asynchronous saves are complete."""
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()

@@ -1,0 +1,110 @@
+"""`gqa-spec train | uptrain | eval`: gin-configured runs, as t5x's `train.py` / `eval.py`.
+
+  gqa-spec train   --gin_file=experiments/nano_mha_pretrain_ddtp.gin [--gin.TRAIN_STEPS=500]
+  gqa-spec uptrain --gin_file=experiments/nano_uptrain_gqa2_ddtp.gin \
+                   --gin.INITIAL_CHECKPOINT_PATH="'/tmp/nano_mha'"
+  gqa-spec eval    --gin_file=runs/eval.gin --gin.CHECKPOINT_PATH="'/tmp/ft/best'" \
+                   --gin.MIXTURE_OR_TASK_NAME="'ddtp_translate_en_de'" --gin.OUTPUT_DIR="'/tmp/ev'"
+
+Flags: `--gin_file` (repeatable), `--gin_bindings` (repeatable), `--gin.MACRO=VALUE` (a gin
+literal: strings need their own quotes), `--gin_search_paths`. See `gin_utils` for the search path.
+The operative gin config of a training run is written to `MODEL_DIR/config.gin`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from gqa_spec.training import gin_utils
+
+_MACROS = 'gin_macro_bindings'
+
+
+def _parse_known_with_macros(parser: argparse.ArgumentParser):
+  """`parse_known_args` that first takes the `--gin.MACRO=VALUE` flags out of the arguments.
+
+  argparse cannot declare a family of options by prefix, so each training sub-parser's
+  `parse_known_args` is wrapped: the macros land in the namespace, argparse sees the rest.
+  """
+  original = parser.parse_known_args
+
+  def parse_known_args(args=None, namespace=None):
+    remaining, bindings = gin_utils.split_macro_flags(args or [])
+    namespace, extras = original(remaining, namespace)
+    setattr(namespace, _MACROS, getattr(namespace, _MACROS, []) + bindings)
+    return namespace, extras
+
+  parser.parse_known_args = parse_known_args
+
+
+def register(subparsers) -> None:
+  """Adds `train`, `uptrain` and `eval` to the `gqa-spec` parser."""
+  for name, help_text, func in (
+      ('train', 'train or fine-tune a model from gin configs (resumes from MODEL_DIR)', train),
+      ('uptrain', 'convert an MHA checkpoint to GQA/MQA and continue pre-training for alpha x '
+                  'the original steps (GQA recipe)', uptrain),
+      ('eval', 'evaluate a checkpoint on a task split: metrics, predictions, time per sample',
+       evaluate)):
+    p = subparsers.add_parser(name, help=help_text,
+                              epilog='--gin.MACRO=VALUE sets a gin macro, e.g. --gin.TRAIN_STEPS=500')
+    gin_utils.add_gin_flags(p)
+    p.set_defaults(func=func)
+    _parse_known_with_macros(p)
+
+
+def _quiet_gin_search(record: logging.LogRecord) -> bool:
+  """Drops gin's log lines for every search-path miss (it logs each one as an ERROR)."""
+  return not str(record.msg).startswith(('Path not found', 'system_path_file_exists'))
+
+
+def _parse(args: argparse.Namespace) -> None:
+  logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+  for handler in logging.getLogger().handlers:
+    handler.addFilter(_quiet_gin_search)
+  gin_utils.parse(args.gin_file, list(args.gin_bindings) + getattr(args, _MACROS, []),
+                  gin_utils.maybe_search_paths(args.gin_search_paths))
+
+
+def _write_operative_config() -> None:
+  import gin  # pylint: disable=g-import-not-at-top
+  model_dir = gin.query_parameter('%MODEL_DIR')
+  with open(os.path.join(model_dir, 'config.gin'), 'w') as f:
+    f.write(gin_utils.operative_config())
+
+
+def _print_result(result) -> None:
+  metrics = ', '.join(f'{k}={v:.4g}' for k, v in result.train_metrics.items())
+  print(f'step {result.step}: {metrics}')
+  if result.best:
+    print(f"best {result.best['metric']} = {result.best['value']:.4g} at step {result.best['step']}")
+
+
+def train(args: argparse.Namespace) -> int:
+  _parse(args)
+  from gqa_spec.training import trainer  # pylint: disable=g-import-not-at-top  (jax, orbax)
+  result = gin_utils.call(trainer.train)
+  _write_operative_config()
+  _print_result(result)
+  return 0
+
+
+def uptrain(args: argparse.Namespace) -> int:
+  _parse(args)
+  from gqa_spec.training import trainer  # pylint: disable=g-import-not-at-top
+  from gqa_spec.training import uptrain as uptrain_lib  # pylint: disable=g-import-not-at-top
+  import gin  # pylint: disable=g-import-not-at-top
+  result = gin_utils.call(uptrain_lib.uptrain, train_fn=gin.get_configurable(trainer.train))
+  _write_operative_config()
+  _print_result(result)
+  return 0
+
+
+def evaluate(args: argparse.Namespace) -> int:
+  _parse(args)
+  from gqa_spec.training import evaluation  # pylint: disable=g-import-not-at-top
+  metrics = gin_utils.call(evaluation.evaluate_checkpoint)
+  for name, value in sorted(metrics.items()):
+    print(f'{name}: {value:.4g}')
+  return 0

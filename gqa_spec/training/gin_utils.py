@@ -1,0 +1,142 @@
+"""Gin at the edge: t5x-style flags, the config search path, one-line errors.
+
+Flags, as t5x's `gin_utils`:
+  --gin_file=FILE          (repeatable) a gin file; relative names are looked up on the search path
+  --gin_bindings=BINDING   (repeatable) e.g. "trainer.train.log_period = 10"
+  --gin.MACRO=VALUE        shorthand for the binding "MACRO = VALUE" (VALUE is a gin literal)
+  --gin_search_paths=DIRS  (comma-separated) extra search directories, before the defaults
+Default search path: the current directory, then the repository's `configs/` directory and the
+repository root (located relative to this package, so an editable install finds them from any
+working directory), so `--gin_file=runs/pretrain.gin`, `--gin_file=configs/runs/pretrain.gin` and
+the gin files' own `include 'models/t5_1_1/nano.gin'` all resolve.
+
+Parse errors, missing files and unset `%gin.REQUIRED` macros become a `UserError` whose first line
+says what is wrong and where, so the CLI prints one clear line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tokenize
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+import gin
+
+from gqa_spec.errors import UserError
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIGS_DIR = os.path.join(REPO_ROOT, 'configs')
+
+
+def add_gin_flags(parser: argparse.ArgumentParser) -> None:
+  """Adds --gin_file, --gin_bindings and --gin_search_paths (`--gin.MACRO=` is parsed separately)."""
+  parser.add_argument('--gin_file', action='append', default=[], metavar='FILE',
+                      help='gin config file (repeatable), e.g. experiments/nano_mha_pretrain_ddtp.gin')
+  parser.add_argument('--gin_bindings', action='append', default=[], metavar='BINDING',
+                      help="gin binding (repeatable), e.g. 'TRAIN_STEPS = 1000'")
+  parser.add_argument('--gin_search_paths', default='', metavar='DIRS',
+                      help='comma-separated directories searched for gin files and includes')
+
+
+def split_macro_flags(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
+  """Separates `--gin.MACRO=VALUE` / `--gin.MACRO VALUE` flags into bindings.
+
+  Returns:
+    `(remaining argv, bindings)`.
+  """
+  remaining, bindings = [], []
+  args = list(argv)
+  i = 0
+  while i < len(args):
+    arg = args[i]
+    if arg.startswith('--gin.'):
+      name, eq, value = arg[len('--gin.'):].partition('=')
+      if not eq:
+        if i + 1 >= len(args):
+          raise UserError(f'{arg} needs a value: --gin.{name}=VALUE')
+        value, i = args[i + 1], i + 1
+      if not name.replace('_', '').replace('.', '').isalnum():
+        raise UserError(f'bad gin macro flag {arg!r}; expected --gin.NAME=VALUE')
+      bindings.append(f'{name} = {value}')
+    else:
+      remaining.append(arg)
+    i += 1
+  return remaining, bindings
+
+
+def search_paths(extra: Iterable[str] = ()) -> List[str]:
+  paths = [p for p in extra if p] + [os.getcwd(), CONFIGS_DIR, REPO_ROOT]
+  return list(dict.fromkeys(os.path.abspath(p) for p in paths))
+
+
+def parse(gin_files: Sequence[str], bindings: Sequence[str] = (),
+          extra_search_paths: Iterable[str] = (), finalize: bool = True) -> None:
+  """Clears gin, then parses the files and bindings (later ones override earlier ones).
+
+  Raises:
+    UserError: no file given, a file not found, a syntax or binding error.
+  """
+  if not gin_files:
+    raise UserError('no --gin_file given; e.g. --gin_file=experiments/nano_mha_pretrain_ddtp.gin')
+  gin.clear_config(clear_constants=True)
+  paths = search_paths(extra_search_paths)
+  for path in paths:
+    gin.add_config_file_search_path(path)
+  resolved = [_resolve(f, paths) for f in gin_files]
+  try:
+    gin.parse_config_files_and_bindings(resolved, list(bindings), finalize_config=finalize)
+  except Exception as e:  # pylint: disable=broad-except  (gin raises SyntaxError, tokenize's
+    # TokenError, ValueError, ImportError, ...: every one of them here means a bad config)
+    gin.clear_config(clear_constants=True)
+    message = _one_line(e)
+    if isinstance(e, tokenize.TokenError):  # unbalanced brackets: gin does not say where
+      message = f'{e.args[0]} at line {e.args[1][0]}'
+    if 'In file' not in message and 'In binding' not in message:
+      message += f' (parsing {", ".join(resolved)}{" and bindings" if bindings else ""})'
+    raise UserError(f'gin: {message}') from None
+
+
+def call(fn, *args, **kwargs):
+  """Calls the gin-configured version of `fn`; a missing required macro becomes a `UserError`."""
+  try:
+    configured = gin.get_configurable(fn)
+  except ValueError as e:
+    raise UserError(f'gin: {_one_line(e)}') from None
+  try:
+    return configured(*args, **kwargs)
+  except RuntimeError as e:
+    if 'REQUIRED' in str(e) or 'required' in str(e):
+      raise UserError(f'gin: {_one_line(e)}') from None
+    raise
+
+
+def operative_config() -> str:
+  """The gin config actually used (for the run directory)."""
+  return gin.operative_config_str()
+
+
+def _resolve(name: str, paths: Sequence[str]) -> str:
+  if os.path.isabs(name):
+    if not os.path.isfile(name):
+      raise UserError(f'gin file not found: {name}')
+    return name
+  for directory in paths:
+    candidate = os.path.join(directory, name)
+    if os.path.isfile(candidate):
+      return candidate
+  raise UserError(f'gin file not found: {name} (searched {", ".join(paths)})')
+
+
+def _one_line(e: BaseException) -> str:
+  lines = [l.strip() for l in str(e).strip().splitlines() if l.strip()]
+  if not lines:
+    return type(e).__name__
+  # gin appends 'In file "x.gin", line 3' on a following line: keep it, it says where.
+  where = next((l for l in lines[1:] if l.startswith('In file') or l.startswith('In binding')), None)
+  return lines[0] + (f' ({where})' if where else '')
+
+
+def maybe_search_paths(value: Optional[str]) -> List[str]:
+  """The --gin_search_paths flag as a list."""
+  return [p for p in (value or '').split(',') if p]

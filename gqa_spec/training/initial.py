@@ -1,0 +1,60 @@
+"""Initial checkpoints: parameters (and the step, when recorded) from any checkpoint we can read.
+
+`load(path)` recognises, in this order:
+  trainer run dir   `<path>/checkpoints/<step>/` (ours): the latest step's parameters, its config
+                    and its step;
+  native            `config.json` + `params/` (`gqa_spec.checkpoints.native`): no step;
+  HF transformers   `config.json` + `model.safetensors` / `pytorch_model.bin` / an index: no step;
+  T5X legacy        `checkpoint_<N>/checkpoint` msgpack: step N; T5X stores no model config, so
+                    the caller names it (`t5x_config`).
+Optimizer state is never read: a new run (fine-tuning, uptraining) starts its own.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from typing import Any, Optional, Tuple
+
+import jax
+
+from gqa_spec.errors import UserError
+from gqa_spec.models.config import T5Config
+
+Params = Any
+
+
+def load(path: str, t5x_config: Optional[T5Config] = None) -> Tuple[T5Config, Params, Optional[int]]:
+  """`(config, params, step or None)` of the checkpoint at `path` (see the module docstring)."""
+  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top  (slow imports)
+  from gqa_spec.training import checkpointing  # pylint: disable=g-import-not-at-top
+  if not os.path.exists(path):
+    raise UserError(f'{path}: initial checkpoint not found')
+  if checkpointing.has_checkpoints(path):
+    ckpt = checkpointing.Checkpointer(path)
+    step = ckpt.latest_step()
+    if step is None:
+      raise UserError(f'{ckpt.directory}: holds no complete checkpoint')
+    config = T5Config.from_dict(ckpt.restore_meta(step)['model_config'])
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                                    native.abstract_params(config))
+    params = ckpt.restore_params(step, target)
+    ckpt.close()
+    return config, params, step
+  is_dir = os.path.isdir(path)
+  if is_dir and os.path.isdir(os.path.join(path, native.PARAMS_DIR)):
+    config, params, _ = native.load_checkpoint(path)
+    return config, params, None
+  if is_dir and os.path.isfile(os.path.join(path, 'config.json')) and (
+      glob.glob(os.path.join(path, '*.safetensors*')) or glob.glob(os.path.join(path, '*.bin*'))):
+    from gqa_spec.checkpoints import hf  # pylint: disable=g-import-not-at-top
+    config, params, _ = hf.load_hf(path)
+    return config, params, None
+  from gqa_spec.checkpoints import t5x_legacy  # pylint: disable=g-import-not-at-top
+  checkpoint_file = t5x_legacy.find_checkpoint_file(path)
+  if t5x_config is None:
+    raise UserError(f'{path}: a T5X checkpoint records no model config; name it (the model gin)')
+  match = re.fullmatch(r'checkpoint_(\d+)', os.path.basename(os.path.dirname(checkpoint_file)))
+  return t5x_config, t5x_legacy.load_t5x(path, t5x_config), int(match.group(1)) if match else None

@@ -1,0 +1,105 @@
+"""Training metrics: summarising train-step sums, and writing them to TensorBoard, JSONL and a bar.
+
+`summarize` turns the sums the train step returns (`losses.weighted_cross_entropy`) over a logging
+window into per-token means: `loss` (cross-entropy + z-loss per target token, t5x's
+`cross_ent_loss_per_all_target_tokens` plus z-loss), `z_loss`, `accuracy`, the `learning_rate` of
+the window's last step, and `timing/tokens_per_second` (non-padding encoder-input plus target
+tokens per second of wall time).
+
+`MetricWriter` writes every scalar to `<model_dir>/train_log.jsonl` (one JSON object per line,
+`{"step": ..., "split": "train", ...}`) and to TensorBoard event files under `<model_dir>/<split>`
+(written with TensorFlow's own summary writer, as plain scalar summaries: TensorBoard displays them
+and nothing beyond TensorFlow is needed to write them). On an interactive terminal a tqdm bar shows
+the step, the ETA and the latest loss.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+JSONL_FILE = 'train_log.jsonl'
+
+
+def summarize(step_metrics: Sequence[Mapping[str, np.ndarray]], seconds: float) -> dict:
+  """Per-token means over a window of train-step metric sums (host numpy values)."""
+  total = {k: float(sum(np.asarray(m[k], np.float64) for m in step_metrics))
+           for k in ('loss_sum', 'z_loss_sum', 'correct_sum', 'weight_sum', 'input_tokens')}
+  weight = max(total['weight_sum'], 1.0)
+  return {
+      'loss': total['loss_sum'] / weight,
+      'z_loss': total['z_loss_sum'] / weight,
+      'accuracy': total['correct_sum'] / weight,
+      'learning_rate': float(step_metrics[-1]['learning_rate']),
+      'timing/tokens_per_second': (total['weight_sum'] + total['input_tokens']) / max(seconds, 1e-9),
+      'timing/steps_per_second': len(step_metrics) / max(seconds, 1e-9),
+  }
+
+
+class MetricWriter:
+  """JSONL + TensorBoard + progress bar; only the first host writes.
+
+  Args:
+    model_dir: the run directory.
+    total_steps: the step training ends at (for the bar's ETA).
+    start_step: the step this process starts at.
+    enabled: write (False on every host but the first).
+    progress_bar: show a bar; None shows one when stderr is a terminal.
+  """
+
+  def __init__(self, model_dir: str, total_steps: int, start_step: int, enabled: bool = True,
+               progress_bar: Optional[bool] = None):
+    self.model_dir = model_dir
+    self.enabled = enabled
+    self._tb_writers = {}
+    self._bar = None
+    if not enabled:
+      return
+    os.makedirs(model_dir, exist_ok=True)
+    self._jsonl = open(os.path.join(model_dir, JSONL_FILE), 'a')
+    if progress_bar is None:
+      progress_bar = sys.stderr.isatty()
+    if progress_bar:
+      import tqdm  # pylint: disable=g-import-not-at-top
+      self._bar = tqdm.tqdm(total=total_steps, initial=start_step, unit='step', dynamic_ncols=True)
+
+  def write_scalars(self, step: int, scalars: Mapping[str, float], split: str = 'train') -> None:
+    """One record per call in the JSONL log, one summary per scalar in TensorBoard."""
+    if not self.enabled:
+      return
+    record = {'step': int(step), 'split': split}
+    record.update({k: float(v) for k, v in scalars.items()})
+    self._jsonl.write(json.dumps(record) + '\n')
+    self._jsonl.flush()
+    self._write_tensorboard(step, scalars, split)
+    if self._bar is not None and 'loss' in scalars:
+      self._bar.set_postfix(loss=f"{scalars['loss']:.4f}", refresh=False)
+
+  def _write_tensorboard(self, step: int, scalars: Mapping[str, float], split: str) -> None:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top  (only when writing)
+    from tensorflow.core.framework import summary_pb2  # pylint: disable=g-import-not-at-top
+    if split not in self._tb_writers:
+      self._tb_writers[split] = tf.summary.create_file_writer(os.path.join(self.model_dir, split))
+    values = [summary_pb2.Summary.Value(tag=k, simple_value=float(v)) for k, v in scalars.items()]
+    with self._tb_writers[split].as_default():
+      tf.summary.experimental.write_raw_pb(
+          summary_pb2.Summary(value=values).SerializeToString(), step=int(step))
+    self._tb_writers[split].flush()
+
+  def advance(self, steps: int = 1) -> None:
+    """Moves the progress bar."""
+    if self._bar is not None:
+      self._bar.update(steps)
+
+  def close(self) -> None:
+    if not self.enabled:
+      return
+    if self._bar is not None:
+      self._bar.close()
+    for writer in self._tb_writers.values():
+      writer.close()
+    self._jsonl.close()

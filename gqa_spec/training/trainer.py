@@ -1,0 +1,318 @@
+"""The training loop: data -> sharded train step -> metrics, checkpoints, evaluation, best export.
+
+`train` is t5x's `train.py` without t5x: plain Python arguments (gin binds them at the edge, see
+`configs/runs/*.gin`). One run directory (`model_dir`) holds everything:
+
+  config.json              the model config
+  checkpoints/<step>/      orbax train-state checkpoints (keep-last-N; `checkpointing.py`)
+  train_log.jsonl          one JSON object per logged step (`metrics.py`), train and eval
+  train/, eval/            TensorBoard event files
+  best/, best.json         native checkpoint of the best evaluation so far, and its metrics
+
+Start-up, in order of precedence:
+  1. `model_dir` has checkpoints: resume from the latest (same step, same optimizer state, same
+     data position: the pipeline skips the batches already consumed since it started);
+  2. `initial_checkpoint_path`: its parameters with a fresh optimizer state, starting at its step
+     when it records one (t5x fine-tuning continues the pre-training step count), else 0;
+  3. random initialisation at step 0.
+`total_steps` is the absolute step training ends at (as t5x's TRAIN_STEPS).
+
+Failure handling: a non-finite loss raises `NonFiniteLossError` naming the step; every save is
+preceded by a finiteness check of all steps since the last one, so only good states are
+checkpointed. SIGTERM or Ctrl-C stops at the next step boundary and saves ("save on exit").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any, Callable, Mapping, Optional, Protocol
+
+import jax
+import numpy as np
+
+from gqa_spec.errors import UserError
+from gqa_spec.models.config import T5Config
+from gqa_spec.training import checkpointing, initial, losses
+from gqa_spec.training import metrics as metrics_lib
+from gqa_spec.training.data import DatasetConfig, get_batches
+from gqa_spec.training.optimizer import LearningRateFn, adafactor, rsqrt_decay
+from gqa_spec.training.partitioning import Partitioner, initialize_distributed
+from gqa_spec.training.train_step import TrainState, TrainStep
+
+log = logging.getLogger(__name__)
+
+BEST_DIR = 'best'
+BEST_FILE = 'best.json'
+
+
+class NonFiniteLossError(UserError):
+  """The loss became NaN or infinite; training stopped without saving the bad state."""
+
+
+class Evaluator(Protocol):
+  """Evaluates parameters (e.g. `evaluation.InferenceEvaluator`): metric name -> value."""
+
+  def __call__(self, params: Any, step: int) -> Mapping[str, float]:
+    ...
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+  """Attributes: save_period (steps), keep (latest N), asynchronous (background writes)."""
+
+  save_period: int = 1000
+  keep: Optional[int] = 3
+  asynchronous: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitioningConfig:
+  """Mesh shape and multi-host start-up.
+
+  Attributes:
+    data: data-parallel size; -1 uses every device not taken by `model`.
+    model: model-parallel size.
+    multihost: call `jax.distributed.initialize` (auto-detected cluster, or the fields below).
+    coordinator_address: `host:port` of process 0, for clusters JAX cannot detect.
+    num_processes: number of processes in that case.
+    process_id: this process's index in that case.
+  """
+
+  data: int = -1
+  model: int = 1
+  multihost: bool = False
+  coordinator_address: Optional[str] = None
+  num_processes: Optional[int] = None
+  process_id: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+  """What a finished run reports: its last step, last logged train metrics, best evaluation."""
+
+  step: int
+  train_metrics: Mapping[str, float]
+  best: Optional[Mapping[str, Any]]
+
+
+def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetConfig,
+          total_steps: int, optimizer=None, learning_rate_fn: Optional[LearningRateFn] = None,
+          z_loss: float = 1e-4, loss_normalizing_factor: losses.LossNormalizingFactor = None,
+          partitioning: PartitioningConfig = PartitioningConfig(),
+          checkpoint_cfg: CheckpointConfig = CheckpointConfig(),
+          initial_checkpoint_path: Optional[str] = None,
+          initial_checkpoint_config: Optional[T5Config] = None,
+          prepare_params: Optional[Callable[[T5Config, Any], Any]] = None,
+          initial_step: Optional[int] = None,
+          evaluator: Optional[Evaluator] = None, eval_period: Optional[int] = None,
+          best_metric: Optional[str] = None, best_mode: str = 'max',
+          log_period: int = 100, random_seed: int = 0,
+          progress_bar: Optional[bool] = None) -> TrainResult:
+  """Trains (or resumes training) until `total_steps`.
+
+  Args:
+    model_dir: run directory (created).
+    model_config: the model; on resume it must equal the checkpoint's.
+    train_dataset_cfg: training data (`data.DatasetConfig`).
+    total_steps: absolute step to stop at.
+    optimizer: optax transformation without learning rate (default `optimizer.adafactor()`).
+    learning_rate_fn: global step -> learning rate (default `optimizer.rsqrt_decay()`).
+    z_loss: z-loss coefficient.
+    loss_normalizing_factor: None (sum), a number, or 'NUM_REAL_TARGET_TOKENS'.
+    partitioning: mesh and multi-host settings.
+    checkpoint_cfg: checkpoint period and retention.
+    initial_checkpoint_path: trainer run dir, native, HF or T5X checkpoint to start from.
+    initial_checkpoint_config: the model config of a T5X initial checkpoint (which records none);
+      default `model_config`.
+    prepare_params: `(config, params) -> params` applied to the initial checkpoint's parameters
+      (uptraining converts them there), given the checkpoint's own config.
+    initial_step: step to start at from `initial_checkpoint_path` (default: the checkpoint's step,
+      or 0 when it records none).
+    evaluator: called every `eval_period` steps and at the end.
+    eval_period: steps between evaluations (None: only at the end, if an evaluator is given).
+    best_metric: evaluator metric that selects the best checkpoint (exported to `best/`).
+    best_mode: 'max' or 'min'.
+    log_period: steps between train-metric records (and finiteness checks).
+    random_seed: parameter initialisation and dropout seed.
+    progress_bar: show a progress bar (None: on terminals).
+
+  Returns:
+    A `TrainResult`.
+  """
+  if total_steps < 1 or log_period < 1 or (eval_period is not None and eval_period < 1):
+    raise UserError(f'total_steps ({total_steps}), log_period ({log_period}) and eval_period '
+                    f'({eval_period}) must be positive')
+  if best_mode not in ('max', 'min'):
+    raise UserError(f"best_mode must be 'max' or 'min', got {best_mode!r}")
+  if partitioning.multihost:
+    initialize_distributed(partitioning.coordinator_address, partitioning.num_processes,
+                           partitioning.process_id)
+  partitioner = Partitioner.create(model_config, partitioning.data, partitioning.model)
+  if train_dataset_cfg.batch_size % partitioner.data_size:
+    raise UserError(f'batch_size {train_dataset_cfg.batch_size} is not divisible by the data-'
+                    f'parallel size {partitioner.data_size}')
+  step_fn = TrainStep(model_config, optimizer or adafactor(), learning_rate_fn or rsqrt_decay(),
+                      partitioner, z_loss, loss_normalizing_factor, dropout_seed=random_seed)
+  is_writer = jax.process_index() == 0
+  os.makedirs(model_dir, exist_ok=True)
+  ckpt = checkpointing.Checkpointer(model_dir, checkpoint_cfg.save_period, checkpoint_cfg.keep,
+                                    checkpoint_cfg.asynchronous)
+  state, data_start_step = _start(step_fn, ckpt, model_config, initial_checkpoint_path,
+                                  initial_checkpoint_config or model_config, prepare_params,
+                                  initial_step, random_seed)
+  if is_writer:
+    with open(os.path.join(model_dir, 'config.json'), 'w') as f:
+      f.write(model_config.to_json() + '\n')
+  step = int(state.step)
+  meta = {'model_config': model_config.to_dict(), 'data_start_step': data_start_step,
+          'dataset': dataclasses.asdict(train_dataset_cfg)}
+  log.info('training %s from step %d to %d on mesh %s', model_dir, step, total_steps,
+           dict(partitioner.mesh.shape))
+  writer = metrics_lib.MetricWriter(model_dir, total_steps, step, is_writer, progress_bar)
+  best = _read_best(model_dir)
+  stop = _StopFlag()
+  batches = get_batches(train_dataset_cfg, skip_batches=step - data_start_step)
+  pending, last_metrics, window_start = [], {}, time.time()
+
+  def check_and_log() -> None:
+    nonlocal pending, last_metrics, window_start
+    if not pending:
+      return
+    host = jax.device_get([m for _, m in pending])
+    for (s, _), m in zip(pending, host):
+      if not np.isfinite(m['loss_sum']):
+        latest = ckpt.latest_step()
+        raise NonFiniteLossError(
+            f'non-finite loss ({float(m["loss_sum"])}) at step {s}; training stopped, the last good '
+            f'checkpoint is ' + (f'step {latest} in {ckpt.directory}' if latest is not None
+                                 else 'none (no checkpoint was saved yet)'))
+    last_metrics = metrics_lib.summarize(host, time.time() - window_start)
+    writer.write_scalars(pending[-1][0], last_metrics)
+    pending, window_start = [], time.time()
+
+  try:
+    with stop.installed():
+      while step < total_steps and not stop.requested:
+        state, step_metrics = step_fn(state, partitioner.shard_batch(next(batches)))
+        step += 1
+        pending.append((step, step_metrics))
+        writer.advance()
+        save_due = step % checkpoint_cfg.save_period == 0
+        eval_due = evaluator is not None and eval_period is not None and step % eval_period == 0
+        if step % log_period == 0 or save_due or eval_due or step == total_steps:
+          check_and_log()
+        if save_due:
+          ckpt.save(step, state, meta)
+        if eval_due:
+          best = _evaluate(evaluator, state, step, model_config, model_dir, writer, best,
+                           best_metric, best_mode, is_writer)
+    check_and_log()
+    ckpt.save(step, state, meta, force=True)
+    if evaluator is not None and (eval_period is None or step % eval_period) and not stop.requested:
+      best = _evaluate(evaluator, state, step, model_config, model_dir, writer, best, best_metric,
+                       best_mode, is_writer)
+  finally:
+    writer.close()
+    ckpt.close()
+  if stop.requested:
+    log.warning('stopped by signal at step %d; saved a checkpoint', step)
+  return TrainResult(step=step, train_metrics=last_metrics, best=best)
+
+
+def _start(step_fn: TrainStep, ckpt: checkpointing.Checkpointer, config: T5Config,
+           initial_checkpoint_path: Optional[str], t5x_config: T5Config, prepare_params,
+           initial_step: Optional[int],
+           random_seed: int):
+  """(state, data_start_step) from the latest checkpoint, an initial checkpoint, or scratch."""
+  latest = ckpt.latest_step()
+  if latest is not None:
+    target = checkpointing.abstract_with_shardings(step_fn.abstract_state(),
+                                                   step_fn.state_shardings())
+    meta = ckpt.restore_meta(latest)
+    _check_same_config(config, meta['model_config'], ckpt.directory)
+    state, meta = ckpt.restore(latest, target)
+    log.info('resumed from %s/%d', ckpt.directory, latest)
+    return state, int(meta['data_start_step'])
+  if initial_checkpoint_path:
+    source_config, params, step = initial.load(initial_checkpoint_path, t5x_config)
+    if prepare_params is not None:
+      params = prepare_params(source_config, params)
+    start = initial_step if initial_step is not None else (step or 0)
+    state = step_fn.from_params(params, start)
+    log.info('initialised from %s at step %d', initial_checkpoint_path, start)
+    return state, start
+  start = initial_step or 0
+  return step_fn.init(jax.random.PRNGKey(random_seed), start), start
+
+
+def _check_same_config(config: T5Config, stored: Mapping[str, Any], directory: str) -> None:
+  mine = json.loads(config.to_json())
+  diff = sorted(k for k in set(mine) | set(stored) if mine.get(k) != stored.get(k))
+  if diff:
+    raise UserError(f'{directory}: the checkpoints were written with a different model config '
+                    f'(fields {", ".join(diff)}); use a new MODEL_DIR or the same model gin')
+
+
+def _read_best(model_dir: str) -> Optional[dict]:
+  path = os.path.join(model_dir, BEST_FILE)
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def _evaluate(evaluator: Evaluator, state: TrainState, step: int, config: T5Config, model_dir: str,
+              writer: metrics_lib.MetricWriter, best: Optional[dict], best_metric: Optional[str],
+              best_mode: str, is_writer: bool) -> Optional[dict]:
+  """Runs the evaluator, logs its metrics, and exports the parameters when they are the best."""
+  scores = {k: float(v) for k, v in evaluator(state.params, step).items()}
+  writer.write_scalars(step, scores, split='eval')
+  if best_metric is None:
+    return best
+  if best_metric not in scores:
+    raise UserError(f'best_metric {best_metric!r} is not among the evaluation metrics '
+                    f'{sorted(scores)}')
+  value = scores[best_metric]
+  better = best is None or (value > best['value'] if best_mode == 'max' else value < best['value'])
+  if not better:
+    return best
+  best = {'step': step, 'metric': best_metric, 'value': value, 'metrics': scores}
+  params = jax.device_get(state.params)  # every host joins the gather; one writes
+  if is_writer:
+    from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
+    native.save_checkpoint(os.path.join(model_dir, BEST_DIR), config, params, overwrite=True)
+    with open(os.path.join(model_dir, BEST_FILE), 'w') as f:
+      json.dump(best, f, indent=2)
+  log.info('step %d: new best %s = %.4f', step, best_metric, value)
+  return best
+
+
+class _StopFlag:
+  """Turns SIGTERM (pre-emption) and Ctrl-C into a request to stop at the next step boundary."""
+
+  def __init__(self):
+    self.requested = False
+
+  def _handle(self, signum, frame):
+    del frame
+    log.warning('received signal %d; stopping after this step', signum)
+    self.requested = True
+
+  @contextlib.contextmanager
+  def installed(self):
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+      for sig in (signal.SIGTERM, signal.SIGINT):
+        previous[sig] = signal.signal(sig, self._handle)
+    try:
+      yield self
+    finally:
+      for sig, handler in previous.items():
+        signal.signal(sig, handler)
