@@ -120,6 +120,21 @@ def test_pytorch_model_bin_import(hf_model, hf_dir, tmp_path):
   jax.tree.map(np.testing.assert_array_equal, params, ref_params)
 
 
+def test_sharded_safetensors_import(hf_dir, tmp_path):
+  from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
+  state = load_file(os.path.join(hf_dir, 'model.safetensors'))
+  names = sorted(state)
+  shards = {'model-00001-of-00002.safetensors': names[::2],
+            'model-00002-of-00002.safetensors': names[1::2]}
+  for file, keys in shards.items():
+    save_file({k: state[k] for k in keys}, str(tmp_path / file))
+  index = {'weight_map': {k: file for file, keys in shards.items() for k in keys}}
+  (tmp_path / 'model.safetensors.index.json').write_text(json.dumps(index))
+  (tmp_path / 'config.json').write_text(json.dumps(_hf_config(hf_dir)))
+  _, params, _ = hf.load_hf(str(tmp_path))
+  jax.tree.map(np.testing.assert_array_equal, params, hf.load_hf(hf_dir)[1])
+
+
 def test_bfloat16_import(hf_dir):
   config, params, _ = hf.load_hf(hf_dir, param_dtype='bfloat16')
   assert config.param_dtype == 'bfloat16'
@@ -151,14 +166,19 @@ def test_config_mapping_variants(hf_dir):
     hf.config_to_hf(relu.replace(mlp_activations=('gelu_exact', 'linear')))
 
 
-def test_tied_unscaled_model_imports_as_the_same_function(hf_dir, batch, logits_fns, tmp_path):
-  """A fresh transformers-5 model ties lm_head to shared without scaling; import keeps that."""
-  hf_config = transformers.T5Config.from_pretrained(hf_dir)
+@pytest.mark.parametrize('scaled', [False, True])
+def test_tied_models_import_as_the_same_function(hf_dir, batch, logits_fns, tmp_path, scaled):
+  """Fresh transformers-5 models tie lm_head to shared: unscaled (a T5.1.1 config) it becomes a
+  copy in logits_dense; scaled by d**-0.5 (original T5) it is `logits_via_embedding`."""
+  keys = ('vocab_size', 'd_model', 'd_kv', 'd_ff', 'num_layers', 'num_decoder_layers', 'num_heads',
+          'feed_forward_proj', 'dropout_rate', 'relative_attention_max_distance')
+  hf_config = transformers.T5Config(**{k: _hf_config(hf_dir)[k] for k in keys},
+                                    tie_word_embeddings=scaled)
   torch.manual_seed(1)
   model = transformers.T5ForConditionalGeneration(hf_config).eval()
   model.save_pretrained(tmp_path / 'tied')
   config, params, _ = hf.load_hf(str(tmp_path / 'tied'))
-  assert not config.logits_via_embedding
+  assert config.logits_via_embedding == scaled
   hf_logits, our_logits = logits_fns
   np.testing.assert_allclose(our_logits(config, params, *batch), hf_logits(model, *batch),
                              atol=1e-4, rtol=0)
