@@ -1,8 +1,9 @@
 """Greedy speculative decoding of T5 targets is token-identical to greedy autoregressive decoding.
 
 Grid: MHA / GQA-2 / MQA targets x drafts {the target itself (always accepted), the target with
-perturbed weights (partial acceptance), a different smaller T5 (rarely accepted), a bigram fitted
-on the target's outputs, copy} x gamma {1, 3, 7} on a ragged batch of 4; batch 1 for gamma 3.
+perturbed weights (partial acceptance), a bigram fitted on the target's outputs, copy} x gamma
+{1, 3, 7} on a ragged batch of 4; a different smaller T5 (rarely accepted) at gamma 3; batch 1 at
+gamma 3. Jit compiles dominate the time, so caches have one length for every gamma.
 """
 
 import functools
@@ -18,6 +19,14 @@ from gqa_spec.decoding.targets import T5Decoder
 from tests.decoding.conftest import INPUTS, MAX_LEN, VOCAB, model_and_params, perturbed
 
 KV_HEADS = {'mha': 4, 'gqa': 2, 'mqa': 1}
+# One cache length for every gamma (<= 7), so each model's jitted init compiles once.
+TARGET_SLOTS = speculative.target_cache_length(MAX_LEN, 7)
+DRAFT_SLOTS = MAX_LEN + 7 + 2
+
+
+@functools.lru_cache(maxsize=None)
+def perturbed_params(kind):
+  return perturbed(model_and_params(KV_HEADS[kind])[1], 0.3)
 
 
 @functools.lru_cache(maxsize=None)
@@ -35,13 +44,13 @@ def _draft(kind, draft_kind, batch, gamma):
   enc = jnp.asarray(INPUTS[:batch])
   if draft_kind in ('self', 'perturbed'):
     draft = ModelDraft.t5(model)
-    p = params if draft_kind == 'self' else perturbed(params, 0.3)
-    return draft, draft.init(p, enc, MAX_LEN, gamma)
+    p = params if draft_kind == 'self' else perturbed_params(kind)
+    return draft, draft.decoder.init(p, enc, DRAFT_SLOTS)
   if draft_kind == 'small':
     small, small_params = model_and_params(1, seed=3, emb_dim=16, num_heads=2, mlp_dim=32,
                                            num_decoder_layers=1)
     draft = ModelDraft.t5(small)
-    return draft, draft.init(small_params, enc, MAX_LEN, gamma)
+    return draft, draft.decoder.init(small_params, enc, DRAFT_SLOTS)
   if draft_kind == 'bigram':
     seqs, lengths = greedy_reference(kind, len(INPUTS))
     ngram = fit_ngram([s[1:1 + n] for s, n in zip(seqs, lengths)], order=2, vocab_size=VOCAB)
@@ -57,7 +66,7 @@ def _check(kind, draft_kind, gamma, batch):
   enc = jnp.asarray(INPUTS[:batch])
   draft, draft_state = _draft(kind, draft_kind, batch, gamma)
   result = speculative.decode(
-      target, target.init(params, enc, speculative.target_cache_length(MAX_LEN, gamma)), draft,
+      target, target.init(params, enc, TARGET_SLOTS), draft,
       draft_state, jax.random.PRNGKey(0), gamma=gamma, max_decode_len=MAX_LEN)
   ref_seqs, ref_lengths = greedy_reference(kind, batch)
   np.testing.assert_array_equal(np.asarray(result.lengths), ref_lengths)
@@ -77,8 +86,9 @@ def test_model_drafts_are_exact(kind, gamma):
   s = _check(kind, 'perturbed', gamma, 4)
   assert 0.0 < s['acceptance_rate'] < 1.0, s
   assert len(set(s['acceptance_rate_per_row'])) > 1  # ragged: rows accept different counts
-  s = _check(kind, 'small', gamma, 4)
-  assert s['acceptance_rate'] < 1.0
+  if gamma == 3:  # a different, smaller T5 (its own compile; rarely accepted)
+    s = _check(kind, 'small', gamma, 4)
+    assert s['acceptance_rate'] < 1.0
 
 
 @pytest.mark.parametrize('gamma', [1, 3, 7])

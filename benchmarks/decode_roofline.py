@@ -1,0 +1,129 @@
+"""Per-token step time of our jitted autoregressive decoding vs the memory-bandwidth bound.
+
+  python benchmarks/decode_roofline.py [--presets nano,mini] [--kv mha,gqa2,mqa] [--batch 1,8] \
+      [--out results/benchmarks/decode_roofline]
+
+Bound per step = bytes read per decode step / measured bandwidth, where the bytes are the
+decoder's parameters (the logits kernel included; the encoder is not read while decoding) plus the
+self-attention K/V cache (this implementation attends over the whole allocated cache, masked, so
+all of it is read) plus the cached cross-attention K/V; bandwidth is measured here by a jitted
+reduction over a 256 MiB float32 array. Step time = wall time of a jitted while-loop decode of
+`--steps` tokens / steps (EOS suppressed by decoding to max length, random-init weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from speculative import machine  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from gqa_spec.decoding import autoregressive  # pylint: disable=wrong-import-position
+from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=wrong-import-position
+from gqa_spec.models import decode_cache  # pylint: disable=wrong-import-position
+from gqa_spec.models.config import preset  # pylint: disable=wrong-import-position
+from gqa_spec.models.t5 import Transformer  # pylint: disable=wrong-import-position
+
+
+def bandwidth(mib: int = 256, repeats: int = 5) -> float:
+  x = jnp.ones((mib * 2 ** 20 // 4,), jnp.float32)
+  f = jax.jit(lambda a: jnp.sum(a))
+  f(x).block_until_ready()
+  best = min(_time(lambda: f(x)) for _ in range(repeats))
+  return x.nbytes / best
+
+
+def _time(fn) -> float:
+  t0 = time.perf_counter()
+  jax.block_until_ready(fn())
+  return time.perf_counter() - t0
+
+
+def tree_bytes(tree) -> int:
+  return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree))
+
+
+def cross_kv_bytes(cache) -> int:
+  total = 0
+  for name, layer in cache['decoder'].items():
+    if name.startswith('layers_') and 'encoder_decoder_attention' in layer:
+      total += tree_bytes(layer['encoder_decoder_attention'])
+  return total
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser()
+  p.add_argument('--presets', default='nano,mini')
+  p.add_argument('--kv', default='mha,gqa2,mqa')
+  p.add_argument('--batch', default='1,8')
+  p.add_argument('--input-length', type=int, default=64)
+  p.add_argument('--steps', type=int, default=64)
+  p.add_argument('--repeats', type=int, default=5)
+  p.add_argument('--out', default='results/benchmarks/decode_roofline')
+  args = p.parse_args(argv)
+  bw = bandwidth()
+  print(f'measured bandwidth: {bw / 1e9:.2f} GB/s', flush=True)
+  rows = []
+  for name in args.presets.split(','):
+    for kv in args.kv.split(','):
+      base = preset(name)
+      groups = {'mha': base.num_heads, 'mqa': 1}.get(kv) or int(kv[3:])
+      config = base.replace(num_kv_heads=groups)
+      model = Transformer(config)
+      dummy = jnp.ones((1, 8), jnp.int32)
+      params = jax.jit(lambda r: model.init(r, dummy, dummy, dummy, enable_dropout=False)['params'])(
+          jax.random.PRNGKey(0))
+      dec = T5Decoder(model)
+      for batch in (int(b) for b in args.batch.split(',')):
+        enc = jnp.full((batch, args.input_length), 7, jnp.int32).at[:, -1].set(1)
+        state = dec.init(params, enc, args.steps + 1)
+        run = lambda: autoregressive.decode(dec, state, jax.random.PRNGKey(0),
+                                            max_decode_len=args.steps, eos_id=-1)
+        jax.block_until_ready(run())
+        secs = sorted(_time(run) for _ in range(args.repeats))[args.repeats // 2]
+        step = secs / args.steps
+        param_bytes = tree_bytes(params['decoder'])
+        self_kv = decode_cache.self_attention_kv_bytes(state.cache)
+        cross_kv = cross_kv_bytes(state.cache)
+        bound = (param_bytes + self_kv + cross_kv) / bw
+        row = {'preset': name, 'kv_heads': groups, 'batch': batch, 'step_ms': step * 1e3,
+               'bound_ms': bound * 1e3, 'ratio_to_bound': step / bound,
+               'decoder_param_mib': param_bytes / 2 ** 20, 'self_kv_mib': self_kv / 2 ** 20,
+               'cross_kv_mib': cross_kv / 2 ** 20}
+        rows.append(row)
+        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}),
+              flush=True)
+  results = {'command': ' '.join([sys.executable] + sys.argv), 'bandwidth_gb_s': bw / 1e9,
+             'steps': args.steps, 'input_length': args.input_length, 'rows': rows,
+             'machine': machine()}
+  os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
+  with open(args.out + '.json', 'w') as f:
+    json.dump(results, f, indent=2)
+  lines = ['# Autoregressive decode step vs memory-bandwidth bound', '',
+           f'Command: `{results["command"]}`', '',
+           f'Measured bandwidth (jitted sum over 256 MiB): {bw / 1e9:.2f} GB/s. Bound = (decoder '
+           'params + self K/V cache (whole allocation) + cross K/V) / bandwidth. Random-init '
+           f'weights, {args.steps} decode steps, input length {args.input_length}, median of '
+           f'{args.repeats}.', '',
+           '| preset | kv heads | batch | step ms | bound ms | step/bound | dec params MiB | self KV MiB | cross KV MiB |',
+           '|---|---|---|---|---|---|---|---|---|']
+  for r in rows:
+    lines.append(f'| {r["preset"]} | {r["kv_heads"]} | {r["batch"]} | {r["step_ms"]:.3f} | '
+                 f'{r["bound_ms"]:.3f} | {r["ratio_to_bound"]:.1f} | {r["decoder_param_mib"]:.2f} | '
+                 f'{r["self_kv_mib"]:.3f} | {r["cross_kv_mib"]:.3f} |')
+  lines += ['', '## Machine', '', '```', *results['machine']['lscpu_head'], '```',
+            results['machine']['note']]
+  with open(args.out + '.md', 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,358 @@
+"""Speculative vs autoregressive decoding, measured side by side, against Leviathan et al.'s Theorem 8.
+
+  python benchmarks/speculative.py [--target CKPT --draft CKPT] [--task TASK] \
+      [--gammas 1,2,4,8] [--temperatures 0,1] [--hf] [--out results/benchmarks/speculative]
+
+For each draft, temperature and gamma: alpha (Corollary 6, the mean acceptance probability over the
+positions the loop tried, i.e. on the target's own generations), tokens per target call (bonus
+token counted), c(gamma) = draft step time / target step time and v(gamma) = target time for
+gamma + 1 tokens / for 1 token (both timed here, with jitted loops of calls), the measured walltime
+speedup over our jitted autoregressive decoding (same inputs, same batch, median of repeats), and
+the predictions: Theorem 8 with the measured alpha and c, and Theorem 8 with verification cost
+v(gamma) (Theorem 8 assumes v = 1). `--hf` adds HF transformers as a peer on the same weights:
+greedy `generate` and assisted generation with the model draft (wall time, token equality).
+
+Without `--target`, the pair is built here and says so in the output: a random-init `mini` target
+(MHA, so HF T5 holds the same weights) with drafts (a) the target's weights perturbed (alpha high,
+c ~ 1: no speedup expected), (b) a random-init `nano` (c small, alpha ~ 0), (c) a bigram fitted on
+the target's own greedy outputs for other inputs and (d) copy. A trained CPU-scale pair (training
+issue) is what the issue's targets are about; pass it with --target/--draft/--task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Dict, List
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gqa_spec.decoding import autoregressive, speculative, theory
+from gqa_spec.decoding.drafts import CopyDraft, ModelDraft, NgramDraft, fit_ngram
+from gqa_spec.decoding.sampling import SamplingConfig
+from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.models.config import preset
+from gqa_spec.models.t5 import Transformer
+
+
+def median_time(fn: Callable[[], Any], repeats: int) -> float:
+  jax.block_until_ready(fn())  # compile + warm
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def min_time(fn: Callable[[], Any], repeats: int) -> float:
+  jax.block_until_ready(fn())
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return min(times)  # micro-benchmarks on a shared CPU: the least disturbed run
+
+
+def step_time(decoder, state, k: int, fill: int, iters: int = 40) -> float:
+  """Seconds per `tokens_to_logits` call appending k tokens at cache fill `fill` (rolled back)."""
+  batch = decoder.index(state).shape[0]
+  index = jnp.full((batch,), fill, jnp.int32)
+
+  @jax.jit
+  def loop(state):
+    def body(_, s):
+      logits, s = decoder.tokens_to_logits(s, jnp.full((batch, k), 5, jnp.int32))
+      # Depending on every logit keeps XLA from slicing away the work of the other positions.
+      s = decoder.rollback(s, index + (jnp.sum(logits) > 1e30))
+      return s
+    return jax.lax.fori_loop(0, iters, body, decoder.rollback(state, index))
+
+  return min_time(lambda: loop(state), 5) / iters
+
+
+def propose_time(draft, dstate, gamma: int, batch: int, length: int, iters: int = 20) -> float:
+  seqs = jnp.full((batch, length), 5, jnp.int32)
+  lengths = jnp.full((batch,), length // 2, jnp.int32)
+
+  @jax.jit
+  def loop(dstate):
+    def body(i, carry):
+      s, acc = carry
+      toks, _, s = draft.propose(s, seqs, lengths, jax.random.PRNGKey(0), gamma, SamplingConfig())
+      return draft.commit(s, seqs, lengths), acc + jnp.sum(toks)
+    return jax.lax.fori_loop(0, iters, body, (dstate, jnp.zeros((), jnp.int32)))
+
+  return min_time(lambda: loop(dstate), 5) / iters
+
+
+def default_pair(args):
+  target_model = Transformer(preset('mini'))
+  rng = jax.random.PRNGKey(0)
+  dummy = jnp.ones((1, 8), jnp.int32)
+  init = jax.jit(lambda m, r: m.init(r, dummy, dummy, dummy, enable_dropout=False)['params'],
+                 static_argnums=0)
+  params = init(target_model, rng)
+  leaves, tree = jax.tree_util.tree_flatten(params)
+  keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
+  noisy = jax.tree_util.tree_unflatten(tree, [
+      x + args.perturb * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+  nano = Transformer(preset('nano'))
+  return target_model, params, {'perturbed': (target_model, noisy), 'nano': (nano, init(nano, rng))}
+
+
+def synthetic_inputs(n: int, length: int, vocab: int, seed: int) -> np.ndarray:
+  rng = np.random.RandomState(seed)
+  out = np.zeros((n, length), np.int32)
+  for i in range(n):
+    m = rng.randint(length // 2, length)
+    out[i, :m - 1] = rng.randint(2, min(vocab, 1000), size=m - 1)
+    out[i, m - 1] = 1
+  return out
+
+
+def task_inputs(task: str, n: int, length: int) -> np.ndarray:
+  from gqa_spec.data import pipeline  # pylint: disable=g-import-not-at-top
+  ds = pipeline.get_dataset(task, 'validation', {'inputs': length, 'targets': 8}, pack=False)
+  rows = [ex['encoder_input_tokens'] for ex in ds.take(n).as_numpy_iterator()]
+  return np.stack(rows).astype(np.int32)
+
+
+def hf_model(config, params):
+  """The same weights as an HF `T5ForConditionalGeneration` (through our HF export)."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from gqa_spec.checkpoints import hf  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory() as d:
+    hf.save_hf(os.path.join(d, 'hf'), config, params)
+    return transformers.T5ForConditionalGeneration.from_pretrained(os.path.join(d, 'hf')).eval()
+
+
+def run_hf(args, target_cfg, target_params, draft_entry, inputs, ours_greedy: List[List[int]]):
+  import torch  # pylint: disable=g-import-not-at-top
+  torch.set_num_threads(os.cpu_count() or 1)
+  tgt = hf_model(target_cfg, target_params)
+  kw = dict(max_new_tokens=args.max_decode_len, do_sample=False, num_beams=1, eos_token_id=1,
+            pad_token_id=0, decoder_start_token_id=0)
+  out: Dict[str, Any] = {}
+
+  def generate(**extra):
+    res = []
+    for row in inputs:
+      ids = torch.from_numpy(row[None][:, :int((row > 0).sum())].astype(np.int64))
+      with torch.no_grad():
+        res.append(tgt.generate(ids, attention_mask=torch.ones_like(ids), **kw, **extra)[0].tolist())
+    return res
+
+  def timed(**extra):
+    generate(**extra)  # warm
+    times, res = [], None
+    for _ in range(args.repeats):
+      t0 = time.perf_counter()
+      res = generate(**extra)
+      times.append(time.perf_counter() - t0)
+    toks = [r[1:] for r in res]  # HF pads finished rows only in batches; batch 1 here
+    toks = [t[:t.index(1)] if 1 in t else t for t in toks]
+    return statistics.median(times), toks
+
+  secs, toks = timed()
+  out['hf_greedy'] = {'seconds': secs, 'tokens_equal_ours': toks == ours_greedy}
+  if draft_entry is not None:
+    dmodel, dparams = draft_entry
+    assistant = hf_model(dmodel.config, dparams)
+    secs, toks = timed(assistant_model=assistant)
+    out['hf_assisted'] = {'seconds': secs, 'tokens_equal_ours': toks == ours_greedy}
+  secs, toks = timed(prompt_lookup_num_tokens=4)
+  out['hf_prompt_lookup'] = {'seconds': secs, 'tokens_equal_ours': toks == ours_greedy}
+  return out
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--target')
+  p.add_argument('--draft', help='draft checkpoint (default: the built-in pair, see --help)')
+  p.add_argument('--task')
+  p.add_argument('--num-examples', type=int, default=4)
+  p.add_argument('--input-length', type=int, default=64)
+  p.add_argument('--batch-size', type=int, default=1)
+  p.add_argument('--max-decode-len', type=int, default=48)
+  p.add_argument('--gammas', default='1,2,4,8')
+  p.add_argument('--temperatures', default='0,1')
+  p.add_argument('--drafts', help='default perturbed,nano,bigram,copy (built-in pair) or '
+                 'model,bigram,copy (with --draft) or bigram,copy')
+  p.add_argument('--perturb', type=float, default=0.05, help='relative noise of the perturbed draft')
+  p.add_argument('--repeats', type=int, default=3)
+  p.add_argument('--hf', action='store_true')
+  p.add_argument('--out', default='results/benchmarks/speculative')
+  args = p.parse_args(argv)
+
+  if args.target:
+    from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
+    cfg, params, _ = native.load_checkpoint(args.target)
+    target_model = Transformer(cfg)
+    model_drafts = {}
+    if args.draft:
+      dcfg, dparams, _ = native.load_checkpoint(args.draft)
+      model_drafts['model'] = (Transformer(dcfg), dparams)
+    pair = f'target {args.target}, draft {args.draft}'
+  else:
+    target_model, params, model_drafts = default_pair(args)
+    pair = (f'BUILT-IN DEMO PAIR (untrained): random-init mini target; drafts: target weights + '
+            f'{args.perturb} x std Gaussian noise ("perturbed"), random-init nano ("nano"), bigram '
+            'on the target\'s own greedy outputs for other inputs ("bigram"), prompt lookup ("copy")')
+  if args.drafts is None:
+    args.drafts = ','.join(list(model_drafts) + ['bigram', 'copy'])
+  cfg = target_model.config
+  if args.task:
+    inputs = task_inputs(args.task, args.num_examples, args.input_length)
+  else:
+    inputs = synthetic_inputs(args.num_examples, args.input_length, cfg.vocab_size, seed=0)
+  target = T5Decoder(target_model)
+  L, B = args.max_decode_len, args.batch_size
+  gammas = [int(g) for g in args.gammas.split(',')]
+  temps = [float(t) for t in args.temperatures.split(',')]
+  batches = [jnp.asarray(inputs[i:i + B]) for i in range(0, len(inputs), B)]
+  max_slots = speculative.target_cache_length(L, max(gammas))
+
+  def ar_all(config, seed=0):
+    return [autoregressive.decode(target, target.init(params, enc, max_slots),
+                                  jax.random.PRNGKey(seed), max_decode_len=L, config=config)
+            for enc in batches]
+
+  drafts: Dict[str, Any] = {}
+  for name in args.drafts.split(','):
+    if name in model_drafts:
+      dm, dp = model_drafts[name]
+      d = ModelDraft.t5(dm)
+      drafts[name] = (d, lambda enc, d=d, dp=dp: d.decoder.init(dp, enc, L + max(gammas) + 2),
+                      lambda enc, d=d, dp=dp: d.decoder.init(dp, enc, L + max(gammas) + 2))
+    elif name == 'bigram':
+      other = synthetic_inputs(32, args.input_length, cfg.vocab_size, seed=1)
+      res = autoregressive.decode(target, target.init(params, jnp.asarray(other), L + 1),
+                                  jax.random.PRNGKey(0), max_decode_len=L)
+      seqs = autoregressive.strip(res.sequences, res.lengths)
+      table = NgramDraft(cfg.vocab_size).init(fit_ngram(seqs, 2, cfg.vocab_size))
+      drafts[name] = (NgramDraft(cfg.vocab_size), lambda enc, t=table: t, None)
+    elif name == 'copy':
+      drafts[name] = (CopyDraft(cfg.vocab_size), lambda enc: enc, None)
+
+  results: Dict[str, Any] = {'pair': pair, 'command': ' '.join([sys.executable] + sys.argv),
+                             'batch_size': B, 'num_examples': len(inputs), 'max_decode_len': L,
+                             'rows': []}
+  fill = L // 2
+  tstate = target.init(params, batches[0], max_slots)
+  t_target = {k: step_time(target, tstate, k, fill) for k in sorted({1} | {g + 1 for g in gammas})}
+  results['target_step_seconds'] = {str(k): v for k, v in t_target.items()}
+  ours_greedy = None
+  for temp in temps:
+    config = SamplingConfig(temperature=temp)
+    ar = ar_all(config)
+    ar_secs = median_time(lambda: ar_all(config), args.repeats)
+    ar_tokens = sum(int(r.lengths.sum()) for r in ar)
+    ar_lists = sum((autoregressive.strip(r.sequences, r.lengths) for r in ar), [])
+    if temp == 0:
+      ours_greedy = ar_lists
+    results.setdefault('autoregressive', {})[str(temp)] = {
+        'seconds': ar_secs, 'tokens': ar_tokens, 'seconds_per_token': ar_secs / ar_tokens}
+    for name, (draft, dinit, _) in drafts.items():
+      for gamma in gammas:
+        def spec_all():
+          return [speculative.decode(target, target.init(params, enc, max_slots), draft, dinit(enc),
+                                     jax.random.PRNGKey(1), gamma=gamma, max_decode_len=L,
+                                     config=config) for enc in batches]
+        res = spec_all()
+        secs = median_time(spec_all, args.repeats)
+        stats = [speculative.summarize(r) for r in res]
+        tokens = sum(s['tokens'] for s in stats)
+        calls = sum(s['target_calls'] for s in stats)
+        beta_sum = sum(float(r.beta_sum) for r in res)
+        beta_cnt = sum(float(r.beta_count) for r in res)
+        a = beta_sum / beta_cnt
+        if isinstance(draft, ModelDraft):
+          dstate = dinit(batches[0])
+          c = step_time(draft.decoder, dstate, 1, fill) / t_target[1]
+        else:
+          c = propose_time(draft, dinit(batches[0]), gamma, batches[0].shape[0], 2 * fill) / gamma / t_target[1]
+        v = t_target[gamma + 1] / t_target[1]
+        spec_lists = sum((autoregressive.strip(r.sequences, r.lengths) for r in res), [])
+        row = {'draft': name, 'temperature': temp, 'gamma': gamma, 'alpha': a,
+               'tokens': tokens, 'target_calls': calls, 'tokens_per_call': tokens / calls,
+               'c': c, 'verify_ratio_v': v, 'seconds': secs, 'ar_seconds': ar_secs,
+               'ar_tokens': ar_tokens,
+               'speedup_measured': (ar_secs / ar_tokens) / (secs / tokens),
+               'speedup_thm8': theory.walltime_improvement(a, gamma, c),
+               'speedup_thm8_with_v': theory.speedup_measured_costs(a, gamma, c, v),
+               'optimal_gamma_thm8': theory.optimal_gamma(min(a, 0.999), c),
+               'tokens_equal_autoregressive': (spec_lists == ar_lists) if temp == 0 else None}
+        row['measured_over_thm8'] = row['speedup_measured'] / row['speedup_thm8']
+        results['rows'].append(row)
+        print(json.dumps({k: (round(x, 4) if isinstance(x, float) else x) for k, x in row.items()}),
+              flush=True)
+  if args.hf and ours_greedy is not None:
+    entry = model_drafts.get('model') or model_drafts.get('nano')
+    results['hf'] = run_hf(args, cfg, params, entry, inputs, ours_greedy)
+    results['hf']['assistant'] = 'model' if 'model' in model_drafts else 'nano'
+    results['hf']['ours_greedy_seconds'] = results['autoregressive']['0.0']['seconds']
+    print(json.dumps(results['hf']), flush=True)
+  results['machine'] = machine()
+  write(results, args.out)
+
+
+def machine() -> Dict[str, Any]:
+  try:
+    lscpu = subprocess.run(['lscpu'], capture_output=True, text=True, check=False).stdout
+  except OSError:
+    lscpu = ''
+  return {'lscpu_head': lscpu.splitlines()[:12], 'python': platform.python_version(),
+          'jax': jax.__version__, 'devices': [str(d) for d in jax.devices()],
+          'note': 'CPU shared with other processes; timings are noisy'}
+
+
+def write(results: Dict[str, Any], out: str) -> None:
+  os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
+  with open(out + '.json', 'w') as f:
+    json.dump(results, f, indent=2)
+  lines = ['# Speculative decoding benchmark', '', f'Pair: {results["pair"]}', '',
+           f'Command: `{results["command"]}`', '',
+           f'Batch {results["batch_size"]}, {results["num_examples"]} inputs, max decode length '
+           f'{results["max_decode_len"]}. Speedups: per-token time of our jitted autoregressive '
+           'decoding / per-token time of speculative decoding, median of repeats. Thm 8: '
+           'Leviathan et al. with measured alpha and c; "+v": with verification costing v(gamma) '
+           'target steps.', '',
+           '| draft | T | gamma | alpha | tok/call | c | v | measured | Thm 8 | Thm 8+v | meas/Thm8 | = AR |',
+           '|---|---|---|---|---|---|---|---|---|---|---|---|']
+  for r in results['rows']:
+    lines.append(f'| {r["draft"]} | {r["temperature"]:g} | {r["gamma"]} | {r["alpha"]:.3f} | '
+                 f'{r["tokens_per_call"]:.2f} | {r["c"]:.3f} | {r["verify_ratio_v"]:.2f} | '
+                 f'{r["speedup_measured"]:.2f}x | {r["speedup_thm8"]:.2f}x | '
+                 f'{r["speedup_thm8_with_v"]:.2f}x | {r["measured_over_thm8"]:.2f} | '
+                 f'{r["tokens_equal_autoregressive"]} |')
+  if 'hf' in results:
+    h = results['hf']
+    lines += ['', '## HF transformers peer (same weights, batch 1, torch CPU)', '',
+              f'- ours greedy (jitted AR): {h["ours_greedy_seconds"]:.3f} s',
+              f'- HF greedy generate: {h["hf_greedy"]["seconds"]:.3f} s, tokens equal ours: '
+              f'{h["hf_greedy"]["tokens_equal_ours"]}']
+    if 'hf_assisted' in h:
+      lines.append(f'- HF assisted generation (assistant = {h["assistant"]}): '
+                   f'{h["hf_assisted"]["seconds"]:.3f} s, tokens equal: '
+                   f'{h["hf_assisted"]["tokens_equal_ours"]}')
+    lines.append(f'- HF prompt lookup (4 tokens): {h["hf_prompt_lookup"]["seconds"]:.3f} s, tokens '
+                 f'equal: {h["hf_prompt_lookup"]["tokens_equal_ours"]}')
+  lines += ['', '## Machine', '', '```', *results['machine']['lscpu_head'], '```',
+            results['machine']['note']]
+  with open(out + '.md', 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+
+
+if __name__ == '__main__':
+  main()
