@@ -99,7 +99,7 @@ class InferenceEvaluator:
     """A seqio predict function decoding with `params`; records time per sample."""
     self.last_timings = []
 
-    def predict(dataset, model_feature_shapes=None) -> List[Tuple[int, List[int]]]:
+    def predict(dataset, model_feature_shapes=None) -> List[Tuple[int, np.ndarray]]:
       del model_feature_shapes
       out = []
       for indices, features in dataset.batch(self.batch_size).as_numpy_iterator():
@@ -113,7 +113,12 @@ class InferenceEvaluator:
         start = time.perf_counter()
         tokens = self._decode_batch(params, inputs)
         self.last_timings.append((time.perf_counter() - start) / n)
-        out.extend(zip((int(i) for i in indices), tokens[:n]))
+        # Fixed-width rows, 0-padded: seqio stacks the predictions into one array, and its
+        # vocabulary decoding drops the padding.
+        rows = np.zeros((n, self._max_decode_len), np.int32)
+        for row, ids in zip(rows, tokens[:n]):
+          row[:len(ids)] = ids
+        out.extend(zip((int(i) for i in indices), rows))
       return out
 
     return predict
