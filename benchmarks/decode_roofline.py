@@ -119,7 +119,10 @@ def main(argv=None):
     lines.append(f'| {r["preset"]} | {r["kv_heads"]} | {r["batch"]} | {r["step_ms"]:.3f} | '
                  f'{r["bound_ms"]:.3f} | {r["ratio_to_bound"]:.1f} | {r["decoder_param_mib"]:.2f} | '
                  f'{r["self_kv_mib"]:.3f} | {r["cross_kv_mib"]:.3f} |')
-  lines += ['', '## Machine', '', '```', *results['machine']['lscpu_head'], '```',
+  lines += ['', 'Caveat: parameters and caches of a few MiB (nano) stay in the CPU caches, so a '
+            'DRAM-bandwidth bound understates what is achievable for them; the bound is meaningful '
+            'for weights well beyond the last-level cache.',
+            '', '## Machine', '', '```', *results['machine']['lscpu_head'], '```',
             results['machine']['note']]
   with open(args.out + '.md', 'w') as f:
     f.write('\n'.join(lines) + '\n')
