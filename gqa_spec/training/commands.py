@@ -63,6 +63,7 @@ def _parse(args: argparse.Namespace) -> None:
   logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
   for handler in logging.getLogger().handlers:
     handler.addFilter(_quiet_gin_search)
+  logging.getLogger('absl').setLevel(logging.WARNING)  # orbax and seqio log every step of a save
   gin_utils.parse(args.gin_file, list(args.gin_bindings) + getattr(args, _MACROS, []),
                   gin_utils.maybe_search_paths(args.gin_search_paths))
 
