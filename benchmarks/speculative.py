@@ -29,70 +29,17 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Dict, List
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gqa_spec.decoding import autoregressive, speculative, theory
+from gqa_spec.decoding import autoregressive, speedup
 from gqa_spec.decoding.drafts import CopyDraft, ModelDraft, NgramDraft, fit_ngram
-from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.targets import T5Decoder
 from gqa_spec.models.config import preset
 from gqa_spec.models.t5 import Transformer
-
-
-def median_time(fn: Callable[[], Any], repeats: int) -> float:
-  jax.block_until_ready(fn())  # compile + warm
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
-
-
-def min_time(fn: Callable[[], Any], repeats: int) -> float:
-  jax.block_until_ready(fn())
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return min(times)  # micro-benchmarks on a shared CPU: the least disturbed run
-
-
-def step_time(decoder, state, k: int, fill: int, iters: int = 40) -> float:
-  """Seconds per `tokens_to_logits` call appending k tokens at cache fill `fill` (rolled back)."""
-  batch = decoder.index(state).shape[0]
-  index = jnp.full((batch,), fill, jnp.int32)
-
-  @jax.jit
-  def loop(state):
-    def body(_, s):
-      logits, s = decoder.tokens_to_logits(s, jnp.full((batch, k), 5, jnp.int32))
-      # Depending on every logit keeps XLA from slicing away the work of the other positions.
-      s = decoder.rollback(s, index + (jnp.sum(logits) > 1e30))
-      return s
-    return jax.lax.fori_loop(0, iters, body, decoder.rollback(state, index))
-
-  return min_time(lambda: loop(state), 5) / iters
-
-
-def propose_time(draft, dstate, gamma: int, batch: int, length: int, iters: int = 20) -> float:
-  seqs = jnp.full((batch, length), 5, jnp.int32)
-  lengths = jnp.full((batch,), length // 2, jnp.int32)
-
-  @jax.jit
-  def loop(dstate):
-    def body(i, carry):
-      s, acc = carry
-      toks, _, s = draft.propose(s, seqs, lengths, jax.random.PRNGKey(0), gamma, SamplingConfig())
-      return draft.commit(s, seqs, lengths), acc + jnp.sum(toks)
-    return jax.lax.fori_loop(0, iters, body, (dstate, jnp.zeros((), jnp.int32)))
-
-  return min_time(lambda: loop(dstate), 5) / iters
 
 
 def default_pair(args):
@@ -221,82 +168,34 @@ def main(argv=None):
   gammas = [int(g) for g in args.gammas.split(',')]
   temps = [float(t) for t in args.temperatures.split(',')]
   batches = [jnp.asarray(inputs[i:i + B]) for i in range(0, len(inputs), B)]
-  max_slots = speculative.target_cache_length(L, max(gammas))
-
-  def ar_all(config, seed=0):
-    return [autoregressive.decode(target, target.init(params, enc, max_slots),
-                                  jax.random.PRNGKey(seed), max_decode_len=L, config=config)
-            for enc in batches]
-
   drafts: Dict[str, Any] = {}
   for name in args.drafts.split(','):
     if name in model_drafts:
       dm, dp = model_drafts[name]
       d = ModelDraft.t5(dm)
-      drafts[name] = (d, lambda enc, d=d, dp=dp: d.decoder.init(dp, enc, L + max(gammas) + 2),
-                      lambda enc, d=d, dp=dp: d.decoder.init(dp, enc, L + max(gammas) + 2))
+      drafts[name] = (d, lambda enc, d=d, dp=dp: d.decoder.init(dp, enc, L + max(gammas) + 2))
     elif name == 'bigram':
       other = synthetic_inputs(32, args.input_length, cfg.vocab_size, seed=1)
       res = autoregressive.decode(target, target.init(params, jnp.asarray(other), L + 1),
                                   jax.random.PRNGKey(0), max_decode_len=L)
       seqs = autoregressive.strip(res.sequences, res.lengths)
       table = NgramDraft(cfg.vocab_size).init(fit_ngram(seqs, 2, cfg.vocab_size))
-      drafts[name] = (NgramDraft(cfg.vocab_size), lambda enc, t=table: t, None)
+      drafts[name] = (NgramDraft(cfg.vocab_size), lambda enc, t=table: t)
     elif name == 'copy':
-      drafts[name] = (CopyDraft(cfg.vocab_size), lambda enc: enc, None)
+      drafts[name] = (CopyDraft(cfg.vocab_size), lambda enc: enc)
 
+  grid = speedup.measure_grid(target, params, drafts, batches, max_decode_len=L, gammas=gammas,
+                              temperatures=temps, repeats=args.repeats)
+  ours_greedy = grid['autoregressive'].get('0.0', {}).get('outputs')
+  for r in grid['rows']:
+    print(json.dumps({k: (round(x, 4) if isinstance(x, float) else x) for k, x in r.items()}),
+          flush=True)
   results: Dict[str, Any] = {'pair': pair, 'command': ' '.join([sys.executable] + sys.argv),
                              'batch_size': B, 'num_examples': len(inputs), 'max_decode_len': L,
-                             'rows': []}
-  fill = L // 2
-  tstate = target.init(params, batches[0], max_slots)
-  t_target = {k: step_time(target, tstate, k, fill) for k in sorted({1} | {g + 1 for g in gammas})}
-  results['target_step_seconds'] = {str(k): v for k, v in t_target.items()}
-  ours_greedy = None
-  for temp in temps:
-    config = SamplingConfig(temperature=temp)
-    ar = ar_all(config)
-    ar_secs = median_time(lambda: ar_all(config), args.repeats)
-    ar_tokens = sum(int(r.lengths.sum()) for r in ar)
-    ar_lists = sum((autoregressive.strip(r.sequences, r.lengths) for r in ar), [])
-    if temp == 0:
-      ours_greedy = ar_lists
-    results.setdefault('autoregressive', {})[str(temp)] = {
-        'seconds': ar_secs, 'tokens': ar_tokens, 'seconds_per_token': ar_secs / ar_tokens}
-    for name, (draft, dinit, _) in drafts.items():
-      for gamma in gammas:
-        def spec_all():
-          return [speculative.decode(target, target.init(params, enc, max_slots), draft, dinit(enc),
-                                     jax.random.PRNGKey(1), gamma=gamma, max_decode_len=L,
-                                     config=config) for enc in batches]
-        res = spec_all()
-        secs = median_time(spec_all, args.repeats)
-        stats = [speculative.summarize(r) for r in res]
-        tokens = sum(s['tokens'] for s in stats)
-        calls = sum(s['target_calls'] for s in stats)
-        beta_sum = sum(float(r.beta_sum) for r in res)
-        beta_cnt = sum(float(r.beta_count) for r in res)
-        a = beta_sum / beta_cnt
-        if isinstance(draft, ModelDraft):
-          dstate = dinit(batches[0])
-          c = step_time(draft.decoder, dstate, 1, fill) / t_target[1]
-        else:
-          c = propose_time(draft, dinit(batches[0]), gamma, batches[0].shape[0], 2 * fill) / gamma / t_target[1]
-        v = t_target[gamma + 1] / t_target[1]
-        spec_lists = sum((autoregressive.strip(r.sequences, r.lengths) for r in res), [])
-        row = {'draft': name, 'temperature': temp, 'gamma': gamma, 'alpha': a,
-               'tokens': tokens, 'target_calls': calls, 'tokens_per_call': tokens / calls,
-               'c': c, 'verify_ratio_v': v, 'seconds': secs, 'ar_seconds': ar_secs,
-               'ar_tokens': ar_tokens,
-               'speedup_measured': (ar_secs / ar_tokens) / (secs / tokens),
-               'speedup_thm8': theory.walltime_improvement(a, gamma, c),
-               'speedup_thm8_with_v': theory.speedup_measured_costs(a, gamma, c, v),
-               'optimal_gamma_thm8': theory.optimal_gamma(min(a, 0.999), c),
-               'tokens_equal_autoregressive': (spec_lists == ar_lists) if temp == 0 else None}
-        row['measured_over_thm8'] = row['speedup_measured'] / row['speedup_thm8']
-        results['rows'].append(row)
-        print(json.dumps({k: (round(x, 4) if isinstance(x, float) else x) for k, x in row.items()}),
-              flush=True)
+                             'rows': grid['rows'],
+                             'target_step_seconds': grid['target_step_seconds'],
+                             'autoregressive': {t: {k: v for k, v in a.items() if k != 'outputs'}
+                                                for t, a in grid['autoregressive'].items()}}
   if args.hf and ours_greedy is not None:
     entry = model_drafts.get('model') or model_drafts.get('nano')
     results['hf'] = run_hf(args, cfg, params, entry, inputs, ours_greedy)

@@ -17,7 +17,8 @@ _COMMAND_MODULES = (
     'gqa_spec.checkpoints.commands',  # import-hf, export-hf, import-t5x, convert
     'gqa_spec.decoding.commands',  # generate, ngram
     'gqa_spec.training.commands',  # train, uptrain, eval
-    'gqa_spec.data.commands',  # fetch, prepare, show, vocab, list
+    'gqa_spec.data.commands',  # data fetch, prepare, show, vocab, list
+    'gqa_spec.reproduce.commands',  # reproduce
 )
 
 

@@ -18,7 +18,7 @@ import argparse
 import json
 import os
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from gqa_spec.errors import UserError
 
@@ -246,21 +246,9 @@ def _stats(results, speculative_run: bool, seconds: float, compile_seconds: floa
 
 
 def ngram_fit(args: argparse.Namespace) -> int:
-  from gqa_spec.data import pipeline, tasks  # pylint: disable=g-import-not-at-top
-  from gqa_spec.data.vocabulary import padded_vocab_size  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding.drafts import fit_ngram, save_ngram  # pylint: disable=g-import-not-at-top
-  task = tasks.get(args.task)
-  vocab_size = padded_vocab_size(task.output_features['targets'].vocabulary)
-  ds = pipeline.get_dataset(args.task, args.split, pack=False)
-  if args.max_examples is not None:
-    ds = ds.take(args.max_examples)
-
-  def targets():
-    for ex in ds.as_numpy_iterator():
-      t = ex['decoder_target_tokens']
-      yield [int(x) for x in t[t > 0]]
-
-  model = fit_ngram(targets(), args.order, vocab_size)
+  from gqa_spec.decoding.drafts import save_ngram  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.drafts.ngram import fit_ngram_on_task  # pylint: disable=g-import-not-at-top
+  model = fit_ngram_on_task(args.task, args.order, args.split, args.max_examples)
   save_ngram(model, args.out)
   print(f'{args.out}: order {args.order}, {int(model.unigram.sum())} target tokens, '
         f'{len(model.bigram)} bigram types')

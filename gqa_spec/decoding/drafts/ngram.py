@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +64,24 @@ def fit_ngram(sequences: Iterable[Sequence[int]], order: int, vocab_size: int) -
     if order >= 2:
       bigram.update(zip([DECODER_START] + seq[:-1], seq))
   return NgramModel(order=order, unigram=unigram, bigram=dict(bigram))
+
+
+def fit_ngram_on_task(task_name: str, order: int, split: str = 'train',
+                      max_examples: Optional[int] = None) -> NgramModel:
+  """Fits on the target token ids of a registered seqio task's split (vocab: the task's, padded)."""
+  from gqa_spec.data import pipeline, tasks  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  from gqa_spec.data.vocabulary import padded_vocab_size  # pylint: disable=g-import-not-at-top
+  vocab_size = padded_vocab_size(tasks.get(task_name).output_features['targets'].vocabulary)
+  ds = pipeline.get_dataset(task_name, split, pack=False)
+  if max_examples is not None:
+    ds = ds.take(max_examples)
+
+  def targets():
+    for ex in ds.as_numpy_iterator():
+      t = ex['decoder_target_tokens']
+      yield [int(x) for x in t[t > 0]]
+
+  return fit_ngram(targets(), order, vocab_size)
 
 
 def save_ngram(model: NgramModel, path: str) -> None:

@@ -1,0 +1,159 @@
+"""Measured speculative speedup against Leviathan et al.'s predictions, side by side in one run.
+
+`measure_grid` is the one implementation behind `benchmarks/speculative.py` and the speculative
+stage of `gqa-spec reproduce`. For every temperature it times our jitted autoregressive decoding of
+the target, then for every draft and gamma the speculative loop on the same inputs and batches
+(median of repeats, after compilation), and reports:
+  alpha            Corollary 6: mean acceptance probability beta over the positions the loop
+                   tried, i.e. on the target's own generations;
+  tokens_per_call  generated tokens / target calls (the corrected or bonus token counted);
+  c                draft cost per proposed token / target step (timed here, per gamma);
+  verify_ratio_v   target time for gamma + 1 tokens / for 1 token (Theorem 8 assumes 1);
+  speedup_measured per-token time of autoregressive / of speculative decoding;
+  speedup_thm8     Theorem 8 with the measured alpha and c; `_with_v` also with v(gamma).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from gqa_spec.decoding import autoregressive, speculative, theory
+from gqa_spec.decoding.drafts import ModelDraft
+from gqa_spec.decoding.sampling import SamplingConfig
+from gqa_spec.decoding.targets import T5Decoder
+
+# name -> (draft, init(encoder_tokens [b, S]) -> draft state)
+Drafts = Mapping[str, Tuple[Any, Callable[[jax.Array], Any]]]
+
+
+def median_time(fn: Callable[[], Any], repeats: int) -> float:
+  """Median wall seconds of `fn()` over `repeats` runs, after one untimed (compiling) run."""
+  jax.block_until_ready(fn())
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def min_time(fn: Callable[[], Any], repeats: int) -> float:
+  """Least disturbed of `repeats` runs: micro-benchmarks on a shared CPU."""
+  jax.block_until_ready(fn())
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return min(times)
+
+
+def step_time(decoder, state, k: int, fill: int, iters: int = 40) -> float:
+  """Seconds per `tokens_to_logits` call appending k tokens at cache fill `fill` (rolled back)."""
+  batch = decoder.index(state).shape[0]
+  index = jnp.full((batch,), fill, jnp.int32)
+
+  @jax.jit
+  def loop(state):
+    def body(_, s):
+      logits, s = decoder.tokens_to_logits(s, jnp.full((batch, k), 5, jnp.int32))
+      # Depending on every logit keeps XLA from slicing away the work of the other positions.
+      return decoder.rollback(s, index + (jnp.sum(logits) > 1e30))
+    return jax.lax.fori_loop(0, iters, body, decoder.rollback(state, index))
+
+  return min_time(lambda: loop(state), 5) / iters
+
+
+def propose_time(draft, dstate, gamma: int, batch: int, length: int, iters: int = 20) -> float:
+  """Seconds per `propose` of gamma tokens (plus its commit) at sequence length `length // 2`."""
+  seqs = jnp.full((batch, length), 5, jnp.int32)
+  lengths = jnp.full((batch,), length // 2, jnp.int32)
+
+  @jax.jit
+  def loop(dstate):
+    def body(_, carry):
+      s, acc = carry
+      toks, _, s = draft.propose(s, seqs, lengths, jax.random.PRNGKey(0), gamma, SamplingConfig())
+      return draft.commit(s, seqs, lengths), acc + jnp.sum(toks)
+    return jax.lax.fori_loop(0, iters, body, (dstate, jnp.zeros((), jnp.int32)))
+
+  return min_time(lambda: loop(dstate), 5) / iters
+
+
+def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequence[jax.Array], *,
+                 max_decode_len: int, gammas: Sequence[int], temperatures: Sequence[float],
+                 repeats: int, seed: int = 0) -> Dict[str, Any]:
+  """Autoregressive vs speculative decoding for every (temperature, draft, gamma).
+
+  Args:
+    target: the target's decoder binding.
+    params: its parameters.
+    drafts: name -> (draft, init from encoder tokens).
+    batches: `[b, S]` encoder inputs, decoded batch by batch (same batches for every method).
+    max_decode_len: tokens generated per row at most.
+    gammas: draft lengths.
+    temperatures: 0 (greedy) and/or sampling temperatures.
+    repeats: timed repeats (median).
+    seed: sampling seed.
+
+  Returns:
+    `{'autoregressive': {temperature: {...}}, 'target_step_seconds': {k: s}, 'rows': [...]}`.
+  """
+  L = max_decode_len
+  slots = speculative.target_cache_length(L, max(gammas))
+  fill = L // 2
+
+  def ar_all(config):
+    return [autoregressive.decode(target, target.init(params, enc, slots),
+                                  jax.random.PRNGKey(seed), max_decode_len=L, config=config)
+            for enc in batches]
+
+  tstate = target.init(params, batches[0], slots)
+  t_target = {k: step_time(target, tstate, k, fill) for k in sorted({1} | {g + 1 for g in gammas})}
+  out: Dict[str, Any] = {'target_step_seconds': {str(k): v for k, v in t_target.items()},
+                         'autoregressive': {}, 'rows': []}
+  for temp in temperatures:
+    config = SamplingConfig(temperature=temp)
+    ar = ar_all(config)
+    ar_secs = median_time(lambda: ar_all(config), repeats)
+    ar_tokens = sum(int(r.lengths.sum()) for r in ar)
+    ar_lists: List[List[int]] = sum((autoregressive.strip(r.sequences, r.lengths) for r in ar), [])
+    out['autoregressive'][str(temp)] = {'seconds': ar_secs, 'tokens': ar_tokens,
+                                        'seconds_per_token': ar_secs / ar_tokens,
+                                        'outputs': ar_lists}
+    for name, (draft, dinit) in drafts.items():
+      for gamma in gammas:
+        def spec_all(gamma=gamma, draft=draft, dinit=dinit):
+          return [speculative.decode(target, target.init(params, enc, slots), draft, dinit(enc),
+                                     jax.random.PRNGKey(seed + 1), gamma=gamma, max_decode_len=L,
+                                     config=config) for enc in batches]
+        res = spec_all()
+        secs = median_time(spec_all, repeats)
+        tokens = sum(int(r.lengths.sum()) for r in res)
+        calls = sum(int(r.target_calls.sum()) for r in res)
+        beta_count = sum(float(r.beta_count) for r in res)
+        alpha = sum(float(r.beta_sum) for r in res) / max(beta_count, 1.0)
+        if isinstance(draft, ModelDraft):
+          c = step_time(draft.decoder, dinit(batches[0]), 1, fill) / t_target[1]
+        else:
+          c = propose_time(draft, dinit(batches[0]), gamma, batches[0].shape[0],
+                           2 * fill) / gamma / t_target[1]
+        v = t_target[gamma + 1] / t_target[1]
+        spec_lists = sum((autoregressive.strip(r.sequences, r.lengths) for r in res), [])
+        row = {'draft': name, 'temperature': temp, 'gamma': gamma, 'alpha': alpha,
+               'tokens': tokens, 'target_calls': calls, 'tokens_per_call': tokens / calls,
+               'c': c, 'verify_ratio_v': v, 'seconds': secs, 'ar_seconds': ar_secs,
+               'ar_tokens': ar_tokens,
+               'speedup_measured': (ar_secs / ar_tokens) / (secs / tokens),
+               'speedup_thm8': theory.walltime_improvement(alpha, gamma, c),
+               'speedup_thm8_with_v': theory.speedup_measured_costs(alpha, gamma, c, v),
+               'optimal_gamma_thm8': theory.optimal_gamma(min(alpha, 0.999), c),
+               'tokens_equal_autoregressive': (spec_lists == ar_lists) if temp == 0 else None}
+        row['measured_over_thm8'] = row['speedup_measured'] / row['speedup_thm8']
+        out['rows'].append(row)
+  return out

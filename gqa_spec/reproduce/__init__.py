@@ -1,0 +1,1 @@
+"""The main job: the papers' tables and figures at CPU scale (`gqa-spec reproduce`)."""

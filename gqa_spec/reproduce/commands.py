@@ -1,0 +1,36 @@
+"""`gqa-spec reproduce --preset {smoke,cpu} [--out DIR] [--work-dir DIR] [--stages ...]`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+
+def register(subparsers) -> None:
+  from gqa_spec.reproduce.pipeline import STAGES  # pylint: disable=g-import-not-at-top
+  parser = subparsers.add_parser(
+      'reproduce', help='run the papers\' study end to end at CPU scale (cached, resumable)',
+      description='Pre-train, convert and uptrain (GQA), fine-tune, evaluate, time and run '
+                  'speculative decoding on the local DDTP tasks; writes tables and figures to '
+                  'results/<preset>/. Finished stages are skipped; killed runs resume.')
+  parser.add_argument('--preset', default='smoke', choices=('smoke', 'cpu'),
+                      help='smoke: minutes, numbers meaningless; cpu: the real reproduction')
+  parser.add_argument('--out', default=None, help='results directory (default results/<preset>)')
+  parser.add_argument('--work-dir', default=None,
+                      help='models, data and caches (default runs/<preset>; not for git)')
+  parser.add_argument('--stages', nargs='+', default=None, metavar='STAGE',
+                      help=f'run only these stages (of: {", ".join(STAGES)})')
+  parser.add_argument('--force', action='store_true',
+                      help='re-run the named stages even if their results exist')
+  parser.set_defaults(func=_reproduce)
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+  from gqa_spec.reproduce import pipeline  # pylint: disable=g-import-not-at-top
+  logging.basicConfig(level=logging.WARNING)
+  records = pipeline.run(args.preset, args.out, args.work_dir, args.stages, args.force)
+  report = records.get('report')
+  out = args.out or f'results/{args.preset}'
+  print(f'reproduce --preset {args.preset}: {len(records)} stage(s) done; results in {out}/'
+        + (f' (report: {out}/report.md)' if report else ''))
+  return 0

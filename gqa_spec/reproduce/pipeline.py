@@ -1,0 +1,488 @@
+"""`gqa-spec reproduce`: the whole study, stage by stage, each cached and resumable.
+
+Stages (in order; each writes `results/<preset>/<stage>.json` and is skipped when that exists):
+  corpus       DDTP splits + SentencePiece vocabulary (the packaged excerpt for `smoke`)
+  pretrain     MHA target and MHA draft on ddtp_span_corruption (rsqrt schedule, T5 Adafactor)
+  uptrain      convert the target (mean / first / random, G groups) and continue pre-training for
+               alpha x the pre-training steps, continuing the original schedule
+  finetune     every variant and the draft on each task (constant lr 1e-3, dropout 0.1),
+               best validation checkpoint kept
+  evaluate     test-set quality (greedy) and time per sample of every fine-tuned variant
+  timing       time per sample vs number of K/V groups at a short and a long input setting
+  speculative  fine-tuned MHA and GQA targets with the draft model, bigram and copy drafts
+  report       markdown tables, PNG figures, commands and wall times
+Models live under the work dir (default `runs/<preset>/`, not committed); everything a table needs
+is in the stage JSON. Inside a stage, finished jobs are skipped and a killed training job resumes
+from its last checkpoint (the trainer's own resume).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from gqa_spec.errors import UserError
+from gqa_spec.reproduce import presets as presets_lib
+from gqa_spec.reproduce.presets import PRETRAIN, SUMMARIZE, TRANSLATE, Preset, Variant
+
+STAGES = ('corpus', 'pretrain', 'uptrain', 'finetune', 'evaluate', 'timing', 'speculative',
+          'report')
+TASK_METRIC = {TRANSLATE: 'bleu', SUMMARIZE: 'rouge1'}
+
+
+@dataclasses.dataclass
+class Context:
+  """Where a reproduction reads and writes."""
+
+  preset: Preset
+  out_dir: str  # results/<preset>
+  work_dir: str  # models, data, caches
+  progress: Any = None
+
+  @property
+  def data_dir(self) -> str:
+    return os.path.join(self.work_dir, 'data')
+
+  def model_dir(self, *parts: str) -> str:
+    return os.path.join(self.work_dir, 'models', *parts)
+
+  def stage_path(self, stage: str) -> str:
+    return os.path.join(self.out_dir, f'{stage}.json')
+
+  def read_stage(self, stage: str) -> Dict[str, Any]:
+    path = self.stage_path(stage)
+    if not os.path.exists(path):
+      raise UserError(f'stage {stage!r} has not run yet ({path} is missing); run it first')
+    with open(path) as f:
+      return json.load(f)
+
+
+def _write_json(path: str, obj: Any) -> None:
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(obj, f, indent=1, sort_keys=True)
+    f.write('\n')
+  os.replace(tmp, path)  # a stage counts as done only once its JSON is complete
+
+
+def _job_done(ctx: Context, stage: str, key: str) -> Optional[dict]:
+  path = os.path.join(ctx.work_dir, 'jobs', stage, f'{key}.json')
+  if os.path.exists(path):
+    with open(path) as f:
+      return json.load(f)
+  return None
+
+
+def _finish_job(ctx: Context, stage: str, key: str, record: dict) -> dict:
+  os.makedirs(os.path.join(ctx.work_dir, 'jobs', stage), exist_ok=True)
+  _write_json(os.path.join(ctx.work_dir, 'jobs', stage, f'{key}.json'), record)
+  return record
+
+
+def _run_jobs(ctx: Context, stage: str, jobs: Sequence[tuple]) -> List[dict]:
+  """Runs `(key, fn)` jobs of a stage, skipping finished ones; returns their records in order."""
+  records = []
+  for key, fn in jobs:
+    done = _job_done(ctx, stage, key)
+    if done is None:
+      if ctx.progress is not None:
+        ctx.progress.set_postfix_str(f'{stage}: {key}')
+      t0 = time.time()
+      record = fn()
+      record['wall_seconds'] = round(time.time() - t0, 2)
+      done = _finish_job(ctx, stage, key, record)
+    records.append(done)
+  return records
+
+
+# ---------------------------------------------------------------------------------------------
+# Stages 1-4: data and training.
+
+
+def stage_corpus(ctx: Context) -> dict:
+  from gqa_spec.data import corpus, ddtp, tasks  # pylint: disable=g-import-not-at-top
+  p = ctx.preset
+  if p.use_sample_corpus:
+    lists_dir, fractions = corpus.SAMPLE_LISTS_DIR, corpus.SAMPLE_FRACTIONS
+  else:
+    lists_dir, fractions = ddtp.APT_LISTS_DIR, ddtp.DEFAULT_FRACTIONS
+  stats = corpus.prepare(lists_dir, ctx.data_dir, vocab_size=p.vocab_pieces, fractions=fractions)
+  tasks.register_ddtp_tasks(ctx.data_dir)
+  vocab = tasks.get(TRANSLATE).output_features['targets'].vocabulary
+  if vocab.vocab_size > p.target.vocab_size:
+    raise UserError(f'vocabulary of {vocab.vocab_size} ids does not fit the model vocab_size '
+                    f'{p.target.vocab_size}')
+  return {'data_dir': ctx.data_dir, 'stats': stats, 'vocab_size': vocab.vocab_size}
+
+
+def _register_tasks(ctx: Context) -> None:
+  from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top
+  tasks.register_ddtp_tasks(ctx.data_dir)
+
+
+def _train(model_dir: str, config, task: str, lengths, batch: int, total_steps: int, *,
+           learning_rate_fn, initial_checkpoint_path=None, prepare_params=None,
+           initial_step=None, evaluator=None, eval_period=None, best_metric=None,
+           save_period: int = 100, seed: int = 0) -> dict:
+  from gqa_spec.training import trainer  # pylint: disable=g-import-not-at-top
+  from gqa_spec.training.data import DatasetConfig  # pylint: disable=g-import-not-at-top
+  dataset = DatasetConfig(task, {'inputs': lengths[0], 'targets': lengths[1]}, batch_size=batch,
+                          seed=seed)
+  result = trainer.train(
+      model_dir=model_dir, model_config=config, train_dataset_cfg=dataset,
+      total_steps=total_steps, learning_rate_fn=learning_rate_fn,
+      initial_checkpoint_path=initial_checkpoint_path, prepare_params=prepare_params,
+      initial_step=initial_step, evaluator=evaluator, eval_period=eval_period,
+      best_metric=best_metric, log_period=max(1, min(50, total_steps // 4)),
+      checkpoint_cfg=trainer.CheckpointConfig(save_period=save_period, keep=1,
+                                              asynchronous=False),
+      random_seed=seed, progress_bar=False)
+  return {'model_dir': model_dir, 'step': result.step,
+          'train_metrics': {k: float(v) for k, v in result.train_metrics.items()},
+          'best': result.best}
+
+
+def stage_pretrain(ctx: Context) -> dict:
+  from gqa_spec.training.optimizer import rsqrt_decay  # pylint: disable=g-import-not-at-top
+  _register_tasks(ctx)
+  p = ctx.preset
+  jobs = []
+  for role, config in (('target', p.target), ('draft', p.draft)):
+    jobs.append((role, lambda config=config, role=role: _train(
+        ctx.model_dir('pretrain', role), config, PRETRAIN, p.pretrain_lengths, p.pretrain_batch,
+        p.pretrain_steps, learning_rate_fn=rsqrt_decay(1.0, p.warmup_steps),
+        save_period=max(10, p.pretrain_steps // 5))))
+  target, draft = _run_jobs(ctx, 'pretrain', jobs)
+  return {'target': target, 'draft': draft, 'steps': p.pretrain_steps}
+
+
+def stage_uptrain(ctx: Context) -> dict:
+  """Conversion (mean / first / random) and alpha x pre-training steps of the original recipe.
+
+  `training.uptrain` continues the pre-training run's step count and rsqrt schedule with a fresh
+  optimizer state (see its docstring); alpha = 0 is the converted checkpoint without training.
+  """
+  from gqa_spec.training import uptrain  # pylint: disable=g-import-not-at-top
+  from gqa_spec.training.optimizer import rsqrt_decay  # pylint: disable=g-import-not-at-top
+  _register_tasks(ctx)
+  p = ctx.preset
+  source = ctx.model_dir('pretrain', 'target')
+
+  def job(v: Variant) -> dict:
+    model_dir = ctx.model_dir('uptrain', v.name)
+    config = p.target.replace(num_kv_heads=v.kv_heads)
+    record = uptrain.convert_checkpoint(model_dir, source, config, v.method)
+    result = {'variant': dataclasses.asdict(v), 'uptrain_steps': 0,
+              'checkpoint': os.path.join(model_dir, uptrain.CONVERTED_DIR), 'conversion': record}
+    if v.alpha > 0:
+      def train_fn(**kwargs):
+        return _train(kwargs['model_dir'], kwargs['model_config'], PRETRAIN, p.pretrain_lengths,
+                      p.pretrain_batch, kwargs['total_steps'],
+                      learning_rate_fn=rsqrt_decay(1.0, p.warmup_steps),
+                      initial_checkpoint_path=kwargs['initial_checkpoint_path'],
+                      initial_step=kwargs['initial_step'])
+      trained = uptrain.uptrain(model_dir=model_dir, model_config=config,
+                                initial_checkpoint_path=source, method=v.method, alpha=v.alpha,
+                                train_fn=train_fn)
+      result.update(trained, checkpoint=model_dir,
+                    uptrain_steps=trained['step'] - p.pretrain_steps)
+    return result
+
+  jobs = [(v.name, lambda v=v: job(v)) for v in p.variants() if v.method is not None]
+  return {'rows': _run_jobs(ctx, 'uptrain', jobs)}
+
+
+def _finetune_sources(ctx: Context) -> List[tuple]:
+  """`(name, config, initial checkpoint, variant or None)` of every model to fine-tune."""
+  p = ctx.preset
+  uptrained = {r['variant_name']: r['checkpoint'] for r in
+               ({**r, 'variant_name': Variant(**r['variant']).name}
+                for r in ctx.read_stage('uptrain')['rows'])}
+  out = []
+  for v in p.variants():
+    source = ctx.model_dir('pretrain', 'target') if v.method is None else uptrained[v.name]
+    out.append((v.name, p.target.replace(num_kv_heads=v.kv_heads), source, v))
+  out.append(('draft', p.draft, ctx.model_dir('pretrain', 'draft'), None))
+  return out
+
+
+def stage_finetune(ctx: Context) -> dict:
+  """Constant lr 1e-3, dropout 0.1; the checkpoint with the best validation metric is kept."""
+  from gqa_spec.training.evaluation import InferenceEvaluator  # pylint: disable=g-import-not-at-top
+  from gqa_spec.training.optimizer import constant  # pylint: disable=g-import-not-at-top
+  _register_tasks(ctx)
+  p = ctx.preset
+  jobs = []
+  for name, config, source, variant in _finetune_sources(ctx):
+    config = config.replace(dropout_rate=0.1)
+    for task, lengths in p.finetune_lengths.items():
+      def job(name=name, config=config, source=source, variant=variant, task=task,
+              lengths=lengths):
+        evaluator = InferenceEvaluator(
+            task, config, 'validation', {'inputs': lengths[0], 'targets': lengths[1]},
+            batch_size=p.eval_batch, num_examples=p.validation_examples)
+        record = _train(ctx.model_dir('finetune', task, name), config, task, lengths,
+                        p.finetune_batch, p.finetune_steps, learning_rate_fn=constant(1e-3),
+                        initial_checkpoint_path=source, initial_step=0, evaluator=evaluator,
+                        eval_period=p.eval_period, best_metric=TASK_METRIC[task],
+                        save_period=p.eval_period)
+        return dict(record, name=name, task=task, kv_heads=config.num_kv_heads,
+                    variant=None if variant is None else dataclasses.asdict(variant),
+                    best_checkpoint=os.path.join(record['model_dir'], 'best'))
+      jobs.append((f'{task}.{name}', job))
+  return {'rows': _run_jobs(ctx, 'finetune', jobs)}
+
+
+def _label(ctx: Context, row: dict) -> str:
+  from gqa_spec.reproduce.report import variant_label  # pylint: disable=g-import-not-at-top
+  if row['name'] == 'draft':
+    return 'draft (nano MHA)' if ctx.preset.name == 'cpu' else 'draft (MHA)'
+  v = row['variant']
+  return variant_label(v['kv_heads'], ctx.preset.target.num_heads, v['method'], v['alpha'])
+
+
+def stage_evaluate(ctx: Context) -> dict:
+  """Test-set quality (greedy, as the GQA paper) and median time per sample after compilation."""
+  from gqa_spec.training.evaluation import evaluate_checkpoint  # pylint: disable=g-import-not-at-top
+  _register_tasks(ctx)
+  p = ctx.preset
+  jobs = []
+  for row in ctx.read_stage('finetune')['rows']:
+    def job(row=row):
+      lengths = p.finetune_lengths[row['task']]
+      metrics = evaluate_checkpoint(
+          row['best_checkpoint'], row['task'], ctx.model_dir('eval', row['task'], row['name']),
+          split='test', task_feature_lengths={'inputs': lengths[0], 'targets': lengths[1]},
+          batch_size=p.eval_batch, num_examples=p.test_examples)
+      v = row['variant'] or {}
+      return {'variant': row['name'], 'label': _label(ctx, row), 'task': row['task'],
+              'kv_heads': row['kv_heads'], 'method': v.get('method'), 'alpha': v.get('alpha'),
+              'model': 'draft' if row['name'] == 'draft' else 'target',
+              'metric': TASK_METRIC[row['task']], 'score': metrics[TASK_METRIC[row['task']]],
+              'time_per_sample_s': metrics['timing/seconds_per_sample_median'],
+              'batch_size': p.eval_batch, 'examples': p.test_examples,
+              'best_step': row['best']['step'] if row['best'] else None}
+    jobs.append((f"{row['task']}.{row['name']}", job))
+  return {'rows': _run_jobs(ctx, 'evaluate', jobs)}
+
+
+def time_per_sample(config, params, inputs, max_decode_len: int, repeats: int) -> float:
+  """Median seconds per sample of encoding `inputs [b, S]` and greedily decoding exactly
+  `max_decode_len` tokens (EOS disabled, so every model does the same work), after compilation."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding import autoregressive  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
+  from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  decoder = T5Decoder(Transformer(config))
+
+  def run():
+    state = decoder.init(params, inputs, max_decode_len + 1)
+    return jax.block_until_ready(autoregressive.decode(
+        decoder, state, jax.random.PRNGKey(0), max_decode_len=max_decode_len, eos_id=-1))
+
+  run()  # compile
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    run()
+    times.append((time.perf_counter() - t0) / inputs.shape[0])
+  return float(np.median(times))
+
+
+def stage_timing(ctx: Context) -> dict:
+  """GQA Figure 6: time per sample vs K/V groups (untrained weights: quality is irrelevant here).
+
+  `short` uses the fine-tuning setting of the translation task with the target config; `long`
+  uses long inputs and outputs, where the K/V cache, not the parameters, dominates the bytes read.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from gqa_spec.training.train_step import init_params  # pylint: disable=g-import-not-at-top
+  p = ctx.preset
+  settings = {'short': (p.target, p.finetune_lengths[TRANSLATE]),
+              'long': (p.long_timing_config, p.long_timing)}
+  jobs = []
+  for setting, (base, (inputs_len, targets_len)) in settings.items():
+    for g in p.timing_groups:
+      if base.num_heads % g:
+        continue
+      def job(setting=setting, base=base, g=g, inputs_len=inputs_len, targets_len=targets_len):
+        config = base.replace(num_kv_heads=g)
+        params = init_params(config, jax.random.PRNGKey(0))
+        rng = np.random.default_rng(0)
+        inputs = rng.integers(2, config.vocab_size, (p.eval_batch, inputs_len)).astype(np.int32)
+        seconds = time_per_sample(config, params, inputs, targets_len, p.timing_repeats)
+        return {'setting': setting, 'kv_heads': g, 'num_heads': config.num_heads,
+                'inputs': inputs_len, 'targets': targets_len, 'batch_size': p.eval_batch,
+                'time_per_sample_s': seconds}
+      jobs.append((f'{setting}.g{g}', job))
+  return {'rows': _run_jobs(ctx, 'timing', jobs)}
+
+
+def stage_report(ctx: Context) -> dict:
+  """Markdown tables in the papers' forms, PNG figures, the commands and the wall times."""
+  from gqa_spec.reproduce import report  # pylint: disable=g-import-not-at-top
+  p = ctx.preset
+  evaluate = ctx.read_stage('evaluate')['rows']
+  timing = ctx.read_stage('timing')['rows']
+  spec = ctx.read_stage('speculative')['rows']
+  figures = report.plot_all(ctx.out_dir, evaluate, timing, spec, p.method_ablation_alpha)
+  walls = {s: ctx.read_stage(s).get('wall_seconds') for s in STAGES[:-1]}
+  lines = [
+      f'# Reproduction: preset `{p.name}`', '',
+      f'Command: `{_command(ctx)}`', '',
+      f'Machine: {_machine()}', '',
+      '## GQA Table 1: quality and time per sample (test split, greedy)', '',
+      report.table1(evaluate), '',
+      f'## GQA Figure 4: conversion methods (alpha = {p.method_ablation_alpha:g})', '',
+      report.conversion_table(evaluate, p.method_ablation_alpha), '',
+      '## GQA Figure 5: uptraining proportion (mean pooling)', '',
+      report.uptraining_table(evaluate), '',
+      '## GQA Figure 6: time per sample vs number of K/V groups', '',
+      report.timing_table(timing), '',
+      '## Speculative decoding (Leviathan Table 2 form): best gamma per draft', '',
+      report.speculative_table(spec), '',
+      '## Acceptance rate alpha per draft (Leviathan Table 3 form)', '',
+      report.alpha_table(spec), '',
+      '## Figures', '']
+  lines += [f'![{f}]({f})' for f in figures]
+  lines += ['', '## Wall time per stage (seconds)', '',
+            report.markdown_table(['Stage', 'Seconds'],
+                                  [[s, w] for s, w in walls.items()]), '']
+  with open(os.path.join(ctx.out_dir, 'report.md'), 'w') as f:
+    f.write('\n'.join(lines))
+  return {'figures': figures, 'report': 'report.md', 'stage_wall_seconds': walls}
+
+
+def _command(ctx: Context) -> str:
+  return f'gqa-spec reproduce --preset {ctx.preset.name}'
+
+
+def _machine() -> str:
+  import platform  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  return (f'{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, '
+          f'JAX {jax.__version__} on {jax.devices()[0].platform}')
+
+
+def _test_inputs(task: str, lengths, n: int):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from gqa_spec.data import pipeline as data_pipeline  # pylint: disable=g-import-not-at-top
+  ds = data_pipeline.get_dataset(task, 'test', {'inputs': lengths[0], 'targets': lengths[1]},
+                                 pack=False)
+  rows = [ex['encoder_input_tokens'] for ex in ds.take(n).as_numpy_iterator()]
+  return np.stack(rows).astype(np.int32)  # [n, inputs]
+
+
+def stage_speculative(ctx: Context) -> dict:
+  """Leviathan Tables 2-3 at CPU scale: fine-tuned MHA and GQA targets, with the fine-tuned draft
+  model, a bigram fitted on the task's training targets and copy (prompt lookup) drafts, over
+  temperatures and gammas: alpha, tokens per call, c(gamma), measured speedup, Theorem 8."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding import speedup  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.drafts import CopyDraft, ModelDraft, NgramDraft  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.drafts.ngram import fit_ngram_on_task  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
+  from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  _register_tasks(ctx)
+  p = ctx.preset
+  finetuned = {(r['task'], r['name']): r['best_checkpoint']
+               for r in ctx.read_stage('finetune')['rows']}
+  jobs = []
+  for task, lengths in p.finetune_lengths.items():
+    for target_name in p.speculative_targets():
+      def job(task=task, lengths=lengths, target_name=target_name):
+        config, params, _ = native.load_checkpoint(finetuned[(task, target_name)])
+        dconfig, dparams, _ = native.load_checkpoint(finetuned[(task, 'draft')])
+        max_len = lengths[1]
+        slots = max_len + max(p.gammas) + 2
+        model_draft = ModelDraft.t5(Transformer(dconfig))
+        ngram = NgramDraft(config.vocab_size)
+        table = ngram.init(fit_ngram_on_task(task, p.ngram_order))
+        drafts = {
+            'draft model': (model_draft,
+                            lambda enc: model_draft.decoder.init(dparams, enc, slots)),
+            'bigram': (ngram, lambda enc: table),
+            'copy': (CopyDraft(config.vocab_size), lambda enc: enc),
+        }
+        inputs = _test_inputs(task, lengths, p.speculative_examples)
+        batches = [jnp.asarray(inputs[i:i + p.speculative_batch])
+                   for i in range(0, len(inputs), p.speculative_batch)]
+        grid = speedup.measure_grid(T5Decoder(Transformer(config)), params, drafts, batches,
+                                    max_decode_len=max_len, gammas=p.gammas,
+                                    temperatures=p.temperatures, repeats=p.speculative_repeats)
+        rows = [dict(r, task=task, target=target_name, theorem8=r['speedup_thm8'],
+                     speedup=r['speedup_measured']) for r in grid['rows']]
+        return {'rows': rows, 'target_step_seconds': grid['target_step_seconds'],
+                'autoregressive': {t: {k: v for k, v in a.items() if k != 'outputs'}
+                                   for t, a in grid['autoregressive'].items()}}
+      jobs.append((f'{task}.{target_name}', job))
+  records = _run_jobs(ctx, 'speculative', jobs)
+  return {'rows': [r for rec in records for r in rec['rows']], 'jobs': records,
+          'batch_size': p.speculative_batch, 'examples': p.speculative_examples}
+
+
+STAGE_FNS = {'corpus': stage_corpus, 'pretrain': stage_pretrain, 'uptrain': stage_uptrain,
+             'finetune': stage_finetune, 'evaluate': stage_evaluate, 'timing': stage_timing,
+             'speculative': stage_speculative, 'report': stage_report}
+
+
+def run(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str] = None,
+        stages: Optional[Sequence[str]] = None, force: bool = False,
+        progress_bar: Optional[bool] = None) -> Dict[str, dict]:
+  """Runs (or resumes) a reproduction; returns every stage's record.
+
+  Args:
+    preset_name: 'smoke' or 'cpu'.
+    out_dir: results directory (default `results/<preset>`).
+    work_dir: models and data (default `runs/<preset>`).
+    stages: a subset of `STAGES` to run (default all; earlier stages must have run).
+    force: re-run the named stages even when their JSON exists (jobs inside still resume).
+    progress_bar: show a progress bar (default: on terminals).
+  """
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  preset = presets_lib.get(preset_name)
+  unknown = [s for s in stages or () if s not in STAGES]
+  if unknown:
+    raise UserError(f'unknown stage(s) {unknown}; stages: {", ".join(STAGES)}')
+  todo = [s for s in STAGES if not stages or s in stages]
+  ctx = Context(preset, out_dir or os.path.join('results', preset_name),
+                work_dir or os.path.join('runs', preset_name))
+  os.makedirs(ctx.out_dir, exist_ok=True)
+  os.makedirs(ctx.work_dir, exist_ok=True)
+  _enable_compilation_cache(ctx.work_dir)
+  _write_json(os.path.join(ctx.out_dir, 'preset.json'),
+              json.loads(json.dumps(dataclasses.asdict(preset), default=str)))
+  records = {}
+  if progress_bar is None:
+    progress_bar = sys.stderr.isatty()
+  with tqdm(total=len(todo), desc=f'reproduce {preset_name}', unit='stage',
+            disable=not progress_bar) as bar:
+    ctx.progress = bar
+    for stage in todo:
+      bar.set_postfix_str(stage)
+      path = ctx.stage_path(stage)
+      if os.path.exists(path) and not force:
+        records[stage] = ctx.read_stage(stage)
+      else:
+        t0 = time.time()
+        record = STAGE_FNS[stage](ctx)
+        record['wall_seconds'] = round(time.time() - t0, 1)
+        record['command'] = _command(ctx) + f' --stages {stage}'
+        _write_json(path, record)
+        records[stage] = record
+      bar.update(1)
+  return records
+
+
+def _enable_compilation_cache(work_dir: str) -> None:
+  """Persistent XLA cache: the many same-shaped train steps and decoders compile once."""
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.config.update('jax_compilation_cache_dir', os.path.join(work_dir, 'xla_cache'))
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)

@@ -1,0 +1,139 @@
+"""Sizes of the reproduction: `smoke` (pipeline check, minutes) and `cpu` (the real CPU-scale study).
+
+One frozen dataclass holds every knob, so a run's `results/<preset>/preset.json` records exactly
+what was run. The study design follows the papers:
+  GQA (Ainslie et al. 2023): MHA target -> MQA and GQA-G by mean / first / random conversion,
+    uptrained for alpha in {0, 0.05, 0.10} of the pre-training steps, fine-tuned (constant lr 1e-3,
+    dropout 0.1, best validation checkpoint), evaluated with greedy decoding; time per sample.
+  Speculative decoding (Leviathan et al. 2023): a small draft (nano) and trivial drafts (bigram,
+    copy) for the fine-tuned MHA and GQA targets at temperature 0 and 1 over a gamma grid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Optional, Tuple
+
+from gqa_spec.errors import UserError
+from gqa_spec.models.config import T5Config, preset as model_preset
+
+TRANSLATE = 'ddtp_translate_en_de'
+SUMMARIZE = 'ddtp_summarize'
+PRETRAIN = 'ddtp_span_corruption'
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """One converted target: `kv_heads` groups by `method`, uptrained for `alpha` of pre-training."""
+
+  kv_heads: int
+  method: Optional[str] = None  # None: the unconverted MHA target
+  alpha: float = 0.0
+
+  @property
+  def name(self) -> str:
+    if self.method is None:
+      return f'mha_g{self.kv_heads}'
+    return f'g{self.kv_heads}_{self.method}_a{self.alpha:g}'
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+  """Every size and grid of one reproduction."""
+
+  name: str
+  use_sample_corpus: bool  # the DDTP excerpt shipped with the package (offline, seconds)
+  vocab_pieces: int
+  target: T5Config
+  draft: T5Config
+  pretrain_steps: int
+  pretrain_batch: int
+  pretrain_lengths: Tuple[int, int]
+  warmup_steps: int
+  kv_heads: Tuple[int, ...]  # converted variants' groups (MHA is always included)
+  alphas: Tuple[float, ...]
+  method_ablation_alpha: float  # first / random conversions are run at this alpha ...
+  method_ablation_kv_heads: int  # ... and this many groups (the paper: MQA)
+  finetune_steps: int
+  finetune_batch: int
+  finetune_lengths: Dict[str, Tuple[int, int]]
+  eval_period: int
+  validation_examples: int
+  test_examples: int
+  eval_batch: int
+  timing_repeats: int
+  timing_groups: Tuple[int, ...]  # Figure 6's x axis
+  long_timing: Tuple[int, int]  # (inputs, targets) of the long-input timing setting
+  long_timing_config: T5Config
+  speculative_examples: int
+  speculative_batch: int
+  gammas: Tuple[int, ...]
+  temperatures: Tuple[float, ...]
+  speculative_repeats: int
+  ngram_order: int = 2
+
+  def variants(self) -> Tuple[Variant, ...]:
+    """MHA, then every (groups, alpha) with mean pooling, then the first/random ablations."""
+    heads = self.target.num_heads
+    out = [Variant(heads)]
+    for g in self.kv_heads:
+      for a in self.alphas:
+        out.append(Variant(g, 'mean', a))
+    for method in ('first', 'random'):
+      out.append(Variant(self.method_ablation_kv_heads, method, self.method_ablation_alpha))
+    return tuple(out)
+
+  def speculative_targets(self) -> Tuple[str, ...]:
+    """The fine-tuned MHA target and the GQA variant with the most uptraining (mean pooling)."""
+    gqa = [v for v in self.variants() if v.method == 'mean' and 1 < v.kv_heads]
+    best = max(gqa, key=lambda v: (v.alpha, v.kv_heads))
+    return (self.variants()[0].name, best.name)
+
+  def uptrain_steps(self, alpha: float) -> int:
+    return int(round(alpha * self.pretrain_steps))
+
+
+def _smoke() -> Preset:
+  vocab = 512  # 300 pieces + 100 sentinels, padded to a multiple of 128
+  target = T5Config(vocab_size=vocab, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
+                    num_encoder_layers=2, num_decoder_layers=2)
+  draft = T5Config(vocab_size=vocab, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
+                   num_encoder_layers=1, num_decoder_layers=1)
+  return Preset(
+      name='smoke', use_sample_corpus=True, vocab_pieces=300, target=target, draft=draft,
+      pretrain_steps=20, pretrain_batch=4, pretrain_lengths=(64, 16), warmup_steps=10,
+      # One GQA variant and one set of lengths for both tasks: every training job then reuses a
+      # handful of compiled steps (the persistent XLA cache), which is most of smoke's time.
+      kv_heads=(2,), alphas=(0.0, 0.1), method_ablation_alpha=0.1, method_ablation_kv_heads=2,
+      finetune_steps=6, finetune_batch=4,
+      finetune_lengths={TRANSLATE: (64, 32), SUMMARIZE: (64, 32)}, eval_period=6,
+      validation_examples=4, test_examples=6, eval_batch=6, timing_repeats=2,
+      timing_groups=(1, 2, 4), long_timing=(256, 32),
+      long_timing_config=target.replace(num_decoder_layers=1, num_encoder_layers=1),
+      speculative_examples=4, speculative_batch=4, gammas=(1, 3), temperatures=(0.0, 1.0),
+      speculative_repeats=2)
+
+
+def _cpu() -> Preset:
+  mini, nano = model_preset('mini'), model_preset('nano')
+  return Preset(
+      name='cpu', use_sample_corpus=False, vocab_pieces=8000, target=mini, draft=nano,
+      pretrain_steps=1500, pretrain_batch=32, pretrain_lengths=(128, 32), warmup_steps=500,
+      kv_heads=(1, 2), alphas=(0.0, 0.05, 0.1), method_ablation_alpha=0.05,
+      method_ablation_kv_heads=1,
+      finetune_steps=300, finetune_batch=32,
+      finetune_lengths={TRANSLATE: (64, 64), SUMMARIZE: (192, 32)}, eval_period=100,
+      validation_examples=64, test_examples=256, eval_batch=64, timing_repeats=5,
+      timing_groups=(1, 2, 4, 8), long_timing=(2048, 512),
+      long_timing_config=mini.replace(num_encoder_layers=2),
+      speculative_examples=32, speculative_batch=8, gammas=(1, 2, 3, 5, 7),
+      temperatures=(0.0, 1.0), speculative_repeats=3)
+
+
+PRESETS = {'smoke': _smoke, 'cpu': _cpu}
+
+
+def get(name: str) -> Preset:
+  if name not in PRESETS:
+    raise UserError(f'unknown reproduction preset {name!r}; known: {sorted(PRESETS)}')
+  return PRESETS[name]()

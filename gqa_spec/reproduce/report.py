@@ -1,0 +1,226 @@
+"""Tables and figures of the papers, drawn from the reproduction's per-stage JSON.
+
+Inputs (written by `pipeline.py`, one JSON file per stage under `results/<preset>/`):
+  evaluate.json     {'rows': [{variant, kv_heads, method, alpha, task, metric, score,
+                               time_per_sample_s, batch_size, examples}, ...]}
+  timing.json       {'rows': [{setting, kv_heads, time_per_sample_s, inputs, targets, batch_size}]}
+  speculative.json  {'rows': [{target, draft, task, temperature, gamma, alpha, tokens_per_call,
+                               c, speedup, theorem8, examples}, ...]}
+Outputs: markdown tables in the papers' forms and PNG plots:
+  GQA Table 1 (quality and T_infer per model), Figure 3 (quality vs time), Figure 4 (conversion
+  methods), Figure 5 (uptraining proportion), Figure 6 (time per sample vs number of groups);
+  Leviathan Table 2 (speedup per draft, temperature, gamma) and Table 3 (alpha per draft).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence
+
+TASK_LABELS = {'ddtp_translate_en_de': 'Translate EN-DE (BLEU)',
+               'ddtp_summarize': 'Summarize (ROUGE-1)'}
+
+
+def _fmt(x, digits: int = 2) -> str:
+  if x is None or (isinstance(x, float) and math.isnan(x)):
+    return '-'
+  if isinstance(x, float):
+    return f'{x:.{digits}f}'
+  return str(x)
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence]) -> str:
+  lines = ['| ' + ' | '.join(header) + ' |', '|' + '|'.join('---' for _ in header) + '|']
+  lines += ['| ' + ' | '.join(_fmt(c) if not isinstance(c, str) else c for c in r) + ' |'
+            for r in rows]
+  return '\n'.join(lines)
+
+
+def variant_label(kv_heads: int, num_heads: int, method: Optional[str], alpha: Optional[float]) -> str:
+  if kv_heads == num_heads:
+    kind = 'MHA'
+  elif kv_heads == 1:
+    kind = 'MQA'
+  else:
+    kind = f'GQA-{kv_heads}'
+  if method is None:
+    return kind
+  return f'{kind} ({method}, alpha={alpha:g})'
+
+
+def _by_variant(rows: Sequence[Mapping]) -> Dict[str, Dict[str, Mapping]]:
+  out: Dict[str, Dict[str, Mapping]] = {}
+  for r in rows:
+    out.setdefault(r['variant'], {})[r['task']] = r
+  return out
+
+
+def quality_rows(evaluate_rows: Sequence[Mapping]) -> List[dict]:
+  """One row per variant: per-task scores, their average and the mean time per sample."""
+  tasks = sorted({r['task'] for r in evaluate_rows})
+  rows = []
+  for variant, per_task in _by_variant(evaluate_rows).items():
+    any_row = next(iter(per_task.values()))
+    scores = [per_task[t]['score'] for t in tasks if t in per_task]
+    times = [per_task[t]['time_per_sample_s'] for t in tasks if t in per_task]
+    rows.append({'variant': variant, 'label': any_row['label'], 'kv_heads': any_row['kv_heads'],
+                 'method': any_row.get('method'), 'alpha': any_row.get('alpha'),
+                 'model': any_row.get('model', 'target'),
+                 'scores': {t: per_task[t]['score'] for t in tasks if t in per_task},
+                 'average': sum(scores) / len(scores) if scores else float('nan'),
+                 'time_per_sample_s': sum(times) / len(times) if times else float('nan')})
+  return rows
+
+
+def table1(evaluate_rows: Sequence[Mapping]) -> str:
+  """GQA Table 1: T_infer and per-task quality (+ average) for every model."""
+  tasks = sorted({r['task'] for r in evaluate_rows})
+  rows = quality_rows(evaluate_rows)
+  rows.sort(key=lambda r: (r['model'] != 'target', -r['kv_heads'], r['label']))
+  body = [[r['label'], f"{1000 * r['time_per_sample_s']:.2f}", r['average']]
+          + [r['scores'].get(t) for t in tasks] for r in rows]
+  return markdown_table(['Model', 'T_infer (ms/sample)', 'Average']
+                        + [TASK_LABELS.get(t, t) for t in tasks], body)
+
+
+def conversion_table(evaluate_rows: Sequence[Mapping], alpha: float) -> str:
+  """GQA Figure 4 as a table: conversion method vs average quality, at one uptraining alpha."""
+  rows = [r for r in quality_rows(evaluate_rows)
+          if r['method'] is not None and r['alpha'] == alpha]
+  rows.sort(key=lambda r: (r['kv_heads'], r['method']))
+  return markdown_table(['Model', 'Method', 'Average'],
+                        [[r['label'].split(' (')[0], r['method'], r['average']] for r in rows])
+
+
+def uptraining_table(evaluate_rows: Sequence[Mapping], method: str = 'mean') -> str:
+  """GQA Figure 5 as a table: uptraining proportion alpha vs average quality."""
+  rows = [r for r in quality_rows(evaluate_rows) if r['method'] == method]
+  kinds = sorted({r['kv_heads'] for r in rows})
+  alphas = sorted({r['alpha'] for r in rows})
+  lookup = {(r['kv_heads'], r['alpha']): r['average'] for r in rows}
+  body = [[f'alpha={a:g}'] + [lookup.get((g, a)) for g in kinds] for a in alphas]
+  header = ['Uptraining'] + [('MQA' if g == 1 else f'GQA-{g}') for g in kinds]
+  return markdown_table(header, body)
+
+
+def timing_table(timing_rows: Sequence[Mapping]) -> str:
+  """GQA Figure 6 as a table: time per sample vs number of K/V groups, per setting."""
+  settings = sorted({r['setting'] for r in timing_rows})
+  groups = sorted({r['kv_heads'] for r in timing_rows})
+  lookup = {(r['setting'], r['kv_heads']): r['time_per_sample_s'] for r in timing_rows}
+  body = [[str(g)] + [None if (s, g) not in lookup else 1000 * lookup[(s, g)] for s in settings]
+          for g in groups]
+  labels = []
+  for s in settings:
+    r = next(r for r in timing_rows if r['setting'] == s)
+    labels.append(f"{s} ({r['inputs']}/{r['targets']} tokens) ms/sample")
+  return markdown_table(['KV groups'] + labels, body)
+
+
+def speculative_table(spec_rows: Sequence[Mapping]) -> str:
+  """Leviathan Table 2: per target, draft and temperature the best gamma, alpha and speedup."""
+  best: Dict[tuple, Mapping] = {}
+  for r in spec_rows:
+    key = (r['task'], r['target'], r['draft'], r['temperature'])
+    if key not in best or r['speedup'] > best[key]['speedup']:
+      best[key] = r
+  body = [[r['task'], r['target'], r['draft'], _fmt(r['temperature'], 0), str(r['gamma']),
+           r['alpha'], r['tokens_per_call'], r['c'], f"{r['speedup']:.2f}x",
+           f"{r['theorem8']:.2f}x"] for _, r in sorted(best.items())]
+  return markdown_table(['Task', 'Target', 'Draft', 'Temp', 'gamma', 'alpha', 'tokens/call', 'c',
+                         'Speed (measured)', 'Speed (Thm 8)'], body)
+
+
+def alpha_table(spec_rows: Sequence[Mapping]) -> str:
+  """Leviathan Table 3: alpha per draft model, task and temperature (alpha does not depend on gamma;
+  averaged over the gammas measured)."""
+  groups: Dict[tuple, List[float]] = {}
+  for r in spec_rows:
+    groups.setdefault((r['task'], r['target'], r['draft'], r['temperature']), []).append(r['alpha'])
+  body = [[t, tgt, d, _fmt(temp, 0), sum(a) / len(a)] for (t, tgt, d, temp), a in
+          sorted(groups.items())]
+  return markdown_table(['Task', 'Target', 'Draft', 'Temp', 'alpha'], body)
+
+
+def plot_all(out_dir: str, evaluate_rows: Sequence[Mapping], timing_rows: Sequence[Mapping],
+             spec_rows: Sequence[Mapping], alpha_for_methods: float) -> List[str]:
+  """Writes the PNG figures; returns their file names."""
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+
+  written = []
+
+  def save(fig, name):
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, name), dpi=120)
+    plt.close(fig)
+    written.append(name)
+
+  rows = quality_rows(evaluate_rows)
+  if rows:  # Figure 3: quality vs time per sample
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for r in rows:
+      if r['method'] in (None, 'mean'):
+        ax.scatter(1000 * r['time_per_sample_s'], r['average'])
+        ax.annotate(r['label'], (1000 * r['time_per_sample_s'], r['average']), fontsize=7)
+    ax.set_xlabel('Time per sample (ms)')
+    ax.set_ylabel('Average quality')
+    ax.set_title('Quality vs inference time (GQA Fig. 3)')
+    save(fig, 'fig3_quality_vs_time.png')
+
+  methods = [r for r in rows if r['method'] is not None and r['alpha'] == alpha_for_methods]
+  if methods:  # Figure 4: conversion methods
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    labels = [f"{r['label'].split(' (')[0]} {r['method']}" for r in methods]
+    ax.bar(range(len(methods)), [r['average'] for r in methods])
+    ax.set_xticks(range(len(methods)), labels, rotation=30, ha='right', fontsize=8)
+    ax.set_ylabel('Average quality')
+    ax.set_title(f'Conversion methods, alpha={alpha_for_methods:g} (GQA Fig. 4)')
+    save(fig, 'fig4_conversion_methods.png')
+
+  mean_rows = [r for r in rows if r['method'] == 'mean']
+  if mean_rows:  # Figure 5: uptraining proportion
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for g in sorted({r['kv_heads'] for r in mean_rows}):
+      pts = sorted((r['alpha'], r['average']) for r in mean_rows if r['kv_heads'] == g)
+      ax.plot([a for a, _ in pts], [s for _, s in pts], marker='o',
+              label='MQA' if g == 1 else f'GQA-{g}')
+    mha = [r for r in rows if r['method'] is None and r['model'] == 'target']
+    for r in mha:
+      ax.axhline(r['average'], linestyle='--', color='gray', label=r['label'])
+    ax.set_xlabel('Uptraining proportion alpha')
+    ax.set_ylabel('Average quality')
+    ax.legend(fontsize=8)
+    ax.set_title('Uptraining proportion (GQA Fig. 5)')
+    save(fig, 'fig5_uptraining.png')
+
+  if timing_rows:  # Figure 6: time per sample vs groups
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for s in sorted({r['setting'] for r in timing_rows}):
+      pts = sorted((r['kv_heads'], r['time_per_sample_s']) for r in timing_rows if r['setting'] == s)
+      ax.plot([g for g, _ in pts], [1000 * t for _, t in pts], marker='o', label=s)
+    ax.set_xscale('log', base=2)
+    ax.set_xlabel('Number of K/V groups (1 = MQA, H = MHA)')
+    ax.set_ylabel('Time per sample (ms)')
+    ax.legend(fontsize=8)
+    ax.set_title('Time per sample vs groups (GQA Fig. 6)')
+    save(fig, 'fig6_time_vs_groups.png')
+
+  if spec_rows:  # speedup vs gamma per draft
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    keys = sorted({(r['task'], r['target'], r['draft'], r['temperature']) for r in spec_rows})
+    for key in keys:
+      pts = sorted((r['gamma'], r['speedup']) for r in spec_rows
+                   if (r['task'], r['target'], r['draft'], r['temperature']) == key)
+      task, target, draft, temp = key
+      ax.plot([g for g, _ in pts], [s for _, s in pts], marker='o',
+              label=f'{target}/{draft} T={temp:g}')
+    ax.axhline(1.0, color='gray', linestyle=':')
+    ax.set_xlabel('gamma')
+    ax.set_ylabel('Walltime speedup (measured)')
+    ax.legend(fontsize=6)
+    ax.set_title('Speculative decoding speedup')
+    save(fig, 'speculative_speedup.png')
+  return written
