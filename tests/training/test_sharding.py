@@ -1,4 +1,5 @@
-"""Sharded training on 8 virtual CPU devices equals single-device training (MHA, GQA, MQA).
+"""Sharded training on 8 virtual CPU devices equals single-device training (MHA, GQA, MQA);
+sharded checkpoints restore into another mesh.
 
 XLA's device count is fixed when jax initialises, so the check runs in a subprocess with
 `--xla_force_host_platform_device_count=8`.
@@ -16,14 +17,14 @@ _SCRIPT = textwrap.dedent('''
     import json, sys
     import jax, numpy as np
     from gqa_spec.models.config import T5Config
-    from gqa_spec.training import data, optimizer, partitioning, train_step
+    from gqa_spec.training import checkpointing, data, optimizer, partitioning, train_step
 
     assert jax.device_count() == 8, jax.devices()
     base = T5Config(vocab_size=256, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
                     num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.1)
     cfg_data = data.DatasetConfig('synthetic', {'inputs': 16, 'targets': 8}, batch_size=8)
     batches = [b for _, b in zip(range(2), data.synthetic_batches(cfg_data, 8))]
-    report = {}
+    report, initials = {}, {}
     for kv_heads in (4, 2, 1):
       config = base.replace(num_kv_heads=kv_heads)
       runs, initial = {}, None
@@ -33,7 +34,7 @@ _SCRIPT = textwrap.dedent('''
         step = train_step.TrainStep(config, optimizer.adafactor(min_dim_size_to_factor=16),
                                     optimizer.rsqrt_decay(warmup_steps=10), part)
         if initial is None:
-          initial = jax.device_get(step.init(jax.random.PRNGKey(0)))
+          initial = initials[kv_heads] = jax.device_get(step.init(jax.random.PRNGKey(0)))
         state = jax.device_put(initial, step.state_shardings())
         losses = []
         for batch in batches:
@@ -50,17 +51,39 @@ _SCRIPT = textwrap.dedent('''
           jax.tree_util.tree_map(
               lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
               runs[mesh][1], runs[(1, 1)][1])
+    # Sharded save on the 2x4 mesh, restore straight into the 8x1 layout.
+    config = base.replace(num_kv_heads=4)
+    saved = {}
+    for mesh in ((2, 4), (8, 1)):
+      part = partitioning.Partitioner.create(config, *mesh)
+      step = train_step.TrainStep(config, optimizer.adafactor(min_dim_size_to_factor=16),
+                                  optimizer.rsqrt_decay(warmup_steps=10), part)
+      ckpt = checkpointing.Checkpointer(sys.argv[1], save_period=1, asynchronous=False)
+      if not saved:
+        saved['state'] = jax.device_put(initials[4], step.state_shardings())
+        ckpt.save(1, saved['state'], {'data_start_step': 0})
+      else:
+        target = checkpointing.abstract_with_shardings(step.abstract_state(),
+                                                       step.state_shardings())
+        restored, _ = ckpt.restore(1, target)
+        jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(restored),
+                               jax.device_get(saved['state']))
+        kv = restored.params['decoder']['layers_0']['self_attention']['key']['kernel']
+        report['restored_kv_spec'] = list(kv.sharding.spec)
+        report['restored_mesh'] = dict(kv.sharding.mesh.shape)
+      ckpt.close()
     print('REPORT ' + json.dumps(report))
 ''')
 
 
 @pytest.mark.slow
-def test_sharded_train_step_matches_single_device():
+def test_sharded_train_step_matches_single_device(tmp_path):
   # Cheap XLA optimisation: the 9 compiles dominate the test's time, not the steps.
   env = dict(os.environ, JAX_PLATFORMS='cpu',
              XLA_FLAGS='--xla_force_host_platform_device_count=8 '
                        '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true')
-  result = subprocess.run([sys.executable, '-c', _SCRIPT], env=env, capture_output=True,
+  result = subprocess.run([sys.executable, '-c', _SCRIPT, str(tmp_path / 'ckpt')], env=env,
+                          capture_output=True,
                           text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-4000:]
   report = json.loads(result.stdout.split('REPORT ', 1)[1])
@@ -71,3 +94,6 @@ def test_sharded_train_step_matches_single_device():
   # Optimizer state follows its parameter: Adafactor's column statistics of wi_0 [32, 64] are [64].
   assert report['4/2x4']['opt_spec'] == ['model']
   assert report['4/8x1']['batch_spec'] == ['data']
+  # Checkpoints are written sharded and restored into another mesh's layout.
+  assert report['restored_mesh'] == {'data': 8, 'model': 1}
+  assert report['restored_kv_spec'] == [None, None]
