@@ -31,26 +31,24 @@ from gqa_spec.decoding.targets import T5Decoder
 Drafts = Mapping[str, Tuple[Any, Callable[[jax.Array], Any]]]
 
 
-def median_time(fn: Callable[[], Any], repeats: int) -> float:
-  """Median wall seconds of `fn()` over `repeats` runs, after one untimed (compiling) run."""
-  jax.block_until_ready(fn())
+def _timed_runs(fn: Callable[[], Any], repeats: int) -> List[float]:
+  jax.block_until_ready(fn())  # compile and warm up, untimed
   times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
     jax.block_until_ready(fn())
     times.append(time.perf_counter() - t0)
-  return statistics.median(times)
+  return times
+
+
+def median_time(fn: Callable[[], Any], repeats: int) -> float:
+  """Median wall seconds of `fn()` over `repeats` runs, after one untimed (compiling) run."""
+  return statistics.median(_timed_runs(fn, repeats))
 
 
 def min_time(fn: Callable[[], Any], repeats: int) -> float:
   """Least disturbed of `repeats` runs: micro-benchmarks on a shared CPU."""
-  jax.block_until_ready(fn())
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return min(times)
+  return min(_timed_runs(fn, repeats))
 
 
 def step_time(decoder, state, k: int, fill: int, iters: int = 40) -> float:

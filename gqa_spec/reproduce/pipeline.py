@@ -482,7 +482,11 @@ def run(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str]
 
 
 def _enable_compilation_cache(work_dir: str) -> None:
-  """Persistent XLA cache: the many same-shaped train steps and decoders compile once."""
+  """Persistent XLA cache: the many same-shaped train steps and decoders compile once.
+
+  A cache directory the user configured (JAX_COMPILATION_CACHE_DIR) is left as it is.
+  """
   import jax  # pylint: disable=g-import-not-at-top
-  jax.config.update('jax_compilation_cache_dir', os.path.join(work_dir, 'xla_cache'))
-  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
+  if not jax.config.jax_compilation_cache_dir:
+    jax.config.update('jax_compilation_cache_dir', os.path.join(work_dir, 'xla_cache'))
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)

@@ -1,0 +1,7 @@
+"""`python -m gqa_spec ...` is `gqa-spec ...`."""
+
+import sys
+
+from gqa_spec.cli import main
+
+sys.exit(main())
