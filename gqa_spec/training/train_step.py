@@ -20,11 +20,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
 from gqa_spec.training import losses
 from gqa_spec.training.optimizer import LearningRateFn
-from gqa_spec.training.partitioning import Partitioner
+from gqa_spec.training.partitioning import Partitioner, path_name
 
 # The features of seqio's EncDecFeatureConverter, packed or not; all `[batch, length]` int32.
 MODEL_FEATURES = ('encoder_input_tokens', 'decoder_input_tokens', 'decoder_target_tokens',
@@ -126,11 +127,15 @@ class TrainStep:
   def from_params(self, params: Any, step: int = 0) -> TrainState:
     """A train state around given parameters with a fresh optimizer state, placed on the mesh."""
     abstract = self.abstract_state()
-    got = jax.tree_util.tree_map(lambda x: (tuple(x.shape), jnp.dtype(x.dtype)), params)
-    want = jax.tree_util.tree_map(lambda x: (tuple(x.shape), jnp.dtype(x.dtype)), abstract.params)
+    got = {path_name(p): (tuple(x.shape), jnp.dtype(x.dtype))
+           for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+    want = {path_name(p): (tuple(x.shape), jnp.dtype(x.dtype))
+            for p, x in jax.tree_util.tree_flatten_with_path(abstract.params)[0]}
     if got != want:
-      raise ValueError('the parameters do not match the model config (shapes or dtypes differ); '
-                       f'config: {self.config}')
+      name = sorted(set(got) ^ set(want)) or sorted(k for k in got if got[k] != want[k])
+      raise UserError(f'the initial parameters do not fit the model config (is the model gin or '
+                      f'NUM_KV_HEADS the checkpoint\'s?): {name[0]} is {got.get(name[0])}, the '
+                      f'config wants {want.get(name[0])}')
     shardings = self.state_shardings(abstract)
     params = jax.device_put(params, shardings.params)
     opt_state = jax.jit(self.tx.init, out_shardings=shardings.opt_state)(params)

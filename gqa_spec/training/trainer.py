@@ -32,7 +32,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Callable, Mapping, Optional, Protocol
+from typing import Any, Mapping, Optional, Protocol
 
 import jax
 import numpy as np
@@ -109,7 +109,6 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
           checkpoint_cfg: CheckpointConfig = CheckpointConfig(),
           initial_checkpoint_path: Optional[str] = None,
           initial_checkpoint_config: Optional[T5Config] = None,
-          prepare_params: Optional[Callable[[T5Config, Any], Any]] = None,
           initial_step: Optional[int] = None,
           evaluator: Optional[Evaluator] = None, eval_period: Optional[int] = None,
           best_metric: Optional[str] = None, best_mode: str = 'max',
@@ -131,8 +130,6 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
     initial_checkpoint_path: trainer run dir, native, HF or T5X checkpoint to start from.
     initial_checkpoint_config: the model config of a T5X initial checkpoint (which records none);
       default `model_config`.
-    prepare_params: `(config, params) -> params` applied to the initial checkpoint's parameters
-      (uptraining converts them there), given the checkpoint's own config.
     initial_step: step to start at from `initial_checkpoint_path` (default: the checkpoint's step,
       or 0 when it records none).
     evaluator: called every `eval_period` steps and at the end.
@@ -165,8 +162,8 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
   ckpt = checkpointing.Checkpointer(model_dir, checkpoint_cfg.save_period, checkpoint_cfg.keep,
                                     checkpoint_cfg.asynchronous)
   state, data_start_step = _start(step_fn, ckpt, model_config, initial_checkpoint_path,
-                                  initial_checkpoint_config or model_config, prepare_params,
-                                  initial_step, random_seed)
+                                  initial_checkpoint_config or model_config, initial_step,
+                                  random_seed)
   if is_writer:
     with open(os.path.join(model_dir, 'config.json'), 'w') as f:
       f.write(model_config.to_json() + '\n')
@@ -227,7 +224,7 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
 
 
 def _start(step_fn: TrainStep, ckpt: checkpointing.Checkpointer, config: T5Config,
-           initial_checkpoint_path: Optional[str], t5x_config: T5Config, prepare_params,
+           initial_checkpoint_path: Optional[str], t5x_config: T5Config,
            initial_step: Optional[int],
            random_seed: int):
   """(state, data_start_step) from the latest checkpoint, an initial checkpoint, or scratch."""
@@ -241,9 +238,7 @@ def _start(step_fn: TrainStep, ckpt: checkpointing.Checkpointer, config: T5Confi
     log.info('resumed from %s/%d', ckpt.directory, latest)
     return state, int(meta['data_start_step'])
   if initial_checkpoint_path:
-    source_config, params, step = initial.load(initial_checkpoint_path, t5x_config)
-    if prepare_params is not None:
-      params = prepare_params(source_config, params)
+    _, params, step = initial.load(initial_checkpoint_path, t5x_config)
     start = initial_step if initial_step is not None else (step or 0)
     state = step_fn.from_params(params, start)
     log.info('initialised from %s at step %d', initial_checkpoint_path, start)
