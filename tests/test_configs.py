@@ -98,3 +98,13 @@ def test_macro_flags():
   assert bindings == ["MODEL_DIR = '/tmp/x'", 'TRAIN_STEPS = 5']
   with pytest.raises(UserError):
     gin_utils.split_macro_flags(['--gin.X'])
+
+
+def test_unset_required_macro_is_a_user_error():
+  from gqa_spec.training import trainer  # pylint: disable=g-import-not-at-top
+  gin_utils.parse(['experiments/nano_mha_pretrain_ddtp.gin'])  # MODEL_DIR left unset
+  try:
+    with pytest.raises(UserError, match='MODEL_DIR'):
+      gin_utils.call(trainer.train)
+  finally:
+    gin.clear_config()
