@@ -101,10 +101,6 @@ def test_macro_flags():
 
 
 def test_unset_required_macro_is_a_user_error():
-  from gqa_spec.training import trainer  # pylint: disable=g-import-not-at-top
-  gin_utils.parse(['experiments/nano_mha_pretrain_ddtp.gin'])  # MODEL_DIR left unset
-  try:
-    with pytest.raises(UserError, match='MODEL_DIR'):
-      gin_utils.call(trainer.train)
-  finally:
-    gin.clear_config()
+  with pytest.raises(UserError, match='MODEL_DIR.*REQUIRED') as info:
+    gin_utils.parse(['experiments/nano_mha_pretrain_ddtp.gin'])  # MODEL_DIR left unset
+  assert '\n' not in str(info.value)
