@@ -98,17 +98,13 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str] = (),
 
 
 def call(fn, *args, **kwargs):
-  """Calls the gin-configured version of `fn`; a missing required macro becomes a `UserError`."""
+  """Calls the gin-configured version of `fn`; gin files that do not configure it: `UserError`."""
   try:
     configured = gin.get_configurable(fn)
   except ValueError as e:
-    raise UserError(f'gin: {_one_line(e)}') from None
-  try:
-    return configured(*args, **kwargs)
-  except RuntimeError as e:
-    if 'REQUIRED' in str(e) or 'required' in str(e):
-      raise UserError(f'gin: {_one_line(e)}') from None
-    raise
+    raise UserError(f'gin: {_one_line(e)} (do the gin files configure {fn.__module__}.'
+                    f'{fn.__name__}?)') from None
+  return configured(*args, **kwargs)
 
 
 def operative_config() -> str:
