@@ -103,44 +103,16 @@ def _load(path: str, what: str):
   return native.load_checkpoint(path)
 
 
-def _make_draft(spec: str, target_config, params_enc, gamma: int, max_len: int):
-  """Returns (draft, init(encoder_tokens) -> state, description)."""
-  from gqa_spec.decoding.drafts import CopyDraft, ModelDraft, NgramDraft, load_ngram  # pylint: disable=g-import-not-at-top
-  from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
-  vocab_size = target_config.vocab_size
-  if spec == 'copy':
-    draft = CopyDraft(vocab_size)
-    return draft, draft.init, 'copy (prompt lookup over the encoder input)'
-  if spec.startswith(('unigram:', 'bigram:')):
-    kind, path = spec.split(':', 1)
-    model = load_ngram(path)
-    if model.vocab_size != vocab_size:
-      raise UserError(f'{path}: n-gram vocabulary {model.vocab_size} != model vocabulary {vocab_size}')
-    order = 1 if kind == 'unigram' else 2
-    if order > model.order:
-      raise UserError(f'{path} holds order-{model.order} counts; a bigram draft needs order 2')
-    model = type(model)(order=order, unigram=model.unigram, bigram=model.bigram)
-    draft = NgramDraft(vocab_size)
-    table = draft.init(model)
-    return draft, lambda enc: table, f'{kind} ({path})'
-  config, params, _ = _load(spec, 'draft')
-  if config.vocab_size != vocab_size:
-    raise UserError(f'draft vocabulary {config.vocab_size} != target vocabulary {vocab_size}')
-  draft = ModelDraft.t5(Transformer(config))
-  return draft, lambda enc: draft.init(params, enc, max_len, gamma), f'model ({spec})'
-
-
 def generate(args: argparse.Namespace) -> int:
   for name in ('max_decode_len', 'batch_size', 'gamma'):
     _positive(name.replace('_', '-'), getattr(args, name))
   from gqa_spec.decoding.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top
   config = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                           lenience=args.lenience)
+  from gqa_spec.decoding.drafts import factory  # pylint: disable=g-import-not-at-top
   draft_spec = args.draft
-  if draft_spec != 'none' and draft_spec != 'copy' and not draft_spec.startswith(
-      ('unigram:', 'bigram:')) and not os.path.isdir(draft_spec):
-    raise UserError(f'--draft must be none, copy, unigram:PATH, bigram:PATH or a checkpoint '
-                    f'directory; {draft_spec!r} is none of these')
+  if draft_spec != 'none':
+    factory.check_spec(draft_spec, '--draft')
   target_config, params, vocab_path = _load(args.model, 'model')
   vocab = None
   if vocab_path:
@@ -163,7 +135,7 @@ def generate(args: argparse.Namespace) -> int:
   width = -(-max(len(r) for r in rows) // 8) * 8  # one input length for all batches
   draft = None
   if draft_spec != 'none':
-    draft, draft_init, draft_desc = _make_draft(draft_spec, target_config, params, gamma, max_len)
+    draft, draft_init, draft_desc = factory.make_draft(draft_spec, target_config, gamma, max_len)
 
   def run(enc, n, rng):
     skip = np.arange(batch) >= n  # dummy rows filling the last batch

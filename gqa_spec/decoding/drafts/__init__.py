@@ -2,8 +2,9 @@
 
 from gqa_spec.decoding.drafts.base import Draft
 from gqa_spec.decoding.drafts.copy import CopyDraft
+from gqa_spec.decoding.drafts.factory import check_spec, make_draft
 from gqa_spec.decoding.drafts.model import ModelDraft
 from gqa_spec.decoding.drafts.ngram import NgramDraft, NgramModel, fit_ngram, load_ngram, save_ngram
 
-__all__ = ['Draft', 'CopyDraft', 'ModelDraft', 'NgramDraft', 'NgramModel', 'fit_ngram', 'load_ngram',
-           'save_ngram']
+__all__ = ['Draft', 'CopyDraft', 'ModelDraft', 'NgramDraft', 'NgramModel', 'check_spec', 'fit_ngram',
+           'load_ngram', 'make_draft', 'save_ngram']

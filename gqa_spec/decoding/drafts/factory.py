@@ -1,0 +1,68 @@
+"""Drafts from a one-string spec, as `gqa-spec generate --draft` and `gqa-spec eval` take them.
+
+  copy          prompt lookup over the encoder input (`CopyDraft`)
+  unigram:PATH  an n-gram file from `gqa-spec ngram fit`, used as a unigram (`NgramDraft`)
+  bigram:PATH   the same, as a bigram (the file must hold order-2 counts)
+  CKPT_DIR      a native checkpoint of a smaller T5 with the target's vocabulary (`ModelDraft`)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Tuple
+
+from gqa_spec.errors import UserError
+
+PyTree = Any
+SPECS = 'copy, unigram:PATH, bigram:PATH or a draft checkpoint directory'
+
+
+def check_spec(spec: str, name: str = 'draft') -> None:
+  """Raises a one-line `UserError` (naming the option `name`) unless `spec` is a draft spec."""
+  if spec == 'copy' or spec.startswith(('unigram:', 'bigram:')) or os.path.isdir(spec):
+    return
+  raise UserError(f'{name} must be {SPECS}; {spec!r} is none of these')
+
+
+def make_draft(spec: str, target_config, gamma: int,
+               max_decode_len: int) -> Tuple[Any, Callable[[Any], PyTree], str]:
+  """Builds the draft a spec names.
+
+  Args:
+    spec: see the module docstring.
+    target_config: the target's `T5Config`; the draft must share its vocabulary size.
+    gamma: draft tokens per target call (sizes a model draft's cache).
+    max_decode_len: most generated tokens per row (sizes a model draft's cache).
+
+  Returns:
+    `(draft, init, description)`: the static `Draft`, `init(encoder_input_tokens [b, S])` giving
+    its initial state for a batch, and a human-readable description.
+
+  Raises:
+    UserError: a malformed spec, a missing file or checkpoint, or a vocabulary mismatch.
+  """
+  from gqa_spec.decoding.drafts import CopyDraft, ModelDraft, NgramDraft, load_ngram  # pylint: disable=g-import-not-at-top
+  check_spec(spec)
+  vocab_size = target_config.vocab_size
+  if spec == 'copy':
+    draft = CopyDraft(vocab_size)
+    return draft, draft.init, 'copy (prompt lookup over the encoder input)'
+  if spec.startswith(('unigram:', 'bigram:')):
+    kind, path = spec.split(':', 1)
+    model = load_ngram(path)
+    if model.vocab_size != vocab_size:
+      raise UserError(f'{path}: n-gram vocabulary {model.vocab_size} != model vocabulary {vocab_size}')
+    order = 1 if kind == 'unigram' else 2
+    if order > model.order:
+      raise UserError(f'{path} holds order-{model.order} counts; a bigram draft needs order 2')
+    model = type(model)(order=order, unigram=model.unigram, bigram=model.bigram)
+    draft = NgramDraft(vocab_size)
+    table = draft.init(model)
+    return draft, lambda enc: table, f'{kind} ({path})'
+  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top  (slow imports)
+  from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  config, params, _ = native.load_checkpoint(spec)
+  if config.vocab_size != vocab_size:
+    raise UserError(f'draft vocabulary {config.vocab_size} != target vocabulary {vocab_size}')
+  draft = ModelDraft.t5(Transformer(config))
+  return draft, lambda enc: draft.init(params, enc, max_decode_len, gamma), f'model ({spec})'
