@@ -4,7 +4,8 @@
   gqa-spec uptrain --gin_file=experiments/nano_uptrain_gqa2_ddtp.gin \
                    --gin.INITIAL_CHECKPOINT_PATH="'/tmp/nano_mha'"
   gqa-spec eval    --gin_file=runs/eval.gin --gin.CHECKPOINT_PATH="'/tmp/ft/best'" \
-                   --gin.MIXTURE_OR_TASK_NAME="'ddtp_translate_en_de'" --gin.OUTPUT_DIR="'/tmp/ev'"
+                   --gin.MIXTURE_OR_TASK_NAME="'ddtp_translate_en_de'" --gin.OUTPUT_DIR="'/tmp/ev'" \
+                   [--gin.DECODING="'speculative'" --gin.DRAFT="'/tmp/draft/best'" --gin.GAMMA=4]
 
 Flags: `--gin_file` (repeatable), `--gin_bindings` (repeatable), `--gin.MACRO=VALUE` (a gin
 literal: strings need their own quotes), `--gin_search_paths`. See `gin_utils` for the search path.

@@ -2,10 +2,14 @@
 
 `InferenceEvaluator` is what the trainer calls every `eval_period` steps (and what `gqa-spec eval`
 runs once): seqio reads the task's split unpacked and in order, our predict function decodes each
-batch with one jitted loop (`gqa_spec.decoding`: greedy, or beam search), and seqio post-processes
-and scores the predictions with the task's metric functions. Metrics come back flat, as
-`'<task>/<metric>'` plus the bare `'<metric>'` for a single task, so a run config can select the
-best checkpoint by `EVAL_METRIC = 'bleu'`.
+batch with one jitted loop (`gqa_spec.decoding`: greedy, beam search, or speculative decoding with
+a draft), and seqio post-processes and scores the predictions with the task's metric functions.
+Metrics come back flat, as `'<task>/<metric>'` plus the bare `'<metric>'` for a single task, so a
+run config can select the best checkpoint by `EVAL_METRIC = 'bleu'`.
+
+Speculative decoding runs at temperature 0, whose output is token-identical to greedy's (Leviathan
+et al. 2023, Thm. 1), so its metrics equal greedy's and only the time per sample differs; the
+metrics add the acceptance statistics pooled over all batches (`speculative/...`).
 
 Timing: every batch is decoded once untimed first (compilation; the shapes are fixed by the task
 feature lengths and batch size, so nothing recompiles after it), then timed; time per sample is the
@@ -29,7 +33,7 @@ from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
 
-DECODINGS = ('greedy', 'beam')
+DECODINGS = ('greedy', 'beam', 'speculative')
 
 
 @dataclasses.dataclass
@@ -43,9 +47,13 @@ class InferenceEvaluator:
     task_feature_lengths: `{'inputs', 'targets'}` lengths; targets bound the decode length.
     batch_size: examples per decode call (the last batch is padded).
     num_examples: evaluate only the first N examples of each task (None: all).
-    decoding: 'greedy' (the GQA paper's choice) or 'beam'.
+    decoding: 'greedy' (the GQA paper's choice), 'beam', or 'speculative' (greedy output,
+      faster with a good draft).
     beam_size: beams of 'beam'.
     length_penalty: t5x's beam-search alpha.
+    draft: the draft of 'speculative': copy, unigram:PATH, bigram:PATH or a draft checkpoint
+      directory (see `gqa_spec.decoding.drafts.factory`).
+    gamma: draft tokens per target call of 'speculative'.
   """
 
   mixture_or_task_name: str
@@ -57,10 +65,23 @@ class InferenceEvaluator:
   decoding: str = 'greedy'
   beam_size: int = 4
   length_penalty: float = 0.6
+  draft: Optional[str] = None
+  gamma: int = 4
 
   def __post_init__(self):
     if self.decoding not in DECODINGS:
       raise UserError(f'unknown decoding {self.decoding!r}; known: {", ".join(DECODINGS)}')
+    if self.decoding == 'speculative' and not self.draft:
+      raise UserError("decoding 'speculative' needs a draft: copy, unigram:PATH, bigram:PATH or a "
+                      'draft checkpoint directory')
+    if self.draft and self.decoding != 'speculative':
+      raise UserError(f'a draft ({self.draft!r}) is only used by decoding \'speculative\', not '
+                      f'{self.decoding!r}')
+    if self.gamma < 1:
+      raise UserError(f'gamma must be >= 1, got {self.gamma}')
+    from gqa_spec.decoding.drafts import factory  # pylint: disable=g-import-not-at-top
+    if self.draft:
+      factory.check_spec(self.draft)  # before seqio reads the data
     if self.batch_size < 1:
       raise UserError(f'eval batch_size must be positive, got {self.batch_size}')
     import seqio  # pylint: disable=g-import-not-at-top  (TensorFlow only when evaluating)
@@ -76,16 +97,32 @@ class InferenceEvaluator:
       raise UserError(f'{self.mixture_or_task_name!r} has no task with metrics on split '
                       f'{self.split!r} to evaluate')
     self._model = Transformer(self.model_config)
+    self._draft = None
+    if self.decoding == 'speculative':
+      self._draft = factory.make_draft(self.draft, self.model_config, self.gamma,
+                                       self._max_decode_len)  # (draft, init, description)
     self.last_timings: List[float] = []
+    self.last_speculative: List[Any] = []  # per timed batch: its `SpeculativeResult`
 
-  def _decode_batch(self, params: Any, inputs: np.ndarray) -> List[List[int]]:
-    from gqa_spec.decoding import autoregressive, beam_search, targets  # pylint: disable=g-import-not-at-top
+  def _decode_batch(self, params: Any, inputs: np.ndarray,
+                    n: int) -> Tuple[List[List[int]], Any]:
+    """`(tokens per row, the SpeculativeResult or None)` of a `[batch_size, S]` batch whose
+    first `n` rows are real."""
+    from gqa_spec.decoding import autoregressive, beam_search, speculative, targets  # pylint: disable=g-import-not-at-top
     decoder = targets.T5Decoder(self._model)
+    if self.decoding == 'speculative':
+      draft, draft_init, _ = self._draft
+      state = decoder.init(params, inputs,
+                           speculative.target_cache_length(self._max_decode_len, self.gamma))
+      result = speculative.decode(decoder, state, draft, draft_init(inputs), jax.random.PRNGKey(0),
+                                  gamma=self.gamma, max_decode_len=self._max_decode_len,
+                                  skip=np.arange(len(inputs)) >= n)  # padding rows: no statistics
+      return autoregressive.strip(result.sequences, result.lengths), result
     if self.decoding == 'greedy':
       state = decoder.init(params, inputs, cache_length=self._max_decode_len + 1)
       tokens, _ = autoregressive.decode_to_lists(decoder, state, jax.random.PRNGKey(0),
                                                  max_decode_len=self._max_decode_len)
-      return tokens
+      return tokens, None
     state = decoder.init(params, jnp.repeat(inputs, self.beam_size, axis=0),
                          cache_length=self._max_decode_len + 1)
     beams, _ = beam_search.beam_search(decoder, state, beam_size=self.beam_size,
@@ -93,11 +130,12 @@ class InferenceEvaluator:
                                        alpha=self.length_penalty)  # [b, k, 1 + L]
     best = np.asarray(jax.device_get(beams[:, 0, 1:]))  # [b, L]; PAD after EOS
     return [[int(t) for t in row[:_eos_end(row)] if t != 0]
-            for row in best]
+            for row in best], None
 
   def predict_fn(self, params: Any):
     """A seqio predict function decoding with `params`; records time per sample."""
     self.last_timings = []
+    self.last_speculative = []
 
     def predict(dataset, model_feature_shapes=None) -> List[Tuple[int, np.ndarray]]:
       del model_feature_shapes
@@ -109,10 +147,12 @@ class InferenceEvaluator:
           inputs = np.concatenate([inputs, np.zeros((self.batch_size - n, inputs.shape[1]),
                                                     np.int32)])
         if not self.last_timings:
-          self._decode_batch(params, inputs)  # compile outside the timing
+          self._decode_batch(params, inputs, n)  # compile outside the timing
         start = time.perf_counter()
-        tokens = self._decode_batch(params, inputs)
+        tokens, result = self._decode_batch(params, inputs, n)  # host lists: decoding is done
         self.last_timings.append((time.perf_counter() - start) / n)
+        if result is not None:
+          self.last_speculative.append(result)
         # Fixed-width rows, 0-padded: seqio stacks the predictions into one array, and its
         # vocabulary decoding drops the padding.
         rows = np.zeros((n, self._max_decode_len), np.int32)
@@ -138,6 +178,10 @@ class InferenceEvaluator:
           metrics[name] = value
     if self.last_timings:
       metrics['timing/seconds_per_sample_median'] = statistics.median(self.last_timings)
+    if self.last_speculative:
+      stats = self.speculative_stats()
+      metrics.update({f'speculative/{k}': float(v) for k, v in stats.items()
+                      if isinstance(v, (int, float)) and not isinstance(v, bool)})
     predictions = {}
     for task in self._evaluator.eval_tasks:
       vocab = task.output_features['targets'].vocabulary
@@ -145,6 +189,23 @@ class InferenceEvaluator:
       predictions[task.name] = [{'index': i, 'prediction': vocab.decode(list(tokens))}
                                 for i, tokens in enumerate(task_outputs)]
     return metrics, predictions
+
+  def speculative_stats(self) -> Dict[str, Any]:
+    """`speculative.summarize` pooled over the last run's timed batches (JSON-ready)."""
+    from gqa_spec.decoding import speculative  # pylint: disable=g-import-not-at-top
+    results = [jax.device_get(r) for r in self.last_speculative]
+    sums = {k: sum(speculative.summarize(r)[k] for r in results)
+            for k in ('tokens', 'target_calls', 'loop_iterations', 'proposed', 'accepted')}
+    beta_sum = sum(float(r.beta_sum) for r in results)
+    beta_count = sum(float(r.beta_count) for r in results)
+    return dict(
+        sums, gamma=self.gamma, draft=self._draft[2],
+        acceptance_rate=sums['accepted'] / max(sums['proposed'], 1),
+        mean_tokens_per_call=sums['tokens'] / sums['target_calls'] if sums['target_calls'] else 0.0,
+        alpha=beta_sum / beta_count if beta_count else None,
+        accepted_per_position=[int(x) for x in sum(np.asarray(r.accepted_per_position)
+                                                   for r in results)],
+        accept_histogram=[int(x) for x in sum(np.asarray(r.accept_histogram) for r in results)])
 
   def __call__(self, params: Any, step: int) -> Dict[str, float]:
     return self.run(params, step)[0]
@@ -159,7 +220,8 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
                         split: str = 'validation',
                         task_feature_lengths: Optional[Mapping[str, int]] = None,
                         batch_size: int = 32, num_examples: Optional[int] = None,
-                        decoding: str = 'greedy', beam_size: int = 4) -> Dict[str, float]:
+                        decoding: str = 'greedy', beam_size: int = 4, draft: Optional[str] = None,
+                        gamma: int = 4) -> Dict[str, float]:
   """`gqa-spec eval`: evaluates a checkpoint and writes `metrics.json` and predictions JSONL.
 
   Args:
@@ -170,8 +232,10 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
     task_feature_lengths: input/target lengths (None: the task's defaults).
     batch_size: examples per decode call.
     num_examples: first N examples per task (None: all).
-    decoding: 'greedy' or 'beam'.
+    decoding: 'greedy', 'beam' or 'speculative'.
     beam_size: beams of 'beam'.
+    draft: the draft of 'speculative' (copy, unigram:PATH, bigram:PATH or a checkpoint directory).
+    gamma: draft tokens per target call of 'speculative'.
 
   Returns:
     The metrics written.
@@ -179,13 +243,16 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
   from gqa_spec.training import initial  # pylint: disable=g-import-not-at-top  (slow imports)
   config, params, step = initial.load(checkpoint_path)
   evaluator = InferenceEvaluator(mixture_or_task_name, config, split, task_feature_lengths,
-                                 batch_size, num_examples, decoding, beam_size)
+                                 batch_size, num_examples, decoding, beam_size, draft=draft,
+                                 gamma=gamma)
   metrics, predictions = evaluator.run(params, step)
   os.makedirs(output_dir, exist_ok=True)
   report = {'checkpoint': os.path.abspath(checkpoint_path), 'step': step,
             'task': mixture_or_task_name, 'split': split, 'decoding': decoding,
             'num_kv_heads': config.num_kv_heads, 'metrics': metrics,
             'seconds_per_sample': evaluator.last_timings}
+  if decoding == 'speculative':
+    report.update(draft=draft, gamma=gamma, speculative=evaluator.speculative_stats())
   with open(os.path.join(output_dir, 'metrics.json'), 'w') as f:
     json.dump(report, f, indent=2)
   for task_name, rows in predictions.items():
