@@ -38,7 +38,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
-from gqa_spec.checkpoints.native import cast_params, check_params
+from gqa_spec.checkpoints.native import cast_params, check_params, fresh_output_dir
 from gqa_spec.convert import repeat_kv_heads
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
@@ -297,12 +297,7 @@ def save_hf(hf_dir: str, config: T5Config, params: Params, vocab_path: Optional[
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   hf_config = config_to_hf(config)
   state = params_to_hf(params, config)
-  if os.path.exists(hf_dir):
-    if not overwrite:
-      raise UserError(f'{hf_dir}: output directory already exists '
-                      '(pass --overwrite to replace it)')
-    shutil.rmtree(hf_dir)
-  os.makedirs(hf_dir)
+  fresh_output_dir(hf_dir, overwrite)
   save_file({k: np.ascontiguousarray(v, np.float32) for k, v in state.items()},
             os.path.join(hf_dir, 'model.safetensors'), metadata={'format': 'pt'})
   with open(os.path.join(hf_dir, 'config.json'), 'w') as f:

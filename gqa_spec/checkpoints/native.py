@@ -82,6 +82,16 @@ def cast_params(params: Params, config: T5Config) -> Params:
   return jax.tree.map(lambda x: np.asarray(x).astype(dtype), params)
 
 
+def fresh_output_dir(directory: str, overwrite: bool) -> None:
+  """Creates an empty output directory; an existing one is an error unless `overwrite`."""
+  if os.path.exists(directory):
+    if not overwrite:
+      raise UserError(f'{directory}: output directory already exists '
+                      '(pass --overwrite to replace it)')
+    shutil.rmtree(directory)
+  os.makedirs(directory)
+
+
 def save_checkpoint(directory: str, config: T5Config, params: Params,
                     vocab_path: Optional[str] = None, overwrite: bool = False) -> None:
   """Writes a native checkpoint.
@@ -97,12 +107,7 @@ def save_checkpoint(directory: str, config: T5Config, params: Params,
   check_params(params, config, 'parameters to save')
   if vocab_path is not None and not os.path.isfile(vocab_path):
     raise UserError(f'{vocab_path}: vocabulary file not found')
-  if os.path.exists(directory):
-    if not overwrite:
-      raise UserError(f'{directory}: output directory already exists '
-                      '(pass --overwrite to replace it)')
-    shutil.rmtree(directory)
-  os.makedirs(directory)
+  fresh_output_dir(directory, overwrite)
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top; slow import, save/load only
   with ocp.StandardCheckpointer() as checkpointer:
     # numpy leaves carry no sharding, so the checkpoint loads on any device layout.
