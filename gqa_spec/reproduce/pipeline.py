@@ -47,6 +47,10 @@ class Context:
   def data_dir(self) -> str:
     return os.path.join(self.work_dir, 'data')
 
+  def path(self, relative: str) -> str:
+    """A path recorded relative to the work dir (stage JSON stays valid if the dir moves)."""
+    return os.path.join(self.work_dir, relative)
+
   def model_dir(self, *parts: str) -> str:
     return os.path.join(self.work_dir, 'models', *parts)
 
@@ -125,7 +129,7 @@ def _register_tasks(ctx: Context) -> None:
 
 
 def _train(model_dir: str, config, task: str, lengths, batch: int, total_steps: int, *,
-           learning_rate_fn, initial_checkpoint_path=None, prepare_params=None,
+           learning_rate_fn, initial_checkpoint_path=None,
            initial_step=None, evaluator=None, eval_period=None, best_metric=None,
            save_period: int = 100, seed: int = 0) -> dict:
   from gqa_spec.training import trainer  # pylint: disable=g-import-not-at-top
@@ -135,7 +139,7 @@ def _train(model_dir: str, config, task: str, lengths, batch: int, total_steps: 
   result = trainer.train(
       model_dir=model_dir, model_config=config, train_dataset_cfg=dataset,
       total_steps=total_steps, learning_rate_fn=learning_rate_fn,
-      initial_checkpoint_path=initial_checkpoint_path, prepare_params=prepare_params,
+      initial_checkpoint_path=initial_checkpoint_path,
       initial_step=initial_step, evaluator=evaluator, eval_period=eval_period,
       best_metric=best_metric, log_period=max(1, min(50, total_steps // 4)),
       checkpoint_cfg=trainer.CheckpointConfig(save_period=save_period, keep=1,
@@ -232,7 +236,8 @@ def stage_finetune(ctx: Context) -> dict:
                         save_period=p.eval_period)
         return dict(record, name=name, task=task, kv_heads=config.num_kv_heads,
                     variant=None if variant is None else dataclasses.asdict(variant),
-                    best_checkpoint=os.path.join(record['model_dir'], 'best'))
+                    best_checkpoint=os.path.relpath(os.path.join(record['model_dir'], 'best'),
+                                                    ctx.work_dir))
       jobs.append((f'{task}.{name}', job))
   return {'rows': _run_jobs(ctx, 'finetune', jobs)}
 
@@ -255,7 +260,8 @@ def stage_evaluate(ctx: Context) -> dict:
     def job(row=row):
       lengths = p.finetune_lengths[row['task']]
       metrics = evaluate_checkpoint(
-          row['best_checkpoint'], row['task'], ctx.model_dir('eval', row['task'], row['name']),
+          ctx.path(row['best_checkpoint']), row['task'],
+          ctx.model_dir('eval', row['task'], row['name']),
           split='test', task_feature_lengths={'inputs': lengths[0], 'targets': lengths[1]},
           batch_size=p.eval_batch, num_examples=p.test_examples)
       v = row['variant'] or {}
@@ -392,7 +398,7 @@ def stage_speculative(ctx: Context) -> dict:
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
   _register_tasks(ctx)
   p = ctx.preset
-  finetuned = {(r['task'], r['name']): r['best_checkpoint']
+  finetuned = {(r['task'], r['name']): ctx.path(r['best_checkpoint'])
                for r in ctx.read_stage('finetune')['rows']}
   jobs = []
   for task, lengths in p.finetune_lengths.items():
@@ -417,8 +423,7 @@ def stage_speculative(ctx: Context) -> dict:
         grid = speedup.measure_grid(T5Decoder(Transformer(config)), params, drafts, batches,
                                     max_decode_len=max_len, gammas=p.gammas,
                                     temperatures=p.temperatures, repeats=p.speculative_repeats)
-        rows = [dict(r, task=task, target=target_name, theorem8=r['speedup_thm8'],
-                     speedup=r['speedup_measured']) for r in grid['rows']]
+        rows = [dict(r, task=task, target=target_name) for r in grid['rows']]
         return {'rows': rows, 'target_step_seconds': grid['target_step_seconds'],
                 'autoregressive': {t: {k: v for k, v in a.items() if k != 'outputs'}
                                    for t, a in grid['autoregressive'].items()}}
@@ -458,7 +463,8 @@ def run(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str]
   os.makedirs(ctx.work_dir, exist_ok=True)
   _enable_compilation_cache(ctx.work_dir)
   _write_json(os.path.join(ctx.out_dir, 'preset.json'),
-              json.loads(json.dumps(dataclasses.asdict(preset), default=str)))
+              dict(json.loads(json.dumps(dataclasses.asdict(preset), default=str)),
+                   work_dir=os.path.abspath(ctx.work_dir)))
   records = {}
   if progress_bar is None:
     progress_bar = sys.stderr.isatty()

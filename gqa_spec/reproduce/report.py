@@ -5,7 +5,8 @@ Inputs (written by `pipeline.py`, one JSON file per stage under `results/<preset
                                time_per_sample_s, batch_size, examples}, ...]}
   timing.json       {'rows': [{setting, kv_heads, time_per_sample_s, inputs, targets, batch_size}]}
   speculative.json  {'rows': [{target, draft, task, temperature, gamma, alpha, tokens_per_call,
-                               c, speedup, theorem8, examples}, ...]}
+                               c, verify_ratio_v, speedup_measured, speedup_thm8, ...}, ...]}
+                    (rows of `gqa_spec.decoding.speedup.measure_grid` + task, target)
 Outputs: markdown tables in the papers' forms and PNG plots:
   GQA Table 1 (quality and T_infer per model), Figure 3 (quality vs time), Figure 4 (conversion
   methods), Figure 5 (uptraining proportion), Figure 6 (time per sample vs number of groups);
@@ -123,11 +124,11 @@ def speculative_table(spec_rows: Sequence[Mapping]) -> str:
   best: Dict[tuple, Mapping] = {}
   for r in spec_rows:
     key = (r['task'], r['target'], r['draft'], r['temperature'])
-    if key not in best or r['speedup'] > best[key]['speedup']:
+    if key not in best or r['speedup_measured'] > best[key]['speedup_measured']:
       best[key] = r
   body = [[r['task'], r['target'], r['draft'], _fmt(r['temperature'], 0), str(r['gamma']),
-           r['alpha'], r['tokens_per_call'], r['c'], f"{r['speedup']:.2f}x",
-           f"{r['theorem8']:.2f}x"] for _, r in sorted(best.items())]
+           r['alpha'], r['tokens_per_call'], r['c'], f"{r['speedup_measured']:.2f}x",
+           f"{r['speedup_thm8']:.2f}x"] for _, r in sorted(best.items())]
   return markdown_table(['Task', 'Target', 'Draft', 'Temp', 'gamma', 'alpha', 'tokens/call', 'c',
                          'Speed (measured)', 'Speed (Thm 8)'], body)
 
@@ -212,7 +213,7 @@ def plot_all(out_dir: str, evaluate_rows: Sequence[Mapping], timing_rows: Sequen
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     keys = sorted({(r['task'], r['target'], r['draft'], r['temperature']) for r in spec_rows})
     for key in keys:
-      pts = sorted((r['gamma'], r['speedup']) for r in spec_rows
+      pts = sorted((r['gamma'], r['speedup_measured']) for r in spec_rows
                    if (r['task'], r['target'], r['draft'], r['temperature']) == key)
       task, target, draft, temp = key
       ax.plot([g for g, _ in pts], [s for _, s in pts], marker='o',

@@ -1,0 +1,116 @@
+"""The smoke reproduction end to end: every stage's outputs, exactness inside it, caching, resume."""
+
+import json
+import math
+import os
+
+import pytest
+
+from gqa_spec.errors import UserError
+from gqa_spec.reproduce import pipeline, presets
+
+SMOKE = presets.get('smoke')
+
+
+def _stage(out_dir, stage):
+  with open(os.path.join(out_dir, f'{stage}.json')) as f:
+    return json.load(f)
+
+
+def test_every_stage_wrote_its_results(smoke_run):
+  out_dir, _ = smoke_run
+  for stage in pipeline.STAGES:
+    record = _stage(out_dir, stage)
+    assert record['wall_seconds'] >= 0
+    assert record['command'] == f'gqa-spec reproduce --preset smoke --stages {stage}'
+  report = open(os.path.join(out_dir, 'report.md')).read()
+  for heading in ('GQA Table 1', 'Figure 4', 'Figure 5', 'Figure 6', 'Leviathan Table 2 form',
+                  'Leviathan Table 3 form'):
+    assert heading in report
+  for figure in _stage(out_dir, 'report')['figures']:
+    with open(os.path.join(out_dir, figure), 'rb') as f:
+      assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+    assert f'![{figure}]({figure})' in report
+
+
+def test_uptraining_runs_alpha_times_the_pretraining_steps(smoke_run):
+  out_dir, _ = smoke_run
+  rows = {presets.Variant(**r['variant']).name: r for r in _stage(out_dir, 'uptrain')['rows']}
+  assert set(rows) == {v.name for v in SMOKE.variants() if v.method is not None}
+  for name, row in rows.items():
+    expected = round(row['variant']['alpha'] * SMOKE.pretrain_steps)
+    assert row['uptrain_steps'] == expected, name
+    assert row['conversion']['method'] == row['variant']['method']
+    assert row['conversion']['num_kv_heads'] == row['variant']['kv_heads']
+    if expected:  # continues the pre-training run's step count and schedule
+      assert row['step'] == SMOKE.pretrain_steps + expected
+      assert math.isfinite(row['train_metrics']['loss'])
+
+
+def test_evaluation_covers_every_variant_and_task(smoke_run):
+  out_dir, _ = smoke_run
+  rows = _stage(out_dir, 'evaluate')['rows']
+  names = {v.name for v in SMOKE.variants()} | {'draft'}
+  assert {(r['variant'], r['task']) for r in rows} == {
+      (n, t) for n in names for t in SMOKE.finetune_lengths}
+  for r in rows:
+    assert 0.0 <= r['score'] <= 100.0
+    assert 0.0 < r['time_per_sample_s'] < 60.0
+    assert r['metric'] == pipeline.TASK_METRIC[r['task']]
+
+
+def test_timing_covers_every_group_count(smoke_run):
+  out_dir, _ = smoke_run
+  rows = _stage(out_dir, 'timing')['rows']
+  for setting in ('short', 'long'):
+    groups = sorted(r['kv_heads'] for r in rows if r['setting'] == setting)
+    assert groups == sorted(SMOKE.timing_groups)
+  assert all(r['time_per_sample_s'] > 0 for r in rows)
+
+
+def test_speculative_grid_is_exact_at_temperature_zero(smoke_run):
+  out_dir, _ = smoke_run
+  rows = _stage(out_dir, 'speculative')['rows']
+  expected = (len(SMOKE.finetune_lengths) * len(SMOKE.speculative_targets()) * 3
+              * len(SMOKE.temperatures) * len(SMOKE.gammas))
+  assert len(rows) == expected
+  for r in rows:
+    assert 0.0 <= r['alpha'] <= 1.0
+    assert 1.0 <= r['tokens_per_call'] <= r['gamma'] + 1
+    assert r['c'] >= 0 and r['speedup_measured'] > 0 and r['speedup_thm8'] > 0
+    if r['temperature'] == 0:  # greedy speculative output == greedy autoregressive output
+      assert r['tokens_equal_autoregressive'] is True, r
+
+
+def test_second_run_skips_finished_stages_and_rerun_of_one_job_resumes(smoke_run, tmp_path):
+  out_dir, work_dir = smoke_run
+  mtimes = {s: os.path.getmtime(os.path.join(out_dir, f'{s}.json')) for s in pipeline.STAGES}
+  pipeline.run('smoke', out_dir, work_dir, progress_bar=False)
+  assert mtimes == {s: os.path.getmtime(os.path.join(out_dir, f'{s}.json'))
+                    for s in pipeline.STAGES}
+
+  # Forget one timing job: a forced re-run of the stage recomputes it and only it.
+  jobs = os.path.join(work_dir, 'jobs', 'timing')
+  names = sorted(os.listdir(jobs))
+  kept = {n: os.path.getmtime(os.path.join(jobs, n)) for n in names[1:]}
+  os.remove(os.path.join(jobs, names[0]))
+  before = _stage(out_dir, 'timing')['rows']
+  pipeline.run('smoke', out_dir, work_dir, stages=['timing'], force=True, progress_bar=False)
+  assert os.path.exists(os.path.join(jobs, names[0]))
+  assert kept == {n: os.path.getmtime(os.path.join(jobs, n)) for n in names[1:]}
+  after = _stage(out_dir, 'timing')['rows']
+  assert [(r['setting'], r['kv_heads']) for r in after] == [
+      (r['setting'], r['kv_heads']) for r in before]
+
+
+def test_bad_preset_and_stage_names_are_clear_errors(tmp_path):
+  with pytest.raises(UserError, match="unknown reproduction preset 'huge'"):
+    pipeline.run('huge', str(tmp_path / 'r'), str(tmp_path / 'w'))
+  with pytest.raises(UserError, match=r"unknown stage\(s\) \['pretrian'\]"):
+    pipeline.run('smoke', str(tmp_path / 'r'), str(tmp_path / 'w'), stages=['pretrian'])
+
+
+def test_a_stage_before_its_inputs_says_which_stage_to_run(tmp_path):
+  with pytest.raises(UserError, match="stage 'uptrain' has not run yet"):
+    pipeline.run('smoke', str(tmp_path / 'r'), str(tmp_path / 'w'), stages=['finetune'],
+                 progress_bar=False)
