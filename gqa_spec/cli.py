@@ -13,6 +13,10 @@ import os
 import sys
 from typing import Optional, Sequence
 
+# TensorFlow (seqio's input pipelines) logs CUDA probing and oneDNN notices from C++ at import;
+# they say nothing to a CPU user. An explicit TF_CPP_MIN_LOG_LEVEL wins.
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
 _COMMAND_MODULES = (
     'gqa_spec.checkpoints.commands',  # import-hf, export-hf, import-t5x, convert
     'gqa_spec.decoding.commands',  # generate, ngram

@@ -28,6 +28,9 @@ def register(subparsers) -> None:
 def _reproduce(args: argparse.Namespace) -> int:
   from gqa_spec.reproduce import pipeline  # pylint: disable=g-import-not-at-top
   logging.basicConfig(level=logging.WARNING)
+  # seqio and orbax warn on every evaluation and save (uncached sources, truncation notices);
+  # the stage JSON and report carry what matters. Errors still show.
+  logging.getLogger('absl').setLevel(logging.ERROR)
   records = pipeline.run(args.preset, args.out, args.work_dir, args.stages, args.force)
   report = records.get('report')
   out = args.out or f'results/{args.preset}'
