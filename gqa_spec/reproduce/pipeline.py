@@ -321,10 +321,10 @@ def stage_timing(ctx: Context) -> dict:
         config = base.replace(num_kv_heads=g)
         params = init_params(config, jax.random.PRNGKey(0))
         rng = np.random.default_rng(0)
-        inputs = rng.integers(2, config.vocab_size, (p.eval_batch, inputs_len)).astype(np.int32)
+        inputs = rng.integers(2, config.vocab_size, (p.timing_batch, inputs_len)).astype(np.int32)
         seconds = time_per_sample(config, params, inputs, targets_len, p.timing_repeats)
         return {'setting': setting, 'kv_heads': g, 'num_heads': config.num_heads,
-                'inputs': inputs_len, 'targets': targets_len, 'batch_size': p.eval_batch,
+                'inputs': inputs_len, 'targets': targets_len, 'batch_size': p.timing_batch,
                 'time_per_sample_s': seconds}
       jobs.append((f'{setting}.g{g}', job))
   return {'rows': _run_jobs(ctx, 'timing', jobs)}
