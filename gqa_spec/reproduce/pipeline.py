@@ -5,7 +5,7 @@ Stages (in order; each writes `results/<preset>/<stage>.json` and is skipped whe
   pretrain     MHA target and MHA draft on ddtp_span_corruption (rsqrt schedule, T5 Adafactor)
   uptrain      convert the target (mean / first / random, G groups) and continue pre-training for
                alpha x the pre-training steps, continuing the original schedule
-  finetune     every variant and the draft on each task (constant lr 1e-3, dropout 0.1),
+  finetune     every variant and the draft on each task (constant lr, dropout 0.1),
                best validation checkpoint kept
   evaluate     test-set quality (greedy) and time per sample of every fine-tuned variant
   timing       time per sample vs number of K/V groups at a short and a long input setting
@@ -215,7 +215,7 @@ def _finetune_sources(ctx: Context) -> List[tuple]:
 
 
 def stage_finetune(ctx: Context) -> dict:
-  """Constant lr 1e-3, dropout 0.1; the checkpoint with the best validation metric is kept."""
+  """Constant lr (the preset's), dropout 0.1; the checkpoint with the best validation metric is kept."""
   from gqa_spec.training.evaluation import InferenceEvaluator  # pylint: disable=g-import-not-at-top
   from gqa_spec.training.optimizer import constant  # pylint: disable=g-import-not-at-top
   _register_tasks(ctx)
@@ -230,7 +230,7 @@ def stage_finetune(ctx: Context) -> dict:
             task, config, 'validation', {'inputs': lengths[0], 'targets': lengths[1]},
             batch_size=p.eval_batch, num_examples=p.validation_examples)
         record = _train(ctx.model_dir('finetune', task, name), config, task, lengths,
-                        p.finetune_batch, p.finetune_steps, learning_rate_fn=constant(1e-3),
+                        p.finetune_batch, p.finetune_steps, learning_rate_fn=constant(p.finetune_learning_rate),
                         initial_checkpoint_path=source, initial_step=0, evaluator=evaluator,
                         eval_period=p.eval_period, best_metric=TASK_METRIC[task],
                         save_period=p.eval_period)

@@ -3,8 +3,8 @@
 One frozen dataclass holds every knob, so a run's `results/<preset>/preset.json` records exactly
 what was run. The study design follows the papers:
   GQA (Ainslie et al. 2023): MHA target -> MQA and GQA-G by mean / first / random conversion,
-    uptrained for alpha in {0, 0.05, 0.10} of the pre-training steps, fine-tuned (constant lr 1e-3,
-    dropout 0.1, best validation checkpoint), evaluated with greedy decoding; time per sample.
+    uptrained for alpha in {0, 0.05, 0.10} of the pre-training steps, fine-tuned (constant lr,
+    dropout 0.1, best validation checkpoint; the paper's lr is 1e-3, see `finetune_learning_rate`), evaluated with greedy decoding; time per sample.
   Speculative decoding (Leviathan et al. 2023): a small draft (nano) and trivial drafts (bigram,
     copy) for the fine-tuned MHA and GQA targets at temperature 0 and 1 over a gamma grid.
 """
@@ -55,6 +55,10 @@ class Preset:
   method_ablation_alpha: float  # first / random conversions are run at this alpha ...
   method_ablation_kv_heads: int  # ... and this many groups (the paper: MQA)
   finetune_steps: int
+  # Constant fine-tuning lr. The GQA paper's 1e-3 is for thousands of steps at batch 128; in the
+  # cpu preset's 150 steps at batch 16 it left the mini target at train loss 6.6 and test BLEU 0.03
+  # (measured), so `cpu` uses 1e-2 (below the pre-training rsqrt lr of 0.026 at step 1500).
+  finetune_learning_rate: float
   finetune_batch: int
   finetune_lengths: Dict[str, Tuple[int, int]]
   eval_period: int
@@ -103,7 +107,7 @@ def _smoke() -> Preset:
       # One GQA variant and one set of lengths for both tasks: every training job then reuses a
       # handful of compiled steps (the persistent XLA cache), which is most of smoke's time.
       kv_heads=(2,), alphas=(0.0, 0.1), method_ablation_alpha=0.1, method_ablation_kv_heads=2,
-      finetune_steps=6, finetune_batch=4,
+      finetune_steps=6, finetune_batch=4, finetune_learning_rate=1e-3,
       finetune_lengths={TRANSLATE: (64, 32), SUMMARIZE: (64, 32)}, eval_period=6,
       validation_examples=4, test_examples=6, eval_batch=6, timing_repeats=2, timing_batch=6,
       timing_groups=(1, 2, 4), long_timing=(256, 32),
@@ -124,7 +128,7 @@ def _cpu() -> Preset:
       pretrain_steps=1500, pretrain_batch=16, pretrain_lengths=(128, 32), warmup_steps=500,
       kv_heads=(1, 2), alphas=(0.0, 0.05, 0.1), method_ablation_alpha=0.05,
       method_ablation_kv_heads=1,
-      finetune_steps=150, finetune_batch=16,
+      finetune_steps=150, finetune_batch=16, finetune_learning_rate=1e-2,
       finetune_lengths={TRANSLATE: (64, 64), SUMMARIZE: (128, 32)}, eval_period=75,
       validation_examples=64, test_examples=256, eval_batch=64, timing_repeats=3, timing_batch=16,
       timing_groups=(1, 2, 4, 8), long_timing=(2048, 512),
