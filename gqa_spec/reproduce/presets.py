@@ -118,9 +118,9 @@ def _smoke() -> Preset:
 
 def _cpu() -> Preset:
   """Sized from step times measured on this 2-core machine with nothing else running (mini: 0.81 s
-  per train step at batch 16 x 128/32 tokens, 0.65 s at 64/64; nano: 0.09 s): pre-training ~25
-  min, uptraining ~12 min, 20 fine-tunes ~45 min with their validation, evaluation, timing and the
-  speculative grid ~25 min; about 1 h 50 min in all (an estimate: this preset has not been run yet).
+  per train step at batch 16 x 128/32 tokens, 0.65 s at 64/64; nano: 0.09 s). Measured run
+  (`results/cpu/report.md`): 1 h 41 min of stage wall time (pre-training 27 min, uptraining 10,
+  fine-tuning 44, evaluation 2, timing 7.5, speculative 9).
   """
   mini, nano = model_preset('mini'), model_preset('nano')
   return Preset(
