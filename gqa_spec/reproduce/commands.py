@@ -1,4 +1,5 @@
-"""`gqa-spec reproduce --preset {smoke,cpu} [--out DIR] [--work-dir DIR] [--stages ...]`."""
+"""`gqa-spec reproduce --preset {smoke,cpu} [--out DIR] [--work-dir DIR] [--stages ...]
+[--set KEY=VALUE ...]`."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ def register(subparsers) -> None:
                       help=f'run only these stages (of: {", ".join(STAGES)})')
   parser.add_argument('--force', action='store_true',
                       help='re-run the named stages even if their results exist')
+  parser.add_argument('--set', action='append', default=[], metavar='KEY=VALUE', dest='overrides',
+                      help='change one preset field (repeatable; tuples comma-separated, e.g. '
+                           '--set warmup_steps=10000 --set gammas=1,3,7); needs --out and '
+                           '--work-dir')
   parser.set_defaults(func=_reproduce)
 
 
@@ -31,7 +36,8 @@ def _reproduce(args: argparse.Namespace) -> int:
   # seqio and orbax warn on every evaluation and save (uncached sources, truncation notices);
   # the stage JSON and report carry what matters. Errors still show.
   logging.getLogger('absl').setLevel(logging.ERROR)
-  records = pipeline.run(args.preset, args.out, args.work_dir, args.stages, args.force)
+  records = pipeline.run(args.preset, args.out, args.work_dir, args.stages, args.force,
+                         overrides=args.overrides)
   report = records.get('report')
   out = args.out or f'results/{args.preset}'
   print(f'reproduce --preset {args.preset}: {len(records)} stage(s) done; results in {out}/'

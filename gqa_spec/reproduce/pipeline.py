@@ -23,7 +23,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from gqa_spec.errors import UserError
 from gqa_spec.reproduce import presets as presets_lib
@@ -42,6 +42,7 @@ class Context:
   out_dir: str  # results/<preset>
   work_dir: str  # models, data, caches
   progress: Any = None
+  overrides: Tuple[str, ...] = ()  # `--set KEY=VALUE` applied to the preset
 
   @property
   def data_dir(self) -> str:
@@ -366,7 +367,11 @@ def stage_report(ctx: Context) -> dict:
 
 
 def _command(ctx: Context) -> str:
-  return f'gqa-spec reproduce --preset {ctx.preset.name}'
+  sets = ''.join(f' --set {o}' for o in ctx.overrides)
+  if not sets:
+    return f'gqa-spec reproduce --preset {ctx.preset.name}'
+  return (f'gqa-spec reproduce --preset {ctx.preset.name}{sets} --out {ctx.out_dir} '
+          f'--work-dir {ctx.work_dir}')
 
 
 def _machine() -> str:
@@ -440,7 +445,8 @@ STAGE_FNS = {'corpus': stage_corpus, 'pretrain': stage_pretrain, 'uptrain': stag
 
 def run(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str] = None,
         stages: Optional[Sequence[str]] = None, force: bool = False,
-        progress_bar: Optional[bool] = None) -> Dict[str, dict]:
+        progress_bar: Optional[bool] = None,
+        overrides: Sequence[str] = ()) -> Dict[str, dict]:
   """Runs (or resumes) a reproduction; returns every stage's record.
 
   Args:
@@ -450,21 +456,26 @@ def run(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str]
     stages: a subset of `STAGES` to run (default all; earlier stages must have run).
     force: re-run the named stages even when their JSON exists (jobs inside still resume).
     progress_bar: show a progress bar (default: on terminals).
+    overrides: `KEY=VALUE` changes to the preset (`--set`); they need their own `out_dir` and
+      `work_dir`, so that a changed study never reuses the preset's cached stages.
   """
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-  preset = presets_lib.get(preset_name)
+  preset = presets_lib.override(presets_lib.get(preset_name), overrides)
+  if overrides and (out_dir is None or work_dir is None):
+    raise UserError('--set changes the preset: give its own --out and --work-dir (the defaults '
+                    f'hold the unchanged {preset_name!r} study)')
   unknown = [s for s in stages or () if s not in STAGES]
   if unknown:
     raise UserError(f'unknown stage(s) {unknown}; stages: {", ".join(STAGES)}')
   todo = [s for s in STAGES if not stages or s in stages]
   ctx = Context(preset, out_dir or os.path.join('results', preset_name),
-                work_dir or os.path.join('runs', preset_name))
+                work_dir or os.path.join('runs', preset_name), overrides=tuple(overrides))
   os.makedirs(ctx.out_dir, exist_ok=True)
   os.makedirs(ctx.work_dir, exist_ok=True)
   _enable_compilation_cache(ctx.work_dir)
   _write_json(os.path.join(ctx.out_dir, 'preset.json'),
               dict(json.loads(json.dumps(dataclasses.asdict(preset), default=str)),
-                   work_dir=os.path.abspath(ctx.work_dir)))
+                   work_dir=os.path.abspath(ctx.work_dir), overrides=list(overrides)))
   records = {}
   if progress_bar is None:
     progress_bar = sys.stderr.isatty()

@@ -144,3 +144,47 @@ def get(name: str) -> Preset:
   if name not in PRESETS:
     raise UserError(f'unknown reproduction preset {name!r}; known: {sorted(PRESETS)}')
   return PRESETS[name]()
+
+
+# Fields `--set` can change, by type; model configs and per-task dicts are not scalar knobs.
+_SETTABLE = {f.name: f.type for f in dataclasses.fields(Preset)
+             if f.type in ('int', 'float', 'bool', 'Tuple[int, ...]', 'Tuple[float, ...]',
+                           'Tuple[int, int]')}
+
+
+def _parse(key: str, text: str, kind: str):
+  def one(x: str, cast):
+    try:
+      return cast(x)
+    except ValueError:
+      kind_name = 'an integer' if cast is int else 'a number'
+      raise UserError(f'--set {key}={text}: {x!r} is not {kind_name}') from None
+  if kind == 'bool':
+    if text.lower() not in ('true', 'false', '1', '0'):
+      raise UserError(f'--set {key}={text}: expected true or false')
+    return text.lower() in ('true', '1')
+  if kind.startswith('Tuple'):
+    cast = float if 'float' in kind else int
+    values = tuple(one(x, cast) for x in text.split(',') if x.strip())
+    if kind == 'Tuple[int, int]' and len(values) != 2:
+      raise UserError(f'--set {key}={text}: expected two comma-separated integers')
+    return values
+  return one(text, float if kind == 'float' else int)
+
+
+def override(preset: Preset, assignments) -> Preset:
+  """`preset` with `KEY=VALUE` assignments applied (tuples as comma-separated values).
+
+  E.g. `override(get('cpu'), ['warmup_steps=10000', 'gammas=1,3,7'])`.
+  """
+  changes = {}
+  for item in assignments:
+    key, sep, text = item.partition('=')
+    key = key.strip()
+    if not sep:
+      raise UserError(f'--set {item!r}: expected KEY=VALUE')
+    if key not in _SETTABLE:
+      raise UserError(f'--set {key}: not a settable preset field; settable: '
+                      f'{", ".join(sorted(_SETTABLE))}')
+    changes[key] = _parse(key, text.strip(), _SETTABLE[key])
+  return dataclasses.replace(preset, **changes)

@@ -1,0 +1,62 @@
+"""`--set KEY=VALUE` preset overrides: typed parsing, clear errors, and their own output dirs."""
+
+import json
+import os
+
+import pytest
+
+from gqa_spec import cli
+from gqa_spec.errors import UserError
+from gqa_spec.reproduce import pipeline, presets
+
+
+def test_overrides_are_parsed_by_field_type():
+  base = presets.get('cpu')
+  p = presets.override(base, ['warmup_steps=10000', 'finetune_learning_rate=3e-3',
+                              'gammas=1,3,7', 'temperatures=0,0.5', 'long_timing=512, 128',
+                              'use_sample_corpus=true'])
+  assert p.warmup_steps == 10000 and isinstance(p.warmup_steps, int)
+  assert p.finetune_learning_rate == pytest.approx(3e-3)
+  assert p.gammas == (1, 3, 7) and p.temperatures == (0.0, 0.5)
+  assert p.long_timing == (512, 128) and p.use_sample_corpus is True
+  # everything else is the preset's
+  assert p.target == base.target and p.pretrain_steps == base.pretrain_steps
+  assert presets.override(base, []) == base
+
+
+@pytest.mark.parametrize('assignment, message', [
+    ('warmup_steps', 'expected KEY=VALUE'),
+    ('target=mini', 'not a settable preset field'),
+    ('warmup_step=10', 'not a settable preset field'),
+    ('warmup_steps=ten', "'ten' is not an integer"),
+    ('finetune_learning_rate=fast', "'fast' is not a number"),
+    ('gammas=1,x', "'x' is not an integer"),
+    ('long_timing=2048', 'expected two comma-separated integers'),
+    ('use_sample_corpus=maybe', 'expected true or false'),
+])
+def test_bad_overrides_name_the_problem(assignment, message):
+  with pytest.raises(UserError, match=message):
+    presets.override(presets.get('smoke'), [assignment])
+
+
+def test_overrides_need_their_own_out_and_work_dirs(tmp_path):
+  with pytest.raises(UserError, match='give its own --out and --work-dir'):
+    pipeline.run('smoke', None, str(tmp_path / 'w'), stages=['corpus'],
+                 overrides=['warmup_steps=5'])
+
+
+def test_cli_records_overrides_and_the_exact_command(tmp_path, monkeypatch):
+  out, work = str(tmp_path / 'r'), str(tmp_path / 'w')
+  monkeypatch.setenv('HOME', str(tmp_path))  # nothing outside tmp
+  rc = cli.main(['reproduce', '--preset', 'smoke', '--stages', 'corpus', '--out', out,
+                 '--work-dir', work, '--set', 'vocab_pieces=250', '--set', 'gammas=1,2'])
+  assert rc == 0
+  with open(os.path.join(out, 'preset.json')) as f:
+    recorded = json.load(f)
+  assert recorded['vocab_pieces'] == 250 and recorded['gammas'] == [1, 2]
+  assert recorded['overrides'] == ['vocab_pieces=250', 'gammas=1,2']
+  with open(os.path.join(out, 'corpus.json')) as f:
+    corpus = json.load(f)
+  assert corpus['command'] == (f'gqa-spec reproduce --preset smoke --set vocab_pieces=250 '
+                               f'--set gammas=1,2 --out {out} --work-dir {work} --stages corpus')
+  assert cli.main(['reproduce', '--preset', 'smoke', '--set', 'gammas=1,x']) == 2
