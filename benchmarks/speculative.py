@@ -173,7 +173,7 @@ def main(argv=None):
     if name in model_drafts:
       dm, dp = model_drafts[name]
       d = ModelDraft.t5(dm)
-      drafts[name] = (d, lambda enc, d=d, dp=dp: d.decoder.init(dp, enc, L + max(gammas) + 2))
+      drafts[name] = (d, lambda enc, d=d, dp=dp: d.init(dp, enc, L, max(gammas)))
     elif name == 'bigram':
       other = synthetic_inputs(32, args.input_length, cfg.vocab_size, seed=1)
       res = autoregressive.decode(target, target.init(params, jnp.asarray(other), L + 1),

@@ -281,24 +281,17 @@ def time_per_sample(config, params, inputs, max_decode_len: int, repeats: int) -
   """Median seconds per sample of encoding `inputs [b, S]` and greedily decoding exactly
   `max_decode_len` tokens (EOS disabled, so every model does the same work), after compilation."""
   import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding import autoregressive  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding import autoregressive, speedup  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
   decoder = T5Decoder(Transformer(config))
 
   def run():
     state = decoder.init(params, inputs, max_decode_len + 1)
-    return jax.block_until_ready(autoregressive.decode(
-        decoder, state, jax.random.PRNGKey(0), max_decode_len=max_decode_len, eos_id=-1))
+    return autoregressive.decode(decoder, state, jax.random.PRNGKey(0),
+                                 max_decode_len=max_decode_len, eos_id=-1)
 
-  run()  # compile
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    run()
-    times.append((time.perf_counter() - t0) / inputs.shape[0])
-  return float(np.median(times))
+  return float(speedup.median_time(run, repeats)) / inputs.shape[0]
 
 
 def stage_timing(ctx: Context) -> dict:
@@ -412,13 +405,12 @@ def stage_speculative(ctx: Context) -> dict:
         config, params, _ = native.load_checkpoint(finetuned[(task, target_name)])
         dconfig, dparams, _ = native.load_checkpoint(finetuned[(task, 'draft')])
         max_len = lengths[1]
-        slots = max_len + max(p.gammas) + 2
         model_draft = ModelDraft.t5(Transformer(dconfig))
         ngram = NgramDraft(config.vocab_size)
         table = ngram.init(fit_ngram_on_task(task, p.ngram_order))
         drafts = {
             'draft model': (model_draft,
-                            lambda enc: model_draft.decoder.init(dparams, enc, slots)),
+                            lambda enc: model_draft.init(dparams, enc, max_len, max(p.gammas))),
             'bigram': (ngram, lambda enc: table),
             'copy': (CopyDraft(config.vocab_size), lambda enc: enc),
         }
