@@ -9,11 +9,21 @@ import pytest
 def smoke_run(tmp_path_factory):
   """One `gqa-spec reproduce --preset smoke` per test session (about 5 minutes on 2 CPU cores).
 
+  `GQA_SPEC_SMOKE_RUN=OUT_DIR:WORK_DIR` names an existing smoke reproduction to reuse (`.ci/run`
+  passes the one the README's first command just made): the stages are cached, so `pipeline.run`
+  only checks them (and finishes any that are missing). Unset, the session makes its own.
+
   Returns:
     (out_dir, work_dir) as strings: the results (stage JSON, report.md, PNGs) and the models + data.
   """
   from gqa_spec.reproduce import pipeline  # pylint: disable=g-import-not-at-top
-  root = tmp_path_factory.mktemp('smoke_run')
-  out_dir, work_dir = os.path.join(root, 'results'), os.path.join(root, 'work')
+  reuse = os.environ.get('GQA_SPEC_SMOKE_RUN')
+  if reuse:
+    out_dir, sep, work_dir = reuse.partition(':')
+    if not (sep and out_dir and work_dir):
+      raise ValueError(f'GQA_SPEC_SMOKE_RUN={reuse!r}: expected OUT_DIR:WORK_DIR')
+  else:
+    root = tmp_path_factory.mktemp('smoke_run')
+    out_dir, work_dir = os.path.join(root, 'results'), os.path.join(root, 'work')
   pipeline.run('smoke', out_dir=out_dir, work_dir=work_dir, progress_bar=False)
   return out_dir, work_dir

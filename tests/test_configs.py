@@ -2,6 +2,9 @@
 
 import glob
 import os
+import subprocess
+import sys
+import zipfile
 
 import gin
 import pytest
@@ -104,3 +107,81 @@ def test_unset_required_macro_is_a_user_error():
   with pytest.raises(UserError, match='MODEL_DIR.*REQUIRED') as info:
     gin_utils.parse(['experiments/nano_mha_pretrain_ddtp.gin'])  # MODEL_DIR left unset
   assert '\n' not in str(info.value)
+
+
+_CONFIG_LIKE = ('runs/smoke/models', 'models/t5_1_1', 'models/attention', 'experiments', 'configs',
+                'runs/pretrain.gin')  # the last: even a *directory* named like a config file
+
+
+def _config_like_directories(root):
+  """What `gqa-spec reproduce` and users leave in a working directory: names that match includes."""
+  for name in _CONFIG_LIKE:
+    (root / name).mkdir(parents=True, exist_ok=True)
+
+
+@pytest.fixture
+def cluttered_cwd(tmp_path, monkeypatch):
+  """A working directory with config-like directories that is also on sys.path.
+
+  `python -c`, `python -m` and `.pth`-based editable installs put the working directory (or the
+  repository root) on sys.path; that is what let gin's package-resource reader import `./runs`
+  as a namespace package and crash.
+  """
+  _config_like_directories(tmp_path)
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  yield tmp_path
+  for name in list(sys.modules):  # the namespace packages imported from tmp_path
+    if name.split('.')[0] in ('runs', 'models', 'experiments', 'configs'):
+      del sys.modules[name]
+
+
+@pytest.mark.parametrize('path', ALL_GIN)
+def test_every_gin_file_parses_beside_config_like_directories(path, cluttered_cwd):
+  # Issue 16: a `runs/` directory in the working directory (the reproduction's default work dir)
+  # made every `include 'runs/...'` fail inside gin's package-resource reader.
+  files = [path]
+  if path.startswith('models/attention/') or path.startswith('runs/'):
+    files = ['models/t5_1_1/nano.gin', path]
+  gin_utils.parse(files, finalize=False)
+  gin.clear_config()
+
+
+def test_a_real_config_file_in_the_working_directory_still_wins(cluttered_cwd):
+  # cwd first is gin's and t5x's rule: a user's own models/t5_1_1/nano.gin shadows ours on purpose.
+  (cluttered_cwd / 'models' / 't5_1_1' / 'nano.gin').write_text(
+      "include 'models/t5_1_1/mini.gin'\n")
+  assert _model_config(['experiments/nano_mha_pretrain_ddtp.gin']).emb_dim == (
+      config.PRESETS['mini'].emb_dim)
+
+
+def test_missing_include_names_the_include_and_the_paths_tried(cluttered_cwd):
+  tmp_path = cluttered_cwd
+  (tmp_path / 'mine.gin').write_text("include 'runs/no_such_run.gin'\n")
+  with pytest.raises(UserError) as info:
+    gin_utils.parse(['mine.gin'])
+  message = str(info.value)
+  assert "include 'runs/no_such_run.gin' not found" in message
+  assert 'mine.gin' in message and gin_utils.CONFIGS_DIR in message and str(tmp_path) in message
+  assert '\n' not in message
+
+
+def test_configs_ship_in_the_wheel(tmp_path):
+  """A non-editable install (`pip install .`) resolves every config with no --gin_search_paths."""
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  subprocess.run([sys.executable, '-m', 'pip', 'wheel', '-q', '--no-deps', '--no-build-isolation',
+                  '-w', str(tmp_path / 'wheel'), repo], check=True, capture_output=True)
+  wheel, = (tmp_path / 'wheel').glob('gqa_spec-*.whl')
+  with zipfile.ZipFile(wheel) as z:
+    shipped = {n[len('gqa_spec/configs/'):] for n in z.namelist()
+               if n.startswith('gqa_spec/configs/') and n.endswith('.gin')}
+    z.extractall(tmp_path / 'site')
+  assert shipped == set(ALL_GIN)
+  cwd = tmp_path / 'elsewhere'
+  _config_like_directories(cwd)
+  script = ('from gqa_spec.training import gin_utils\n'
+            'print(gin_utils.CONFIGS_DIR)\n'
+            "gin_utils.parse(['experiments/nano_uptrain_gqa2_ddtp.gin'], finalize=False)\n")
+  out = subprocess.run([sys.executable, '-c', script], cwd=cwd, check=True, capture_output=True,
+                       text=True, env={**os.environ, 'PYTHONPATH': str(tmp_path / 'site')})
+  assert out.stdout.strip() == str(tmp_path / 'site' / 'gqa_spec' / 'configs')

@@ -5,10 +5,17 @@ Flags, as t5x's `gin_utils`:
   --gin_bindings=BINDING   (repeatable) e.g. "trainer.train.log_period = 10"
   --gin.MACRO=VALUE        shorthand for the binding "MACRO = VALUE" (VALUE is a gin literal)
   --gin_search_paths=DIRS  (comma-separated) extra search directories, before the defaults
-Default search path: the current directory, then the repository's `configs/` directory and the
-repository root (located relative to this package, so an editable install finds them from any
-working directory), so `--gin_file=runs/pretrain.gin`, `--gin_file=configs/runs/pretrain.gin` and
-the gin files' own `include 'models/t5_1_1/nano.gin'` all resolve.
+Default search path: the current directory, then the project's configs (`CONFIGS_DIR`: the
+repository's `configs/` in a source checkout, `gqa_spec/configs/` inside an installed wheel, where
+setup.py packages them) and the directory above them, so `--gin_file=runs/pretrain.gin`,
+`--gin_file=configs/runs/pretrain.gin` and the gin files' own `include 'models/t5_1_1/nano.gin'`
+all resolve from any working directory, editable install or not.
+
+Unrelated directories in the working directory never break resolution: gin's package-resource
+reader takes `include 'runs/pretrain.gin'` to mean "file pretrain.gin of the Python package `runs`"
+and crashes (TypeError) when `./runs/` is a directory without `__init__.py` (e.g. the work dir
+`gqa-spec reproduce` leaves there). `parse` swaps that reader's existence check for one that treats
+such a directory as "not here" and goes on down the search path (`_system_path_file_exists`).
 
 Parse errors, missing files and unset `%gin.REQUIRED` macros become a `UserError` whose first line
 says what is wrong and where, so the CLI prints one clear line.
@@ -17,16 +24,29 @@ says what is wrong and where, so the CLI prints one clear line.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import tokenize
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 import gin
+import gin.resource_reader
 
 from gqa_spec.errors import UserError
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CONFIGS_DIR = os.path.join(REPO_ROOT, 'configs')
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _configs_dir() -> str:
+  installed = os.path.join(_PACKAGE_DIR, 'configs')  # a wheel: setup.py maps configs/ there
+  if os.path.isdir(os.path.join(installed, 'runs')):
+    return installed
+  return os.path.join(os.path.dirname(_PACKAGE_DIR), 'configs')  # a source checkout
+
+
+CONFIGS_DIR = _configs_dir()
+# The directory holding `configs/`: makes `--gin_file=configs/runs/pretrain.gin` resolve too.
+CONFIGS_PARENT = os.path.dirname(CONFIGS_DIR)
 
 
 def add_gin_flags(parser: argparse.ArgumentParser) -> None:
@@ -66,7 +86,7 @@ def split_macro_flags(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
 
 
 def search_paths(extra: Iterable[str] = ()) -> List[str]:
-  paths = [p for p in extra if p] + [os.getcwd(), CONFIGS_DIR, REPO_ROOT]
+  paths = [p for p in extra if p] + [os.getcwd(), CONFIGS_DIR, CONFIGS_PARENT]
   return list(dict.fromkeys(os.path.abspath(p) for p in paths))
 
 
@@ -80,9 +100,11 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str] = (),
   if not gin_files:
     raise UserError('no --gin_file given; e.g. --gin_file=experiments/nano_mha_pretrain_ddtp.gin')
   gin.clear_config(clear_constants=True)
+  _guard_resource_reader()
   paths = search_paths(extra_search_paths)
   for path in paths:
-    gin.add_config_file_search_path(path)
+    if path not in gin.config._LOCATION_PREFIXES:  # pylint: disable=protected-access
+      gin.add_config_file_search_path(path)  # (gin.clear_config keeps them: add each once)
   resolved = [_resolve(f, paths) for f in gin_files]
   try:
     gin.parse_config_files_and_bindings(resolved, list(bindings), finalize_config=finalize)
@@ -90,6 +112,10 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str] = (),
     # TokenError, ValueError, ImportError, ...: every one of them here means a bad config)
     gin.clear_config(clear_constants=True)
     message = _one_line(e)
+    if isinstance(e, IOError) and str(e).startswith('Unable to open file: '):
+      missing = str(e)[len('Unable to open file: '):].split('. Searched config paths')[0]
+      where = message[message.rfind(' (In file'):] if ' (In file' in message else ''
+      message = f"include '{missing}' not found{where}; searched {', '.join(paths)}"
     if isinstance(e, tokenize.TokenError):  # unbalanced brackets: gin does not say where
       message = f'{e.args[0]} at line {e.args[1][0]}'
     if 'In file' not in message and 'In binding' not in message:
@@ -110,6 +136,35 @@ def call(fn, *args, **kwargs):
 def operative_config() -> str:
   """The gin config actually used (for the run directory)."""
   return gin.operative_config_str()
+
+
+def _system_path_file_exists(config_path: str) -> bool:
+  """gin's package-resource existence check, minus its crash on directories that are no package.
+
+  `include 'a/b/c.gin'` may name file c.gin of the importable package `a.b` (gin's resource
+  reader). A directory `a/b` without `__init__.py` in the working directory imports as a namespace
+  package whose spec has no origin, and gin then fails with "expected str, bytes or os.PathLike
+  object, not NoneType". Such a match is not a config file: answer False, so the search goes on.
+  Unlike gin's check, a miss logs nothing (gin logs an ERROR line per search-path entry).
+  """
+  head, filename = os.path.split(config_path)
+  if not head or os.path.isabs(head):
+    return False
+  try:
+    spec = importlib.util.find_spec(head.replace('/', '.'))
+  except (ImportError, ValueError):
+    return False
+  if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+    return False
+  return os.path.isfile(os.path.join(os.path.dirname(spec.origin), filename))
+
+
+def _guard_resource_reader() -> None:
+  """Installs `_system_path_file_exists` in place of gin's own check (idempotent)."""
+  readers = gin.config._FILE_READERS  # pylint: disable=protected-access  (no public way to swap)
+  for i, (reader, exists) in enumerate(readers):
+    if exists is gin.resource_reader.system_path_file_exists:
+      readers[i] = (reader, _system_path_file_exists)
 
 
 def _resolve(name: str, paths: Sequence[str]) -> str:
