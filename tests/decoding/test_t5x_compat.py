@@ -158,6 +158,25 @@ def test_same_key_draws_the_same_samples_as_t5x_split_order():
     assert sorted(map(tuple, got[b])) == sorted(map(tuple, expected[b]))
 
 
+def test_per_example_temperature_uses_one_unbatched_key_per_step_as_t5x():
+  """t5x vmaps its per-example sampling over rows with the step's key unbatched: every row draws
+  `categorical(k_j, row_logits[None] / t_row)`, so the n copies of an example draw alike."""
+  logits = np.random.RandomState(2).randn(4, 16).astype(np.float32)
+  logits[:, EOS_ID] = -1e9
+  temps = np.array([0.7, 1.3])
+  decodes, _ = t5x_compat.temperature_sample(
+      np.zeros((2, 5), np.int32), {}, constant_logits(logits), EOS_ID,
+      decode_rng=jax.random.PRNGKey(5), num_decodes=2, temperature=temps, topk=0)
+  key, expected = jax.random.PRNGKey(5), []
+  for _ in range(5):
+    sample_key, key = jax.random.split(key)
+    expected.append([int(jax.random.categorical(sample_key, logits[r][None] / temps[r // 2])[0])
+                     for r in range(4)])
+  expected = np.array(expected).T.reshape(2, 2, 5)
+  for b in range(2):
+    assert sorted(map(tuple, np.asarray(decodes)[b])) == sorted(map(tuple, expected[b]))
+
+
 def test_greedy_topk_scores_rescaled_and_raw():
   logits = [[-1e7, -1e7, -0.510825624, -0.916290732]]  # p(2) = 0.6, p(3) = 0.4
   out, scores = single([[0, 2, 2, 2, 0]], logits, topk=1, rescale_log_probs=True)
