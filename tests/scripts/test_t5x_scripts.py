@@ -31,7 +31,8 @@ def run(script, *args, env):
 def test_nano_ddtp_recipe_through_the_scripts(tmp_path, tiny_data_dir):
   env = dict(os.environ, GQA_SPEC_DATA_DIR=tiny_data_dir, JAX_PLATFORMS='cpu',
              PYTHONPATH=REPO,
-             XLA_FLAGS='--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true')
+             XLA_FLAGS='--xla_backend_optimization_level=0 '
+                       '--xla_llvm_disable_expensive_passes=true')
   mha, gqa, ft = (str(tmp_path / d) for d in ('mha', 'gqa', 'ft'))
   run('train.py', '--gin_file=experiments/nano_mha_pretrain_ddtp.gin', f"--gin.MODEL_DIR='{mha}'",
       '--gin.TRAIN_STEPS=2', SPAN, *SHRINK, env=env)
@@ -58,10 +59,23 @@ def test_nano_ddtp_recipe_through_the_scripts(tmp_path, tiny_data_dir):
       "--gin.MIXTURE_OR_TASK_NAME='ddtp_translate_en_de'", f"--gin.INFER_OUTPUT_DIR='{inf}'",
       "--gin.MODE='predict_with_aux'", '--gin.NUM_EXAMPLES=3', '--gin.BATCH_SIZE=2', TRANSLATE,
       env=env)
-  lines = [json.loads(l) for l in
-           open(os.path.join(inf, 'ddtp_translate_en_de-predict_with_aux.jsonl-00000-of-00001'))]
+  name = 'ddtp_translate_en_de-predict_with_aux.jsonl-00000-of-00001'  # t5x's file name
+  lines = [json.loads(l) for l in open(os.path.join(inf, name))]
   assert len(lines) == 3
   for line in lines:
     assert set(line) == {'inputs', 'prediction', 'aux'}
     assert line['inputs']['inputs_pretokenized'] and isinstance(line['prediction'], str)
     assert line['aux']['scores'] < 0  # a log-probability
+  # infer's greedy (t5x_compat.temperature_sample, temperature 0) = eval's (gqa-spec's own loop)
+  evaluated = [json.loads(l)
+               for l in open(os.path.join(ev, 'predictions-ddtp_translate_en_de.jsonl'))]
+  assert [l['prediction'] for l in evaluated] == [l['prediction'] for l in lines[:2]]
+  # Speculative decoding through the DecodeFnCallable wrapper: greedy output, null scores.
+  spec = str(tmp_path / 'infer_spec')
+  run('infer.py', '--gin_file=runs/infer.gin', f"--gin.CHECKPOINT_PATH='{ft}'",
+      "--gin.MIXTURE_OR_TASK_NAME='ddtp_translate_en_de'", f"--gin.INFER_OUTPUT_DIR='{spec}'",
+      "--gin.MODE='predict_with_aux'", '--gin.NUM_EXAMPLES=3', '--gin.BATCH_SIZE=2', TRANSLATE,
+      "--gin.DECODING='speculative'", "--gin.DRAFT='copy'", '--gin.GAMMA=2', env=env)
+  speculative = [json.loads(l) for l in open(os.path.join(spec, name))]
+  assert [l['prediction'] for l in speculative] == [l['prediction'] for l in lines]
+  assert all(l['aux']['scores'] is None for l in speculative)

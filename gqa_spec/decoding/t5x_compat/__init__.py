@@ -19,6 +19,6 @@ from gqa_spec.decoding.t5x_compat.sampling import (LogitCallbackFn, SamplingLoop
                                                    StateCallbackFn, temperature_sample)
 from gqa_spec.decoding.t5x_compat.speculative import CallableDecoder, speculative_sample
 
-__all__ = ['BeamState', 'CallableDecoder', 'DecodingState', 'LogitCallbackFn', 'MIN_TEMPERATURE', 'NEG_INF',
-           'SamplingLoopState', 'StateCallbackFn', 'TokensIdsToLogitsCallable', 'beam_search',
-           'cache_map', 'speculative_sample', 'temperature_sample']
+__all__ = ['BeamState', 'CallableDecoder', 'DecodingState', 'LogitCallbackFn', 'MIN_TEMPERATURE',
+           'NEG_INF', 'SamplingLoopState', 'StateCallbackFn', 'TokensIdsToLogitsCallable',
+           'beam_search', 'cache_map', 'speculative_sample', 'temperature_sample']

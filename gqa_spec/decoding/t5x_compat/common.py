@@ -68,7 +68,7 @@ def cache_map(fn: Callable[[jax.Array], jax.Array], cache: PyTree, offset: int =
 
 
 def repeat_rows(x: jax.Array, n: int, offset: int = 0) -> jax.Array:
-  """`[..., b, ...]` -> `[..., b * n, ...]` (axis `offset`), each row n times in place (t5x order)."""
+  """`[.., b, ..]` -> `[.., b * n, ..]` (axis `offset`), each row n times in place (t5x's order)."""
   return jnp.repeat(x, n, axis=offset)
 
 
