@@ -326,7 +326,8 @@ def test_topp_mask_of_the_scaled_logits():
   np.testing.assert_allclose(topp_mask(scaled, 0.7),
                              [[-0.85714293, NEG_INF, NEG_INF, -0.36428571]], rtol=1e-6)
   np.testing.assert_allclose(topp_mask(scaled, 0.0), scaled)  # p = 0: off
-  np.testing.assert_allclose(topp_mask(scaled, 1.0), scaled)  # p = 1: everything
+  kept = [0, 2, 3]  # p = 1: every token of non-zero probability
+  np.testing.assert_allclose(np.asarray(topp_mask(scaled, 1.0))[0, kept], scaled[0, kept])
 
 
 def test_topk_masks_all_but_the_k_best():

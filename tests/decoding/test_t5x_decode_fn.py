@@ -87,6 +87,14 @@ def test_unsupported_arguments_are_named():
   with pytest.raises(ValueError, match='At most one'):
     t5x_compat.speculative_sample(**base, topk=2, topp=0.5)
 
+  @jax.jit
+  def jitted(inputs):  # as t5x's predict_batch_with_aux calls its decode_fn: inputs traced
+    return t5x_compat.speculative_sample(**{**base, 'inputs': inputs})
+
+  assert jitted(jnp.zeros((2, L), jnp.int32))[0].shape == (2, 1, L)
+  with pytest.raises(Exception, match='decoder prompts'):
+    jax.block_until_ready(jitted(jnp.ones((2, L), jnp.int32)))
+
   def one_token_only(state):
     logits, cache = t5x_style_tokens_to_logits(state)
     return (logits[:, 0] if logits.ndim == 3 else logits), cache

@@ -22,7 +22,8 @@ loop keeps its own buffer).
 
 Decodes are `[b, 1, L]` (PAD after EOS); scores are NaN (`[b, 1]`): the loop does not compute
 sequence log-probabilities, and a made-up number would be silently wrong. Not supported (each
-raises NotImplementedError naming it): num_decodes > 1, a decoder prompt (non-zero inputs),
+raises NotImplementedError naming it): num_decodes > 1, a decoder prompt (non-zero inputs; under
+jit checked at run time by a host callback, whose error JAX re-raises as a runtime error),
 initial_index, cache_offset != 0, traced or per-example temperature / topk / topp, and any other
 t5x sampling argument (callbacks, rescale_log_probs, max_decode_steps_hard_limit).
 """
@@ -84,6 +85,12 @@ class CallableDecoder:
     return next(iter(_index_leaves(state).values()))
 
 
+def _check_no_prompt(inputs) -> None:
+  if np.any(np.asarray(inputs) != 0):
+    raise NotImplementedError('decoder prompts (non-zero inputs) are not supported by '
+                              'speculative_sample')
+
+
 def _config(temperature, topk, topp) -> sampling.SamplingConfig:
   for name, value in (('temperature', temperature), ('topk', topk), ('topp', topp)):
     if is_tracer(value) or np.ndim(value) != 0:
@@ -132,9 +139,10 @@ def speculative_sample(*, inputs: jax.Array, cache: PyTree, tokens_to_logits: Ca
       raise NotImplementedError(f'{name} is not supported by speculative_sample')
   if unsupported:
     raise NotImplementedError(f'not supported by speculative_sample: {sorted(unsupported)}')
-  if np.any(np.asarray(inputs) != 0):
-    raise NotImplementedError('decoder prompts (non-zero inputs) are not supported by '
-                              'speculative_sample')
+  if is_tracer(inputs):  # under jit (as t5x's predict_batch_with_aux calls it): check at run time
+    jax.debug.callback(_check_no_prompt, inputs)
+  else:
+    _check_no_prompt(inputs)
   config = _config(temperature, topk, topp)
   batch, length = inputs.shape
   steps = length
