@@ -17,7 +17,8 @@ the scenarios of its `decoding_test.py`, which `tests/decoding/test_t5x_compat.p
 * `decode_rng` (default `PRNGKey(0)`) is used as t5x uses it: each step splits the loop key into
   (sample key, next loop key) and draws `jax.random.categorical(sample key, masked logits)`, so a
   given key draws the same tokens as t5x given the same logits (top-k / top-p masks are computed
-  by sorting rather than t5x's float binary search; the kept sets are the same).
+  by sorting rather than t5x's float binary search; the kept sets are the same, ties included, up
+  to float rounding of the top-p mass at the nucleus edge).
 * temperature: scalar or per example (`[b]`), possibly traced; <= 1e-4 is greedy. As in t5x, the
   per-example path draws every row's sample with the same key (t5x vmaps one unbatched key), so
   rows with equal logits and temperature (e.g. the `num_decodes` copies of one example) draw the
