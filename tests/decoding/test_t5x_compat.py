@@ -330,6 +330,26 @@ def test_topp_mask_of_the_scaled_logits():
   np.testing.assert_allclose(np.asarray(topp_mask(scaled, 1.0))[0, kept], scaled[0, kept])
 
 
+def test_masks_keep_ties_as_t5x_binary_search():
+  """t5x's masks keep every value tied with the k-th largest / the nucleus edge."""
+  from gqa_spec.decoding.t5x_compat.common import topk_mask, topp_mask
+  logits = jnp.asarray([[2.0, 1.0, 1.0, 0.0]])
+  np.testing.assert_array_equal(topk_mask(logits, 2), [[2.0, 1.0, 1.0, NEG_INF]])
+  np.testing.assert_array_equal(topk_mask(logits, 9), logits)  # k >= V: everything
+  # probabilities ~ (0.53, 0.20, 0.20, 0.07): 0.6 needs one of the tied pair, keeps both.
+  np.testing.assert_array_equal(topp_mask(logits, 0.6), [[2.0, 1.0, 1.0, NEG_INF]])
+
+
+def test_num_decodes_expands_the_cache_at_cache_offset():
+  cache = {'layer': {'cached_key': jnp.arange(6.0).reshape(3, 2)}}  # [layers, b]
+  with mock.patch.object(t5x_sampling, '_single_trial') as trial:
+    trial.return_value = np.zeros((4, 2), np.int32), np.zeros(4)
+    t5x_compat.temperature_sample(np.zeros((2, 2), np.int32), cache, mock.Mock(), EOS_ID,
+                                  num_decodes=2, cache_offset=1)
+  np.testing.assert_array_equal(trial.call_args[0][1]['layer']['cached_key'],
+                                [[0, 0, 1, 1], [2, 2, 3, 3], [4, 4, 5, 5]])
+
+
 def test_topk_masks_all_but_the_k_best():
   logits = [[0.0, 0.1, 5.0, 4.9, -3.0]]
   out, _ = single(np.zeros((1, 40)), logits, topk=2, temperature=10.0)
