@@ -1,4 +1,5 @@
-"""`gqa-spec train | uptrain | eval`: gin-configured runs, as t5x's `train.py` / `eval.py`.
+"""`gqa-spec train | uptrain | eval | infer`: gin-configured runs, as t5x's `train.py` / `eval.py` /
+`infer.py` (`scripts/` has those three, taking the same flags).
 
   gqa-spec train   --gin_file=experiments/nano_mha_pretrain_ddtp.gin [--gin.TRAIN_STEPS=500]
   gqa-spec uptrain --gin_file=experiments/nano_uptrain_gqa2_ddtp.gin \
@@ -6,6 +7,8 @@
   gqa-spec eval    --gin_file=runs/eval.gin --gin.CHECKPOINT_PATH="'/tmp/ft/best'" \
                    --gin.MIXTURE_OR_TASK_NAME="'ddtp_translate_en_de'" --gin.OUTPUT_DIR="'/tmp/ev'" \
                    [--gin.DECODING="'speculative'" --gin.DRAFT="'/tmp/draft/best'" --gin.GAMMA=4]
+  gqa-spec infer   --gin_file=runs/infer.gin --gin.CHECKPOINT_PATH="'/tmp/ft/best'" \
+                   --gin.MIXTURE_OR_TASK_NAME="'ddtp_translate_en_de'" --gin.INFER_OUTPUT_DIR="'/tmp/inf'"
 
 Flags: `--gin_file` (repeatable), `--gin_bindings` (repeatable), `--gin.MACRO=VALUE` (a gin
 literal: strings need their own quotes), `--gin_search_paths`. See `gin_utils` for the search path.
@@ -41,13 +44,14 @@ def _parse_known_with_macros(parser: argparse.ArgumentParser):
 
 
 def register(subparsers) -> None:
-  """Adds `train`, `uptrain` and `eval` to the `gqa-spec` parser."""
+  """Adds `train`, `uptrain`, `eval` and `infer` to the `gqa-spec` parser."""
   for name, help_text, func in (
       ('train', 'train or fine-tune a model from gin configs (resumes from MODEL_DIR)', train),
       ('uptrain', 'convert an MHA checkpoint to GQA/MQA and continue pre-training for alpha x '
                   'the original steps (GQA recipe)', uptrain),
       ('eval', 'evaluate a checkpoint on a task split: metrics, predictions, time per sample',
-       evaluate)):
+       evaluate),
+      ('infer', 'decode a task or mixture split and write t5x-style prediction files', infer)):
     p = subparsers.add_parser(name, help=help_text,
                               epilog='--gin.MACRO=VALUE sets a gin macro, e.g. --gin.TRAIN_STEPS=500')
     gin_utils.add_gin_flags(p)
@@ -109,4 +113,12 @@ def evaluate(args: argparse.Namespace) -> int:
   metrics = gin_utils.call(evaluation.evaluate_checkpoint)
   for name, value in sorted(metrics.items()):
     print(f'{name}: {value:.4g}')
+  return 0
+
+
+def infer(args: argparse.Namespace) -> int:
+  _parse(args)
+  from gqa_spec.evaluation import inference  # pylint: disable=g-import-not-at-top
+  for task, path in sorted(gin_utils.call(inference.infer).items()):
+    print(f'{task}: {path}')
   return 0

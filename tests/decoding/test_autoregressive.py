@@ -150,9 +150,23 @@ def test_t5x_temperature_sample_stand_in():
   greedy = autoregressive.decode(dec, dec.init(params, enc, MAX_LEN + 1), jax.random.PRNGKey(0),
                                  max_decode_len=MAX_LEN)
   np.testing.assert_array_equal(np.asarray(decodes)[:, 0], np.asarray(greedy.sequences)[:, 1:])
-  assert np.asarray(scores).shape == (4, 1) and (np.asarray(scores) < 0).all()
+  # t5x's default topk=1 with rescale_log_probs=True scores every greedy token log 1 = 0.
+  np.testing.assert_allclose(np.asarray(scores), 0.0)
+  raw_decodes, raw_scores = t5x_compat.temperature_sample(
+      jnp.zeros((4, MAX_LEN), jnp.int32), cache, tokens_to_logits, eos_id=1,
+      rescale_log_probs=False)
+  np.testing.assert_array_equal(raw_decodes, decodes)
+  assert np.asarray(raw_scores).shape == (4, 1) and (np.asarray(raw_scores) < 0).all()
   decodes, scores = t5x_compat.temperature_sample(
       jnp.zeros((4, MAX_LEN), jnp.int32), cache, tokens_to_logits, eos_id=1, num_decodes=3,
       decode_rng=jax.random.PRNGKey(1), temperature=1.0, topk=0)
   assert decodes.shape == (4, 3, MAX_LEN)
   assert (np.diff(np.asarray(scores), axis=1) >= 0).all()  # t5x order: ascending log-prob
+  # t5x's beam search on the same cache (per-row cache index tiled with the beams) finds the same
+  # best beam as gqa-spec's own beam search.
+  beams, beam_scores = t5x_compat.beam_search(jnp.zeros((4, MAX_LEN), jnp.int32), cache,
+                                              tokens_to_logits, eos_id=1, num_decodes=3)
+  assert beams.shape == (4, 3, MAX_LEN) and (np.diff(np.asarray(beam_scores), axis=1) >= 0).all()
+  own, _ = beam_search(dec, dec.init(params, jnp.repeat(enc, 3, axis=0), MAX_LEN + 1),
+                       beam_size=3, max_decode_len=MAX_LEN)
+  np.testing.assert_array_equal(np.asarray(beams)[:, -1], np.asarray(own)[:, 0, 1:])

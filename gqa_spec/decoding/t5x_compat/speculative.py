@@ -1,0 +1,160 @@
+"""A t5x `DecodeFnCallable` that decodes with gqa-spec's speculative loop.
+
+t5x's `EncoderDecoderModel(decode_fn=...)` calls
+`decode_fn(inputs=, cache=, tokens_to_logits=, eos_id=, num_decodes=, decode_rng=, cache_offset=,
+**decoder_params)`. `speculative_sample` has that signature; the draft (and its state for this
+batch) and gamma are given by partial application:
+
+  decode_fn = functools.partial(t5x_compat.speculative_sample, draft=CopyDraft(vocab_size=V),
+                                draft_state=CopyDraft(V).init(encoder_input_tokens), gamma=4)
+  decodes, scores = decode_fn(inputs=jnp.zeros((b, L), jnp.int32), cache=cache,
+                              tokens_to_logits=tokens_to_logits, eos_id=1, num_decodes=1,
+                              decode_rng=rng, cache_offset=0, temperature=0.0)
+
+`tokens_to_logits` becomes the target of `gqa_spec.decoding.speculative.decode` through
+`CallableDecoder`, which needs two things t5x's own model does not give: it must accept
+`cur_token [rows, k]` for k > 1 and return `[rows, k, V]` (the target scores gamma + 1 tokens in one
+call; gqa-spec's `decode_cache.decode_tokens` does, t5x's `_compute_logits_from_slice` squeezes to
+one token), and the cache must carry a per-row `cache_index` (`[rows]` leaves; rows accept
+different numbers of tokens and are rolled back by moving it). The cache needs
+`speculative.target_cache_length(L, gamma)` slots. `DecodingState.sequences` is None here (the
+loop keeps its own buffer).
+
+Decodes are `[b, 1, L]` (PAD after EOS); scores are NaN (`[b, 1]`): the loop does not compute
+sequence log-probabilities, and a made-up number would be silently wrong. Not supported (each
+raises NotImplementedError naming it): num_decodes > 1, a decoder prompt (non-zero inputs; under
+jit checked at run time by a host callback, whose error JAX re-raises as a runtime error),
+initial_index, cache_offset != 0, traced or per-example temperature / topk / topp, and any other
+t5x sampling argument (callbacks, rescale_log_probs, max_decode_steps_hard_limit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional, Tuple
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+
+from gqa_spec.decoding import sampling, speculative
+from gqa_spec.decoding.t5x_compat.common import MIN_TEMPERATURE, DecodingState, is_tracer
+
+PyTree = Any
+
+
+def _index_leaves(cache) -> dict:
+  flat = traverse_util.flatten_dict(flax.core.unfreeze(cache))
+  leaves = {k: v for k, v in flat.items() if k[-1] == 'cache_index'}
+  if not leaves or any(jnp.ndim(v) != 1 for v in leaves.values()):
+    raise NotImplementedError(
+        'speculative decoding needs a cache with per-row `cache_index` leaves of shape [rows] '
+        '(rows accept different numbers of tokens); got ' +
+        (', '.join(f'{"/".join(k)}: {jnp.shape(v)}' for k, v in leaves.items()) or 'none'))
+  return leaves
+
+
+@dataclasses.dataclass(frozen=True)
+class CallableDecoder:
+  """gqa-spec's `Decoder` protocol over a t5x-style `tokens_to_logits` (see the module doc)."""
+
+  fn: Callable[[DecodingState], Tuple[jax.Array, PyTree]]
+
+  def tokens_to_logits(self, state, tokens, positions=None, mask=None):
+    if positions is not None or mask is not None:
+      raise NotImplementedError('tree verification (positions / mask) needs a gqa-spec Decoder')
+    logits, cache = self.fn(DecodingState(cur_index=self.index(state), sequences=None,
+                                          cur_token=tokens, cache=state))
+    if logits.ndim == 2:  # [rows, V]: one token
+      if tokens.shape[1] != 1:
+        raise ValueError(f'tokens_to_logits returned {logits.shape} logits for {tokens.shape[1]} '
+                         'tokens per row: speculative decoding needs [rows, k, V]')
+      logits = logits[:, None]
+    return logits, cache  # [rows, k, V]
+
+  def rollback(self, state, index):
+    flat = traverse_util.flatten_dict(flax.core.unfreeze(state))
+    for key in _index_leaves(state):
+      flat[key] = jnp.asarray(index, flat[key].dtype)
+    out = traverse_util.unflatten_dict(flat)
+    return flax.core.freeze(out) if isinstance(state, flax.core.FrozenDict) else out
+
+  def index(self, state):
+    return next(iter(_index_leaves(state).values()))
+
+
+def _check_no_prompt(inputs) -> None:
+  if np.any(np.asarray(inputs) != 0):
+    raise NotImplementedError('decoder prompts (non-zero inputs) are not supported by '
+                              'speculative_sample')
+
+
+def _config(temperature, topk, topp) -> sampling.SamplingConfig:
+  for name, value in (('temperature', temperature), ('topk', topk), ('topp', topp)):
+    if is_tracer(value) or np.ndim(value) != 0:
+      raise NotImplementedError(f'{name} must be a Python scalar for speculative decoding (the '
+                                f'sampling method is static in the jitted loop), got {value!r}')
+  if topp and topk:
+    raise ValueError('At most one of `topp` or `topk` may be non-zero.')
+  if temperature <= MIN_TEMPERATURE:
+    return sampling.GREEDY
+  return sampling.SamplingConfig(temperature=float(temperature), top_k=int(topk),
+                                 top_p=float(topp) if topp else 1.0)
+
+
+def speculative_sample(*, inputs: jax.Array, cache: PyTree, tokens_to_logits: Callable,
+                       eos_id: int, num_decodes: int = 1, decode_rng: Optional[jax.Array] = None,
+                       cache_offset: int = 0, draft: Any, draft_state: PyTree, gamma: int,
+                       temperature: float = 1.0, topk: int = 1, topp: float = 0.0,
+                       max_decode_steps: Optional[int] = None,
+                       initial_index: Optional[jax.Array] = None,
+                       **unsupported: Any) -> Tuple[jax.Array, jax.Array]:
+  """Speculative decoding behind t5x's `DecodeFnCallable` (see the module docstring).
+
+  Args:
+    inputs: `[b, L]` all zeros (no decoder prompt); L is the output length.
+    cache: target cache with per-row `cache_index`, >= `target_cache_length(L, gamma)` slots.
+    tokens_to_logits: `DecodingState(cur_token [b, k]) -> ([b, k, V] or, for k = 1, [b, V], cache)`.
+    eos_id: end-of-sequence id.
+    num_decodes: must be 1.
+    decode_rng: PRNG key (default `PRNGKey(0)`).
+    cache_offset: must be 0.
+    draft: a gqa-spec `Draft` (by partial application).
+    draft_state: its state for this batch (by partial application).
+    gamma: draft tokens per iteration.
+    temperature, topk, topp: t5x's meanings and defaults (temperature <= 1e-4 is greedy, topk /
+      topp 0 = off), Python scalars; applied to target and draft alike.
+    max_decode_steps: optional Python int <= L.
+    initial_index: must be None.
+    **unsupported: any other t5x argument raises NotImplementedError.
+
+  Returns:
+    (`[b, 1, L]` decodes, `[b, 1]` NaN scores).
+  """
+  for name, value in (('num_decodes', num_decodes != 1), ('cache_offset', cache_offset != 0),
+                      ('initial_index', initial_index is not None)):
+    if value:
+      raise NotImplementedError(f'{name} is not supported by speculative_sample')
+  if unsupported:
+    raise NotImplementedError(f'not supported by speculative_sample: {sorted(unsupported)}')
+  if is_tracer(inputs):  # under jit (as t5x's predict_batch_with_aux calls it): check at run time
+    jax.debug.callback(_check_no_prompt, inputs)
+  else:
+    _check_no_prompt(inputs)
+  config = _config(temperature, topk, topp)
+  batch, length = inputs.shape
+  steps = length
+  if max_decode_steps is not None:
+    if is_tracer(max_decode_steps) or np.ndim(max_decode_steps) != 0:
+      raise NotImplementedError('max_decode_steps must be a Python int for speculative_sample')
+    if max_decode_steps > length:
+      raise ValueError('Cannot decode more steps than the sequence length.')
+    steps = int(max_decode_steps)
+  rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
+  result = speculative.decode(CallableDecoder(tokens_to_logits), cache, draft, draft_state, rng,
+                              gamma=gamma, max_decode_len=steps, config=config, eos_id=eos_id)
+  decodes = jnp.zeros((batch, length), jnp.int32).at[:, :steps].set(
+      result.sequences[:, 1:steps + 1])  # [b, L]
+  return decodes[:, None], jnp.full((batch, 1), jnp.nan, jnp.float32)
