@@ -91,6 +91,10 @@ class ChimeraConfig:
     base.update(overrides)
     return cls(**base)
 
+  @property
+  def num_kv_heads(self) -> int:  # the block is multi-head (read by the partitioning rules)
+    return self.num_heads
+
   def check_target(self, target: T5Config) -> None:
     if (target.emb_dim, target.vocab_size) != (self.emb_dim, self.vocab_size):
       raise ValueError(f'Chimera draft (emb_dim {self.emb_dim}, vocab {self.vocab_size}) does not '
@@ -133,6 +137,17 @@ def target_logits_kernel(target_config: T5Config, target_params: PyTree) -> jax.
   return target_params['decoder']['logits_dense']['kernel']  # [D, V]
 
 
+class TrigramEncoder(nn.Module):
+  """The paper's Eq. 2: `wo SiLU(wi x)` over `[.., 3D]` trigram embeddings."""
+
+  hidden_dim: int
+  out_dim: int
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return Dense(self.out_dim, name='wo')(nn.silu(Dense(self.hidden_dim, name='wi')(x)))
+
+
 class Chimera(nn.Module):
   """The draft network; see the module docstring for what each part reads."""
 
@@ -154,8 +169,8 @@ class Chimera(nn.Module):
     """
     cfg = self.config
     batch, length = tokens.shape
-    g = Dense(cfg.trigram_dim, name='trigram_wi')(trigram_inputs(embedding, tokens))
-    g = Dense(cfg.emb_dim, name='trigram_wo')(nn.silu(g))  # [b, T, D]
+    g = TrigramEncoder(cfg.trigram_dim, cfg.emb_dim, name='trigram_mlp')(
+        trigram_inputs(embedding, tokens))  # [b, T, D]
 
     slots = jnp.arange(length, dtype=jnp.int32)  # [T]
     qpos = query_positions.astype(jnp.int32)  # [b, q]
