@@ -281,3 +281,41 @@ def load_chimera(run_dir: str) -> Tuple[chimera.ChimeraConfig, PyTree, str]:
   params = ckpt.restore_params(step, target)
   ckpt.close()
   return config, params, record['target']
+
+
+@functools.partial(jax.jit, static_argnames=('config', 'target_config', 'max_k'))
+def _topk_counts(params, target_params, batch, *, config, target_config, max_k):
+  target = Transformer(target_config)
+  labels = target_labels(target, target_params, batch, 'target')  # [b, L]
+  inputs, _, hidden = target_forward(target, target_params, batch['encoder_input_tokens'], labels)
+  batch_size, length = inputs.shape
+  qpos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None], (batch_size, length))
+  _, logits = chimera.Chimera(config).apply(
+      {'params': params}, target_params['token_embedder']['embedding'], inputs, hidden,
+      qpos)  # [b, L, H, V]
+  targets = head_labels(labels, config.num_draft_heads)  # [b, L, H]
+  _, top = jax.lax.top_k(logits, max_k)  # [b, L, H, k]
+  hit = jnp.cumsum(top == targets[..., None], axis=-1) > 0  # [b, L, H, k]: within the top-k
+  valid = targets > 0  # [b, L, H]
+  return jnp.sum(hit & valid[..., None], axis=(0, 1)), jnp.sum(valid, axis=(0, 1))  # [H, k], [H]
+
+
+def head_topk_accuracy(config: chimera.ChimeraConfig, params: PyTree, target_config: T5Config,
+                       target_params: PyTree, batches, max_k: int = 5) -> list:
+  """Chimera Table 5's form: per head, top-1..max_k accuracy against the target's greedy outputs.
+
+  Head i (1-based; the paper's head i - 1) at position j is counted correct at top-k when the
+  target's greedy token s_{j+i} is among its k largest logits, over every (row, j) where s_{j+i}
+  exists.
+
+  Returns:
+    `[{'head': i, 'labels': n, 'top1': ..., 'top5': ...}, ...]`.
+  """
+  hits, counts = 0, 0
+  for batch in batches:
+    h, c = _topk_counts(params, target_params, {k: jnp.asarray(v) for k, v in batch.items()},
+                        config=config, target_config=target_config, max_k=max_k)
+    hits, counts = hits + jax.device_get(h), counts + jax.device_get(c)
+  return [dict({'head': i + 1, 'labels': int(counts[i])},
+               **{f'top{k + 1}': float(hits[i][k]) / max(int(counts[i]), 1) for k in range(max_k)})
+          for i in range(config.num_draft_heads)]

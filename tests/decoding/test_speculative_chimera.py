@@ -43,7 +43,7 @@ def _run(draft, model, params, draft_params, gamma):
   enc = jnp.asarray(INPUTS)
   target = T5Decoder(model)
   tstate = target.init(params, enc, speculative.target_cache_length(MAX_LEN, gamma))
-  dstate = draft.init(draft_params, params['token_embedder']['embedding'], 4, MAX_LEN, gamma)
+  dstate = draft.init(draft_params, params['token_embedder']['embedding'], 4, MAX_LEN)
   return speculative.decode(target, tstate, draft, dstate, jax.random.PRNGKey(0), gamma=gamma,
                             max_decode_len=MAX_LEN)
 
@@ -83,5 +83,6 @@ def test_the_draft_sees_the_hidden_state_that_predicted_the_newest_token():
 
 
 def test_gamma_beyond_the_heads_is_a_clear_error():
+  model, params, draft_params = _setup(trained_like=False)
   with pytest.raises(ValueError, match='gamma 4 needs 1..3 Chimera heads'):
-    ChimeraDraft(CFG).init({}, jnp.zeros((32, 32)), 1, MAX_LEN, 4)
+    _run(ChimeraDraft(CFG), model, params, draft_params, 4)

@@ -12,6 +12,7 @@ from gqa_spec.checkpoints import native
 from gqa_spec.errors import UserError
 from gqa_spec.models import chimera
 from gqa_spec.models.config import T5Config
+from gqa_spec.models.t5 import Transformer
 from gqa_spec.training import draft_commands, draft_training, initial, optimizer, trainer
 from gqa_spec.training.data import DatasetConfig, get_batches
 from gqa_spec.training.train_step import init_params
@@ -63,7 +64,6 @@ def test_target_is_bit_identical_and_the_draft_learns(target_dir, kind):
 def test_greedy_labels_are_the_targets_own_decoding(target_dir):
   from gqa_spec.decoding import autoregressive  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
-  from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
   _, params, _ = initial.load(target_dir)
   batch = {k: jnp.asarray(v) for k, v in _batch().items()}
   labels = draft_training.target_labels(Transformer(TARGET), params, batch, 'target')
@@ -103,3 +103,24 @@ def test_cli_trains_saves_and_resumes_exactly(target_dir, tmp_path):
   jax.tree_util.tree_map(np.testing.assert_array_equal, params_res, params_ref)
   with pytest.raises(UserError, match='trains a different draft'):
     draft_training.write_draft_file(resumed, 'model', target_dir, TARGET)
+
+
+def test_head_topk_accuracy_of_untrained_heads(target_dir):
+  # Untrained heads all output the target's logits from h_{j-1}, i.e. its guess for s_j: head i
+  # is right exactly where s_{j+i} == s_j, and top-k accuracy cannot fall as k grows.
+  _, params, _ = initial.load(target_dir)
+  config = chimera.ChimeraConfig.for_target(TARGET, num_draft_heads=2)
+  draft = chimera.init_params(config, TARGET, params, jax.random.PRNGKey(0))
+  batch = _batch()
+  rows = draft_training.head_topk_accuracy(config, draft, TARGET, params, [batch], max_k=3)
+  labels = np.asarray(draft_training.target_labels(
+      Transformer(TARGET), params, {k: jnp.asarray(v) for k, v in batch.items()}, 'target'))
+  seq = np.concatenate([np.zeros((4, 1), np.int32), labels, np.zeros((4, 2), np.int32)], axis=1)
+  for row in rows:
+    i = row['head']
+    valid = seq[:, i:i + 8] > 0  # s_{j+i} for j = 0..7 (seq[:, m] = s_m)
+    same = (seq[:, i:i + 8] == seq[:, :8]) & valid
+    same[:, 0] = False  # j = 0: h_{-1} = 0, all logits tie
+    assert row['labels'] == valid.sum()
+    assert row['top1'] >= same.sum() / valid.sum() - 1e-9
+    assert row['top1'] <= row['top2'] <= row['top3'] <= 1.0

@@ -44,23 +44,22 @@ class ChimeraDraft:
   config: ChimeraConfig
   reads_target_hidden: ClassVar[bool] = True
 
-  def init(self, params: PyTree, embedding: jax.Array, batch: int, max_decode_len: int,
-           gamma: int) -> ChimeraDraftState:
-    """An empty hidden-state buffer as wide as the speculative loop's sequences."""
-    if not 1 <= gamma <= self.config.num_draft_heads:
-      raise ValueError(f'gamma {gamma} needs 1..{self.config.num_draft_heads} Chimera heads '
-                       f'(the draft was trained with {self.config.num_draft_heads})')
-    width = 2 + max_decode_len + gamma  # `speculative.decode`'s sequence buffer
+  def init(self, params: PyTree, embedding: jax.Array, batch: int,
+           max_decode_len: int) -> ChimeraDraftState:
+    """An empty hidden-state buffer wide enough for the loop at any gamma <= num_draft_heads."""
+    width = 2 + max_decode_len + self.config.num_draft_heads  # >= `speculative.decode`'s buffer
     return ChimeraDraftState(params=params, embedding=jnp.asarray(embedding, jnp.float32),
                              hidden=jnp.zeros((batch, width, self.config.emb_dim), jnp.float32))
 
   def propose(self, state, sequences, lengths, rng, gamma, config):
-    if gamma > self.config.num_draft_heads:
-      raise ValueError(f'gamma {gamma} > {self.config.num_draft_heads} Chimera heads')
-    if sequences.shape[1] != state.hidden.shape[1]:
-      raise ValueError(f'Chimera state built for {state.hidden.shape[1]} slots, the loop has '
-                       f'{sequences.shape[1]}: init with the same max_decode_len and gamma')
-    _, logits = Chimera(self.config).apply({'params': state.params}, state.embedding, sequences,
+    if not 1 <= gamma <= self.config.num_draft_heads:
+      raise ValueError(f'gamma {gamma} needs 1..{self.config.num_draft_heads} Chimera heads '
+                       f'(the draft was trained with {self.config.num_draft_heads})')
+    width = state.hidden.shape[1]
+    # The loop's buffer is narrower (2 + max_decode_len + gamma); slots past a row's length are
+    # never read, so padding (or cropping a wider caller's buffer) changes nothing.
+    tokens = jnp.pad(sequences, ((0, 0), (0, max(0, width - sequences.shape[1]))))[:, :width]
+    _, logits = Chimera(self.config).apply({'params': state.params}, state.embedding, tokens,
                                            state.hidden, lengths[:, None])  # [b, 1, H, V]
     tokens, q = sampling.choose(rng, logits[:, 0, :gamma], config)  # [b, gamma], [b, gamma, V]
     return tokens, q, state

@@ -89,5 +89,5 @@ def _chimera(run_dir: str, target_config, gamma: int, max_decode_len: int):
   draft = ChimeraDraft(config)
   if not 1 <= gamma <= config.num_draft_heads:
     raise UserError(f'gamma {gamma}: the Chimera draft has {config.num_draft_heads} heads')
-  return (draft, lambda enc: draft.init(params, embedding, enc.shape[0], max_decode_len, gamma),
+  return (draft, lambda enc: draft.init(params, embedding, enc.shape[0], max_decode_len),
           f'chimera ({run_dir}, {config.num_draft_heads} heads)')
