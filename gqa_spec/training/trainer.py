@@ -140,8 +140,9 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
     random_seed: parameter initialisation and dropout seed.
     progress_bar: show a progress bar (None: on terminals).
     step_fn: a prebuilt train step with `TrainStep`'s interface (its partitioner, state, loss), e.g.
-      `draft_training.DraftTrainStep` (drafts trained against a frozen target); then the
-      optimizer, learning rate, z-loss and partitioning arguments are the step's and unused here.
+      `draft_training.DraftTrainStep` (drafts trained against a frozen target); its optimizer,
+      learning rate, loss and mesh are used (passing `optimizer` / `learning_rate_fn` too is an
+      error; z-loss and the mesh shape arguments are then ignored).
 
   Returns:
     A `TrainResult`.
@@ -151,6 +152,8 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
                     f'({eval_period}) must be positive')
   if best_mode not in ('max', 'min'):
     raise UserError(f"best_mode must be 'max' or 'min', got {best_mode!r}")
+  if step_fn is not None and (optimizer is not None or learning_rate_fn is not None):
+    raise UserError('with step_fn, the optimizer and learning rate belong to the step, not train()')
   if partitioning.multihost:
     initialize_distributed(partitioning.coordinator_address, partitioning.num_processes,
                            partitioning.process_id)
