@@ -21,6 +21,7 @@ _COMMAND_MODULES = (
     'gqa_spec.checkpoints.commands',  # import-hf, export-hf, import-t5x, convert
     'gqa_spec.decoding.commands',  # generate, ngram
     'gqa_spec.training.commands',  # train, uptrain, eval
+    'gqa_spec.training.draft_commands',  # train-draft
     'gqa_spec.data.commands',  # data fetch, prepare, show, vocab, list
     'gqa_spec.reproduce.commands',  # reproduce
 )

@@ -131,8 +131,12 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
     tokens, q, dstate = draft.propose(s.draft_state, r.sequences, r.lengths, draft_rng, gamma,
                                       config)  # [b, gamma], [b, gamma, V]
     last = jnp.take_along_axis(r.sequences, r.lengths[:, None], axis=1)  # [b, 1]
-    logits, tstate = target.tokens_to_logits(
-        s.target_state, jnp.concatenate([last, tokens], axis=1))  # [b, gamma + 1, V]
+    inputs = jnp.concatenate([last, tokens], axis=1)  # [b, gamma + 1]
+    if getattr(draft, 'reads_target_hidden', False):  # Chimera: hidden states of this same call
+      logits, hidden, tstate = target.tokens_to_logits_and_hidden(s.target_state, inputs)
+      dstate = draft.observe(dstate, hidden, r.lengths)  # [b, gamma + 1, D] at positions n..
+    else:
+      logits, tstate = target.tokens_to_logits(s.target_state, inputs)  # [b, gamma + 1, V]
     k, t, beta = sampling.verify(verify_rng, tokens, q, logits, config)  # [b], [b], [b, gamma]
 
     new = jnp.concatenate([tokens, jnp.zeros_like(tokens[:, :1])], axis=1)  # [b, gamma + 1]

@@ -8,6 +8,9 @@ explicit state pytree (parameters + cache), so the loops never see a model:
   rollback(state, index [b]) -> state      move each row's index (back: forget what came after);
   index(state) -> [b]                      tokens cached per row;
   reorder(state, rows [b]) -> state        gather rows (beam search only).
+  tokens_to_logits_and_hidden(...) -> (logits, hidden [b, k, D], state)
+      optional (T5Decoder): the same call also returning the final hidden states, for drafts that
+      read them (`drafts.chimera`).
 
 `T5Decoder` binds `gqa_spec.models.decode_cache` (cross-attention K/V computed once per input);
 `TableDecoder` reads next-token logits from a fixed `[T, V, V]` table indexed by (position, current
@@ -64,6 +67,13 @@ class T5Decoder:
     logits, cache = decode_cache.decode_tokens(self.model, state.params, state.cache, tokens,
                                                positions, mask)  # [b, k, V]
     return logits, state.replace(cache=cache)
+
+  def tokens_to_logits_and_hidden(self, state: T5State, tokens: jax.Array, positions=None,
+                                  mask=None):
+    """`tokens_to_logits` also returning the final hidden states `[b, k, emb]` (same pass)."""
+    logits, hidden, cache = decode_cache.decode_tokens_with_hidden(
+        self.model, state.params, state.cache, tokens, positions, mask)  # [b, k, V], [b, k, D]
+    return logits, hidden, state.replace(cache=cache)
 
   def rollback(self, state: T5State, index: jax.Array) -> T5State:
     return state.replace(cache=decode_cache.set_cache_index(state.cache, index))

@@ -56,6 +56,22 @@ def decode_tokens(model: Transformer, params: Any, cache: Cache, tokens: jax.Arr
   return logits, variables['cache']
 
 
+def decode_tokens_with_hidden(model: Transformer, params: Any, cache: Cache, tokens: jax.Array,
+                              positions: Optional[jax.Array] = None,
+                              attention_mask: Optional[jax.Array] = None
+                              ) -> Tuple[jax.Array, jax.Array, Cache]:
+  """`decode_tokens` that also returns the final hidden states `[batch, k, emb]` of the k tokens.
+
+  Same single decoder pass: the hidden states are the logits layer's input (see
+  `Transformer.decode`), so verifying with this costs what `decode_tokens` costs.
+  """
+  (logits, hidden), variables = model.apply(
+      {'params': params, 'cache': cache}, None, None, tokens, decode=True,
+      decoder_positions=positions, decoder_attention_mask=attention_mask, return_hidden=True,
+      method=Transformer.decode, mutable=['cache'])
+  return logits, hidden, variables['cache']
+
+
 def cache_index(cache: Cache) -> jax.Array:
   """`[batch]` number of cached positions per row."""
   return cache['decoder']['cache_index']

@@ -129,7 +129,7 @@ class Decoder(nn.Module):
   def __call__(self, encoded, decoder_input_tokens, decoder_mask=None, encoder_decoder_mask=None,
                enable_dropout: bool = False, decode: bool = False,
                max_decode_length: Optional[int] = None, decoder_positions=None,
-               decoder_attention_mask=None, encoder_valid=None):
+               decoder_attention_mask=None, encoder_valid=None, return_hidden: bool = False):
     cfg = self.config
     batch, length = decoder_input_tokens.shape
     relpos = _relpos(cfg)
@@ -181,6 +181,8 @@ class Decoder(nn.Module):
       logits = self.shared_embedding.attend(x) / jnp.sqrt(x.shape[-1]).astype(x.dtype)
     else:
       logits = Dense(cfg.vocab_size, jnp.float32, cfg.parameter_dtype, name='logits_dense')(x)
+    if return_hidden:  # the logits layer's input, a by-product: no extra computation
+      return logits.astype(jnp.float32), x  # [batch, k, vocab], [batch, k, emb]
     return logits.astype(jnp.float32)  # [batch, k, vocab]
 
 
@@ -209,7 +211,8 @@ class Transformer(nn.Module):
   def decode(self, encoded, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens=None,
              encoder_segment_ids=None, decoder_segment_ids=None, decoder_positions=None, *,
              enable_dropout: bool = False, decode: bool = False,
-             max_decode_length: Optional[int] = None, decoder_attention_mask=None):
+             max_decode_length: Optional[int] = None, decoder_attention_mask=None,
+             return_hidden: bool = False):
     """Decoder logits `[batch, k, vocab]` (float32).
 
     Teacher-forced (`decode=False`): causal over `decoder_input_tokens`, padding from
@@ -217,12 +220,16 @@ class Transformer(nn.Module):
     mutable): appends the k tokens to the cache; `encoded`/`encoder_input_tokens` are read only by
     the call that creates the cache. `decoder_positions` / `decoder_attention_mask [batch, k, k]`
     override the default positions and causal mask of the new tokens (tree verification).
+    `return_hidden=True` returns `(logits, hidden [batch, k, emb])`: the decoder's final hidden
+    states, i.e. the logits layer's input (after `decoder_norm`; dropout is off when decoding), which
+    trained drafts such as Chimera read.
     """
     if decode:
       encoder_valid = None if encoder_input_tokens is None else encoder_input_tokens > 0
       return self.decoder(encoded, decoder_input_tokens, enable_dropout=enable_dropout, decode=True,
                           max_decode_length=max_decode_length, decoder_positions=decoder_positions,
-                          decoder_attention_mask=decoder_attention_mask, encoder_valid=encoder_valid)
+                          decoder_attention_mask=decoder_attention_mask, encoder_valid=encoder_valid,
+                          return_hidden=return_hidden)
     length = decoder_input_tokens.shape[1]
     if decoder_target_tokens is None:
       decoder_target_tokens = jnp.ones_like(decoder_input_tokens)
@@ -234,7 +241,7 @@ class Transformer(nn.Module):
       decoder_mask &= make_segment_mask(decoder_segment_ids, decoder_segment_ids)
       cross_mask &= make_segment_mask(decoder_segment_ids, encoder_segment_ids)
     return self.decoder(encoded, decoder_input_tokens, decoder_mask, cross_mask,
-                        enable_dropout=enable_dropout)
+                        enable_dropout=enable_dropout, return_hidden=return_hidden)
 
   def __call__(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
                encoder_segment_ids=None, decoder_segment_ids=None, encoder_positions=None,

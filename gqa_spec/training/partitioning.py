@@ -41,6 +41,7 @@ _PARAM_AXES = (
     (r'mlp/wi(_\d+)?/kernel$', ('embed', 'mlp')),
     (r'mlp/wo/kernel$', ('mlp', 'embed')),
     (r'relpos_bias/rel_embedding$', ('heads', 'relpos_buckets')),
+    (r'^heads$', (None, 'embed', 'vocab')),  # Chimera's residual heads [H, 2D, V]
     (r'/scale$', ('embed',)),
 )
 

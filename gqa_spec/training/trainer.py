@@ -113,7 +113,7 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
           evaluator: Optional[Evaluator] = None, eval_period: Optional[int] = None,
           best_metric: Optional[str] = None, best_mode: str = 'max',
           log_period: int = 100, random_seed: int = 0,
-          progress_bar: Optional[bool] = None) -> TrainResult:
+          progress_bar: Optional[bool] = None, step_fn: Optional[Any] = None) -> TrainResult:
   """Trains (or resumes training) until `total_steps`.
 
   Args:
@@ -139,6 +139,10 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
     log_period: steps between train-metric records (and finiteness checks).
     random_seed: parameter initialisation and dropout seed.
     progress_bar: show a progress bar (None: on terminals).
+    step_fn: a prebuilt train step with `TrainStep`'s interface (its partitioner, state, loss), e.g.
+      `draft_training.DraftTrainStep` (drafts trained against a frozen target); its optimizer,
+      learning rate, loss and mesh are used (passing `optimizer` / `learning_rate_fn` too is an
+      error; z-loss and the mesh shape arguments are then ignored).
 
   Returns:
     A `TrainResult`.
@@ -148,15 +152,19 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
                     f'({eval_period}) must be positive')
   if best_mode not in ('max', 'min'):
     raise UserError(f"best_mode must be 'max' or 'min', got {best_mode!r}")
+  if step_fn is not None and (optimizer is not None or learning_rate_fn is not None):
+    raise UserError('with step_fn, the optimizer and learning rate belong to the step, not train()')
   if partitioning.multihost:
     initialize_distributed(partitioning.coordinator_address, partitioning.num_processes,
                            partitioning.process_id)
-  partitioner = Partitioner.create(model_config, partitioning.data, partitioning.model)
+  partitioner = (step_fn.partitioner if step_fn is not None else
+                 Partitioner.create(model_config, partitioning.data, partitioning.model))
   if train_dataset_cfg.batch_size % partitioner.data_size:
     raise UserError(f'batch_size {train_dataset_cfg.batch_size} is not divisible by the data-'
                     f'parallel size {partitioner.data_size}')
-  step_fn = TrainStep(model_config, optimizer or adafactor(), learning_rate_fn or rsqrt_decay(),
-                      partitioner, z_loss, loss_normalizing_factor, dropout_seed=random_seed)
+  step_fn = step_fn or TrainStep(model_config, optimizer or adafactor(),
+                                 learning_rate_fn or rsqrt_decay(), partitioner, z_loss,
+                                 loss_normalizing_factor, dropout_seed=random_seed)
   is_writer = jax.process_index() == 0
   os.makedirs(model_dir, exist_ok=True)
   ckpt = checkpointing.Checkpointer(model_dir, checkpoint_cfg.save_period, checkpoint_cfg.keep,

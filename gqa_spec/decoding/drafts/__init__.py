@@ -1,10 +1,11 @@
 """Drafts for speculative decoding, behind the `Draft` protocol of `base.py`."""
 
 from gqa_spec.decoding.drafts.base import Draft
+from gqa_spec.decoding.drafts.chimera import ChimeraDraft
 from gqa_spec.decoding.drafts.copy import CopyDraft
 from gqa_spec.decoding.drafts.factory import check_spec, make_draft
 from gqa_spec.decoding.drafts.model import ModelDraft
 from gqa_spec.decoding.drafts.ngram import NgramDraft, NgramModel, fit_ngram, load_ngram, save_ngram
 
-__all__ = ['Draft', 'CopyDraft', 'ModelDraft', 'NgramDraft', 'NgramModel', 'check_spec', 'fit_ngram',
+__all__ = ['Draft', 'ChimeraDraft', 'CopyDraft', 'ModelDraft', 'NgramDraft', 'NgramModel', 'check_spec', 'fit_ngram',
            'load_ngram', 'make_draft', 'save_ngram']

@@ -15,7 +15,11 @@ it sees the generated sequences only through the loop's buffer:
       called after verification with the updated buffer and lengths: roll back (or advance) to the
       accepted prefix. Rows that are done arrive with unchanged lengths.
 
-Staged (tree) and Chimera drafts implement the same two methods.
+Staged (tree) and Chimera drafts implement the same two methods. A draft that reads the target's
+final hidden states (Chimera) also sets `reads_target_hidden = True` and defines
+  observe(state, hidden [b, gamma + 1, D], start [b]) -> state
+      the hidden states of the verification call's gamma + 1 inputs, fed at positions start..;
+the loop then verifies with `target.tokens_to_logits_and_hidden` (the same single pass).
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@
   unigram:PATH  an n-gram file from `gqa-spec ngram fit`, used as a unigram (`NgramDraft`)
   bigram:PATH   the same, as a bigram (the file must hold order-2 counts)
   CKPT_DIR      a native checkpoint of a smaller T5 with the target's vocabulary (`ModelDraft`)
+  chimera:DIR   a `gqa-spec train-draft --kind chimera` run (`ChimeraDraft`); its token embedding
+                is that of the target it was trained against (recorded in DIR/draft.json)
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from typing import Any, Callable, Tuple
 from gqa_spec.errors import UserError
 
 PyTree = Any
-SPECS = 'copy, unigram:PATH, bigram:PATH or a draft checkpoint directory'
+SPECS = 'copy, unigram:PATH, bigram:PATH, chimera:RUN_DIR or a draft checkpoint directory'
 
 
 def check_spec(spec: str, name: str = 'draft') -> None:
   """Raises a one-line `UserError` (naming the option `name`) unless `spec` is a draft spec."""
   if spec == 'copy' or spec.startswith(('unigram:', 'bigram:')) or os.path.isdir(spec):
+    return
+  if spec.startswith('chimera:') and os.path.isdir(spec.split(':', 1)[1]):
     return
   raise UserError(f'{name} must be {SPECS}; {spec!r} is none of these')
 
@@ -59,6 +63,8 @@ def make_draft(spec: str, target_config, gamma: int,
     draft = NgramDraft(vocab_size)
     table = draft.init(model)
     return draft, lambda enc: table, f'{kind} ({path})'
+  if spec.startswith('chimera:'):
+    return _chimera(spec.split(':', 1)[1], target_config, gamma, max_decode_len)
   from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top  (slow imports)
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
   config, params, _ = native.load_checkpoint(spec)
@@ -66,3 +72,22 @@ def make_draft(spec: str, target_config, gamma: int,
     raise UserError(f'draft vocabulary {config.vocab_size} != target vocabulary {vocab_size}')
   draft = ModelDraft.t5(Transformer(config))
   return draft, lambda enc: draft.init(params, enc, max_decode_len, gamma), f'model ({spec})'
+
+
+def _chimera(run_dir: str, target_config, gamma: int, max_decode_len: int):
+  from gqa_spec.decoding.drafts.chimera import ChimeraDraft  # pylint: disable=g-import-not-at-top
+  from gqa_spec.training import draft_training, initial  # pylint: disable=g-import-not-at-top
+  config, params, target_path = draft_training.load_chimera(run_dir)
+  try:
+    config.check_target(target_config)
+  except ValueError as e:
+    raise UserError(f'{run_dir}: {e}') from None
+  if not os.path.exists(target_path):
+    raise UserError(f'{run_dir}: the target it was trained against ({target_path}) is gone; its '
+                    'token embedding is part of the draft')
+  embedding = initial.load(target_path)[1]['token_embedder']['embedding']  # [V, D]
+  draft = ChimeraDraft(config)
+  if not 1 <= gamma <= config.num_draft_heads:
+    raise UserError(f'gamma {gamma}: the Chimera draft has {config.num_draft_heads} heads')
+  return (draft, lambda enc: draft.init(params, embedding, enc.shape[0], max_decode_len),
+          f'chimera ({run_dir}, {config.num_draft_heads} heads)')

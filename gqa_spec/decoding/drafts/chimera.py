@@ -1,0 +1,76 @@
+"""Chimera as a chain draft: heads 1..gamma of one draft forward propose the next gamma tokens.
+
+The draft reads the target's final hidden states, which the speculative loop hands it from each
+verification call (`reads_target_hidden`: the loop calls `target.tokens_to_logits_and_hidden` and
+then `observe`; no second target pass). With n = lengths before a verification, that call fed
+s_n, x_1..x_gamma at positions n..n+gamma; `observe` writes their hidden states to slots
+n..n+gamma of the draft's buffer. After acceptance the row holds N = n + k + 1 tokens and slots
+< N hold hidden states of its real prefix (slot n + k's predicted the correction / bonus token
+s_N); slots >= N hold rejected junk, which the network never reads (a query at position N sees
+h_i for i < N only, `models.chimera`). So `commit` has nothing to roll back.
+
+Proposal at position N: head i gives q_i over s_{N+i} (i = 1..gamma), the tokens are drawn from
+the q_i independently (argmax at temperature 0): each q_i is conditioned on the accepted prefix
+only, which the verification rule allows. The first iteration has no target hidden state yet
+(N = 0): h_{-1} = 0, as in training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from gqa_spec.decoding import sampling
+from gqa_spec.models.chimera import Chimera, ChimeraConfig
+
+PyTree = Any
+
+
+@flax.struct.dataclass
+class ChimeraDraftState:
+  params: PyTree
+  embedding: jax.Array  # [V, D] the target's token embedding (frozen)
+  hidden: jax.Array  # [b, W, D] target final hidden states by position (W = the loop's width)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChimeraDraft:
+  """A trained Chimera network as a `Draft` of the chain speculative loop."""
+
+  config: ChimeraConfig
+  reads_target_hidden: ClassVar[bool] = True
+
+  def init(self, params: PyTree, embedding: jax.Array, batch: int,
+           max_decode_len: int) -> ChimeraDraftState:
+    """An empty hidden-state buffer wide enough for the loop at any gamma <= num_draft_heads."""
+    width = 2 + max_decode_len + self.config.num_draft_heads  # >= `speculative.decode`'s buffer
+    return ChimeraDraftState(params=params, embedding=jnp.asarray(embedding, jnp.float32),
+                             hidden=jnp.zeros((batch, width, self.config.emb_dim), jnp.float32))
+
+  def propose(self, state, sequences, lengths, rng, gamma, config):
+    if not 1 <= gamma <= self.config.num_draft_heads:
+      raise ValueError(f'gamma {gamma} needs 1..{self.config.num_draft_heads} Chimera heads '
+                       f'(the draft was trained with {self.config.num_draft_heads})')
+    width = state.hidden.shape[1]
+    # The loop's buffer is narrower (2 + max_decode_len + gamma); slots past a row's length are
+    # never read, so padding (or cropping a wider caller's buffer) changes nothing.
+    tokens = jnp.pad(sequences, ((0, 0), (0, max(0, width - sequences.shape[1]))))[:, :width]
+    _, logits = Chimera(self.config).apply({'params': state.params}, state.embedding, tokens,
+                                           state.hidden, lengths[:, None])  # [b, 1, H, V]
+    tokens, q = sampling.choose(rng, logits[:, 0, :gamma], config)  # [b, gamma], [b, gamma, V]
+    return tokens, q, state
+
+  def observe(self, state: ChimeraDraftState, hidden: jax.Array,
+              start: jax.Array) -> ChimeraDraftState:
+    """Stores a verification call's hidden states `[b, k, D]`, fed at positions `start [b]`."""
+    buffer = jax.vmap(lambda row, new, i: jax.lax.dynamic_update_slice(row, new, (i, 0)))(
+        state.hidden, hidden.astype(jnp.float32), start)  # [b, W, D]
+    return state.replace(hidden=buffer)
+
+  def commit(self, state, sequences, lengths):
+    del sequences, lengths  # the buffer is read below each row's length only
+    return state

@@ -1,0 +1,321 @@
+"""Drafts trained against a frozen target: Chimera, and sequence-level distilled T5 drafts.
+
+`DraftTrainStep` has `TrainStep`'s interface, so `trainer.train(step_fn=...)` runs it with the same
+loop, orbax checkpoints, resume, logging and signal handling as any run. The train state holds the
+draft's parameters only; the target's parameters are a separate, never-differentiated argument of
+the jitted step (not donated, not in the optimizer), so they cannot change.
+
+Each step, for the batch's inputs (unpacked examples):
+  1. labels s_1..s_L: the target's own greedy continuation (`label_source='target'`, the issue's
+     distillation, as Medusa's self-distillation), or the data's targets (`'data'`, the Chimera
+     paper's Eq. 4, which trains on the dataset's tokens);
+  2. one teacher-forced target pass over s_0..s_{L-1} gives its final hidden states h_0..h_{L-1}
+     and its logits;
+  3. the draft's loss:
+     chimera: sum over heads i of CE(head i at position j, s_{j+i}) + mse_weight * ||f_j - h_j||^2
+       (the paper's Eqs. 4-6; the MSE is the mean over the D features, per position);
+     model:   CE(draft T5, s_{j+1}) on (inputs, s) — sequence-level KD (Kim & Rush 2016) — plus
+       kl_weight * KL(target || draft) per token (token-level KD; 0 = off).
+  The objective is the per-label-token mean. Metrics follow `losses.weighted_cross_entropy`'s sums
+  (the trainer's log): for Chimera `accuracy` is pooled over all heads' labels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from typing import Any, Mapping, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from gqa_spec.decoding import autoregressive
+from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.errors import UserError
+from gqa_spec.models import chimera
+from gqa_spec.models.config import T5Config
+from gqa_spec.models.t5 import Transformer
+from gqa_spec.training import losses
+from gqa_spec.training.optimizer import LearningRateFn
+from gqa_spec.training.partitioning import Partitioner, create_mesh, logical_axis_rules
+from gqa_spec.training.train_step import TrainState, init_params as t5_init_params
+
+PyTree = Any
+KINDS = ('chimera', 'model')
+LABEL_SOURCES = ('target', 'data')
+DRAFT_FILE = 'draft.json'  # in the run directory: kind, target checkpoint, draft config
+
+
+def check_choice(name: str, value: str, choices) -> None:
+  if value not in choices:
+    raise UserError(f'{name} must be one of {", ".join(choices)}; got {value!r}')
+
+
+def target_labels(target_model: Transformer, target_params: PyTree, batch: Mapping[str, jax.Array],
+                  label_source: str) -> jax.Array:
+  """`[b, L]` s_1..s_L (PAD after EOS): the target's greedy continuation or the data's targets."""
+  data = batch['decoder_target_tokens']  # [b, L]
+  if label_source == 'data':
+    return data
+  length = data.shape[1]
+  decoder = T5Decoder(target_model)
+  state = decoder.init(target_params, batch['encoder_input_tokens'], length)
+  result = autoregressive.decode(decoder, state, jax.random.PRNGKey(0), max_decode_len=length)
+  return result.sequences[:, 1:]  # [b, L]
+
+
+def target_forward(target_model: Transformer, target_params: PyTree, encoder_input_tokens: jax.Array,
+                   labels: jax.Array) -> Tuple[jax.Array, jax.Array, jax.Array]:
+  """Teacher-forced target over s_0..s_{L-1}: `(decoder inputs [b, L], logits [b, L, V], hidden [b, L, D])`."""
+  inputs = jnp.concatenate([jnp.zeros_like(labels[:, :1]), labels[:, :-1]], axis=1)  # [b, L]
+  variables = {'params': target_params}
+  encoded = target_model.apply(variables, encoder_input_tokens, method=Transformer.encode)
+  logits, hidden = target_model.apply(variables, encoded, encoder_input_tokens, inputs, labels,
+                                      return_hidden=True, method=Transformer.decode)
+  return inputs, logits, hidden
+
+
+def head_labels(labels: jax.Array, num_heads: int) -> jax.Array:
+  """`[b, L]` s_1..s_L -> `[b, L, H]`: head i's label at position j is s_{j+i} (PAD past the end)."""
+  length = labels.shape[1]
+  padded = jnp.concatenate([labels, jnp.zeros((labels.shape[0], num_heads), labels.dtype)], axis=1)
+  return jnp.stack([padded[:, i:i + length] for i in range(num_heads)], axis=2)  # [b, L, H]
+
+
+def chimera_loss(params: PyTree, config: chimera.ChimeraConfig, embedding: jax.Array,
+                 inputs: jax.Array, hidden: jax.Array, labels: jax.Array, z_loss: float,
+                 mse_weight: float) -> Tuple[jax.Array, dict]:
+  """The paper's objective (Eqs. 4-6) at every position of a teacher-forced batch."""
+  batch, length = inputs.shape
+  qpos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None], (batch, length))
+  f, logits = chimera.Chimera(config).apply({'params': params}, embedding, inputs, hidden,
+                                            qpos)  # [b, L, D], [b, L, H, V]
+  targets = head_labels(labels, config.num_draft_heads)  # [b, L, H]
+  weights = (targets > 0).astype(jnp.float32)
+  token_loss, z_part = losses.cross_entropy_with_logits(logits, targets, z_loss)  # [b, L, H]
+  position = (labels > 0).astype(jnp.float32)  # [b, L] position j holds a real s_j
+  mse = jnp.mean(jnp.square(f - hidden), axis=-1)  # [b, L]
+  ce_sum = jnp.sum(token_loss * weights)
+  mse_sum = jnp.sum(mse * position)
+  weight_sum = jnp.sum(weights)
+  objective = (ce_sum + mse_weight * mse_sum) / jnp.maximum(weight_sum, 1.0)
+  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  return objective, {'loss_sum': ce_sum + mse_weight * mse_sum, 'z_loss_sum': jnp.sum(z_part * weights),
+                     'correct_sum': jnp.sum(correct * weights), 'weight_sum': weight_sum,
+                     'mse_sum': mse_sum, 'position_sum': jnp.sum(position)}
+
+
+def model_draft_loss(params: PyTree, config: T5Config, encoder_input_tokens: jax.Array,
+                     inputs: jax.Array, labels: jax.Array, target_logits: jax.Array, z_loss: float,
+                     kl_weight: float) -> Tuple[jax.Array, dict]:
+  """Sequence-level KD (CE on the target's outputs) plus optional token-level KL(target || draft)."""
+  logits = Transformer(config).apply({'params': params}, encoder_input_tokens, inputs, labels,
+                                     enable_dropout=False)  # [b, L, V]
+  weights = (labels > 0).astype(jnp.float32)
+  objective, metrics = losses.weighted_cross_entropy(logits, labels, weights, z_loss,
+                                                     losses.NUM_REAL_TARGET_TOKENS)
+  if kl_weight:
+    p_log = jax.nn.log_softmax(target_logits, axis=-1)
+    kl = jnp.sum(jnp.exp(p_log) * (p_log - jax.nn.log_softmax(logits, axis=-1)), axis=-1)  # [b, L]
+    kl_sum = jnp.sum(kl * weights)
+    objective = objective + kl_weight * kl_sum / jnp.maximum(metrics['weight_sum'], 1.0)
+    metrics = dict(metrics, loss_sum=metrics['loss_sum'] + kl_weight * kl_sum, kl_sum=kl_sum)
+  return objective, metrics
+
+
+@dataclasses.dataclass
+class DraftTrainStep:
+  """`TrainStep`'s interface for a draft trained against a frozen target.
+
+  Attributes:
+    kind: 'chimera' or 'model'.
+    draft_config: `ChimeraConfig` or the draft's `T5Config`.
+    target_config, target_params: the frozen target.
+    tx, learning_rate_fn: optimizer (without learning rate) and schedule.
+    partitioner: mesh and rules (`DraftTrainStep.create` builds it from the draft's config).
+    label_source: 'target' (its greedy outputs) or 'data'.
+    z_loss, mse_weight (chimera), kl_weight (model): loss coefficients.
+    seed: draft initialisation seed.
+  """
+
+  kind: str
+  draft_config: Any
+  target_config: T5Config
+  target_params: PyTree
+  tx: optax.GradientTransformation
+  learning_rate_fn: LearningRateFn
+  partitioner: Partitioner
+  label_source: str = 'target'
+  z_loss: float = 1e-4
+  mse_weight: float = 1.0
+  kl_weight: float = 0.0
+
+  def __post_init__(self):
+    check_choice('kind', self.kind, KINDS)
+    check_choice('label_source', self.label_source, LABEL_SOURCES)
+    if self.kind == 'chimera':
+      try:
+        self.draft_config.check_target(self.target_config)
+      except ValueError as e:
+        raise UserError(str(e)) from None
+    elif self.draft_config.vocab_size != self.target_config.vocab_size:
+      raise UserError(f'draft vocabulary {self.draft_config.vocab_size} != target vocabulary '
+                      f'{self.target_config.vocab_size}')
+    self._jitted = None
+    self.target_params = jax.device_put(self.target_params, self.partitioner.replicated)
+
+  @classmethod
+  def create(cls, kind: str, draft_config: Any, target_config: T5Config, target_params: PyTree,
+             tx, learning_rate_fn, data: int = -1, **kwargs) -> 'DraftTrainStep':
+    mesh = create_mesh(data, 1)  # drafts are small: data parallel only
+    return cls(kind, draft_config, target_config, target_params, tx, learning_rate_fn,
+               Partitioner(mesh, logical_axis_rules(draft_config, 1)), **kwargs)
+
+  def _fresh_params(self, rng: jax.Array) -> PyTree:
+    if self.kind == 'chimera':
+      return chimera.init_params(self.draft_config, self.target_config, self.target_params, rng)
+    return t5_init_params(self.draft_config, rng)
+
+  def _fresh_state(self, rng: jax.Array, step: jax.Array) -> TrainState:
+    params = self._fresh_params(rng)
+    return TrainState(step=jnp.asarray(step, jnp.int32), params=params,
+                      opt_state=self.tx.init(params))
+
+  def abstract_state(self) -> TrainState:
+    return jax.eval_shape(self._fresh_state, jax.random.PRNGKey(0), jnp.int32(0))
+
+  def state_shardings(self, abstract_state: Optional[TrainState] = None) -> TrainState:
+    abstract_state = abstract_state or self.abstract_state()
+    return self.partitioner.state_shardings(abstract_state, abstract_state.params)
+
+  def init(self, rng: jax.Array, step: int = 0) -> TrainState:
+    return jax.jit(self._fresh_state, out_shardings=self.state_shardings())(rng, jnp.int32(step))
+
+  def from_params(self, params: PyTree, step: int = 0) -> TrainState:
+    raise UserError('draft training starts from scratch or resumes its own MODEL_DIR; '
+                    'initial_checkpoint_path is not supported')
+
+  def loss(self, params: PyTree, target_params: PyTree,
+           batch: Mapping[str, jax.Array]) -> Tuple[jax.Array, dict]:
+    """The draft's objective and metric sums for one batch (the target enters frozen)."""
+    if 'decoder_segment_ids' in batch:
+      raise UserError('draft training needs unpacked examples (DatasetConfig pack = False)')
+    target_params = jax.lax.stop_gradient(target_params)
+    target = Transformer(self.target_config)
+    enc = batch['encoder_input_tokens']
+    labels = target_labels(target, target_params, batch, self.label_source)  # [b, L]
+    inputs, target_logits, hidden = target_forward(target, target_params, enc, labels)
+    if self.kind == 'chimera':
+      embedding = target_params['token_embedder']['embedding']
+      return chimera_loss(params, self.draft_config, embedding, inputs, hidden, labels,
+                          self.z_loss, self.mse_weight)
+    return model_draft_loss(params, self.draft_config, enc, inputs, labels, target_logits,
+                            self.z_loss, self.kl_weight)
+
+  def _step(self, state: TrainState, target_params: PyTree,
+            batch: Mapping[str, jax.Array]) -> Tuple[TrainState, dict]:
+    grad_fn = jax.value_and_grad(self.loss, has_aux=True)
+    (_, metrics), grads = grad_fn(state.params, target_params, batch)
+    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+    learning_rate = self.learning_rate_fn(state.step)
+    updates = jax.tree_util.tree_map(lambda u: learning_rate * u, updates)
+    params = optax.apply_updates(state.params, updates)
+    metrics = dict(metrics, learning_rate=learning_rate,
+                   input_tokens=jnp.sum(batch['encoder_input_tokens'] > 0).astype(jnp.float32))
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  def __call__(self, state: TrainState, batch: Mapping[str, jax.Array]) -> Tuple[TrainState, dict]:
+    """One optimizer step of the draft; `state` is donated, the target's parameters are not."""
+    if self._jitted is None:
+      shardings = self.state_shardings()
+      self._jitted = jax.jit(
+          self._step, in_shardings=(shardings, self.partitioner.replicated,
+                                    self.partitioner.batch_sharding()),
+          out_shardings=(shardings, self.partitioner.replicated), donate_argnums=0)
+    return self._jitted(state, self.target_params, batch)
+
+
+def write_draft_file(model_dir: str, kind: str, target_path: str, draft_config: Any) -> None:
+  """Records what the run trains, so `load_chimera` and resumes can check it."""
+  record = {'kind': kind, 'target': os.path.abspath(target_path),
+            'draft_config': draft_config.to_dict()}
+  path = os.path.join(model_dir, DRAFT_FILE)
+  if os.path.isfile(path):
+    with open(path) as f:
+      old = json.load(f)
+    if old != record:
+      raise UserError(f'{path}: this MODEL_DIR trains a different draft ({old["kind"]} against '
+                      f'{old["target"]}); use a new MODEL_DIR')
+    return
+  os.makedirs(model_dir, exist_ok=True)
+  with open(path, 'w') as f:
+    json.dump(record, f, indent=2)
+
+
+@functools.lru_cache(maxsize=8)
+def load_chimera(run_dir: str) -> Tuple[chimera.ChimeraConfig, PyTree, str]:
+  """`(config, params, target checkpoint path)` of the latest checkpoint of a Chimera run."""
+  from gqa_spec.training import checkpointing  # pylint: disable=g-import-not-at-top
+  path = os.path.join(run_dir, DRAFT_FILE)
+  if not os.path.isfile(path):
+    raise UserError(f'{run_dir}: not a draft training run (no {DRAFT_FILE})')
+  with open(path) as f:
+    record = json.load(f)
+  if record['kind'] != 'chimera':
+    raise UserError(f'{run_dir}: trains a {record["kind"]} draft, not a Chimera draft')
+  config = chimera.ChimeraConfig.from_dict(record['draft_config'])
+  ckpt = checkpointing.Checkpointer(run_dir)
+  step = ckpt.latest_step()
+  if step is None:
+    raise UserError(f'{ckpt.directory}: holds no complete checkpoint')
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  d = config.emb_dim
+  abstract = jax.eval_shape(lambda: chimera.Chimera(config).init(
+      jax.random.PRNGKey(0), jnp.zeros((config.vocab_size, d)), jnp.zeros((1, 4), jnp.int32),
+      jnp.zeros((1, 4, d)), jnp.zeros((1, 1), jnp.int32))['params'])
+  target = jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract)
+  params = ckpt.restore_params(step, target)
+  ckpt.close()
+  return config, params, record['target']
+
+
+@functools.partial(jax.jit, static_argnames=('config', 'target_config', 'max_k'))
+def _topk_counts(params, target_params, batch, *, config, target_config, max_k):
+  target = Transformer(target_config)
+  labels = target_labels(target, target_params, batch, 'target')  # [b, L]
+  inputs, _, hidden = target_forward(target, target_params, batch['encoder_input_tokens'], labels)
+  batch_size, length = inputs.shape
+  qpos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None], (batch_size, length))
+  _, logits = chimera.Chimera(config).apply(
+      {'params': params}, target_params['token_embedder']['embedding'], inputs, hidden,
+      qpos)  # [b, L, H, V]
+  targets = head_labels(labels, config.num_draft_heads)  # [b, L, H]
+  _, top = jax.lax.top_k(logits, max_k)  # [b, L, H, k]
+  hit = jnp.cumsum(top == targets[..., None], axis=-1) > 0  # [b, L, H, k]: within the top-k
+  valid = targets > 0  # [b, L, H]
+  return jnp.sum(hit & valid[..., None], axis=(0, 1)), jnp.sum(valid, axis=(0, 1))  # [H, k], [H]
+
+
+def head_topk_accuracy(config: chimera.ChimeraConfig, params: PyTree, target_config: T5Config,
+                       target_params: PyTree, batches, max_k: int = 5) -> list:
+  """Chimera Table 5's form: per head, top-1..max_k accuracy against the target's greedy outputs.
+
+  Head i (1-based; the paper's head i - 1) at position j is counted correct at top-k when the
+  target's greedy token s_{j+i} is among its k largest logits, over every (row, j) where s_{j+i}
+  exists.
+
+  Returns:
+    `[{'head': i, 'labels': n, 'top1': ..., 'top5': ...}, ...]`.
+  """
+  hits, counts = 0, 0
+  for batch in batches:
+    h, c = _topk_counts(params, target_params, {k: jnp.asarray(v) for k, v in batch.items()},
+                        config=config, target_config=target_config, max_k=max_k)
+    hits, counts = hits + jax.device_get(h), counts + jax.device_get(c)
+  return [dict({'head': i + 1, 'labels': int(counts[i])},
+               **{f'top{k + 1}': float(hits[i][k]) / max(int(counts[i]), 1) for k in range(max_k)})
+          for i in range(config.num_draft_heads)]

@@ -1,0 +1,136 @@
+"""Drafts trained against a frozen target: the target stays bit-identical, losses fall, resume is exact."""
+
+import argparse
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gqa_spec.checkpoints import native
+from gqa_spec.errors import UserError
+from gqa_spec.models import chimera
+from gqa_spec.models.config import T5Config
+from gqa_spec.models.t5 import Transformer
+from gqa_spec.training import draft_commands, draft_training, initial, optimizer, trainer
+from gqa_spec.training.data import DatasetConfig, get_batches
+from gqa_spec.training.train_step import init_params
+
+# The synthetic pipeline draws tokens below 256.
+TARGET = T5Config(vocab_size=256, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
+                  num_encoder_layers=1, num_decoder_layers=1)
+DATA = DatasetConfig('synthetic', {'inputs': 12, 'targets': 8}, batch_size=4, pack=False)
+
+
+@pytest.fixture(scope='module')
+def target_dir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp('target') / 'ckpt')
+  params = init_params(TARGET, jax.random.PRNGKey(3))
+  params['decoder']['logits_dense']['kernel'] = params['decoder']['logits_dense']['kernel'] * 4.0
+  native.save_checkpoint(path, TARGET, params)
+  return path
+
+
+def _batch(i=0):
+  batches = get_batches(DATA, skip_batches=i)
+  return next(batches)
+
+
+@pytest.mark.parametrize('kind', ['chimera', 'model'])
+def test_target_is_bit_identical_and_the_draft_learns(target_dir, kind):
+  _, target_params, _ = initial.load(target_dir)
+  before = jax.tree_util.tree_map(np.array, target_params)
+  draft_config = (chimera.ChimeraConfig.for_target(TARGET, num_draft_heads=3) if kind == 'chimera'
+                  else TARGET.replace(emb_dim=16, num_heads=2, num_kv_heads=2, mlp_dim=32))
+  step = draft_training.DraftTrainStep.create(
+      kind, draft_config, TARGET, target_params, draft_commands.adam(), optimizer.constant(3e-3),
+      kl_weight=0.5 if kind == 'model' else 0.0)
+  state = step.init(jax.random.PRNGKey(0))
+  start = jax.tree_util.tree_map(np.array, state.params)
+  batch = step.partitioner.shard_batch(_batch())
+  losses = []
+  for _ in range(6):  # one batch, repeatedly: the draft must fit the target's labels better
+    state, metrics = step(state, batch)
+    losses.append(float(metrics['loss_sum']) / float(metrics['weight_sum']))
+  assert np.isfinite(losses).all() and losses[-1] < losses[0], losses
+  jax.tree_util.tree_map(np.testing.assert_array_equal, step.target_params, before)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, target_params, before)
+  changed = jax.tree_util.tree_leaves(jax.tree_util.tree_map(
+      lambda a, b: bool(np.any(np.asarray(a) != b)), state.params, start))
+  assert all(changed) if kind == 'model' else any(changed)
+
+
+def test_greedy_labels_are_the_targets_own_decoding(target_dir):
+  from gqa_spec.decoding import autoregressive  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
+  _, params, _ = initial.load(target_dir)
+  batch = {k: jnp.asarray(v) for k, v in _batch().items()}
+  labels = draft_training.target_labels(Transformer(TARGET), params, batch, 'target')
+  decoder = T5Decoder(Transformer(TARGET))
+  result = autoregressive.decode(decoder, decoder.init(params, batch['encoder_input_tokens'], 8),
+                                 jax.random.PRNGKey(0), max_decode_len=8)
+  np.testing.assert_array_equal(labels, result.sequences[:, 1:])
+  # Each greedy label is the argmax of the teacher-forced target at its position.
+  _, logits, _ = draft_training.target_forward(Transformer(TARGET), params,
+                                               batch['encoder_input_tokens'], labels)
+  real = labels > 0
+  np.testing.assert_array_equal(np.argmax(logits, -1)[real], np.asarray(labels)[real])
+
+
+def _cli(target_dir, model_dir, steps, *extra):
+  parser = argparse.ArgumentParser(prog='gqa-spec')
+  draft_commands.register(parser.add_subparsers())
+  args = parser.parse_args(
+      ['train-draft', '--kind', 'chimera', '--target', target_dir, '--task', 'synthetic',
+       f"--gin.MODEL_DIR='{model_dir}'", f'--gin.TRAIN_STEPS={steps}', '--gin.BATCH_SIZE=4',
+       "--gin.TASK_FEATURE_LENGTHS={'inputs': 12, 'targets': 8}", '--gin.NUM_DRAFT_HEADS=2',
+       '--gin_bindings=trainer.CheckpointConfig.save_period = 2',
+       '--gin_bindings=trainer.CheckpointConfig.asynchronous = False', *extra])
+  return args.func(args)
+
+
+@pytest.mark.slow
+def test_cli_trains_saves_and_resumes_exactly(target_dir, tmp_path):
+  reference, resumed = str(tmp_path / 'reference'), str(tmp_path / 'resumed')
+  assert _cli(target_dir, reference, 4) == 0
+  assert _cli(target_dir, resumed, 2) == 0
+  assert _cli(target_dir, resumed, 4) == 0  # resumes at step 2
+  assert os.path.isfile(os.path.join(resumed, 'config.gin'))
+  config, params_ref, target_path = draft_training.load_chimera(reference)
+  _, params_res, _ = draft_training.load_chimera(resumed)
+  assert config.num_draft_heads == 2 and target_path == os.path.abspath(target_dir)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, params_res, params_ref)
+  with pytest.raises(UserError, match='trains a different draft'):
+    draft_training.write_draft_file(resumed, 'model', target_dir, TARGET)
+
+
+def test_head_topk_accuracy_of_untrained_heads(target_dir):
+  # Untrained heads all output the target's logits from h_{j-1}, i.e. its guess for s_j: head i
+  # is right exactly where s_{j+i} == s_j, and top-k accuracy cannot fall as k grows.
+  _, params, _ = initial.load(target_dir)
+  config = chimera.ChimeraConfig.for_target(TARGET, num_draft_heads=2)
+  draft = chimera.init_params(config, TARGET, params, jax.random.PRNGKey(0))
+  batch = _batch()
+  rows = draft_training.head_topk_accuracy(config, draft, TARGET, params, [batch], max_k=3)
+  labels = np.asarray(draft_training.target_labels(
+      Transformer(TARGET), params, {k: jnp.asarray(v) for k, v in batch.items()}, 'target'))
+  seq = np.concatenate([np.zeros((4, 1), np.int32), labels, np.zeros((4, 2), np.int32)], axis=1)
+  for row in rows:
+    i = row['head']
+    valid = seq[:, i:i + 8] > 0  # s_{j+i} for j = 0..7 (seq[:, m] = s_m)
+    same = (seq[:, i:i + 8] == seq[:, :8]) & valid
+    same[:, 0] = False  # j = 0: h_{-1} = 0, all logits tie
+    assert row['labels'] == valid.sum()
+    assert row['top1'] >= same.sum() / valid.sum() - 1e-9
+    assert row['top1'] <= row['top2'] <= row['top3'] <= 1.0
+  # The run plugs into `generate` / the evaluator through the draft factory.
+  from gqa_spec.decoding.drafts import ChimeraDraft, factory  # pylint: disable=g-import-not-at-top
+  factory.check_spec(f'chimera:{reference}')
+  draft, init, description = factory.make_draft(f'chimera:{reference}', TARGET, 2, 8)
+  assert isinstance(draft, ChimeraDraft) and 'chimera' in description
+  assert init(np.ones((3, 5), np.int32)).hidden.shape == (3, 2 + 8 + 2, 32)
+  with pytest.raises(UserError, match='gamma 3: the Chimera draft has 2 heads'):
+    factory.make_draft(f'chimera:{reference}', TARGET, 3, 8)
+  with pytest.raises(UserError, match='chimera:RUN_DIR'):
+    factory.check_spec('chimera:/nonexistent')
