@@ -30,19 +30,23 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
 
 from gqa_spec.decoding import autoregressive as ar_lib
 from gqa_spec.decoding import beam_search as beam_lib
 from gqa_spec.decoding import sampling
 from gqa_spec.decoding import speculative as spec_lib
 from gqa_spec.decoding import targets
+from gqa_spec.decoding.drafts.model import ModelDraft
 from gqa_spec.decoding.targets import T5Decoder, T5State
-from gqa_spec.training.partitioning import Partitioner
+from gqa_spec.models.config import T5Config
+from gqa_spec.models.t5 import Transformer
+from gqa_spec.training.partitioning import Partitioner, logical_axis_rules
 
 PyTree = Any
 # Fields of the loops' results that hold one entry per row (rows on `data`); the rest replicate.
@@ -81,6 +85,22 @@ class MeshT5Decoder(T5Decoder):
 
   def reorder(self, state: T5State, rows) -> T5State:
     return self._constrain(super().reorder(state, rows))
+
+
+def params_partitioner(config: T5Config, params: PyTree) -> Optional[Partitioner]:
+  """The partitioner of the `data x model` mesh `params` are sharded on (a sharded training
+  run's), with `config`'s rules; None for unsharded or single-device parameters."""
+  sharding = getattr(jax.tree_util.tree_leaves(params)[0], 'sharding', None)
+  if (not isinstance(sharding, NamedSharding) or sharding.mesh.size == 1
+      or tuple(sharding.mesh.axis_names) != ('data', 'model')):
+    return None
+  return Partitioner(sharding.mesh, logical_axis_rules(config, sharding.mesh.shape['model']))
+
+
+def model_draft(config: T5Config, mesh: Mesh) -> ModelDraft:
+  """A T5 model draft placed on `mesh` by its own config's rules."""
+  rules = logical_axis_rules(config, mesh.shape['model'])
+  return ModelDraft(MeshT5Decoder(Transformer(config), Partitioner(mesh, rules)))
 
 
 def place_params(partitioner: Partitioner, params: PyTree) -> PyTree:
