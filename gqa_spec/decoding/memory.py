@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from gqa_spec.checkpoints import native
 from gqa_spec.models import decode_cache
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
@@ -79,18 +80,10 @@ class MemoryReport:
     return dataclasses.asdict(self)
 
 
-def abstract_params(config: T5Config) -> Any:
-  """Shapes and dtypes of the model's parameters (nothing allocated)."""
-  tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
-  return jax.eval_shape(
-      lambda rng, t: Transformer(config).init(rng, t, t, t, enable_dropout=False)['params'],
-      jax.ShapeDtypeStruct((2,), jnp.uint32), tokens)
-
-
 def abstract_cache(config: T5Config, batch: int, input_length: int, cache_length: int,
                    params: Optional[Any] = None) -> Any:
   """Shapes and dtypes of the decode cache `targets.T5Decoder.init` creates."""
-  params = abstract_params(config) if params is None else params
+  params = native.abstract_params(config) if params is None else params
   encoded = jax.ShapeDtypeStruct((batch, input_length, config.emb_dim), config.activation_dtype)
   tokens = jax.ShapeDtypeStruct((batch, input_length), jnp.int32)
   return jax.eval_shape(
@@ -132,7 +125,7 @@ def memory_per_device(config: T5Config, *, batch: int, input_length: int, cache_
       raise ValueError(f'{name} must be a positive integer, got {value!r}')
   rules = partitioning.logical_axis_rules(config, model)
   mesh_shape = {'data': data, 'model': model}
-  params = abstract_params(config)
+  params = native.abstract_params(config)
   cache = abstract_cache(config, batch, input_length, cache_length, params)
 
   param_bytes = param_total = 0

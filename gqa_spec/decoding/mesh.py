@@ -59,6 +59,10 @@ class MeshT5Decoder(T5Decoder):
 
   partitioner: Partitioner = None
 
+  def __post_init__(self):
+    if not isinstance(self.partitioner, Partitioner):
+      raise ValueError(f'MeshT5Decoder needs a Partitioner, got {self.partitioner!r}')
+
   def state_shardings(self, state: T5State) -> T5State:
     """Shardings of a (possibly abstract or traced) state: parameters and cache by the rules."""
     part = self.partitioner

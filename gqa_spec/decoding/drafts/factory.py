@@ -71,4 +71,5 @@ def make_draft(spec: str, target_config, gamma: int, max_decode_len: int,
   else:
     from gqa_spec.decoding import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
     draft = mesh_lib.model_draft(config, mesh)
+    params = mesh_lib.place_params(draft.decoder.partitioner, params)  # once, not per batch
   return draft, lambda enc: draft.init(params, enc, max_decode_len, gamma), f'model ({spec})'
