@@ -21,9 +21,9 @@ two candidates tie to that precision (`tests/decoding/test_mesh.py` checks token
 Random draws are sharding-invariant: `jax.random` values depend on key and shape, not placement.
 
 Multi-host (untested here: one host): call `partitioning.initialize_distributed()` first, as
-training does; every process runs the same program; `shard_rows` turns each process's local rows
-into a global array (`jax.make_array_from_process_local_data`) and `to_host` all-gathers results
-(`multihost_utils.process_allgather`).
+training does; every process runs the same program on the same inputs; `shard_rows` builds the
+global input array from each process's addressable rows (`jax.make_array_from_callback`) and
+`to_host` all-gathers results (`multihost_utils.process_allgather`).
 """
 
 from __future__ import annotations
@@ -112,18 +112,15 @@ def place_params(partitioner: Partitioner, params: PyTree) -> PyTree:
   return jax.device_put(params, partitioner.param_shardings(params))
 
 
-def shard_rows(partitioner: Partitioner, local: Any) -> jax.Array:
-  """This process's rows `[n, ...]` -> a global array with rows on `data` (replicated when `data`
-  does not divide them). One process: `n` is the global batch."""
-  if isinstance(local, jax.Array) and local.is_fully_addressable is False:
-    return local  # already global
-  local = np.asarray(local)
-  rows = local.shape[0] * jax.process_count()
-  sharding = partitioner.rows_sharding(rows, local.ndim)
-  if jax.process_count() > 1 and sharding.spec[0] is None:
-    raise ValueError(f'{rows} global rows do not divide over the data axis '
-                     f'({partitioner.data_size}); multi-host decoding needs them to')
-  return jax.make_array_from_process_local_data(sharding, local)
+def shard_rows(partitioner: Partitioner, rows: Any) -> jax.Array:
+  """The whole batch `[n, ...]` (the same on every process, as `generate` and the evaluator read
+  it) -> a global array with rows on `data` (replicated when `data` does not divide them); each
+  process copies in only the rows its devices hold."""
+  if isinstance(rows, jax.Array) and not rows.is_fully_addressable:
+    return rows  # already global
+  rows = np.asarray(rows)
+  sharding = partitioner.rows_sharding(rows.shape[0], rows.ndim)
+  return jax.make_array_from_callback(rows.shape, sharding, lambda index: rows[index])
 
 
 def to_host(x: Any) -> Any:
