@@ -58,6 +58,17 @@ def main():
     predictions = [json.loads(line)['prediction'] for line in f]
   report = dict(seen, in_loop=in_loop, single=single, predictions=predictions)
 
+  # `gqa-spec eval --model-parallel 2`: the run's checkpoint decoded on a 4x2 mesh.
+  out = os.path.join(work, 'eval_mesh')
+  assert cli.main(['eval', '--gin_file=runs/eval.gin', f"--gin.CHECKPOINT_PATH='{model_dir}'",
+                   f"--gin.MIXTURE_OR_TASK_NAME='{TASK}'", f"--gin.OUTPUT_DIR='{out}'",
+                   f'--gin.TASK_FEATURE_LENGTHS={LENGTHS}', '--gin.EVAL_BATCH_SIZE=4',
+                   '--gin.EVAL_EXAMPLES=6', '--model-parallel', '2']) == 0
+  with open(os.path.join(out, 'metrics.json')) as f:
+    report['eval_mesh'] = json.load(f)
+  with open(os.path.join(out, f'predictions-{TASK}.jsonl')) as f:
+    report['eval_mesh_predictions'] = [json.loads(line)['prediction'] for line in f]
+
   # `gqa-spec generate` on the exported best checkpoint: one device, a 4x2 mesh, and a 2x4 mesh
   # with the checkpoint as its own model draft (greedy: every proposal accepted).
   best = os.path.join(model_dir, 'best')

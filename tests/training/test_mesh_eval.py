@@ -2,8 +2,9 @@
 
 On 8 virtual CPU devices (a subprocess: XLA's device count is fixed when jax initialises,
 `mesh_eval_check.py`): a training run on a 4x2 mesh evaluates in the loop on that mesh, with the
-metrics and predictions of its saved checkpoint evaluated on one device; `generate
---model-parallel` gives the single-device outputs and reports the memory per device.
+metrics and predictions of its saved checkpoint evaluated on one device; `eval --model-parallel`
+and `generate --model-parallel` give the single-device results; `--stats` reports the memory per
+device.
 """
 
 import json
@@ -48,6 +49,13 @@ def test_in_loop_metrics_equal_the_checkpoint_evaluated_on_one_device(report):
   assert 'bleu' in report['single']
   assert report['in_loop_predictions'] == report['predictions'] and len(report['predictions']) == 6
   assert len(set(report['predictions'])) > 1  # a model that says something (not only EOS)
+
+
+@pytest.mark.slow
+def test_eval_command_model_parallel_gives_single_device_metrics(report):
+  assert report['eval_mesh']['mesh'] == {'data': 4, 'model': 2}
+  assert _quality(report['eval_mesh']['metrics']) == _quality(report['single'])
+  assert report['eval_mesh_predictions'] == report['predictions']
 
 
 @pytest.mark.slow
