@@ -8,6 +8,7 @@ every config and every mesh (compiles dominate the time: ~5 s each on 2 CPU core
 """
 
 import json
+import re
 import sys
 
 import jax
@@ -40,6 +41,18 @@ def make_params(config, seed):
   kernel[:, 1] *= 2.0
   params['decoder']['logits_dense']['kernel'] = kernel
   return params
+
+
+def collectives(decoder, state):
+  """`[(op, elements of its result)]` of the compiled greedy loop's cross-device collectives."""
+  key = next(k for k in mesh._JITTED if k[0] == 'ar' and k[1] == decoder)  # pylint: disable=protected-access
+  skip = jax.device_put(SKIP, decoder.partitioner.rows_sharding(BATCH))
+  text = mesh._JITTED[key].lower(state, jax.random.PRNGKey(3), skip).compile().as_text()  # pylint: disable=protected-access
+  found = re.findall(r'= \w+\[([\d,]*)\][^=]*? (all-gather|all-reduce|all-to-all|collective-permute)'
+                     r'(?:-start)?\(', text)
+  total = re.findall(r' (all-gather|all-reduce|all-to-all|collective-permute)(?:-start)?\(', text)
+  assert len(found) == len(total), (found, total)  # every collective's size was read
+  return [(op, int(np.prod([int(d) for d in dims.split(',') if d]))) for dims, op in found]
 
 
 def spec(x):
@@ -102,6 +115,8 @@ def main():
                                     skip=SKIP if loop == 'greedy' else None)
           got = (out.sequences, out.lengths)
           entry['sequences_spec'] = spec(out.sequences)
+          if loop == 'greedy' and (name, data, model_size) == ('mha', 2, 4):
+            entry['collectives'] = collectives(decoder, state)
         elif loop == 'beam':
           state = decoder.init(params, np.repeat(enc, BEAMS, 0), MAX_LEN + 1)
           got = (mesh.beam(decoder, state, beam_size=BEAMS, max_decode_len=MAX_LEN)[0], None)

@@ -46,6 +46,17 @@ def test_every_loop_gives_the_single_device_tokens(report):
 
 
 @pytest.mark.slow
+def test_the_loop_never_moves_a_cache_or_whole_logits(report):
+  # MHA on 2x4, greedy: each device holds 4 rows and 2 of 8 K/V heads. Inside the loop only
+  # activations move ([4, 1, emb=32] all-reduces after the model-sharded matmuls) and the argmax
+  # over the model-sharded vocabulary (per-shard maxima, [4, 4]); never a K/V cache
+  # ([4, 2, 9, 4] per device and layer) nor a row's full logits ([4, 128]).
+  found = report['mha/2x4']['collectives']
+  assert found and max(n for _, n in found) <= 4 * 32, found
+  assert 'all-gather' not in {op for op, n in found if n > 16}, found
+
+
+@pytest.mark.slow
 def test_batches_are_ragged(report):
   # Rows end at different steps (EOS), two padding rows generate nothing.
   for name in ('mha', 'gqa2', 'mqa'):
