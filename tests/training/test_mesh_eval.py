@@ -73,3 +73,10 @@ def test_generate_model_parallel_gives_single_device_outputs(report):
       single['stats']['memory_per_device']['param_bytes_total'])
   # The checkpoint as its own draft (greedy): every proposal accepted.
   assert report['generate_mesh_draft']['stats']['acceptance_rate'] == 1.0
+
+
+def test_model_parallel_flag_must_be_positive(capsys):
+  from gqa_spec import cli  # pylint: disable=g-import-not-at-top
+  assert cli.main(['eval', '--gin_file=runs/eval.gin', '--model-parallel', '0']) == 2
+  err = capsys.readouterr().err.strip()
+  assert '--model-parallel must be >= 1' in err and '\n' not in err
