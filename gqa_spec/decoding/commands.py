@@ -3,13 +3,17 @@
   gqa-spec generate --model CKPT --inputs IN.jsonl --out OUT.jsonl [--stats STATS.json]
       [--max-decode-len N] [--batch-size B] [--draft {none,CKPT_DIR,unigram:PATH,bigram:PATH,copy}]
       [--gamma G] [--temperature T] [--top-k K] [--top-p P] [--lenience L] [--seed S]
+      [--model-parallel N]
   gqa-spec ngram fit --task TASK --order {1,2} --out PATH [--split train] [--max-examples N]
 
 Input lines hold `input_ids` (ints) or `inputs` (text; needs a checkpoint vocabulary). Output
 lines hold `output_ids` (no decoder start token, cut at and excluding EOS) and `output` text when
 a vocabulary is known. All inputs are padded to one length and the last batch is filled with dummy
 rows, so decoding compiles once; `--stats` `seconds` is the decode wall time after that compile
-(`compile_seconds` apart).
+(`compile_seconds` apart). `--model-parallel N` decodes on a mesh of all devices with a model
+axis of N (`gqa_spec.decoding.mesh`; a model draft gets its own placement); `--stats` always
+reports `memory_per_device`, the target's parameter and cache bytes per device on the mesh used
+(`gqa_spec.decoding.memory`).
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ def register(subparsers) -> None:
   p.add_argument('--top-p', type=float, default=1.0, help='1 = off')
   p.add_argument('--lenience', type=float, default=1.0, help='(0, 1]; 1 = exact')
   p.add_argument('--seed', type=int, default=0)
+  p.add_argument('--model-parallel', type=int, default=None, metavar='N',
+                 help='decode on a mesh of all devices with a model axis of N (default: one '
+                      'device)')
   p.set_defaults(func=generate)
 
   ngram = subparsers.add_parser('ngram', help='n-gram drafts for speculative decoding')
@@ -106,6 +113,8 @@ def _load(path: str, what: str):
 def generate(args: argparse.Namespace) -> int:
   for name in ('max_decode_len', 'batch_size', 'gamma'):
     _positive(name.replace('_', '-'), getattr(args, name))
+  if args.model_parallel is not None:
+    _positive('model-parallel', args.model_parallel)
   from gqa_spec.decoding.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top
   config = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                           lenience=args.lenience)
@@ -130,22 +139,37 @@ def generate(args: argparse.Namespace) -> int:
   from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
 
-  target = T5Decoder(Transformer(target_config))
+  from gqa_spec.decoding import memory, mesh  # pylint: disable=g-import-not-at-top
+
   max_len, gamma, batch = args.max_decode_len, args.gamma, args.batch_size
   width = -(-max(len(r) for r in rows) // 8) * 8  # one input length for all batches
+  partitioner, mesh_shape = None, (1, 1)
+  run_ar, run_spec = autoregressive.decode, speculative.decode
+  target = T5Decoder(Transformer(target_config))
+  if args.model_parallel is not None:
+    from gqa_spec.training.partitioning import Partitioner  # pylint: disable=g-import-not-at-top
+    if jax.device_count() % args.model_parallel:
+      raise UserError(f'--model-parallel {args.model_parallel} does not divide the '
+                      f'{jax.device_count()} devices')
+    partitioner = Partitioner.create(target_config, model=args.model_parallel)
+    mesh_shape = (partitioner.data_size, args.model_parallel)
+    target = mesh.MeshT5Decoder(target.model, partitioner)
+    params = mesh.place_params(partitioner, params)
+    run_ar, run_spec = mesh.autoregressive, mesh.speculative
   draft = None
   if draft_spec != 'none':
-    draft, draft_init, draft_desc = factory.make_draft(draft_spec, target_config, gamma, max_len)
+    draft, draft_init, draft_desc = factory.make_draft(
+        draft_spec, target_config, gamma, max_len,
+        mesh=None if partitioner is None else partitioner.mesh)
 
   def run(enc, n, rng):
     skip = np.arange(batch) >= n  # dummy rows filling the last batch
     if draft is None:
       state = target.init(params, enc, max_len + 1)
-      return autoregressive.decode(target, state, rng, max_decode_len=max_len, config=config,
-                                   skip=skip)
+      return run_ar(target, state, rng, max_decode_len=max_len, config=config, skip=skip)
     state = target.init(params, enc, speculative.target_cache_length(max_len, gamma))
-    return speculative.decode(target, state, draft, draft_init(enc), rng, gamma=gamma,
-                              max_decode_len=max_len, config=config, skip=skip)
+    return run_spec(target, state, draft, draft_init(enc), rng, gamma=gamma,
+                    max_decode_len=max_len, config=config, skip=skip)
 
   batches = []
   for start in range(0, len(rows), batch):
@@ -164,7 +188,7 @@ def generate(args: argparse.Namespace) -> int:
   for enc, n in batches:
     rng, step_rng = jax.random.split(rng)
     t0 = time.perf_counter()
-    result = jax.block_until_ready(run(enc, n, step_rng))
+    result = mesh.to_host(jax.block_until_ready(run(enc, n, step_rng)))
     seconds += time.perf_counter() - t0
     seqs, lengths = np.asarray(result.sequences)[:n], np.asarray(result.lengths)[:n]
     outputs.extend(autoregressive.strip(seqs, lengths))
@@ -181,7 +205,12 @@ def generate(args: argparse.Namespace) -> int:
     stats.update(draft=draft_spec if draft is None else draft_desc, gamma=gamma if draft else None,
                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                  lenience=args.lenience, batch_size=batch, max_decode_len=max_len,
-                 examples=len(rows))
+                 examples=len(rows), mesh={'data': mesh_shape[0], 'model': mesh_shape[1]},
+                 memory_per_device=memory.memory_per_device(
+                     target_config, batch=batch, input_length=width,
+                     cache_length=max_len + 1 if draft is None else
+                     speculative.target_cache_length(max_len, gamma),
+                     data=mesh_shape[0], model=mesh_shape[1]).to_dict())
     with open(args.stats, 'w') as f:
       json.dump(stats, f, indent=2)
   return 0

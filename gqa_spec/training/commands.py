@@ -11,7 +11,8 @@
                    --gin.MIXTURE_OR_TASK_NAME="'ddtp_translate_en_de'" --gin.INFER_OUTPUT_DIR="'/tmp/inf'"
 
 Flags: `--gin_file` (repeatable), `--gin_bindings` (repeatable), `--gin.MACRO=VALUE` (a gin
-literal: strings need their own quotes), `--gin_search_paths`. See `gin_utils` for the search path.
+literal: strings need their own quotes), `--gin_search_paths`, `--model-parallel N` (sets
+`MODEL_PARALLEL`: the training mesh's model axis; `eval` then decodes on a mesh of all devices). See `gin_utils` for the search path.
 The operative gin config of a training run is written to `MODEL_DIR/config.gin`.
 """
 
@@ -21,6 +22,7 @@ import argparse
 import logging
 import os
 
+from gqa_spec.errors import UserError
 from gqa_spec.training import gin_utils
 
 _MACROS = 'gin_macro_bindings'
@@ -55,6 +57,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(name, help=help_text,
                               epilog='--gin.MACRO=VALUE sets a gin macro, e.g. --gin.TRAIN_STEPS=500')
     gin_utils.add_gin_flags(p)
+    p.add_argument('--model-parallel', type=int, default=None, metavar='N',
+                   help='model-parallel size of the device mesh: sets the gin macro MODEL_PARALLEL')
     p.set_defaults(func=func)
     _parse_known_with_macros(p)
 
@@ -69,7 +73,11 @@ def _parse(args: argparse.Namespace) -> None:
   for handler in logging.getLogger().handlers:
     handler.addFilter(_quiet_gin_search)
   logging.getLogger('absl').setLevel(logging.WARNING)  # orbax and seqio log every step of a save
-  gin_utils.parse(args.gin_file, list(args.gin_bindings) + getattr(args, _MACROS, []),
+  mesh = getattr(args, 'model_parallel', None)
+  if mesh is not None and mesh < 1:
+    raise UserError(f'--model-parallel must be >= 1, got {mesh}')
+  mesh = [] if mesh is None else [f'MODEL_PARALLEL = {mesh}']
+  gin_utils.parse(args.gin_file, list(args.gin_bindings) + getattr(args, _MACROS, []) + mesh,
                   gin_utils.maybe_search_paths(args.gin_search_paths))
 
 

@@ -11,6 +11,11 @@ Speculative decoding runs at temperature 0, whose output is token-identical to g
 et al. 2023, Thm. 1), so its metrics equal greedy's and only the time per sample differs; the
 metrics add the acceptance statistics pooled over all batches (`speculative/...`).
 
+Partitioned inference: parameters that arrive sharded on a `data x model` mesh (a sharded
+training run's) are decoded on that mesh with the same partitioning rules (no gather to one
+device; `gqa_spec.decoding.mesh`); `model_parallel=N` puts host parameters (`gqa-spec eval`) on a
+mesh of all devices with a model axis of N. Otherwise decoding runs on the default device.
+
 Timing: every batch is decoded once untimed first (compilation; the shapes are fixed by the task
 feature lengths and batch size, so nothing recompiles after it), then timed; time per sample is the
 batch's decode time over its real examples, reported as the median over batches (GQA, Sec. 3.1).
@@ -26,7 +31,6 @@ import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from gqa_spec.errors import UserError
@@ -54,6 +58,8 @@ class InferenceEvaluator:
     draft: the draft of 'speculative': copy, unigram:PATH, bigram:PATH or a draft checkpoint
       directory (see `gqa_spec.decoding.drafts.factory`).
     gamma: draft tokens per target call of 'speculative'.
+    model_parallel: decode on a mesh of all devices with this model axis (None: the mesh the
+      parameters are sharded on, if any, else one device).
   """
 
   mixture_or_task_name: str
@@ -67,6 +73,7 @@ class InferenceEvaluator:
   length_penalty: float = 0.6
   draft: Optional[str] = None
   gamma: int = 4
+  model_parallel: Optional[int] = None
 
   def __post_init__(self):
     if self.decoding not in DECODINGS:
@@ -103,39 +110,77 @@ class InferenceEvaluator:
                                        self._max_decode_len)  # (draft, init, description)
     self.last_timings: List[float] = []
     self.last_speculative: List[Any] = []  # per timed batch: its `SpeculativeResult`
+    self._partitioner = None  # the mesh decoding runs on (None: one device)
+    self._mesh_drafts = {}  # mesh -> the draft placed on it
+    if self.model_parallel is not None:
+      from gqa_spec.training.partitioning import Partitioner  # pylint: disable=g-import-not-at-top
+      if not isinstance(self.model_parallel, int) or self.model_parallel < 1:
+        raise UserError(f'model_parallel must be a positive integer, got {self.model_parallel!r}')
+      if jax.device_count() % self.model_parallel:
+        raise UserError(f'model_parallel={self.model_parallel} does not divide the '
+                        f'{jax.device_count()} devices')
+      self._partitioner = Partitioner.create(self.model_config, model=self.model_parallel)
+
+  def _place(self, params: Any) -> Any:
+    """Chooses where to decode (see the module docstring) and puts the parameters there once."""
+    from gqa_spec.decoding import mesh  # pylint: disable=g-import-not-at-top
+    if self.model_parallel is None:
+      self._partitioner = mesh.params_partitioner(self.model_config, params)
+    if self._partitioner is None:
+      return params
+    return mesh.place_params(self._partitioner, params)
 
   def _decode_batch(self, params: Any, inputs: np.ndarray,
                     n: int) -> Tuple[List[List[int]], Any]:
     """`(tokens per row, the SpeculativeResult or None)` of a `[batch_size, S]` batch whose
     first `n` rows are real."""
-    from gqa_spec.decoding import autoregressive, beam_search, speculative, targets  # pylint: disable=g-import-not-at-top
-    decoder = targets.T5Decoder(self._model)
+    from gqa_spec.decoding import autoregressive, beam_search, mesh, speculative, targets  # pylint: disable=g-import-not-at-top
+    part = self._partitioner
+    if part is None:
+      decoder, draft_triple = targets.T5Decoder(self._model), self._draft
+      run_ar, run_beam, run_spec = autoregressive.decode, beam_search.beam_search, speculative.decode
+    else:  # the same loops under one jit on the mesh; results gathered after the loop
+      decoder, draft_triple = mesh.MeshT5Decoder(self._model, part), self._mesh_draft(part)
+      run_ar, run_beam, run_spec = mesh.autoregressive, mesh.beam, mesh.speculative
     if self.decoding == 'speculative':
-      draft, draft_init, _ = self._draft
+      draft, draft_init, _ = draft_triple
       state = decoder.init(params, inputs,
                            speculative.target_cache_length(self._max_decode_len, self.gamma))
-      result = speculative.decode(decoder, state, draft, draft_init(inputs), jax.random.PRNGKey(0),
-                                  gamma=self.gamma, max_decode_len=self._max_decode_len,
-                                  skip=np.arange(len(inputs)) >= n)  # padding rows: no statistics
+      result = run_spec(decoder, state, draft, draft_init(inputs), jax.random.PRNGKey(0),
+                        gamma=self.gamma, max_decode_len=self._max_decode_len,
+                        skip=np.arange(len(inputs)) >= n)  # padding rows: no statistics
+      result = mesh.to_host(result)
       return autoregressive.strip(result.sequences, result.lengths), result
     if self.decoding == 'greedy':
       state = decoder.init(params, inputs, cache_length=self._max_decode_len + 1)
-      tokens, _ = autoregressive.decode_to_lists(decoder, state, jax.random.PRNGKey(0),
-                                                 max_decode_len=self._max_decode_len)
-      return tokens, None
-    state = decoder.init(params, jnp.repeat(inputs, self.beam_size, axis=0),
+      result = mesh.to_host(run_ar(decoder, state, jax.random.PRNGKey(0),
+                                   max_decode_len=self._max_decode_len))
+      return autoregressive.strip(result.sequences, result.lengths), None
+    state = decoder.init(params, np.repeat(inputs, self.beam_size, axis=0),
                          cache_length=self._max_decode_len + 1)
-    beams, _ = beam_search.beam_search(decoder, state, beam_size=self.beam_size,
-                                       max_decode_len=self._max_decode_len,
-                                       alpha=self.length_penalty)  # [b, k, 1 + L]
-    best = np.asarray(jax.device_get(beams[:, 0, 1:]))  # [b, L]; PAD after EOS
+    beams, _ = run_beam(decoder, state, beam_size=self.beam_size,
+                        max_decode_len=self._max_decode_len,
+                        alpha=self.length_penalty)  # [b, k, 1 + L]
+    best = mesh.to_host(beams)[:, 0, 1:]  # [b, L]; PAD after EOS
     return [[int(t) for t in row[:_eos_end(row)] if t != 0]
             for row in best], None
+
+  def _mesh_draft(self, partitioner) -> Any:
+    """The draft triple of `factory.make_draft` with a model draft placed on the mesh."""
+    if self._draft is None:
+      return None
+    key = partitioner.mesh
+    if key not in self._mesh_drafts:
+      from gqa_spec.decoding.drafts import factory  # pylint: disable=g-import-not-at-top
+      self._mesh_drafts[key] = factory.make_draft(self.draft, self.model_config, self.gamma,
+                                                  self._max_decode_len, mesh=partitioner.mesh)
+    return self._mesh_drafts[key]
 
   def predict_fn(self, params: Any):
     """A seqio predict function decoding with `params`; records time per sample."""
     self.last_timings = []
     self.last_speculative = []
+    params = self._place(params)
 
     def predict(dataset, model_feature_shapes=None) -> List[Tuple[int, np.ndarray]]:
       del model_feature_shapes
@@ -221,7 +266,7 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
                         task_feature_lengths: Optional[Mapping[str, int]] = None,
                         batch_size: int = 32, num_examples: Optional[int] = None,
                         decoding: str = 'greedy', beam_size: int = 4, draft: Optional[str] = None,
-                        gamma: int = 4) -> Dict[str, float]:
+                        gamma: int = 4, model_parallel: Optional[int] = None) -> Dict[str, float]:
   """`gqa-spec eval`: evaluates a checkpoint and writes `metrics.json` and predictions JSONL.
 
   Args:
@@ -236,6 +281,7 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
     beam_size: beams of 'beam'.
     draft: the draft of 'speculative' (copy, unigram:PATH, bigram:PATH or a checkpoint directory).
     gamma: draft tokens per target call of 'speculative'.
+    model_parallel: decode on a mesh of all devices with this model axis (None: one device).
 
   Returns:
     The metrics written.
@@ -244,12 +290,14 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
   config, params, step = initial.load(checkpoint_path)
   evaluator = InferenceEvaluator(mixture_or_task_name, config, split, task_feature_lengths,
                                  batch_size, num_examples, decoding, beam_size, draft=draft,
-                                 gamma=gamma)
+                                 gamma=gamma, model_parallel=model_parallel)
   metrics, predictions = evaluator.run(params, step)
   os.makedirs(output_dir, exist_ok=True)
   report = {'checkpoint': os.path.abspath(checkpoint_path), 'step': step,
             'task': mixture_or_task_name, 'split': split, 'decoding': decoding,
             'num_kv_heads': config.num_kv_heads, 'metrics': metrics,
+            'mesh': (dict(evaluator._partitioner.mesh.shape) if evaluator._partitioner  # pylint: disable=protected-access
+                     else None),
             'seconds_per_sample': evaluator.last_timings}
   if decoding == 'speculative':
     report.update(draft=draft, gamma=gamma, speculative=evaluator.speculative_stats())

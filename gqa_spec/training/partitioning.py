@@ -13,6 +13,11 @@ The same divisibility test applies to heads, mlp and vocab, so any preset runs o
 Optimizer state is sharded like the parameter it belongs to (Adafactor's factored row/column
 statistics drop the factored axis), batches along `data`. Multi-host runs call
 `initialize_distributed` first; each host then feeds its own slice of the global batch.
+
+Decoding uses the same rules: the decode cache (`cache_logical_axes`) has its rows on `batch` and
+its K/V heads on `kv_heads`, so G K/V heads shard over `model` exactly when the K/V kernels do,
+and an MQA cache is replicated on every model shard. A cache axis a mesh axis does not divide
+(a batch of 6 on 4 data shards) is replicated instead (`fit_spec`).
 """
 
 from __future__ import annotations
@@ -65,6 +70,44 @@ def param_logical_axes(name: str, ndim: int) -> LogicalAxes:
         raise ValueError(f'parameter {name} has {ndim} dims, expected {len(axes)} ({axes})')
       return axes
   raise ValueError(f'no logical axes known for parameter {name!r}')
+
+
+# Decode cache leaves (see `models/t5.py`, `models/attention.py`): name -> logical axes.
+_CACHE_AXES = (
+    (r'/(cached_key|cached_value)$', ('batch', 'kv_heads', None, None)),  # [b, G, L or S, d]
+    (r'cache_index$', ('batch',)),  # [b]
+    (r'(^|/)positions$', ('batch', None)),  # [b, L]
+    (r'encoder_mask$', ('batch', None)),  # [b, S]
+)
+
+
+def cache_logical_axes(cache: Any) -> Any:
+  """The tree of logical-axis `PartitionSpec`s of a (possibly abstract) decode cache."""
+
+  def axes(path, x) -> PartitionSpec:
+    name = path_name(path)
+    for pattern, logical in _CACHE_AXES:
+      if re.search(pattern, name):
+        if len(logical) != len(x.shape):
+          raise ValueError(f'cache leaf {name} has shape {x.shape}, expected {len(logical)} dims '
+                           f'({logical})')
+        return PartitionSpec(*logical)
+    raise ValueError(f'no logical axes known for decode cache leaf {name!r}')
+
+  return jax.tree_util.tree_map_with_path(axes, cache)
+
+
+def fit_spec(logical: PartitionSpec, shape: Sequence[int], rules: Rules,
+             mesh_shape: Mapping[str, int]) -> PartitionSpec:
+  """Mesh `PartitionSpec` of an array: its logical axes by `rules`, then every mesh axis that does
+  not divide its dimension dropped (that dimension is replicated)."""
+  spec = nn.logical_to_mesh_axes(tuple(logical), rules)
+  out = []
+  for dim, axis in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+    names = (axis,) if isinstance(axis, str) else tuple(axis or ())
+    size = int(np.prod([mesh_shape[a] for a in names])) if names else 1
+    out.append(axis if names and dim % size == 0 else None)
+  return PartitionSpec(*out)
 
 
 def logical_axes(params: Any) -> Any:
@@ -175,6 +218,20 @@ class Partitioner:
       return self.replicated
 
     return jax.tree_util.tree_map_with_path(leaf_sharding, state)
+
+  def cache_shardings(self, cache: Any) -> Any:
+    """`NamedSharding`s of a (possibly abstract) decode cache: rows on `data`, K/V heads on `model`
+    when the rules shard `kv_heads`, axes a mesh axis does not divide replicated (`fit_spec`)."""
+    return jax.tree_util.tree_map(
+        lambda spec, x: NamedSharding(self.mesh, fit_spec(spec, x.shape, self.rules,
+                                                          self.mesh.shape)),
+        cache_logical_axes(cache), cache, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+  def rows_sharding(self, rows: int, ndim: int = 1) -> NamedSharding:
+    """An `[rows, ...]` array with rows on `data` when `data` divides them, else replicated."""
+    return NamedSharding(self.mesh, fit_spec(PartitionSpec('batch', *(None,) * (ndim - 1)),
+                                             (rows,) + (1,) * (ndim - 1), self.rules,
+                                             self.mesh.shape))
 
   def batch_sharding(self) -> NamedSharding:
     """Examples along `data`; every other axis replicated."""

@@ -48,6 +48,17 @@ def test_greedy_drafts_give_the_same_outputs(workdir):
       assert stats['acceptance_rate'] == 1.0
 
 
+def test_model_parallel_one_and_memory_stats(workdir):
+  # A 1x1 mesh on the one CPU device: the mesh loops give the single-device outputs (8-device
+  # meshes: tests/decoding/test_mesh.py, tests/training/test_mesh_eval.py).
+  ref, ref_stats = _generate(workdir, 'ar1')
+  out, stats = _generate(workdir, 'mesh1', '--model-parallel', '1')
+  assert out == ref and stats['mesh'] == ref_stats['mesh'] == {'data': 1, 'model': 1}
+  memory = stats['memory_per_device']
+  assert memory == ref_stats['memory_per_device'] and memory['batch'] == 2
+  assert memory['cache_length'] == 9 and memory['param_bytes'] == memory['param_bytes_total'] > 0
+
+
 def test_sampling_flags_run(workdir):
   out, stats = _generate(workdir, 'sample', '--draft', 'copy', '--temperature', '1', '--top-k',
                          '5', '--top-p', '0.9', '--lenience', '0.8', '--seed', '3')
@@ -59,6 +70,8 @@ def test_sampling_flags_run(workdir):
     (['--gamma', '0'], '--gamma must be'),
     (['--lenience', '1.5'], 'lenience'),
     (['--draft', 'bigram:/nonexistent.npz'], 'not found'),
+    (['--model-parallel', '0'], '--model-parallel must be'),
+    (['--model-parallel', '3'], 'does not divide the 1 devices'),
 ])
 def test_bad_arguments_are_one_line_errors(workdir, capsys, extra, message):
   argv = ['generate', '--model', str(workdir / 'ckpt'), '--inputs', str(workdir / 'in.jsonl'),

@@ -1,11 +1,12 @@
 """Logical axes from parameter names; rules that replicate what does not divide."""
 
 import jax
+import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
 from gqa_spec.checkpoints.native import abstract_params
-from gqa_spec.models.config import preset
+from gqa_spec.models.config import T5Config, preset
 from gqa_spec.training import partitioning
 
 
@@ -35,3 +36,22 @@ def test_kv_heads_shard_only_when_divisible(kv_heads, model, expected):
 def test_bad_mesh_is_a_clear_error():
   with pytest.raises(ValueError, match='devices'):
     partitioning.create_mesh(data=2, model=1)  # one CPU device here
+
+
+def test_cache_specs_follow_the_rules_and_replicate_what_does_not_divide():
+  cfg = T5Config(vocab_size=64, emb_dim=16, num_heads=8, head_dim=4, mlp_dim=32,
+                 num_encoder_layers=1, num_decoder_layers=1)
+  mesh = {'data': 4, 'model': 4}
+  kv = PartitionSpec('batch', 'kv_heads', None, None)  # [b, G, L, d]
+  rules = lambda g: partitioning.logical_axis_rules(cfg.replace(num_kv_heads=g), 4)
+  assert partitioning.fit_spec(kv, (8, 8, 5, 4), rules(8), mesh) == PartitionSpec('data', 'model', None, None)
+  assert partitioning.fit_spec(kv, (8, 2, 5, 4), rules(2), mesh) == PartitionSpec('data', None, None, None)
+  assert partitioning.fit_spec(kv, (6, 8, 5, 4), rules(8), mesh) == PartitionSpec(None, 'model', None, None)
+  cache = {'decoder': {'cache_index': np.zeros((8,)), 'positions': np.zeros((8, 5)),
+                       'encoder_mask': np.zeros((8, 3)),
+                       'layers_0': {'self_attention': {'cached_key': np.zeros((8, 2, 5, 4))}}}}
+  axes = partitioning.cache_logical_axes(cache)['decoder']
+  assert axes['cache_index'] == PartitionSpec('batch') and axes['positions'] == PartitionSpec('batch', None)
+  assert axes['layers_0']['self_attention']['cached_key'] == kv
+  with pytest.raises(ValueError, match='no logical axes known for decode cache leaf'):
+    partitioning.cache_logical_axes({'decoder': {'mystery': np.zeros(3)}})

@@ -28,8 +28,8 @@ def check_spec(spec: str, name: str = 'draft') -> None:
   raise UserError(f'{name} must be {SPECS}; {spec!r} is none of these')
 
 
-def make_draft(spec: str, target_config, gamma: int,
-               max_decode_len: int) -> Tuple[Any, Callable[[Any], PyTree], str]:
+def make_draft(spec: str, target_config, gamma: int, max_decode_len: int,
+               mesh: Any = None) -> Tuple[Any, Callable[[Any], PyTree], str]:
   """Builds the draft a spec names.
 
   Args:
@@ -37,6 +37,8 @@ def make_draft(spec: str, target_config, gamma: int,
     target_config: the target's `T5Config`; the draft must share its vocabulary size.
     gamma: draft tokens per target call (sizes a model draft's cache).
     max_decode_len: most generated tokens per row (sizes a model draft's cache).
+    mesh: a `jax.sharding.Mesh` to place a model draft on (`gqa_spec.decoding.mesh`); other
+      drafts' states are small and replicated by the mesh loops.
 
   Returns:
     `(draft, init, description)`: the static `Draft`, `init(encoder_input_tokens [b, S])` giving
@@ -70,7 +72,12 @@ def make_draft(spec: str, target_config, gamma: int,
   config, params, _ = native.load_checkpoint(spec)
   if config.vocab_size != vocab_size:
     raise UserError(f'draft vocabulary {config.vocab_size} != target vocabulary {vocab_size}')
-  draft = ModelDraft.t5(Transformer(config))
+  if mesh is None:
+    draft = ModelDraft.t5(Transformer(config))
+  else:
+    from gqa_spec.decoding import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+    draft = mesh_lib.model_draft(config, mesh)
+    params = mesh_lib.place_params(draft.decoder.partitioner, params)  # once, not per batch
   return draft, lambda enc: draft.init(params, enc, max_decode_len, gamma), f'model ({spec})'
 
 

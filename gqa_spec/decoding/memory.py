@@ -1,0 +1,209 @@
+"""Per-device memory of partitioned decoding: parameters and decode caches on a `data x model` mesh.
+
+Answers "does XXL with MHA / GQA-8 / MQA fit this slice?" before anything is launched. Shapes come
+from the model itself (`jax.eval_shape` of its init and of `init_decode_cache`, so nothing is
+allocated and nothing is re-derived by hand), placements from `partitioning` (the same logical
+axis rules and `fit_spec` the mesh uses when it decodes), so the figures are the bytes the arrays
+occupy per device. Not counted: activations and XLA's temporaries of one decode step (a few
+`[batch, k, emb]` and `[batch, k, vocab]` arrays), the sequence buffers of the loops and the
+runtime's own reserve.
+
+Replication waste (GQA paper, Sec. 2.2): a K/V cache whose G heads are not divisible by the
+`model` axis is held whole on every model shard. `kv_replication_waste_bytes` is what each
+device holds beyond an even split of the global K/V bytes over all devices: MQA on a model axis
+of m wastes (m - 1) / m of its per-device K/V; GQA-G with m | G wastes nothing.
+
+  python -m gqa_spec.decoding.memory --preset xxl --kv-heads 64,8,1 --mesh 1x8 --mesh 4x4 \\
+      --batch 64 --input-length 2048 --decode-length 512 --dtype bfloat16
+prints the README's table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from typing import Any, Dict, List, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from gqa_spec.checkpoints import native
+from gqa_spec.models import decode_cache
+from gqa_spec.models.config import T5Config
+from gqa_spec.models.t5 import Transformer
+from gqa_spec.training import partitioning
+
+_GIB = 2 ** 30
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryReport:
+  """Bytes per device of one decoding set-up (all `*_bytes` fields are per device, except `*_total`).
+
+  Attributes:
+    data, model: mesh axis sizes.
+    batch: decoded rows (beam search: batch * beams).
+    input_length: encoder length S (cross-attention K/V length).
+    cache_length: self-attention cache slots L.
+    num_kv_heads: G.
+    kv_heads_per_device: G / model when the K/V heads shard, else G (replicated).
+    rows_per_device: batch / data when the rows shard, else batch (replicated).
+    param_bytes, param_bytes_total: parameters on one device / in the whole model.
+    self_kv_bytes, cross_kv_bytes: self- / cross-attention K/V (all decoder layers) on one device.
+    kv_bytes_total: the global (unreplicated) self + cross K/V bytes.
+    kv_replication_waste_bytes: per-device K/V beyond an even split of `kv_bytes_total` over all
+      devices.
+    other_cache_bytes: the cache's index, slot positions and encoder mask on one device.
+    total_bytes: parameters + whole cache on one device.
+  """
+
+  data: int
+  model: int
+  batch: int
+  input_length: int
+  cache_length: int
+  num_kv_heads: int
+  kv_heads_per_device: int
+  rows_per_device: int
+  param_bytes: int
+  param_bytes_total: int
+  self_kv_bytes: int
+  cross_kv_bytes: int
+  kv_bytes_total: int
+  kv_replication_waste_bytes: int
+  other_cache_bytes: int
+  total_bytes: int
+
+  def to_dict(self) -> Dict[str, int]:
+    return dataclasses.asdict(self)
+
+
+def abstract_cache(config: T5Config, batch: int, input_length: int, cache_length: int,
+                   params: Optional[Any] = None) -> Any:
+  """Shapes and dtypes of the decode cache `targets.T5Decoder.init` creates."""
+  params = native.abstract_params(config) if params is None else params
+  encoded = jax.ShapeDtypeStruct((batch, input_length, config.emb_dim), config.activation_dtype)
+  tokens = jax.ShapeDtypeStruct((batch, input_length), jnp.int32)
+  return jax.eval_shape(
+      lambda p, e, t: decode_cache.init_decode_cache(Transformer(config), p, e, t, cache_length),
+      params, encoded, tokens)
+
+
+def _device_bytes(x: Any, spec: PartitionSpec, mesh_shape: Dict[str, int]) -> int:
+  """Bytes of one shard of `x` laid out by the mesh `spec` (every axis in it divides)."""
+  shape = list(x.shape)
+  for i, axis in enumerate(tuple(spec)):
+    for name in (axis,) if isinstance(axis, str) else tuple(axis or ()):
+      shape[i] //= mesh_shape[name]
+  return math.prod(shape) * jnp.dtype(x.dtype).itemsize
+
+
+def _total_bytes(x: Any) -> int:
+  return math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
+
+
+def memory_per_device(config: T5Config, *, batch: int, input_length: int, cache_length: int,
+                      data: int = 1, model: int = 1) -> MemoryReport:
+  """Per-device bytes of parameters and decode cache of `config` on a `data x model` mesh.
+
+  Args:
+    config: the model (its dtypes set the bytes: `param_dtype` for parameters, `dtype` for K/V).
+    batch: rows decoded at once (beam search: batch * beam size).
+    input_length: encoder length S.
+    cache_length: self-attention cache slots: `max_decode_len + 1` autoregressive, and
+      `speculative.target_cache_length(max_decode_len, gamma)` for a speculative target.
+    data, model: mesh axis sizes (no devices are needed).
+
+  Returns:
+    `MemoryReport`.
+  """
+  for name, value in (('batch', batch), ('input_length', input_length),
+                      ('cache_length', cache_length), ('data', data), ('model', model)):
+    if not isinstance(value, int) or value < 1:
+      raise ValueError(f'{name} must be a positive integer, got {value!r}')
+  rules = partitioning.logical_axis_rules(config, model)
+  mesh_shape = {'data': data, 'model': model}
+  params = native.abstract_params(config)
+  cache = abstract_cache(config, batch, input_length, cache_length, params)
+
+  param_bytes = param_total = 0
+  for _, x, logical in partitioning._with_paths(params, partitioning.logical_axes(params)):  # pylint: disable=protected-access
+    param_bytes += _device_bytes(x, partitioning.fit_spec(logical, x.shape, rules, mesh_shape),
+                                 mesh_shape)
+    param_total += _total_bytes(x)
+
+  kv = {'self_attention': 0, 'encoder_decoder_attention': 0}
+  kv_total = other = 0
+  kv_spec = rows_spec = None
+  for path, x, logical in partitioning._with_paths(cache, partitioning.cache_logical_axes(cache)):  # pylint: disable=protected-access
+    spec = partitioning.fit_spec(logical, x.shape, rules, mesh_shape)
+    name = partitioning.path_name(path)
+    nbytes = _device_bytes(x, spec, mesh_shape)
+    kind = next((k for k in kv if f'/{k}/' in name), None)
+    if kind is None:
+      other += nbytes
+    else:
+      kv[kind] += nbytes
+      kv_total += _total_bytes(x)
+      kv_spec = spec
+    if name.endswith('cache_index'):
+      rows_spec = spec
+  per_device_kv = kv['self_attention'] + kv['encoder_decoder_attention']
+  g = config.num_kv_heads
+  return MemoryReport(
+      data=data, model=model, batch=batch, input_length=input_length, cache_length=cache_length,
+      num_kv_heads=g, kv_heads_per_device=g // model if kv_spec[1] else g,
+      rows_per_device=batch // data if rows_spec[0] else batch,
+      param_bytes=param_bytes, param_bytes_total=param_total,
+      self_kv_bytes=kv['self_attention'], cross_kv_bytes=kv['encoder_decoder_attention'],
+      kv_bytes_total=kv_total,
+      kv_replication_waste_bytes=per_device_kv - kv_total // (data * model),
+      other_cache_bytes=other, total_bytes=param_bytes + per_device_kv + other)
+
+
+def _variant(g: int, h: int) -> str:
+  return 'MHA' if g == h else 'MQA' if g == 1 else f'GQA-{g}'
+
+
+def markdown_table(reports: Sequence[MemoryReport], num_heads: int) -> str:
+  """One row per report, in GiB per device."""
+  lines = ['| attention | mesh (data x model) | K/V heads per device | params | self K/V | '
+           'cross K/V | K/V replication waste | total per device |',
+           '|---|---|---|---|---|---|---|---|']
+  gib = lambda b: f'{b / _GIB:.2f}'
+  for r in reports:
+    lines.append(f'| {_variant(r.num_kv_heads, num_heads)} | {r.data}x{r.model} | '
+                 f'{r.kv_heads_per_device} of {r.num_kv_heads} | {gib(r.param_bytes)} | '
+                 f'{gib(r.self_kv_bytes)} | {gib(r.cross_kv_bytes)} | '
+                 f'{gib(r.kv_replication_waste_bytes)} | {gib(r.total_bytes)} |')
+  return '\n'.join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  from gqa_spec.models import config as config_lib  # pylint: disable=g-import-not-at-top
+  p = argparse.ArgumentParser(description='per-device decode memory table (GiB)')
+  p.add_argument('--preset', default='xxl')
+  p.add_argument('--kv-heads', default='64,8,1', help='comma-separated G values')
+  p.add_argument('--mesh', action='append', help='DATAxMODEL, repeatable (default 1x8)')
+  p.add_argument('--batch', type=int, default=64)
+  p.add_argument('--input-length', type=int, default=2048)
+  p.add_argument('--decode-length', type=int, default=512, help='max decode length')
+  p.add_argument('--dtype', default='bfloat16', help='parameter and activation dtype')
+  args = p.parse_args(argv)
+  reports: List[MemoryReport] = []
+  base = config_lib.preset(args.preset, dtype=args.dtype, param_dtype=args.dtype)
+  for g in (int(x) for x in args.kv_heads.split(',')):
+    for mesh in args.mesh or ['1x8']:
+      data, model = (int(x) for x in mesh.lower().split('x'))
+      reports.append(memory_per_device(base.replace(num_kv_heads=g), batch=args.batch,
+                                       input_length=args.input_length,
+                                       cache_length=args.decode_length + 1, data=data,
+                                       model=model))
+  print(markdown_table(reports, base.num_heads))
+  return 0
+
+
+if __name__ == '__main__':
+  raise SystemExit(main())

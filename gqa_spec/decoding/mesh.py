@@ -1,0 +1,236 @@
+"""Partitioned inference: the decoding loops on a `data x model` mesh with explicit shardings.
+
+The placement is the training's (`training.partitioning.Partitioner`, one set of logical-axis
+rules): parameters as in training; the decode cache with rows on `data` and K/V heads on `model`
+when G divides by the model axis, else replicated (cross-attention K/V likewise; see
+`Partitioner.cache_shardings`). `MeshT5Decoder` is `targets.T5Decoder` with a partitioner: its
+`init` is jitted with the parameter and input shardings in and the state's shardings out, and
+every state it returns inside a loop is constrained to those shardings, so XLA keeps the cache
+sharded through the `lax.while_loop` instead of choosing a layout of its own. A model draft gets
+its own `MeshT5Decoder` (its own config's rules on the same mesh).
+
+`autoregressive`, `beam` and `speculative` run the existing jitted loops (one implementation of
+each algorithm) inside one `jax.jit` with explicit `in_shardings`/`out_shardings`: the whole loop
+is one device program, nothing goes to the host before it ends. Per-row outputs come back with
+rows on `data`; `to_host` gathers them after the loop.
+
+Results equal single-device decoding up to float reassociation: a model-sharded contraction
+(attention output, MLP, logits) sums partial products across devices in another order, which can
+move logits by ~1e-6 relative; greedy, beam and seeded sampling then pick the same tokens unless
+two candidates tie to that precision (`tests/decoding/test_mesh.py` checks token identity).
+Random draws are sharding-invariant: `jax.random` values depend on key and shape, not placement.
+
+Multi-host (untested here: one host): call `partitioning.initialize_distributed()` first, as
+training does; every process runs the same program on the same inputs; `shard_rows` builds the
+global input array from each process's addressable rows (`jax.make_array_from_callback`) and
+`to_host` all-gathers results (`multihost_utils.process_allgather`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Optional
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
+
+from gqa_spec.decoding import autoregressive as ar_lib
+from gqa_spec.decoding import beam_search as beam_lib
+from gqa_spec.decoding import sampling
+from gqa_spec.decoding import speculative as spec_lib
+from gqa_spec.decoding import targets
+from gqa_spec.decoding.drafts.model import ModelDraft
+from gqa_spec.decoding.targets import T5Decoder, T5State
+from gqa_spec.models.config import T5Config
+from gqa_spec.models.t5 import Transformer
+from gqa_spec.training.partitioning import Partitioner, logical_axis_rules
+
+PyTree = Any
+# Fields of the loops' results that hold one entry per row (rows on `data`); the rest replicate.
+_PER_ROW = frozenset({'sequences', 'lengths', 'target_calls', 'proposed', 'accepted'})
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshT5Decoder(T5Decoder):
+  """`T5Decoder` whose parameters and cache live on `partitioner`'s mesh."""
+
+  partitioner: Partitioner = None
+
+  def __post_init__(self):
+    if not isinstance(self.partitioner, Partitioner):
+      raise ValueError(f'MeshT5Decoder needs a Partitioner, got {self.partitioner!r}')
+
+  def state_shardings(self, state: T5State) -> T5State:
+    """Shardings of a (possibly abstract or traced) state: parameters and cache by the rules."""
+    part = self.partitioner
+    return T5State(params=part.param_shardings(state.params),
+                   cache=part.cache_shardings(state.cache))
+
+  def init(self, params: PyTree, encoder_input_tokens: Any, cache_length: int) -> T5State:
+    """Encodes `[b, S]` inputs (global rows, see `shard_rows`) and creates the cache on the mesh."""
+    tokens = shard_rows(self.partitioner, encoder_input_tokens)
+    init = lambda p, t: targets._t5_init(self.model, p, t, cache_length)  # pylint: disable=protected-access
+    return _run(('init', self, cache_length), init,
+                (self.partitioner.param_shardings(params), tokens.sharding),
+                self.state_shardings, (params, tokens))
+
+  def _constrain(self, state: T5State) -> T5State:
+    return jax.lax.with_sharding_constraint(state, self.state_shardings(state))
+
+  def tokens_to_logits(self, state: T5State, tokens, positions=None, mask=None):
+    logits, state = super().tokens_to_logits(state, tokens, positions, mask)  # [b, k, V]
+    return logits, self._constrain(state)
+
+  def rollback(self, state: T5State, index) -> T5State:
+    return self._constrain(super().rollback(state, index))
+
+  def reorder(self, state: T5State, rows) -> T5State:
+    return self._constrain(super().reorder(state, rows))
+
+
+def params_partitioner(config: T5Config, params: PyTree) -> Optional[Partitioner]:
+  """The partitioner of the `data x model` mesh `params` are sharded on (a sharded training
+  run's), with `config`'s rules; None for unsharded or single-device parameters."""
+  sharding = getattr(jax.tree_util.tree_leaves(params)[0], 'sharding', None)
+  if (not isinstance(sharding, NamedSharding) or sharding.mesh.size == 1
+      or tuple(sharding.mesh.axis_names) != ('data', 'model')):
+    return None
+  return Partitioner(sharding.mesh, logical_axis_rules(config, sharding.mesh.shape['model']))
+
+
+def model_draft(config: T5Config, mesh: Mesh) -> ModelDraft:
+  """A T5 model draft placed on `mesh` by its own config's rules."""
+  rules = logical_axis_rules(config, mesh.shape['model'])
+  return ModelDraft(MeshT5Decoder(Transformer(config), Partitioner(mesh, rules)))
+
+
+def place_params(partitioner: Partitioner, params: PyTree) -> PyTree:
+  """Parameters (host or device arrays) in their sharded layout; no copy where already there."""
+  return jax.device_put(params, partitioner.param_shardings(params))
+
+
+def shard_rows(partitioner: Partitioner, rows: Any) -> jax.Array:
+  """The whole batch `[n, ...]` (the same on every process, as `generate` and the evaluator read
+  it) -> a global array with rows on `data` (replicated when `data` does not divide them); each
+  process copies in only the rows its devices hold."""
+  if isinstance(rows, jax.Array) and not rows.is_fully_addressable:
+    return rows  # already global
+  rows = np.asarray(rows)
+  sharding = partitioner.rows_sharding(rows.shape[0], rows.ndim)
+  return jax.make_array_from_callback(rows.shape, sharding, lambda index: rows[index])
+
+
+def to_host(x: Any) -> Any:
+  """Device arrays -> numpy on every process (all-gathers what this process does not hold)."""
+  def get(a):
+    if isinstance(a, jax.Array) and not a.is_fully_addressable:
+      return np.asarray(multihost_utils.process_allgather(a, tiled=True))
+    return np.asarray(a)
+  return jax.tree_util.tree_map(get, x)
+
+
+_JITTED = {}
+
+
+def _jit_cached(key, build):
+  """One jitted function per (loop, statics, argument signature): compiled once, like `jax.jit`."""
+  if key not in _JITTED:
+    _JITTED[key] = build()
+  return _JITTED[key]
+
+
+def _signature(tree: PyTree):
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
+
+
+def _result_shardings(partitioner: Partitioner, result: Any, rows: int) -> Any:
+  """Per-row fields (`_PER_ROW`) with rows on `data`, everything else replicated."""
+  def one(path, x):
+    name = getattr(path[-1], 'name', None)
+    if name in _PER_ROW or (name is None and x.ndim and x.shape[0] == rows):
+      return partitioner.rows_sharding(rows, x.ndim)
+    return partitioner.replicated
+  return jax.tree_util.tree_map_with_path(one, result)
+
+
+def _draft_shardings(partitioner: Partitioner, draft: Any, state: PyTree) -> PyTree:
+  """A model draft's state by its own decoder's rules; other drafts' (small) states replicated."""
+  decoder = getattr(draft, 'decoder', None)
+  if isinstance(decoder, MeshT5Decoder):
+    return decoder.state_shardings(state)
+  return jax.tree_util.tree_map(lambda _: partitioner.replicated, state)
+
+
+def _skip(decoder: MeshT5Decoder, state: T5State, skip) -> jax.Array:
+  rows = decoder.index(state).shape[0]
+  skip = np.zeros((rows,), bool) if skip is None else np.asarray(skip, bool)
+  return jax.device_put(skip, decoder.partitioner.rows_sharding(rows))
+
+
+def _run(key, fn, in_shardings, out_fn, args):
+  jitted = _jit_cached(key + (_signature(args),), lambda: jax.jit(
+      fn, in_shardings=in_shardings, out_shardings=out_fn(jax.eval_shape(fn, *args))))
+  return jitted(*jax.device_put(args, in_shardings))
+
+
+def autoregressive(decoder: MeshT5Decoder, state: T5State, rng: jax.Array, *,
+                   max_decode_len: int, config: sampling.SamplingConfig = sampling.GREEDY,
+                   eos_id: int = ar_lib.EOS, skip=None) -> ar_lib.DecodeResult:
+  """`autoregressive.decode` on the mesh (same arguments); rows of the result on `data`."""
+  part, rows = decoder.partitioner, decoder.index(state).shape[0]
+  fn = functools.partial(_ar, decoder, max_decode_len, config, eos_id)
+  args = (state, rng, _skip(decoder, state, skip))
+  return _run(('ar', decoder, max_decode_len, config, eos_id), fn,
+              (decoder.state_shardings(state), part.replicated, part.rows_sharding(rows)),
+              lambda out: _result_shardings(part, out, rows), args)
+
+
+def _ar(decoder, max_decode_len, config, eos_id, state, rng, skip):
+  return ar_lib.decode(decoder, state, rng, max_decode_len=max_decode_len, config=config,
+                       eos_id=eos_id, skip=skip)
+
+
+def beam(decoder: MeshT5Decoder, state: T5State, *, beam_size: int, max_decode_len: int,
+         alpha: float = 0.6, eos_id: int = beam_lib.EOS):
+  """`beam_search.beam_search` on the mesh: `([b, k, 1 + L] beams, [b, k] scores)`, b on `data`.
+
+  The state holds `b * k` rows (inputs repeated per beam), so each data shard holds whole beams
+  when `data` divides b; the per-step beam reorder then gathers within the shard's rows, but XLA
+  sees a general gather over a data-sharded axis and may move rows between devices.
+  """
+  part, rows = decoder.partitioner, decoder.index(state).shape[0]
+  fn = functools.partial(_beam, decoder, beam_size, max_decode_len, alpha, eos_id)
+  return _run(('beam', decoder, beam_size, max_decode_len, alpha, eos_id), fn,
+              (decoder.state_shardings(state),),
+              lambda out: jax.tree_util.tree_map(
+                  lambda x: part.rows_sharding(x.shape[0], x.ndim), out), (state,))
+
+
+def _beam(decoder, beam_size, max_decode_len, alpha, eos_id, state):
+  return beam_lib.beam_search(decoder, state, beam_size=beam_size, max_decode_len=max_decode_len,
+                              alpha=alpha, eos_id=eos_id)
+
+
+def speculative(target: MeshT5Decoder, target_state: T5State, draft: Any, draft_state: PyTree,
+                rng: jax.Array, *, gamma: int, max_decode_len: int,
+                config: sampling.SamplingConfig = sampling.GREEDY, eos_id: int = ar_lib.EOS,
+                skip=None) -> spec_lib.SpeculativeResult:
+  """`speculative.decode` on the mesh; a model draft (`ModelDraft(MeshT5Decoder(...))`) keeps its
+  own placement, other drafts' states are replicated."""
+  part, rows = target.partitioner, target.index(target_state).shape[0]
+  fn = functools.partial(_spec, target, draft, gamma, max_decode_len, config, eos_id)
+  args = (target_state, draft_state, rng, _skip(target, target_state, skip))
+  return _run(('spec', target, draft, gamma, max_decode_len, config, eos_id), fn,
+              (target.state_shardings(target_state), _draft_shardings(part, draft, draft_state),
+               part.replicated, part.rows_sharding(rows)),
+              lambda out: _result_shardings(part, out, rows), args)
+
+
+def _spec(target, draft, gamma, max_decode_len, config, eos_id, target_state, draft_state, rng,
+          skip):
+  return spec_lib.decode(target, target_state, draft, draft_state, rng, gamma=gamma,
+                         max_decode_len=max_decode_len, config=config, eos_id=eos_id, skip=skip)

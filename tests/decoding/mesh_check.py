@@ -1,0 +1,147 @@
+"""Decoding on 8 virtual CPU devices vs one device; run by `test_mesh.py` in a subprocess.
+
+XLA's device count is fixed when jax initialises, hence the separate process. Prints one
+`REPORT <json>` line: per (config, mesh) the PartitionSpecs found and whether each loop's tokens
+equal the single-device ones. `--full` runs every loop on every (config, mesh) pair; the default
+plan runs greedy autoregressive on all pairs and each other loop on a diagonal that still covers
+every config and every mesh (compiles dominate the time: ~5 s each on 2 CPU cores).
+"""
+
+import json
+import re
+import sys
+
+import jax
+import numpy as np
+
+from gqa_spec.decoding import autoregressive, beam_search, mesh, sampling, speculative
+from gqa_spec.decoding.drafts import ModelDraft
+from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.models.config import T5Config
+from gqa_spec.models.t5 import Transformer
+from gqa_spec.training import partitioning
+from gqa_spec.training.train_step import init_params
+
+BASE = T5Config(vocab_size=128, emb_dim=32, num_heads=8, head_dim=4, mlp_dim=64,
+                num_encoder_layers=1, num_decoder_layers=1)
+DRAFT = T5Config(vocab_size=128, emb_dim=16, num_heads=4, head_dim=4, mlp_dim=32,
+                 num_encoder_layers=1, num_decoder_layers=1, num_kv_heads=1)
+# name -> (K/V heads, init seed: one whose rows end at different steps)
+KV_HEADS = {'mha': (8, 8), 'gqa2': (2, 7), 'mqa': (1, 1)}
+MESHES = ((2, 4), (1, 8), (8, 1), (4, 2))
+MAX_LEN, GAMMA, BEAMS, BATCH = 8, 3, 2, 8
+SKIP = np.arange(BATCH) >= 6  # two padding rows
+SAMPLE = sampling.SamplingConfig(temperature=1.0)
+
+
+def make_params(config, seed):
+  params = jax.device_get(init_params(config, jax.random.PRNGKey(seed)))
+  # Make EOS (id 1) a likely token, so rows end at different steps (a ragged batch).
+  kernel = np.array(params['decoder']['logits_dense']['kernel'])
+  kernel[:, 1] *= 2.0
+  params['decoder']['logits_dense']['kernel'] = kernel
+  return params
+
+
+def collectives(decoder, state):
+  """`[(op, elements of its result)]` of the compiled greedy loop's cross-device collectives."""
+  key = next(k for k in mesh._JITTED if k[0] == 'ar' and k[1] == decoder)  # pylint: disable=protected-access
+  skip = jax.device_put(SKIP, decoder.partitioner.rows_sharding(BATCH))
+  text = mesh._JITTED[key].lower(state, jax.random.PRNGKey(3), skip).compile().as_text()  # pylint: disable=protected-access
+  found = re.findall(r'= \w+\[([\d,]*)\][^=]*? (all-gather|all-reduce|all-to-all|collective-permute)'
+                     r'(?:-start)?\(', text)
+  total = re.findall(r' (all-gather|all-reduce|all-to-all|collective-permute)(?:-start)?\(', text)
+  assert len(found) == len(total), (found, total)  # every collective's size was read
+  return [(op, int(np.prod([int(d) for d in dims.split(',') if d]))) for dims, op in found]
+
+
+def spec(x):
+  return [list(a) if isinstance(a, tuple) else a for a in x.sharding.spec]
+
+
+def main():
+  full = '--full' in sys.argv
+  assert jax.device_count() == 8, jax.devices()
+  enc = np.random.RandomState(0).randint(2, 128, size=(BATCH, 10)).astype(np.int32)
+  enc[::2, 7:] = 0  # ragged inputs
+  draft_params = make_params(DRAFT, 0)
+  report = {}
+  for c, (name, (g, seed)) in enumerate(KV_HEADS.items()):
+    config = BASE.replace(num_kv_heads=g)
+    params = make_params(config, seed)
+    model = Transformer(config)
+
+    def single(loop, decoder=T5Decoder(model), draft=ModelDraft.t5(Transformer(DRAFT))):
+      if loop == 'greedy':
+        out = autoregressive.decode(decoder, decoder.init(params, enc, MAX_LEN + 1),
+                                    jax.random.PRNGKey(3), max_decode_len=MAX_LEN, skip=SKIP)
+        return out.sequences, out.lengths
+      if loop == 'sample':
+        out = autoregressive.decode(decoder, decoder.init(params, enc, MAX_LEN + 1),
+                                    jax.random.PRNGKey(3), max_decode_len=MAX_LEN, config=SAMPLE)
+        return out.sequences, out.lengths
+      if loop == 'beam':
+        return beam_search.beam_search(decoder, decoder.init(params, np.repeat(enc, BEAMS, 0),
+                                                             MAX_LEN + 1),
+                                       beam_size=BEAMS, max_decode_len=MAX_LEN)[0], None
+      out = speculative.decode(decoder, decoder.init(
+          params, enc, speculative.target_cache_length(MAX_LEN, GAMMA)), draft,
+          draft.init(draft_params, enc, MAX_LEN, GAMMA), jax.random.PRNGKey(3), gamma=GAMMA,
+          max_decode_len=MAX_LEN, skip=SKIP)
+      return out.sequences, (out.lengths, out.accepted, out.target_calls)
+
+    refs = {}
+    for m, (data, model_size) in enumerate(MESHES):
+      if name != 'gqa2' and (data, model_size) == (4, 2):
+        continue  # 4x2 is there to shard GQA-2's two K/V heads
+      part = partitioning.Partitioner.create(config, data, model_size)
+      decoder = mesh.MeshT5Decoder(model, part)
+      draft_part = partitioning.Partitioner(part.mesh,
+                                            partitioning.logical_axis_rules(DRAFT, model_size))
+      draft = ModelDraft(mesh.MeshT5Decoder(Transformer(DRAFT), draft_part))  # its own placement
+      loops = ['greedy']
+      if full or m == c:
+        loops += ['beam', 'speculative', 'sample']
+      if name == 'gqa2' and (data, model_size) == (4, 2):
+        loops += ['speculative']
+      entry = report[f'{name}/{data}x{model_size}'] = {}
+      for loop in loops:
+        if loop not in refs:
+          refs[loop] = jax.device_get(single(loop))
+        if loop in ('greedy', 'sample'):
+          state = decoder.init(params, enc, MAX_LEN + 1)
+          out = mesh.autoregressive(decoder, state, jax.random.PRNGKey(3), max_decode_len=MAX_LEN,
+                                    config=SAMPLE if loop == 'sample' else sampling.GREEDY,
+                                    skip=SKIP if loop == 'greedy' else None)
+          got = (out.sequences, out.lengths)
+          entry['sequences_spec'] = spec(out.sequences)
+          if loop == 'greedy' and (name, data, model_size) == ('mha', 2, 4):
+            entry['collectives'] = collectives(decoder, state)
+        elif loop == 'beam':
+          state = decoder.init(params, np.repeat(enc, BEAMS, 0), MAX_LEN + 1)
+          got = (mesh.beam(decoder, state, beam_size=BEAMS, max_decode_len=MAX_LEN)[0], None)
+        else:
+          state = decoder.init(params, enc, speculative.target_cache_length(MAX_LEN, GAMMA))
+          dstate = draft.init(draft_params, enc, MAX_LEN, GAMMA)
+          entry['draft_kv_spec'] = spec(dstate.cache['decoder']['layers_0']['self_attention']['cached_key'])
+          out = mesh.speculative(decoder, state, draft, dstate, jax.random.PRNGKey(3), gamma=GAMMA,
+                                 max_decode_len=MAX_LEN, skip=SKIP)
+          got = (out.sequences, (out.lengths, out.accepted, out.target_calls))
+          entry['lengths'] = [int(x) for x in np.asarray(out.lengths)]
+        got = jax.device_get(got)
+        entry[loop] = all(jax.tree_util.tree_leaves(jax.tree_util.tree_map(
+            lambda a, b: bool(np.array_equal(a, b)), got, refs[loop])))
+        layer = state.cache['decoder']['layers_0']
+        entry['self_kv_spec'] = spec(layer['self_attention']['cached_key'])
+        entry['cross_kv_spec'] = spec(layer['encoder_decoder_attention']['cached_value'])
+        entry['index_spec'] = spec(state.cache['decoder']['cache_index'])
+        entry['kv_kernel_spec'] = spec(
+            state.params['decoder']['layers_0']['self_attention']['key']['kernel'])
+        entry['query_kernel_spec'] = spec(
+            state.params['decoder']['layers_0']['self_attention']['query']['kernel'])
+    report[f'{name}/greedy_lengths'] = [int(x) for x in refs['greedy'][1]]
+  print('REPORT ' + json.dumps(report))
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,88 @@
+"""Partitioned decoding (`gqa_spec.decoding.mesh`) on 8 virtual CPU devices equals one device.
+
+Greedy autoregressive, beam search, greedy speculative (a model draft with its own placement,
+ragged rows and padding rows) and seeded sampling give the single-device tokens on 2x4, 1x8, 8x1
+(and 4x2, where GQA-2's two K/V heads shard) meshes for MHA, GQA-2 and MQA, and the cache and
+parameters are placed as the rules say. The check runs in a subprocess (`mesh_check.py`): XLA's
+device count is fixed when jax initialises.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+D, M = 'data', 'model'
+
+
+@pytest.fixture(scope='module')
+def report():
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=_ROOT,
+             XLA_FLAGS='--xla_force_host_platform_device_count=8 '
+                       '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true')
+  result = subprocess.run([sys.executable, '-m', 'tests.decoding.mesh_check'], cwd=_ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+  assert result.returncode == 0, result.stderr[-4000:]
+  return json.loads(result.stdout.split('REPORT ', 1)[1])
+
+
+@pytest.mark.slow
+def test_every_loop_gives_the_single_device_tokens(report):
+  runs = {k: v for k, v in report.items() if '/' in k and isinstance(v, dict)}
+  checked = {(k, loop) for k, v in runs.items() for loop in ('greedy', 'beam', 'speculative', 'sample')
+             if loop in v}
+  assert checked and all(runs[k][loop] for k, loop in checked), [c for c in checked if not runs[c[0]][c[1]]]
+  # Coverage: greedy everywhere; every other loop on every config and on every required mesh.
+  for name in ('mha', 'gqa2', 'mqa'):
+    for mesh in ('2x4', '1x8', '8x1'):
+      assert (f'{name}/{mesh}', 'greedy') in checked
+  for loop in ('beam', 'speculative', 'sample'):
+    assert {k.split('/')[0] for k, l in checked if l == loop} == {'mha', 'gqa2', 'mqa'}, loop
+    assert {k.split('/')[1] for k, l in checked if l == loop} >= {'2x4', '1x8', '8x1'}, loop
+  assert ('gqa2/4x2', 'speculative') in checked
+
+
+@pytest.mark.slow
+def test_the_loop_never_moves_a_cache_or_whole_logits(report):
+  # MHA on 2x4, greedy: each device holds 4 rows and 2 of 8 K/V heads. Inside the loop only
+  # activations move ([4, 1, emb=32] all-reduces after the model-sharded matmuls) and the argmax
+  # over the model-sharded vocabulary (per-shard maxima, [4, 4]); never a K/V cache
+  # ([4, 2, 9, 4] per device and layer) nor a row's full logits ([4, 128]).
+  found = report['mha/2x4']['collectives']
+  assert found and max(n for _, n in found) <= 4 * 32, found
+  assert 'all-gather' not in {op for op, n in found if n > 16}, found
+
+
+@pytest.mark.slow
+def test_batches_are_ragged(report):
+  # Rows end at different steps (EOS), two padding rows generate nothing.
+  for name in ('mha', 'gqa2', 'mqa'):
+    lengths = report[f'{name}/greedy_lengths']
+    assert lengths[6:] == [0, 0] and len(set(lengths[:6])) > 1, (name, lengths)
+  spec_lengths = [v['lengths'] for v in report.values() if isinstance(v, dict) and 'lengths' in v]
+  assert any(len(set(l[:6])) > 1 for l in spec_lengths), spec_lengths
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('run,kv', [
+    ('mha/2x4', [D, M, None, None]),  # 8 K/V heads over 4 model shards
+    ('mha/1x8', [D, M, None, None]),
+    ('mha/8x1', [D, None, None, None]),
+    ('gqa2/4x2', [D, M, None, None]),  # GQA-2 shards over a model axis of 2 ...
+    ('gqa2/2x4', [D, None, None, None]),  # ... and is replicated over 4
+    ('gqa2/1x8', [D, None, None, None]),
+    ('mqa/2x4', [D, None, None, None]),  # MQA: replicated on every model shard
+    ('mqa/1x8', [D, None, None, None]),
+])
+def test_cache_and_param_shardings_follow_the_rules(report, run, kv):
+  entry = report[run]
+  assert entry['self_kv_spec'] == kv and entry['cross_kv_spec'] == kv
+  assert entry['kv_kernel_spec'] == [None, kv[1]]  # K/V kernels [embed, G * head_dim]
+  model_size = int(run.split('x')[1])
+  assert entry['query_kernel_spec'] == [None, M if model_size > 1 else None]  # 8 query heads
+  assert entry['index_spec'] == [D] and entry['sequences_spec'] == [D, None]
+  if 'draft_kv_spec' in entry:  # the MQA draft: its own rules, rows on data, its head replicated
+    assert entry['draft_kv_spec'] == [D, None, None, None]
