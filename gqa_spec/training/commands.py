@@ -51,6 +51,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(name, help=help_text,
                               epilog='--gin.MACRO=VALUE sets a gin macro, e.g. --gin.TRAIN_STEPS=500')
     gin_utils.add_gin_flags(p)
+    p.add_argument('--verbose', action='store_true', default=argparse.SUPPRESS,
+                   help="show the libraries' logs (as `gqa-spec --verbose`)")
     p.set_defaults(func=func)
     _parse_known_with_macros(p)
 
@@ -61,10 +63,10 @@ def _quiet_gin_search(record: logging.LogRecord) -> bool:
 
 
 def _parse(args: argparse.Namespace) -> None:
-  logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+  from gqa_spec import console  # pylint: disable=g-import-not-at-top
+  console.configure_logging(getattr(args, 'verbose', False))  # orbax logs every step of a save
   for handler in logging.getLogger().handlers:
     handler.addFilter(_quiet_gin_search)
-  logging.getLogger('absl').setLevel(logging.WARNING)  # orbax and seqio log every step of a save
   gin_utils.parse(args.gin_file, list(args.gin_bindings) + getattr(args, _MACROS, []),
                   gin_utils.maybe_search_paths(args.gin_search_paths))
 
