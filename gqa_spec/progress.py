@@ -71,22 +71,24 @@ class Progress:
 
   Args:
     name: what progresses ('train', 'eval', ...), first word of each line.
-    total: the value `update` reaches at the end (absolute step for training).
+    total: the value `update` reaches at the end (absolute step for training); None: unknown
+      (lines show no percentage and no ETA).
     initial: the value at the start (the step a resumed run starts from).
     unit: the unit's name in lines ('step', 'batch').
     bar: show a tqdm bar instead of lines; None: when stderr is a terminal.
     every_steps: at most this many units between two lines (None: `ceil((total-initial)/10)`).
     every_seconds: at most this many seconds between two lines (None: the environment's
       GQA_SPEC_PROGRESS_SECONDS, default 30). A line is written only at an `update`.
+    enabled: False shows nothing (hosts other than the first).
   """
 
-  def __init__(self, name: str, total: int, initial: int = 0, unit: str = 'step',
+  def __init__(self, name: str, total: Optional[int], initial: int = 0, unit: str = 'step',
                bar: Optional[bool] = None, every_steps: Optional[int] = None,
-               every_seconds: Optional[float] = None):
-    self.name, self.total, self.unit = name, total, unit
+               every_seconds: Optional[float] = None, enabled: bool = True):
+    self.name, self.total, self.unit, self.enabled = name, total, unit, enabled
     self._initial = self._last_value = initial
     if every_steps is None:
-      every_steps = max(1, math.ceil((total - initial) / 10))
+      every_steps = max(1, math.ceil((total - initial) / 10)) if total else 10
     if every_seconds is None:
       every_seconds = float(os.environ.get('GQA_SPEC_PROGRESS_SECONDS', DEFAULT_SECONDS))
     self.every_steps, self.every_seconds = every_steps, every_seconds
@@ -97,7 +99,7 @@ class Progress:
     self._bar = None
     if bar is None:
       bar = sys.stderr.isatty()
-    if bar:
+    if bar and enabled:
       import tqdm  # pylint: disable=g-import-not-at-top
       self._bar = tqdm.tqdm(total=total, initial=initial, unit=unit, dynamic_ncols=True,
                             desc=(prefix() + name).strip())
@@ -106,6 +108,8 @@ class Progress:
              tokens: Optional[float] = None) -> None:
     """Reached `value` (absolute); `loss` of the latest unit, `tokens` processed since the last
     update (for tokens/s)."""
+    if not self.enabled:
+      return
     now = time.time()
     if self._bar is not None:
       self._bar.update(value - self._last_value)
@@ -114,33 +118,29 @@ class Progress:
     self._last_value = value
     if tokens is not None:
       self._tokens += tokens
-    if self._rate_origin is None:
+    first = self._rate_origin is None
+    if first:
       self._rate_origin = (now, value)
-      first = True
-    else:
-      first = False
     last_time, last_value = self._last_line
-    due = (first or value >= self.total or value - last_value >= self.every_steps
-           or now - last_time >= self.every_seconds)
+    due = (first or (self.total is not None and value >= self.total)
+           or value - last_value >= self.every_steps or now - last_time >= self.every_seconds)
     if self._bar is None and due:
-      self._line(now, value, loss)
+      self._line(now, value, loss, first)
 
-  def _line(self, now: float, value: int, loss: Optional[float]) -> None:
+  def _line(self, now: float, value: int, loss: Optional[float], first: bool) -> None:
     last_time, _ = self._last_line
-    parts = [f'{prefix()}{self.name} {self.unit} {value}/{self.total}']
-    if self.total > 0:
-      parts[0] += f' ({100 * value / self.total:.0f}%)'
+    parts = [f'{prefix()}{self.name} {self.unit} {value}']
+    if self.total:
+      parts[0] += f'/{self.total} ({100 * value / self.total:.0f}%)'
     if loss is not None:
       parts.append(f'loss {loss:.4g}')
-    if self._tokens and now > last_time and value > self._rate_origin[1]:  # not the compile
+    if self._tokens and now > last_time and not first:  # the first update includes compiling
       parts.append(f'tokens/s {self._tokens / (now - last_time):.3g}')
     parts.append(f'elapsed {format_seconds(now - self._start)}')
     origin_time, origin_value = self._rate_origin
-    if value > origin_value and now > origin_time:
-      rate = (value - origin_value) / (now - origin_time)
-      parts.append(f'ETA {format_seconds((self.total - value) / rate)}')
-    else:
-      parts.append('ETA ?')
+    if self.total:
+      rate = (value - origin_value) / (now - origin_time) if now > origin_time else 0.0
+      parts.append(f'ETA {format_seconds((self.total - value) / rate) if rate > 0 else "?"}')
     log.info(' '.join(parts))
     self._last_line, self._tokens = (now, value), 0.0
 

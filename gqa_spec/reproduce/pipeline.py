@@ -25,6 +25,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from gqa_spec import progress
 from gqa_spec.errors import UserError
 from gqa_spec.reproduce import presets as presets_lib
 from gqa_spec.reproduce.presets import PRETRAIN, SUMMARIZE, TRANSLATE, Preset, Variant
@@ -90,15 +91,22 @@ def _finish_job(ctx: Context, stage: str, key: str, record: dict) -> dict:
 
 def _run_jobs(ctx: Context, stage: str, jobs: Sequence[tuple]) -> List[dict]:
   """Runs `(key, fn)` jobs of a stage, skipping finished ones; returns their records in order."""
-  records = []
-  for key, fn in jobs:
+  records, walls = [], []
+  for i, (key, fn) in enumerate(jobs, 1):
     done = _job_done(ctx, stage, key)
     if done is None:
       if ctx.progress is not None:
         ctx.progress.set_postfix_str(f'{stage}: {key}')
-      t0 = time.time()
-      record = fn()
-      record['wall_seconds'] = round(time.time() - t0, 2)
+      with progress.scope(f'job {i}/{len(jobs)} {key}'):
+        progress.info('started')
+        t0 = time.time()
+        record = fn()
+        record['wall_seconds'] = round(time.time() - t0, 2)
+        walls.append(record['wall_seconds'])
+        remaining = sum(1 for k, _ in jobs[i:] if _job_done(ctx, stage, k) is None)
+        progress.info('done in %s; stage ETA %s (%d job(s) left at this pace)',
+                      progress.format_seconds(walls[-1]),
+                      progress.format_seconds(remaining * sum(walls) / len(walls)), remaining)
       done = _finish_job(ctx, stage, key, record)
     records.append(done)
   return records
@@ -474,14 +482,17 @@ def run(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str]
   with tqdm(total=len(todo), desc=f'reproduce {preset_name}', unit='stage',
             disable=not progress_bar) as bar:
     ctx.progress = bar
-    for stage in todo:
+    for n, stage in enumerate(todo, 1):
       bar.set_postfix_str(stage)
       path = ctx.stage_path(stage)
       if os.path.exists(path) and not force:
         records[stage] = ctx.read_stage(stage)
       else:
         t0 = time.time()
-        record = STAGE_FNS[stage](ctx)
+        with progress.scope(f'reproduce {preset_name}', f'stage {n}/{len(todo)} {stage}'):
+          progress.info('started')
+          record = STAGE_FNS[stage](ctx)
+          progress.info('done in %s', progress.format_seconds(time.time() - t0))
         record['wall_seconds'] = round(time.time() - t0, 1)
         record['command'] = _command(ctx) + f' --stages {stage}'
         _write_json(path, record)

@@ -182,7 +182,7 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
   log.info('training %s from step %d to %d on mesh %s', model_dir, step, total_steps,
            dict(partitioner.mesh.shape))
   writer = metrics_lib.MetricWriter(model_dir, step, is_writer)
-  bar = progress.Progress('train', total_steps, step, bar=progress_bar if is_writer else False)
+  bar = progress.Progress('train', total_steps, step, bar=progress_bar, enabled=is_writer)
   best = _read_best(model_dir)
   batches = get_batches(train_dataset_cfg, skip_batches=step - data_start_step)
   # Dispatched steps whose metrics the host has not read yet, oldest first: [(step, metrics)].

@@ -67,10 +67,12 @@ def _command(tmp_path, model_dir):
 
 
 def _env(data_dir, **extra):
-  # Cheap XLA optimisation shortens the compiles; every run uses it, so equality stays bitwise.
+  # Cheap XLA optimisation shortens the compiles, and the runs share a compilation cache (the
+  # reference run fills it); every run uses the same flags, so equality stays bitwise.
   return dict(os.environ, GQA_SPEC_DATA_DIR=data_dir, JAX_PLATFORMS='cpu',
               XLA_FLAGS='--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true',
-              **extra)
+              JAX_COMPILATION_CACHE_DIR=os.path.join(data_dir, 'xla_cache'),
+              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0', **extra)
 
 
 @pytest.fixture(scope='module')
@@ -146,4 +148,27 @@ def test_sigterm_stops_promptly_saves_the_reached_step_and_resumes_exactly(
   stopped_at = int(re.search(r'stopped by signal at step (\d+)', stderr).group(1))
   assert stopped_at < TOTAL_STEPS, stderr[-3000:]  # it stopped mid-run...
   assert _steps(stopped_dir)[-1] == stopped_at  # ...with a checkpoint at the step it reached
+  # stderr is a pipe, not a terminal: progress comes as lines (every ceil(60 / 10) steps).
+  assert re.search(r'INFO gqa_spec.progress: train step 6/60 \(10%\) loss \S+ tokens/s \S+ '
+                   r'elapsed \S+ ETA \S+\n', stderr), stderr[-3000:]
   _resume_and_compare(tmp_path, stopped_dir, env, reference, stopped_at)
+
+
+@pytest.mark.slow
+def test_sigkill_inside_an_asynchronous_save_resumes_from_the_last_complete_checkpoint(
+    tmp_path, tiny_data_dir, reference):
+  # Every save stalls 2 s between writing its data and committing it (the checkpointing test
+  # hook), in the background while training goes on: the kill lands inside the step-10 save,
+  # whose data is written but not committed, by construction rather than by timing luck.
+  env = _env(tiny_data_dir, GQA_SPEC_TEST_SAVE_STALL_SECONDS='2')
+  killed_dir = str(tmp_path / 'killed')
+  proc = subprocess.Popen(_command(tmp_path, killed_dir), env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  _wait_for(lambda: os.path.exists(os.path.join(killed_dir, 'save_stall_10')), proc)
+  os.kill(proc.pid, signal.SIGKILL)
+  proc.wait()
+  assert proc.returncode == -signal.SIGKILL
+  entries = os.listdir(os.path.join(killed_dir, 'checkpoints'))
+  assert [e for e in entries if e.startswith('10.')], entries  # step 10's uncommitted directory
+  assert _steps(killed_dir) == [5], entries  # only complete checkpoints count
+  _resume_and_compare(tmp_path, killed_dir, _env(tiny_data_dir), reference, 5)
