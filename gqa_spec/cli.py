@@ -24,6 +24,7 @@ _COMMAND_MODULES = (
     'gqa_spec.training.commands',  # train, uptrain, eval
     'gqa_spec.data.commands',  # data fetch, prepare, show, vocab, list
     'gqa_spec.reproduce.commands',  # reproduce
+    'gqa_spec.status',  # status
 )
 
 

@@ -41,7 +41,7 @@ from typing import Any, Mapping, Optional, Protocol
 import jax
 import numpy as np
 
-from gqa_spec import progress
+from gqa_spec import progress, status
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 from gqa_spec.training import checkpointing, initial, losses
@@ -215,8 +215,10 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
     window, window_start = [], time.time()
 
   stop = _StopFlag(lambda: len(in_flight))
+  lock = (status.running(model_dir, total_steps=total_steps) if is_writer
+          else contextlib.nullcontext())
   try:
-    with stop.installed():
+    with stop.installed(), lock:
       while step < total_steps and not stop.requested:
         state, step_metrics = step_fn(state, partitioner.shard_batch(next(batches)))
         step += 1

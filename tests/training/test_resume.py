@@ -19,6 +19,7 @@ import jax
 import numpy as np
 import pytest
 
+from gqa_spec import status
 from gqa_spec.training import initial
 
 TOTAL_STEPS = 60
@@ -80,8 +81,13 @@ def reference(tmp_path_factory, tiny_data_dir):
   """The parameters of an uninterrupted run to TOTAL_STEPS."""
   tmp_path = tmp_path_factory.mktemp('reference')
   model_dir = str(tmp_path / 'run')
-  subprocess.run(_command(tmp_path, model_dir), env=_env(tiny_data_dir), check=True,
-                 capture_output=True)
+  result = subprocess.run(_command(tmp_path, model_dir), env=_env(tiny_data_dir), check=True,
+                          capture_output=True, text=True)
+  # stderr is a pipe, not a terminal: progress comes as lines, at the first step and then every
+  # ceil(60 / 10) steps (or 30 s).
+  logged = re.findall(r'INFO gqa_spec.progress: train step (\d+)/60 \(\d+%\) loss [\d.]+ '
+                      r'(?:tokens/s \S+ )?elapsed \S+ ETA \S+\n', result.stderr)
+  assert set(range(6, 61, 6)) <= set(map(int, logged)) and logged[0] == '1', result.stderr[-3000:]
   _, params, step = initial.load(model_dir)
   assert step == TOTAL_STEPS
   return params
@@ -148,9 +154,6 @@ def test_sigterm_stops_promptly_saves_the_reached_step_and_resumes_exactly(
   stopped_at = int(re.search(r'stopped by signal at step (\d+)', stderr).group(1))
   assert stopped_at < TOTAL_STEPS, stderr[-3000:]  # it stopped mid-run...
   assert _steps(stopped_dir)[-1] == stopped_at  # ...with a checkpoint at the step it reached
-  # stderr is a pipe, not a terminal: progress comes as lines (every ceil(60 / 10) steps).
-  assert re.search(r'INFO gqa_spec.progress: train step 6/60 \(10%\) loss \S+ tokens/s \S+ '
-                   r'elapsed \S+ ETA \S+\n', stderr), stderr[-3000:]
   _resume_and_compare(tmp_path, stopped_dir, env, reference, stopped_at)
 
 
@@ -171,4 +174,8 @@ def test_sigkill_inside_an_asynchronous_save_resumes_from_the_last_complete_chec
   entries = os.listdir(os.path.join(killed_dir, 'checkpoints'))
   assert [e for e in entries if e.startswith('10.')], entries  # step 10's uncommitted directory
   assert _steps(killed_dir) == [5], entries  # only complete checkpoints count
+  lines = '\n'.join(status.status(killed_dir))
+  assert 'latest complete checkpoint: step 5 (checkpoints/5)' in lines, lines
+  assert 'incomplete (uncommitted, ignored on resume): 10.' in lines, lines
+  assert f'process: not running (pid {proc.pid}, started' in lines, lines  # the lock of the killed
   _resume_and_compare(tmp_path, killed_dir, _env(tiny_data_dir), reference, 5)
