@@ -107,7 +107,8 @@ def reproduction_status(out_dir: str) -> List[str]:
   from gqa_spec.reproduce.pipeline import STAGES  # pylint: disable=g-import-not-at-top
   with open(os.path.join(out_dir, 'preset.json')) as f:
     preset = json.load(f)
-  work_dir = os.path.join(out_dir, preset.get('work_dir', ''))  # relative to out_dir, or absolute
+  # Relative to out_dir (or absolute, as older runs recorded it).
+  work_dir = os.path.normpath(os.path.join(out_dir, preset.get('work_dir', '')))
   done = [s for s in STAGES if os.path.exists(os.path.join(out_dir, f'{s}.json'))]
   pending = [s for s in STAGES if s not in done]
   lines = [f"reproduction {out_dir} (preset {preset.get('name')}, work dir {work_dir})",
