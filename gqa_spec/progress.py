@@ -140,7 +140,8 @@ class Progress:
     origin_time, origin_value = self._rate_origin
     if self.total:
       rate = (value - origin_value) / (now - origin_time) if now > origin_time else 0.0
-      parts.append(f'ETA {format_seconds((self.total - value) / rate) if rate > 0 else "?"}')
+      eta = 0.0 if value >= self.total else (self.total - value) / rate if rate > 0 else math.inf
+      parts.append(f'ETA {format_seconds(eta)}')
     log.info(' '.join(parts))
     self._last_line, self._tokens = (now, value), 0.0
 
