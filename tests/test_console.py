@@ -4,7 +4,9 @@ import os
 import subprocess
 import sys
 
-from gqa_spec import console
+import pytest
+
+from gqa_spec import cli, console
 
 
 def test_filtered_stderr_drops_probing_noise_and_keeps_real_lines(capfd):
@@ -38,3 +40,11 @@ def test_cli_start_up_on_cpu_is_quiet(tmp_path):
   assert 'tensorflow' not in result.stderr.lower() and not console.NOISE.search(result.stderr), \
       result.stderr
   assert result.stderr == '', result.stderr
+
+
+@pytest.mark.parametrize('argv, verbose', [
+    (['train', '--gin_file=x.gin'], False), (['train', '--verbose', '--gin.A=1'], True),
+    (['--verbose', 'reproduce'], True), (['reproduce', '--verbose'], True),
+    (['status', '.'], False)])
+def test_verbose_flag_before_or_after_the_command(argv, verbose):
+  assert cli.build_parser().parse_args(argv).verbose is verbose
