@@ -21,7 +21,8 @@ Failure handling: a non-finite loss raises `NonFiniteLossError` naming the step;
 preceded by a finiteness check of all steps since the last one, so only good states are
 checkpointed. SIGTERM or Ctrl-C stops and saves ("save on exit"): the loop keeps at most
 `MAX_IN_FLIGHT` steps queued on the device (it reads step n-2's metrics before dispatching step
-n+1), so a stop waits for at most two step times plus the save, within a pre-emption notice.
+n+1, and dispatches nothing once a stop is requested), so a stop waits for at most two step times
+plus the save, within a pre-emption notice.
 A second Ctrl-C interrupts at once, without saving.
 """
 
@@ -220,7 +221,10 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
   try:
     with stop.installed(), lock:
       while step < total_steps and not stop.requested:
-        state, step_metrics = step_fn(state, partitioner.shard_batch(next(batches)))
+        batch = next(batches)
+        if stop.requested:  # arrived while the batch was read: do not queue another step
+          break
+        state, step_metrics = step_fn(state, partitioner.shard_batch(batch))
         step += 1
         in_flight.append((step, step_metrics))
         retire(MAX_IN_FLIGHT)
