@@ -70,6 +70,7 @@ def main():
   parser.add_argument('--steps', type=int, default=40, help='steps of a throughput run')
   parser.add_argument('--signal-after', type=int, default=15, help='steps dispatched at SIGTERM')
   parser.add_argument('--repeats', type=int, default=2)
+  parser.add_argument('--unbounded-first', action='store_true', help='order within a repeat')
   parser.add_argument('--out', default='results/benchmarks/train_stop')
   args = parser.parse_args()
   jax.config.update('jax_compilation_cache_dir', os.path.join(tempfile.gettempdir(),
@@ -83,7 +84,8 @@ def main():
                  'steps_after_signal': []} for name in ('bounded', 'unbounded')}
   loads = [os.getloadavg()]
   for repeat in range(args.repeats):
-    for name, in_flight in (('bounded', 2), ('unbounded', UNBOUNDED)):
+    order = (('bounded', 2), ('unbounded', UNBOUNDED))
+    for name, in_flight in order[::-1] if args.unbounded_first else order:
       trainer.MAX_IN_FLIGHT = in_flight
       with tempfile.TemporaryDirectory() as tmp:
         _run(tmp, config, dataset, args.steps, log_period=10)
@@ -101,7 +103,9 @@ def main():
   trainer.MAX_IN_FLIGHT = 2
   summary = {name: {k: statistics.median(v) for k, v in r.items()} for name, r in rows.items()}
   out = {'command': 'python benchmarks/train_stop.py ' + ' '.join(
-             f'--{k.replace("_", "-")} {v}' for k, v in vars(args).items() if k != 'out'),
+             f'--{k.replace("_", "-")} {v}' for k, v in vars(args).items()
+             if k not in ('out', 'unbounded_first')) + (' --unbounded-first' if args.unbounded_first
+                                                        else ''),
          'model': args.model, 'batch': args.batch, 'lengths': [inputs, targets],
          'machine': f'{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores '
                     f'(shared), JAX {jax.__version__} on {jax.devices()[0].platform}',
