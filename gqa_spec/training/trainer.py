@@ -8,6 +8,7 @@
   train_log.jsonl          one JSON object per logged step (`metrics.py`), train and eval
   train/, eval/            TensorBoard event files
   best/, best.json         native checkpoint of the best evaluation so far, and its metrics
+  RUNNING.json             pid and host while a process trains (`gqa-spec status`)
 
 Start-up, in order of precedence:
   1. `model_dir` has checkpoints: resume from the latest (same step, same optimizer state, same
