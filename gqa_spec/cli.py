@@ -14,7 +14,8 @@ import sys
 from typing import Optional, Sequence
 
 # TensorFlow (seqio's input pipelines) logs CUDA probing and oneDNN notices from C++ at import;
-# they say nothing to a CPU user. An explicit TF_CPP_MIN_LOG_LEVEL wins.
+# they say nothing to a CPU user. An explicit TF_CPP_MIN_LOG_LEVEL wins (see `console.setup`).
+_USER_TF_LEVEL = 'TF_CPP_MIN_LOG_LEVEL' in os.environ
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 _COMMAND_MODULES = (
@@ -24,6 +25,7 @@ _COMMAND_MODULES = (
     'gqa_spec.training.draft_commands',  # train-draft
     'gqa_spec.data.commands',  # data fetch, prepare, show, vocab, list
     'gqa_spec.reproduce.commands',  # reproduce
+    'gqa_spec.status',  # status
 )
 
 
@@ -31,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog='gqa-spec',
       description='Grouped-query attention and speculative decoding for T5.1.1 (JAX/Flax).')
+  parser.add_argument('--verbose', action='store_true',
+                      help="show the libraries' logs (TensorFlow's device probing, orbax, seqio)")
   subparsers = parser.add_subparsers(dest='command', metavar='COMMAND')
   subparsers.required = True
   for name in _COMMAND_MODULES:
@@ -41,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
   parser = build_parser()
   args = parser.parse_args(argv)
+  from gqa_spec import console  # pylint: disable=g-import-not-at-top
+  console.setup(getattr(args, 'verbose', False), _USER_TF_LEVEL)
   try:
     return int(args.func(args) or 0)
   except (ValueError, FileNotFoundError, NotADirectoryError, KeyError) as e:

@@ -27,15 +27,17 @@ def register(subparsers) -> None:
                       help='change one preset field (repeatable; tuples comma-separated, e.g. '
                            '--set warmup_steps=10000 --set gammas=1,3,7); needs --out and '
                            '--work-dir')
+  parser.add_argument('--verbose', action='store_true', default=argparse.SUPPRESS,
+                      help="show the libraries' logs (as `gqa-spec --verbose`)")
   parser.set_defaults(func=_reproduce)
 
 
 def _reproduce(args: argparse.Namespace) -> int:
+  from gqa_spec import console  # pylint: disable=g-import-not-at-top
   from gqa_spec.reproduce import pipeline  # pylint: disable=g-import-not-at-top
-  logging.basicConfig(level=logging.WARNING)
   # seqio and orbax warn on every evaluation and save (uncached sources, truncation notices);
-  # the stage JSON and report carry what matters. Errors still show.
-  logging.getLogger('absl').setLevel(logging.ERROR)
+  # the stage JSON and report carry what matters. Errors and progress lines still show.
+  console.configure_logging(getattr(args, 'verbose', False), library_level=logging.ERROR)
   records = pipeline.run(args.preset, args.out, args.work_dir, args.stages, args.force,
                          overrides=args.overrides)
   report = records.get('report')

@@ -25,6 +25,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from gqa_spec import progress, status
 from gqa_spec.errors import UserError
 from gqa_spec.reproduce import presets as presets_lib
 from gqa_spec.reproduce.presets import PRETRAIN, SUMMARIZE, TRANSLATE, Preset, Variant
@@ -51,6 +52,10 @@ class Context:
   def path(self, relative: str) -> str:
     """A path recorded relative to the work dir (stage JSON stays valid if the dir moves)."""
     return os.path.join(self.work_dir, relative)
+
+  def relative(self, path: str) -> str:
+    """`path` as recorded: relative to the work dir (`path` reads it back)."""
+    return os.path.relpath(path, self.work_dir)
 
   def model_dir(self, *parts: str) -> str:
     return os.path.join(self.work_dir, 'models', *parts)
@@ -90,15 +95,22 @@ def _finish_job(ctx: Context, stage: str, key: str, record: dict) -> dict:
 
 def _run_jobs(ctx: Context, stage: str, jobs: Sequence[tuple]) -> List[dict]:
   """Runs `(key, fn)` jobs of a stage, skipping finished ones; returns their records in order."""
-  records = []
-  for key, fn in jobs:
+  records, walls = [], []
+  for i, (key, fn) in enumerate(jobs, 1):
     done = _job_done(ctx, stage, key)
     if done is None:
       if ctx.progress is not None:
         ctx.progress.set_postfix_str(f'{stage}: {key}')
-      t0 = time.time()
-      record = fn()
-      record['wall_seconds'] = round(time.time() - t0, 2)
+      with progress.scope(f'job {i}/{len(jobs)} {key}'):
+        progress.info('started')
+        t0 = time.time()
+        record = fn()
+        record['wall_seconds'] = round(time.time() - t0, 2)
+        walls.append(record['wall_seconds'])
+        remaining = sum(1 for k, _ in jobs[i:] if _job_done(ctx, stage, k) is None)
+        progress.info('done in %s; stage ETA %s (%d job(s) left at this pace)',
+                      progress.format_seconds(walls[-1]),
+                      progress.format_seconds(remaining * sum(walls) / len(walls)), remaining)
       done = _finish_job(ctx, stage, key, record)
     records.append(done)
   return records
@@ -121,7 +133,7 @@ def stage_corpus(ctx: Context) -> dict:
   if vocab.vocab_size > p.target.vocab_size:
     raise UserError(f'vocabulary of {vocab.vocab_size} ids does not fit the model vocab_size '
                     f'{p.target.vocab_size}')
-  return {'data_dir': ctx.data_dir, 'stats': stats, 'vocab_size': vocab.vocab_size}
+  return {'data_dir': ctx.relative(ctx.data_dir), 'stats': stats, 'vocab_size': vocab.vocab_size}
 
 
 def _register_tasks(ctx: Context) -> None:
@@ -132,7 +144,7 @@ def _register_tasks(ctx: Context) -> None:
 def _train(model_dir: str, config, task: str, lengths, batch: int, total_steps: int, *,
            learning_rate_fn, initial_checkpoint_path=None,
            initial_step=None, evaluator=None, eval_period=None, best_metric=None,
-           save_period: int = 100, seed: int = 0) -> dict:
+           save_period: int = 100, seed: int = 0, work_dir: str = '.') -> dict:
   from gqa_spec.training import trainer  # pylint: disable=g-import-not-at-top
   from gqa_spec.training.data import DatasetConfig  # pylint: disable=g-import-not-at-top
   dataset = DatasetConfig(task, {'inputs': lengths[0], 'targets': lengths[1]}, batch_size=batch,
@@ -146,7 +158,7 @@ def _train(model_dir: str, config, task: str, lengths, batch: int, total_steps: 
       checkpoint_cfg=trainer.CheckpointConfig(save_period=save_period, keep=1,
                                               asynchronous=False),
       random_seed=seed, progress_bar=False)
-  return {'model_dir': model_dir, 'step': result.step,
+  return {'model_dir': os.path.relpath(model_dir, work_dir), 'step': result.step,
           'train_metrics': {k: float(v) for k, v in result.train_metrics.items()},
           'best': result.best}
 
@@ -160,7 +172,7 @@ def stage_pretrain(ctx: Context) -> dict:
     jobs.append((role, lambda config=config, role=role: _train(
         ctx.model_dir('pretrain', role), config, PRETRAIN, p.pretrain_lengths, p.pretrain_batch,
         p.pretrain_steps, learning_rate_fn=rsqrt_decay(1.0, p.warmup_steps),
-        save_period=max(10, p.pretrain_steps // 5))))
+        save_period=max(10, p.pretrain_steps // 5), work_dir=ctx.work_dir)))
   target, draft = _run_jobs(ctx, 'pretrain', jobs)
   return {'target': target, 'draft': draft, 'steps': p.pretrain_steps}
 
@@ -182,18 +194,19 @@ def stage_uptrain(ctx: Context) -> dict:
     config = p.target.replace(num_kv_heads=v.kv_heads)
     record = uptrain.convert_checkpoint(model_dir, source, config, v.method)
     result = {'variant': dataclasses.asdict(v), 'uptrain_steps': 0,
-              'checkpoint': os.path.join(model_dir, uptrain.CONVERTED_DIR), 'conversion': record}
+              'checkpoint': ctx.relative(os.path.join(model_dir, uptrain.CONVERTED_DIR)),
+              'conversion': record}
     if v.alpha > 0:
       def train_fn(**kwargs):
         return _train(kwargs['model_dir'], kwargs['model_config'], PRETRAIN, p.pretrain_lengths,
                       p.pretrain_batch, kwargs['total_steps'],
                       learning_rate_fn=rsqrt_decay(1.0, p.warmup_steps),
                       initial_checkpoint_path=kwargs['initial_checkpoint_path'],
-                      initial_step=kwargs['initial_step'])
+                      initial_step=kwargs['initial_step'], work_dir=ctx.work_dir)
       trained = uptrain.uptrain(model_dir=model_dir, model_config=config,
                                 initial_checkpoint_path=source, method=v.method, alpha=v.alpha,
                                 train_fn=train_fn)
-      result.update(trained, checkpoint=model_dir,
+      result.update(trained, checkpoint=ctx.relative(model_dir),
                     uptrain_steps=trained['step'] - p.pretrain_steps)
     return result
 
@@ -204,7 +217,7 @@ def stage_uptrain(ctx: Context) -> dict:
 def _finetune_sources(ctx: Context) -> List[tuple]:
   """`(name, config, initial checkpoint, variant or None)` of every model to fine-tune."""
   p = ctx.preset
-  uptrained = {r['variant_name']: r['checkpoint'] for r in
+  uptrained = {r['variant_name']: ctx.path(r['checkpoint']) for r in
                ({**r, 'variant_name': Variant(**r['variant']).name}
                 for r in ctx.read_stage('uptrain')['rows'])}
   out = []
@@ -234,11 +247,10 @@ def stage_finetune(ctx: Context) -> dict:
                         p.finetune_batch, p.finetune_steps, learning_rate_fn=constant(p.finetune_learning_rate),
                         initial_checkpoint_path=source, initial_step=0, evaluator=evaluator,
                         eval_period=p.eval_period, best_metric=TASK_METRIC[task],
-                        save_period=p.eval_period)
+                        save_period=p.eval_period, work_dir=ctx.work_dir)
         return dict(record, name=name, task=task, kv_heads=config.num_kv_heads,
                     variant=None if variant is None else dataclasses.asdict(variant),
-                    best_checkpoint=os.path.relpath(os.path.join(record['model_dir'], 'best'),
-                                                    ctx.work_dir))
+                    best_checkpoint=os.path.join(record['model_dir'], 'best'))
       jobs.append((f'{task}.{name}', job))
   return {'rows': _run_jobs(ctx, 'finetune', jobs)}
 
@@ -467,21 +479,25 @@ def run(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str]
   _enable_compilation_cache(ctx.work_dir)
   _write_json(os.path.join(ctx.out_dir, 'preset.json'),
               dict(json.loads(json.dumps(dataclasses.asdict(preset), default=str)),
-                   work_dir=os.path.abspath(ctx.work_dir), overrides=list(overrides)))
+                   work_dir=os.path.relpath(ctx.work_dir, ctx.out_dir),  # preset.json's dir
+                   overrides=list(overrides)))
   records = {}
   if progress_bar is None:
     progress_bar = sys.stderr.isatty()
   with tqdm(total=len(todo), desc=f'reproduce {preset_name}', unit='stage',
-            disable=not progress_bar) as bar:
+            disable=not progress_bar) as bar, status.running(ctx.out_dir):
     ctx.progress = bar
-    for stage in todo:
+    for n, stage in enumerate(todo, 1):
       bar.set_postfix_str(stage)
       path = ctx.stage_path(stage)
       if os.path.exists(path) and not force:
         records[stage] = ctx.read_stage(stage)
       else:
         t0 = time.time()
-        record = STAGE_FNS[stage](ctx)
+        with progress.scope(f'reproduce {preset_name}', f'stage {n}/{len(todo)} {stage}'):
+          progress.info('started')
+          record = STAGE_FNS[stage](ctx)
+          progress.info('done in %s', progress.format_seconds(time.time() - t0))
         record['wall_seconds'] = round(time.time() - t0, 1)
         record['command'] = _command(ctx) + f' --stages {stage}'
         _write_json(path, record)

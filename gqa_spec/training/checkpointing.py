@@ -25,6 +25,10 @@ import orbax.checkpoint as ocp
 from gqa_spec.errors import UserError
 
 CHECKPOINTS_DIR = 'checkpoints'
+# Test hook: seconds every save stalls after its data is written and before orbax commits it
+# (renames the temporary directory), announced by a `save_stall_<step>` file in the run directory,
+# so that a test can kill a process inside an asynchronous save deterministically.
+STALL_ENV = 'GQA_SPEC_TEST_SAVE_STALL_SECONDS'
 
 
 def abstract_with_shardings(abstract: Any, shardings: Any) -> Any:
@@ -61,6 +65,8 @@ class Checkpointer:
         enable_async_checkpointing=asynchronous, cleanup_tmp_directories=True)
     self._manager = ocp.CheckpointManager(self.directory, item_names=('state', 'meta'),
                                           options=options)
+    if os.environ.get(STALL_ENV):
+      _stall_commits(float(os.environ[STALL_ENV]))
 
   def latest_step(self) -> Optional[int]:
     """The newest complete checkpoint's step, or None."""
@@ -110,3 +116,25 @@ class Checkpointer:
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+def _stall_commits(seconds: float) -> None:
+  """The `STALL_ENV` test hook: delays orbax's commit (the rename of the finished temporary step
+  directory, in the background thread of an asynchronous save)."""
+  import asyncio  # pylint: disable=g-import-not-at-top
+  from orbax.checkpoint._src.path import atomicity  # pylint: disable=g-import-not-at-top
+  cls = atomicity.AtomicRenameTemporaryPath
+  if getattr(cls.finalize, 'stalled', False):
+    return
+  original = cls.finalize
+
+  async def finalize(self):
+    final = str(self.get_final())
+    with open(os.path.join(os.path.dirname(os.path.dirname(final)),
+                           f'save_stall_{os.path.basename(final)}'), 'w'):
+      pass
+    await asyncio.sleep(seconds)
+    await original(self)
+
+  finalize.stalled = True
+  cls.finalize = finalize

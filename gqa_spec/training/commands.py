@@ -59,6 +59,8 @@ def register(subparsers) -> None:
     gin_utils.add_gin_flags(p)
     p.add_argument('--model-parallel', type=int, default=None, metavar='N',
                    help='model-parallel size of the device mesh: sets the gin macro MODEL_PARALLEL')
+    p.add_argument('--verbose', action='store_true', default=argparse.SUPPRESS,
+                   help="show the libraries' logs (as `gqa-spec --verbose`)")
     p.set_defaults(func=func)
     _parse_known_with_macros(p)
 
@@ -69,10 +71,10 @@ def _quiet_gin_search(record: logging.LogRecord) -> bool:
 
 
 def _parse(args: argparse.Namespace) -> None:
-  logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+  from gqa_spec import console  # pylint: disable=g-import-not-at-top
+  console.configure_logging(getattr(args, 'verbose', False))  # orbax logs every step of a save
   for handler in logging.getLogger().handlers:
     handler.addFilter(_quiet_gin_search)
-  logging.getLogger('absl').setLevel(logging.WARNING)  # orbax and seqio log every step of a save
   mesh = getattr(args, 'model_parallel', None)
   if mesh is not None and mesh < 1:
     raise UserError(f'--model-parallel must be >= 1, got {mesh}')

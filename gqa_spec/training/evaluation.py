@@ -33,6 +33,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import jax
 import numpy as np
 
+from gqa_spec import progress
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
@@ -185,7 +186,10 @@ class InferenceEvaluator:
     def predict(dataset, model_feature_shapes=None) -> List[Tuple[int, np.ndarray]]:
       del model_feature_shapes
       out = []
-      for indices, features in dataset.batch(self.batch_size).as_numpy_iterator():
+      batches = dataset.batch(self.batch_size)
+      count = int(batches.cardinality())  # negative: unknown
+      bar = progress.Progress(f'eval {self.split}', count if count > 0 else None, unit='batch')
+      for indices, features in batches.as_numpy_iterator():
         inputs = np.asarray(features['encoder_input_tokens'], np.int32)  # [n, S]
         n = inputs.shape[0]
         if n < self.batch_size:  # pad the last batch: one compiled shape for all batches
@@ -204,6 +208,8 @@ class InferenceEvaluator:
         for row, ids in zip(rows, tokens[:n]):
           row[:len(ids)] = ids
         out.extend(zip((int(i) for i in indices), rows))
+        bar.update(len(self.last_timings), tokens=float(sum(len(t) for t in tokens[:n])))
+      bar.close()
       return out
 
     return predict

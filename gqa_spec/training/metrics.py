@@ -9,16 +9,16 @@ tokens per second of wall time).
 `MetricWriter` writes every scalar to `<model_dir>/train_log.jsonl` (one JSON object per line,
 `{"step": ..., "split": "train", ...}`) and to TensorBoard event files under `<model_dir>/<split>`
 (written with TensorFlow's own summary writer, as plain scalar summaries: TensorBoard displays them
-and nothing beyond TensorFlow is needed to write them). On an interactive terminal a tqdm bar shows
-the step, the ETA and the latest loss.
+and nothing beyond TensorFlow is needed to write them). A resumed run first drops the records of
+steps after the checkpoint it resumed from (the killed run logged them, the resumed run logs them
+again), so the log holds each step once. Progress (bar or lines) is `gqa_spec.progress`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -40,32 +40,64 @@ def summarize(step_metrics: Sequence[Mapping[str, np.ndarray]], seconds: float) 
   }
 
 
+def drop_records_after(path: str, step: int) -> int:
+  """Rewrites the JSONL log at `path` without the records of steps after `step`; returns how many
+  were dropped (a resumed run logs those steps again). A torn last line (a kill mid-write) goes
+  too."""
+  if not os.path.exists(path):
+    return 0
+  kept, dropped = [], 0
+  with open(path) as f:
+    for line in f:
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:
+        dropped += 1
+        continue
+      if int(record.get('step', 0)) > step:
+        dropped += 1
+      else:
+        kept.append(line if line.endswith('\n') else line + '\n')
+  if dropped:
+    tmp = path + '.tmp'
+    with open(tmp, 'w') as f:
+      f.writelines(kept)
+    os.replace(tmp, path)
+  return dropped
+
+
+def read_records(path: str) -> list:
+  """The records of a JSONL log (a torn last line is skipped)."""
+  records = []
+  if os.path.exists(path):
+    with open(path) as f:
+      for line in f:
+        try:
+          records.append(json.loads(line))
+        except json.JSONDecodeError:
+          pass
+  return records
+
+
 class MetricWriter:
-  """JSONL + TensorBoard + progress bar; only the first host writes.
+  """JSONL + TensorBoard; only the first host writes.
 
   Args:
     model_dir: the run directory.
-    total_steps: the step training ends at (for the bar's ETA).
-    start_step: the step this process starts at.
+    start_step: the step this process starts at: logged records of later steps are dropped.
     enabled: write (False on every host but the first).
-    progress_bar: show a bar; None shows one when stderr is a terminal.
   """
 
-  def __init__(self, model_dir: str, total_steps: int, start_step: int, enabled: bool = True,
-               progress_bar: Optional[bool] = None):
+  def __init__(self, model_dir: str, start_step: int, enabled: bool = True):
     self.model_dir = model_dir
     self.enabled = enabled
     self._tb_writers = {}
-    self._bar = None
     if not enabled:
       return
     os.makedirs(model_dir, exist_ok=True)
-    self._jsonl = open(os.path.join(model_dir, JSONL_FILE), 'a')
-    if progress_bar is None:
-      progress_bar = sys.stderr.isatty()
-    if progress_bar:
-      import tqdm  # pylint: disable=g-import-not-at-top
-      self._bar = tqdm.tqdm(total=total_steps, initial=start_step, unit='step', dynamic_ncols=True)
+    path = os.path.join(model_dir, JSONL_FILE)
+    drop_records_after(path, start_step)
+    self._jsonl = open(path, 'a')
 
   def write_scalars(self, step: int, scalars: Mapping[str, float], split: str = 'train') -> None:
     """One record per call in the JSONL log, one summary per scalar in TensorBoard."""
@@ -76,8 +108,6 @@ class MetricWriter:
     self._jsonl.write(json.dumps(record) + '\n')
     self._jsonl.flush()
     self._write_tensorboard(step, scalars, split)
-    if self._bar is not None and 'loss' in scalars:
-      self._bar.set_postfix(loss=f"{scalars['loss']:.4f}", refresh=False)
 
   def _write_tensorboard(self, step: int, scalars: Mapping[str, float], split: str) -> None:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top  (only when writing)
@@ -90,16 +120,9 @@ class MetricWriter:
           summary_pb2.Summary(value=values).SerializeToString(), step=int(step))
     self._tb_writers[split].flush()
 
-  def advance(self, steps: int = 1) -> None:
-    """Moves the progress bar."""
-    if self._bar is not None:
-      self._bar.update(steps)
-
   def close(self) -> None:
     if not self.enabled:
       return
-    if self._bar is not None:
-      self._bar.close()
     for writer in self._tb_writers.values():
       writer.close()
     self._jsonl.close()

@@ -8,6 +8,7 @@
   train_log.jsonl          one JSON object per logged step (`metrics.py`), train and eval
   train/, eval/            TensorBoard event files
   best/, best.json         native checkpoint of the best evaluation so far, and its metrics
+  RUNNING.json             pid and host while a process trains (`gqa-spec status`)
 
 Start-up, in order of precedence:
   1. `model_dir` has checkpoints: resume from the latest (same step, same optimizer state, same
@@ -19,11 +20,16 @@ Start-up, in order of precedence:
 
 Failure handling: a non-finite loss raises `NonFiniteLossError` naming the step; every save is
 preceded by a finiteness check of all steps since the last one, so only good states are
-checkpointed. SIGTERM or Ctrl-C stops at the next step boundary and saves ("save on exit").
+checkpointed. SIGTERM or Ctrl-C stops and saves ("save on exit"): the loop keeps at most
+`MAX_IN_FLIGHT` steps queued on the device (it reads step n-2's metrics before dispatching step
+n+1, and dispatches nothing once a stop is requested), so a stop waits for at most two step times
+plus the save, within a pre-emption notice.
+A second Ctrl-C interrupts at once, without saving.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -37,6 +43,7 @@ from typing import Any, Mapping, Optional, Protocol
 import jax
 import numpy as np
 
+from gqa_spec import progress, status
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 from gqa_spec.training import checkpointing, initial, losses
@@ -50,6 +57,9 @@ log = logging.getLogger(__name__)
 
 BEST_DIR = 'best'
 BEST_FILE = 'best.json'
+# Steps dispatched to the device ahead of the host. Two keep the device busy while the host
+# fetches the next batch (dispatch stays overlapped) and bound what a stop request waits for.
+MAX_IN_FLIGHT = 2
 
 
 class NonFiniteLossError(UserError):
@@ -138,7 +148,8 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
     best_mode: 'max' or 'min'.
     log_period: steps between train-metric records (and finiteness checks).
     random_seed: parameter initialisation and dropout seed.
-    progress_bar: show a progress bar (None: on terminals).
+    progress_bar: show a progress bar (None: on terminals); without one, progress is logged as
+      lines (`gqa_spec.progress`).
     step_fn: a prebuilt train step with `TrainStep`'s interface (its partitioner, state, loss), e.g.
       `draft_training.DraftTrainStep` (drafts trained against a frozen target); its optimizer,
       learning rate, loss and mesh are used (passing `optimizer` / `learning_rate_fn` too is an
@@ -180,54 +191,74 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
           'dataset': dataclasses.asdict(train_dataset_cfg)}
   log.info('training %s from step %d to %d on mesh %s', model_dir, step, total_steps,
            dict(partitioner.mesh.shape))
-  writer = metrics_lib.MetricWriter(model_dir, total_steps, step, is_writer, progress_bar)
+  writer = metrics_lib.MetricWriter(model_dir, step, is_writer)
+  bar = progress.Progress('train', total_steps, step, bar=progress_bar, enabled=is_writer)
   best = _read_best(model_dir)
-  stop = _StopFlag()
   batches = get_batches(train_dataset_cfg, skip_batches=step - data_start_step)
-  pending, last_metrics, window_start = [], {}, time.time()
+  # Dispatched steps whose metrics the host has not read yet, oldest first: [(step, metrics)].
+  # At most MAX_IN_FLIGHT stay queued, so a stop request waits for at most that many steps.
+  in_flight = collections.deque()
+  window, last_metrics, window_start = [], {}, time.time()  # host metrics since the last record
 
-  def check_and_log() -> None:
-    nonlocal pending, last_metrics, window_start
-    if not pending:
-      return
-    host = jax.device_get([m for _, m in pending])
-    for (s, _), m in zip(pending, host):
+  def retire(keep: int) -> None:
+    """Waits for the oldest in-flight steps until `keep` remain; checks and records each."""
+    while len(in_flight) > keep:
+      s, m = in_flight.popleft()
+      m = jax.device_get(m)
       if not np.isfinite(m['loss_sum']):
         latest = ckpt.latest_step()
         raise NonFiniteLossError(
             f'non-finite loss ({float(m["loss_sum"])}) at step {s}; training stopped, the last good '
             f'checkpoint is ' + (f'step {latest} in {ckpt.directory}' if latest is not None
                                  else 'none (no checkpoint was saved yet)'))
-    last_metrics = metrics_lib.summarize(host, time.time() - window_start)
-    writer.write_scalars(pending[-1][0], last_metrics)
-    pending, window_start = [], time.time()
+      window.append(m)
+      bar.update(s, loss=float(m['loss_sum']) / max(float(m['weight_sum']), 1.0),
+                 tokens=float(m['weight_sum']) + float(m['input_tokens']))
 
+  def check_and_log() -> None:
+    nonlocal window, last_metrics, window_start
+    retire(0)
+    if not window:
+      return
+    last_metrics = metrics_lib.summarize(window, time.time() - window_start)
+    writer.write_scalars(step, last_metrics)
+    window, window_start = [], time.time()
+
+  stop = _StopFlag(lambda: len(in_flight))
+  lock = (status.running(model_dir, total_steps=total_steps) if is_writer
+          else contextlib.nullcontext())
   try:
-    with stop.installed():
+    with stop.installed(), lock:
       while step < total_steps and not stop.requested:
-        state, step_metrics = step_fn(state, partitioner.shard_batch(next(batches)))
+        batch = next(batches)
+        if stop.requested:  # arrived while the batch was read: do not queue another step
+          break
+        state, step_metrics = step_fn(state, partitioner.shard_batch(batch))
         step += 1
-        pending.append((step, step_metrics))
-        writer.advance()
+        in_flight.append((step, step_metrics))
+        retire(MAX_IN_FLIGHT)
         save_due = step % checkpoint_cfg.save_period == 0
         eval_due = evaluator is not None and eval_period is not None and step % eval_period == 0
         if step % log_period == 0 or save_due or eval_due or step == total_steps:
           check_and_log()
         if save_due:
           ckpt.save(step, state, meta)
-        if eval_due:
+        if eval_due and not stop.requested:
           best = _evaluate(evaluator, state, step, model_config, model_dir, writer, best,
                            best_metric, best_mode, is_writer)
-    check_and_log()
-    ckpt.save(step, state, meta, force=True)
-    if evaluator is not None and (eval_period is None or step % eval_period) and not stop.requested:
-      best = _evaluate(evaluator, state, step, model_config, model_dir, writer, best, best_metric,
-                       best_mode, is_writer)
+      check_and_log()
+      ckpt.save(step, state, meta, force=True)
+      if (evaluator is not None and (eval_period is None or step % eval_period)
+          and not stop.requested):
+        best = _evaluate(evaluator, state, step, model_config, model_dir, writer, best,
+                         best_metric, best_mode, is_writer)
   finally:
+    bar.close()
     writer.close()
     ckpt.close()
   if stop.requested:
-    log.warning('stopped by signal at step %d; saved a checkpoint', step)
+    log.warning('stopped by signal at step %d; saved a checkpoint (%.1f s after the signal)', step,
+                time.time() - stop.requested_at)
   return TrainResult(step=step, train_metrics=last_metrics, best=best)
 
 
@@ -298,15 +329,26 @@ def _evaluate(evaluator: Evaluator, state: TrainState, step: int, config: T5Conf
 
 
 class _StopFlag:
-  """Turns SIGTERM (pre-emption) and Ctrl-C into a request to stop at the next step boundary."""
+  """Turns SIGTERM (pre-emption) and Ctrl-C into a request to stop after the queued steps.
 
-  def __init__(self):
+  Args:
+    queued: how many steps are still queued (for the log line).
+  """
+
+  def __init__(self, queued=lambda: 0):
     self.requested = False
+    self.requested_at = None
+    self._queued = queued
 
   def _handle(self, signum, frame):
     del frame
-    log.warning('received signal %d; stopping after this step', signum)
+    if self.requested and signum == signal.SIGINT:
+      raise KeyboardInterrupt  # a second Ctrl-C: the user does not want to wait for the save
+    if not self.requested:
+      log.warning('received signal %d; stopping after the %d queued step(s) and saving', signum,
+                  self._queued())
     self.requested = True
+    self.requested_at = self.requested_at or time.time()
 
   @contextlib.contextmanager
   def installed(self):

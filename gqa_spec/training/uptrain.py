@@ -59,7 +59,8 @@ def convert_checkpoint(model_dir: str, initial_checkpoint_path: str, model_confi
   params, config = convert.convert_params(jax.device_get(params), source_config,
                                           model_config.num_kv_heads, method, seed)
   native.save_checkpoint(converted, config, params, overwrite=True)
-  record = {'source': os.path.abspath(initial_checkpoint_path), 'method': method,
+  record = {'source': os.path.relpath(initial_checkpoint_path, converted),  # this file's dir
+            'method': method,
             'source_num_kv_heads': source_config.num_kv_heads,
             'num_kv_heads': config.num_kv_heads, 'original_train_steps': int(steps)}
   with open(record_path, 'w') as f:  # written last: its presence marks a complete conversion

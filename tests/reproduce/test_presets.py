@@ -55,6 +55,7 @@ def test_cli_records_overrides_and_the_exact_command(tmp_path, monkeypatch):
     recorded = json.load(f)
   assert recorded['vocab_pieces'] == 250 and recorded['gammas'] == [1, 2]
   assert recorded['overrides'] == ['vocab_pieces=250', 'gammas=1,2']
+  assert recorded['work_dir'] == os.path.join('..', 'w')  # relative to preset.json's directory
   with open(os.path.join(out, 'corpus.json')) as f:
     corpus = json.load(f)
   assert corpus['command'] == (f'gqa-spec reproduce --preset smoke --set vocab_pieces=250 '

@@ -6,6 +6,7 @@ the draft (every proposal accepted).
 """
 
 import json
+import re
 
 import pytest
 
@@ -109,3 +110,12 @@ def test_eval_command_without_draft_is_a_one_line_error(ckpt, tmp_path, capsys):
   assert cli.main(argv) == 2
   err = capsys.readouterr().err.strip().splitlines()[-1]
   assert err.startswith('gqa-spec: error:') and 'needs a draft' in err
+
+
+def test_eval_logs_progress_lines_per_batch(ckpt, tmp_path, caplog):
+  caplog.set_level('INFO', 'gqa_spec.progress')
+  _evaluate(ckpt, tmp_path)
+  lines = [r.getMessage() for r in caplog.records if r.name == 'gqa_spec.progress']
+  # Two batches (6 examples by 4): the first line and the last one, at least.
+  assert re.match(r'eval validation batch 1(/2 \(50%\))? .*elapsed', lines[0]), lines
+  assert re.match(r'eval validation batch 2(/2 \(100%\))? tokens/s \S+ elapsed', lines[-1]), lines

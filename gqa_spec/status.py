@@ -1,0 +1,155 @@
+"""`gqa-spec status DIR`: where a training run or a reproduction stands, read from its files only.
+
+A run directory (`trainer.train`'s model_dir): the latest complete checkpoint (and uncommitted
+ones a killed save left), the last logged train and eval metrics, the best evaluation, and
+whether a process is still writing it. A reproduction's results directory (`preset.json`): the
+stages done and pending, the finished jobs of the first pending stage, and whether a process is
+still running it.
+
+"Still writing" comes from the lock file the trainer and `gqa-spec reproduce` keep while they
+run (`RUNNING_FILE`: pid, host, start time; removed when they end, even by a signal): the process
+is alive when its pid exists on this host. A lock left by a SIGKILL names a dead pid: "not
+running". From another host only the lock's age can be told.
+
+  with status.running(model_dir, total_steps=1000):
+    ...  # train
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from typing import Iterator, List, Optional
+
+from gqa_spec.errors import UserError
+
+RUNNING_FILE = 'RUNNING.json'
+CHECKPOINTS_DIR = 'checkpoints'  # `training.checkpointing`'s (not imported: it loads JAX)
+
+
+@contextlib.contextmanager
+def running(directory: str, **info) -> Iterator[None]:
+  """Marks `directory` as being written by this process for the duration of the block."""
+  path = os.path.join(directory, RUNNING_FILE)
+  with open(path, 'w') as f:
+    json.dump(dict(info, pid=os.getpid(), host=socket.gethostname(), started=time.time()), f)
+  try:
+    yield
+  finally:
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(path)
+
+
+def process_state(directory: str) -> str:
+  """'running (pid N, ...)', 'not running', or what can be told of a lock from another host."""
+  path = os.path.join(directory, RUNNING_FILE)
+  try:
+    with open(path) as f:
+      lock = json.load(f)
+  except (FileNotFoundError, json.JSONDecodeError):
+    return 'not running'
+  since = time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(lock['started']))
+  if lock['host'] != socket.gethostname():
+    return f"a process on host {lock['host']} (pid {lock['pid']}) started writing at {since}"
+  try:
+    os.kill(lock['pid'], 0)
+  except ProcessLookupError:
+    return f"not running (pid {lock['pid']}, started {since}, ended without cleaning up: killed?)"
+  except PermissionError:
+    pass  # alive, another user's
+  return f"running (pid {lock['pid']}, since {since})"
+
+
+def _metrics(record: dict) -> str:
+  skip = ('step', 'split', 'timing/steps_per_second')
+  return ', '.join(f'{k}={v:.4g}' for k, v in record.items()
+                   if k not in skip and isinstance(v, (int, float)))
+
+
+def run_status(model_dir: str) -> List[str]:
+  """The status lines of a trainer run directory."""
+  from gqa_spec.training import metrics  # pylint: disable=g-import-not-at-top  (numpy only)
+  lines = [f'run {model_dir}', f'  process: {process_state(model_dir)}']
+  ckpt_dir = os.path.join(model_dir, CHECKPOINTS_DIR)
+  entries = os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else []
+  # orbax commits a step by renaming its temporary directory to the bare step number.
+  complete = sorted(int(e) for e in entries if e.isdigit())
+  partial = sorted(e for e in entries if not e.isdigit() and e.split('.')[0].isdigit())
+  if complete:
+    lines.append(f'  latest complete checkpoint: step {complete[-1]} '
+                 f'({os.path.join(CHECKPOINTS_DIR, str(complete[-1]))}); kept: '
+                 f'{", ".join(map(str, complete))}')
+  else:
+    lines.append('  latest complete checkpoint: none')
+  if partial:
+    lines.append(f'  incomplete (uncommitted, ignored on resume): {", ".join(partial)}')
+  records = metrics.read_records(os.path.join(model_dir, metrics.JSONL_FILE))
+  for split in ('train', 'eval'):
+    last = [r for r in records if r.get('split') == split]
+    if last:
+      lines.append(f"  last {split} metrics (step {last[-1]['step']}): {_metrics(last[-1])}")
+  best_path = os.path.join(model_dir, 'best.json')
+  if os.path.exists(best_path):
+    with open(best_path) as f:
+      best = json.load(f)
+    lines.append(f"  best: {best['metric']} = {best['value']:.4g} at step {best['step']} (best/)")
+  if records:
+    age = time.time() - os.path.getmtime(os.path.join(model_dir, metrics.JSONL_FILE))
+    lines.append(f'  last log write: {age:.0f} s ago')
+  return lines
+
+
+def reproduction_status(out_dir: str) -> List[str]:
+  """The status lines of a `gqa-spec reproduce` results directory."""
+  from gqa_spec.reproduce.pipeline import STAGES  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(out_dir, 'preset.json')) as f:
+    preset = json.load(f)
+  # Relative to out_dir (or absolute, as older runs recorded it).
+  work_dir = os.path.normpath(os.path.join(out_dir, preset.get('work_dir', '')))
+  done = [s for s in STAGES if os.path.exists(os.path.join(out_dir, f'{s}.json'))]
+  pending = [s for s in STAGES if s not in done]
+  lines = [f"reproduction {out_dir} (preset {preset.get('name')}, work dir {work_dir})",
+           f'  process: {process_state(out_dir)}',
+           f"  stages done: {', '.join(done) or 'none'}",
+           f"  stages pending: {', '.join(pending) or 'none'}"]
+  for stage in done:
+    with open(os.path.join(out_dir, f'{stage}.json')) as f:
+      wall = json.load(f).get('wall_seconds')
+    if wall is not None:
+      lines.append(f'    {stage}: {wall:.0f} s')
+  if pending:
+    jobs_dir = os.path.join(work_dir, 'jobs', pending[0])
+    jobs = sorted(j[:-len('.json')] for j in os.listdir(jobs_dir)
+                  if j.endswith('.json')) if os.path.isdir(jobs_dir) else []
+    lines.append(f"  {pending[0]}: {len(jobs)} job(s) finished" +
+                 (f" ({', '.join(jobs)})" if jobs else ''))
+  return lines
+
+
+def status(directory: str) -> List[str]:
+  """Status lines of a run directory or a reproduction results directory."""
+  if not os.path.isdir(directory):
+    raise UserError(f'{directory} is not a directory')
+  if os.path.exists(os.path.join(directory, 'preset.json')):
+    return reproduction_status(directory)
+  if any(os.path.exists(os.path.join(directory, name))
+         for name in ('checkpoints', 'train_log.jsonl', RUNNING_FILE)):
+    return run_status(directory)
+  raise UserError(f'{directory} is neither a training run directory (checkpoints/, '
+                  'train_log.jsonl) nor a reproduction results directory (preset.json)')
+
+
+def register(subparsers) -> None:
+  p = subparsers.add_parser(
+      'status', help='where a training run or a reproduction stands (checkpoints, metrics, '
+                     'stages, whether a process is still writing it)')
+  p.add_argument('directory', help='a run directory (MODEL_DIR) or a reproduction results dir')
+  p.set_defaults(func=_status)
+
+
+def _status(args) -> int:
+  print('\n'.join(status(args.directory)))
+  return 0

@@ -1,0 +1,69 @@
+"""Progress lines when no terminal shows a bar: cadence, content, scopes; reproduce's job lines."""
+
+import logging
+import re
+
+from gqa_spec import progress
+from gqa_spec.reproduce import pipeline
+
+
+def _lines(caplog):
+  return [r.getMessage() for r in caplog.records if r.name == 'gqa_spec.progress']
+
+
+def test_lines_every_n_steps_with_loss_throughput_and_eta(caplog, monkeypatch):
+  now = [0.0]
+  monkeypatch.setattr(progress.time, 'time', lambda: now[0])
+  caplog.set_level(logging.INFO, 'gqa_spec.progress')
+  with progress.scope('pretrain', 'job 1/2 target'):
+    bar = progress.Progress('train', total=100, initial=50, bar=False, every_seconds=1e9)
+    for step in range(51, 101):
+      now[0] += 20.0 if step == 51 else 2.0  # the first step compiles
+      bar.update(step, loss=2.5, tokens=10.0)
+    bar.close()
+  lines = _lines(caplog)
+  # The first update, then every ceil(50 / 10) = 5 steps, and the last.
+  assert ([int(re.search(r'step (\d+)/', l).group(1)) for l in lines]
+          == [51] + list(range(56, 100, 5)) + [100])
+  assert lines[0] == '[pretrain job 1/2 target] train step 51/100 (51%) loss 2.5 elapsed 20s ETA ?'
+  # 5 steps of 10 tokens in 10 s; 2 s per step (the compile left out) leaves 44 steps = 88 s.
+  assert lines[1] == ('[pretrain job 1/2 target] train step 56/100 (56%) loss 2.5 tokens/s 5 '
+                      'elapsed 30s ETA 1m28s')
+  assert lines[-1].endswith('step 100/100 (100%) loss 2.5 tokens/s 5 elapsed 1m58s ETA 0s')
+  assert progress.prefix() == ''  # the scope ended
+
+
+def test_lines_every_t_seconds_and_unknown_total(caplog, monkeypatch):
+  now = [0.0]
+  monkeypatch.setattr(progress.time, 'time', lambda: now[0])
+  caplog.set_level(logging.INFO, 'gqa_spec.progress')
+  bar = progress.Progress('eval', total=None, unit='batch', bar=False, every_steps=1000,
+                          every_seconds=30)
+  for batch, t in zip(range(1, 7), [0.0, 1.0, 2.0, 31.0, 32.0, 62.0]):
+    now[0] = t
+    bar.update(batch)
+  assert _lines(caplog) == ['eval batch 1 elapsed 0s', 'eval batch 4 elapsed 31s',
+                            'eval batch 6 elapsed 1m02s']
+
+
+def test_disabled_progress_is_silent(caplog):
+  caplog.set_level(logging.INFO, 'gqa_spec.progress')
+  bar = progress.Progress('train', total=10, bar=False, enabled=False)
+  bar.update(10, loss=1.0)
+  assert not _lines(caplog)
+
+
+def test_reproduce_jobs_log_their_stage_job_and_eta(caplog, tmp_path):
+  caplog.set_level(logging.INFO, 'gqa_spec.progress')
+  ctx = pipeline.Context(preset=None, out_dir=str(tmp_path / 'out'), work_dir=str(tmp_path))
+  pipeline._finish_job(ctx, 'timing', 'b', {'done': True})  # finished earlier: skipped
+  with progress.scope('reproduce smoke', 'stage 6/8 timing'):
+    records = pipeline._run_jobs(ctx, 'timing', [('a', lambda: {'x': 1}), ('b', lambda: {}),
+                                                 ('c', lambda: {'x': 3})])
+  assert [r.get('x') for r in records] == [1, None, 3]
+  lines = _lines(caplog)
+  assert lines[0] == '[reproduce smoke stage 6/8 timing job 1/3 a] started'
+  assert re.fullmatch(r'\[reproduce smoke stage 6/8 timing job 1/3 a\] done in \d+s; stage ETA '
+                      r'\d+s \(1 job\(s\) left at this pace\)', lines[1]), lines[1]
+  assert lines[2] == '[reproduce smoke stage 6/8 timing job 3/3 c] started'
+  assert 'stage ETA 0s (0 job(s) left' in lines[3]
