@@ -66,3 +66,57 @@ def make_draft(spec: str, target_config, gamma: int,
     raise UserError(f'draft vocabulary {config.vocab_size} != target vocabulary {vocab_size}')
   draft = ModelDraft.t5(Transformer(config))
   return draft, lambda enc: draft.init(params, enc, max_decode_len, gamma), f'model ({spec})'
+
+
+def make_tree_draft(spec: str, target_config, shape,
+                    max_decode_len: int) -> Tuple[Any, Callable[[Any], PyTree], str]:
+  """Builds the tree draft a spec names (`make_draft`'s contract; `shape` a `tree.TreeShape`).
+
+  Only model drafts (a checkpoint directory) grow trees so far; other specs raise `UserError`.
+  """
+  from gqa_spec.decoding.drafts.tree_model import TreeModelDraft  # pylint: disable=g-import-not-at-top
+  check_spec(spec)
+  if not os.path.isdir(spec):
+    raise UserError(f'token trees need a model draft (a checkpoint directory); {spec!r} is not one')
+  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top  (slow imports)
+  from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  config, params, _ = native.load_checkpoint(spec)
+  if config.vocab_size != target_config.vocab_size:
+    raise UserError(f'draft vocabulary {config.vocab_size} != target vocabulary '
+                    f'{target_config.vocab_size}')
+  draft = TreeModelDraft.t5(Transformer(config))
+  return (draft, lambda enc: draft.init(params, enc, max_decode_len, shape),
+          f'model tree ({spec}, {shape.describe()})')
+
+
+def make_staged_draft(spec: str, stage2: str, target_config, gamma: int, inner_gamma: int,
+                      max_decode_len: int) -> Tuple[Any, Callable[[Any], PyTree], str]:
+  """A model draft (checkpoint `spec`) whose generation a bigram (`stage2` = `bigram:PATH`)
+  speculates, `inner_gamma` bigram tokens per draft call (`make_draft`'s contract)."""
+  from gqa_spec.decoding.drafts.ngram import load_ngram  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.drafts.staged import StagedDraft  # pylint: disable=g-import-not-at-top
+  check_spec(spec)
+  if not os.path.isdir(spec):
+    raise UserError(f'a second stage needs a model draft (a checkpoint directory); {spec!r} is not '
+                    'one')
+  if not stage2.startswith('bigram:'):
+    raise UserError(f'--stage2 must be bigram:PATH, got {stage2!r}')
+  if inner_gamma < 1:
+    raise UserError(f'--stage2-gamma must be >= 1, got {inner_gamma}')
+  path = stage2.split(':', 1)[1]
+  ngram = load_ngram(path)
+  if ngram.order < 2:
+    raise UserError(f'{path} holds order-{ngram.order} counts; the second stage needs order 2')
+  if ngram.vocab_size != target_config.vocab_size:
+    raise UserError(f'{path}: n-gram vocabulary {ngram.vocab_size} != model vocabulary '
+                    f'{target_config.vocab_size}')
+  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top  (slow imports)
+  from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  config, params, _ = native.load_checkpoint(spec)
+  if config.vocab_size != target_config.vocab_size:
+    raise UserError(f'draft vocabulary {config.vocab_size} != target vocabulary '
+                    f'{target_config.vocab_size}')
+  draft = StagedDraft.t5(Transformer(config), inner_gamma)
+  successor = ngram.successor()
+  return (draft, lambda enc: draft.init(params, enc, max_decode_len, gamma, successor),
+          f'staged (model {spec} <- bigram {path}, {inner_gamma} per draft call)')
