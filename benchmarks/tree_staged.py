@@ -30,7 +30,6 @@ from typing import Any, Dict, List
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import speculative as spec_bench  # pylint: disable=g-import-not-at-top,wrong-import-position

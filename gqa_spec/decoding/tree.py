@@ -39,7 +39,6 @@ from typing import Any, Callable, Optional, Tuple
 import flax
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from gqa_spec.decoding import sampling
 from gqa_spec.decoding.sampling import SamplingConfig

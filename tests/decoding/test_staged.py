@@ -7,7 +7,6 @@ outer loop stays lossless (chi-square of the output against the target's exact d
 Table stubs as in `test_speculative_stub.py`; one T5 run checks the real cache bookkeeping.
 """
 
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -102,7 +101,7 @@ def test_outer_loop_with_a_staged_draft_is_lossless():
 
 def test_t5_staged_draft_is_exact_and_matches_the_model_draft():
   model, params = model_and_params(2)
-  target, enc, gamma, batch = T5Decoder(model), jnp.asarray(INPUTS), 3, 4
+  target, enc, gamma = T5Decoder(model), jnp.asarray(INPUTS), 3
   draft_params = perturbed(params, 0.3)
   ref = autoregressive.decode(target, target.init(params, enc, MAX_LEN + 1),
                               jax.random.PRNGKey(0), max_decode_len=MAX_LEN)
@@ -125,4 +124,3 @@ def test_t5_staged_draft_is_exact_and_matches_the_model_draft():
   np.testing.assert_array_equal(np.asarray(out.sequences)[:, :MAX_LEN + 1], ref.sequences)
   for field in ('lengths', 'target_calls', 'accepted'):
     np.testing.assert_array_equal(getattr(out, field), getattr(plain, field))
-  del batch
