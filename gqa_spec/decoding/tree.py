@@ -168,7 +168,7 @@ FeedFn = Callable[[PyTree, jax.Array, jax.Array, int], Tuple[jax.Array, PyTree]]
 
 
 def grow(shape: TreeShape, rng: jax.Array, root_logits: jax.Array, feed: FeedFn, carry: PyTree,
-         config: SamplingConfig) -> Tuple[Tree, jax.Array, PyTree]:
+         config: SamplingConfig, deterministic: bool = False) -> Tuple[Tree, jax.Array, PyTree]:
   """Grows a tree level by level, calling the draft once per level.
 
   Args:
@@ -180,6 +180,9 @@ def grow(shape: TreeShape, rng: jax.Array, root_logits: jax.Array, feed: FeedFn,
       at depth d - 1 (-1: the root).
     carry: the draft's state, threaded through `feed`.
     config: the sampling method (temperature 0: top-k children).
+    deterministic: a deterministic draft (n-gram top-k): children are always the top-k tokens and
+      each node's q is one-hot on its token (given its earlier siblings, it is proposed surely), so
+      rejecting it removes exactly that token from p.
 
   Returns:
     `(tree, fed [b, N], carry)`: fed is each node's index in the order nodes were fed (-1: never).
@@ -195,14 +198,15 @@ def grow(shape: TreeShape, rng: jax.Array, root_logits: jax.Array, feed: FeedFn,
   for d, ((num_cand, num_exp), k) in enumerate(zip(shape.level_sizes(), shape.branching), 1):
     rng, draw_rng = jax.random.split(rng)
     # The ranking distribution: the adjusted q, or (greedy) the draft's T=1 softmax.
-    dist = (jax.nn.softmax(logits.astype(jnp.float32), axis=-1) if config.greedy
+    top = config.greedy or deterministic
+    dist = (jax.nn.softmax(logits.astype(jnp.float32), axis=-1) if top
             else sampling.adjust_logits(logits, config))  # [b, F, V]
     num_parents = dist.shape[1]
     dists.append(dist)
-    token = _children(draw_rng, logits, dist, k, config)  # [b, F, k]
+    token = _children(draw_rng, logits, dist, k, sampling.GREEDY if top else config)  # [b, F, k]
     rank_prob = jax.lax.top_k(dist, k)[0]  # [b, F, k] sorted q: the ranking (module docstring)
     drawn = jnp.take_along_axis(dist, token, axis=-1)  # [b, F, k]
-    valid = f_valid[..., None] & (config.greedy | (drawn > 0))  # [b, F, k]
+    valid = f_valid[..., None] & (top | (drawn > 0))  # [b, F, k]
     score = f_score[..., None] + jnp.log(jnp.maximum(rank_prob, 1e-30))  # [b, F, k]
     score = jnp.where(rank_prob > 0, score, _LOG_ZERO)
     flat = lambda x: x.reshape(batch, num_cand)  # [b, F, k] -> [b, C]
@@ -252,6 +256,8 @@ def grow(shape: TreeShape, rng: jax.Array, root_logits: jax.Array, feed: FeedFn,
     q = jnp.where((j < rank)[..., None] & (vocab == sibling[..., None]), 0.0, q)
   mass = jnp.sum(q, axis=-1, keepdims=True)  # [b, N, 1]
   q = q / jnp.where(mass > 0, mass, 1.0)
+  if deterministic:
+    q = jax.nn.one_hot(tokens, q.shape[-1], dtype=jnp.float32)  # [b, N, V]
   tree = Tree(tokens=tokens, parents=parents, depths=pick(c['depth']), valid=pick(c['valid']),
               q=q)
   return tree, pick(c['fed']), carry

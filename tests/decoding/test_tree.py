@@ -43,19 +43,19 @@ def _grow(shape, root_logits, table, config=sampling.GREEDY, seed=0):
   fed_log = []
 
   def feed(carry, tokens, parent, d):
-    fed_log.append((tokens, parent, d))
-    return jnp.asarray(table)[tokens], carry  # [b, F, V]
+    fed_log.append((tokens.shape[1], d))  # static: traced once
+    return jnp.asarray(table)[tokens], parent  # [b, F, V]; carry: the last level's parents
 
-  run = jax.jit(lambda root: tree_lib.grow(shape, jax.random.PRNGKey(seed), root, feed, None,
-                                           config))  # traced once: fed_log holds one trace
-  tree, fed, _ = run(jnp.asarray(root_logits))
-  return jax.device_get(tree), np.asarray(fed), fed_log
+  run = jax.jit(lambda root: tree_lib.grow(shape, jax.random.PRNGKey(seed), root, feed,
+                                           jnp.zeros((1, 1), jnp.int32), config))
+  tree, fed, last_parent = run(jnp.asarray(root_logits))
+  return jax.device_get(tree), np.asarray(fed), (fed_log, np.asarray(last_parent))
 
 
 def test_topk_tree_is_the_top_k_expansion_with_static_parents():
   table = _table()
   root = table[0][None]  # [1, V]
-  tree, fed, log = _grow(TreeShape.topk(3, 2), root, table)
+  tree, fed, (log, last_parent) = _grow(TreeShape.topk(3, 2), root, table)
   top = lambda logits, k: list(np.argsort(-logits)[:k])
   level1 = top(root[0], 3)
   assert tree.tokens[0, :3].tolist() == level1
@@ -63,7 +63,7 @@ def test_topk_tree_is_the_top_k_expansion_with_static_parents():
   assert tree.parents[0].tolist() == [-1, -1, -1, 0, 0, 1, 1, 2, 2]
   assert tree.depths[0].tolist() == [1, 1, 1, 2, 2, 2, 2, 2, 2]
   assert fed[0].tolist() == [0, 1, 2] + [-1] * 6  # the last level is never fed
-  assert len(log) == 1 and log[0][2] == 1 and np.asarray(log[0][1]).tolist() == [[-1, -1, -1]]
+  assert log == [(3, 1)] and last_parent.tolist() == [[-1, -1, -1]]  # one call: depth 1
   assert tree.valid.all()
 
 
@@ -71,7 +71,7 @@ def test_best_first_tree_matches_brute_force_enumeration():
   table = _table(1)
   root = table[3][None]
   width, depth, budget = 2, 3, 6
-  tree, _, log = _grow(TreeShape.best(budget, depth, width), root, table)
+  tree, _, (log, last_parent) = _grow(TreeShape.best(budget, depth, width), root, table)
   logp = lambda logits: jax.nn.log_softmax(jnp.asarray(logits)).tolist()
   # EAGLE-2 by hand: expand the `width` best of each level, keep the `budget` best of all.
   frontier, candidates = [((), 0.0)], []
@@ -95,7 +95,8 @@ def test_best_first_tree_matches_brute_force_enumeration():
     got.add(tuple(reversed(path)))
     assert len(path) == tree.depths[0, i]
   assert got == best
-  assert [d for _, _, d in log] == [1, 2]  # one draft call per expanded level
+  assert log == [(width, 1), (width, 2)]  # one draft call per expanded level
+  assert ((last_parent >= 0) & (last_parent < width)).all()  # indices into the previous level
 
 
 def test_attention_mask_is_ancestors_and_self():

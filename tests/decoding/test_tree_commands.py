@@ -8,6 +8,9 @@ from tests.decoding.test_commands import _generate, workdir  # pylint: disable=u
 
 def test_greedy_trees_give_the_autoregressive_outputs(workdir):  # pylint: disable=redefined-outer-name
   ref, _ = _generate(workdir, 'ar_tree_ref')
+  out, _ = _generate(workdir, 'tree_bigram', '--draft', 'bigram:' + str(workdir / 'bigram.npz'),
+                     '--tree', 'topk:2,2')
+  assert out == ref
   for name, spec in [('tree_topk', 'topk:2,1'), ('tree_best', 'best:4,depth:2,width:2')]:
     out, stats = _generate(workdir, name, '--draft', str(workdir / 'ckpt'), '--tree', spec)
     assert out == ref, name

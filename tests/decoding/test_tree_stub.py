@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from gqa_spec.decoding import sampling, speculative, tree_speculative
+from gqa_spec.decoding.drafts import NgramTreeDraft, fit_ngram
 from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.targets import TableDecoder
@@ -75,3 +76,19 @@ def test_statistics_match_a_hand_computed_greedy_case():
   assert s['accept_histogram'] == [0, 1, 1]
   assert s['accepted_per_position'] == [2, 1]  # per depth
   assert s['alpha'] is None
+
+
+def test_deterministic_bigram_trees_are_lossless():
+  p, _ = _tables()
+  rng = np.random.RandomState(0)
+  ngram = fit_ngram([rng.randint(0, 6, size=12) for _ in range(30)], 2, 6)
+  shape, config = TreeShape.topk(2, 2), SamplingConfig(temperature=1.0, top_p=0.9)
+  draft = NgramTreeDraft(6)
+  ts = TARGET.init(p, N, tree_speculative.target_cache_length(3, shape))
+  result = tree_speculative.decode(TARGET, ts, draft, draft.init(ngram, shape),
+                                   jax.random.PRNGKey(0), shape=shape, max_decode_len=3,
+                                   config=config, eos_id=NO_EOS)
+  s = speculative.summarize(result)
+  assert 0 < s['accept_histogram'][0] < s['target_calls']
+  assert _chisquare(_empirical(np.asarray(result.sequences)),
+                    _exact_first_three(p, config)) > P_VALUE_THRESHOLD

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from gqa_spec.decoding import speculative, tree_speculative
-from gqa_spec.decoding.drafts import ModelDraft
+from gqa_spec.decoding.drafts import ModelDraft, NgramTreeDraft, fit_ngram
 from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
 from gqa_spec.decoding.targets import T5Decoder
 from gqa_spec.decoding.tree import TreeShape
-from tests.decoding.conftest import INPUTS, MAX_LEN, model_and_params
+from tests.decoding.conftest import INPUTS, MAX_LEN, VOCAB, model_and_params
 from tests.decoding.test_speculative_t5 import KV_HEADS, greedy_reference, perturbed_params
 
 TOPK = TreeShape.topk(2, 2, 1)
@@ -71,3 +71,17 @@ def test_chain_tree_accepts_what_chain_speculation_accepts():
   c = speculative.summarize(chain)
   for key in ('tokens', 'target_calls', 'accepted', 'accept_histogram', 'accepted_per_position'):
     assert s[key] == c[key], key
+
+
+def test_bigram_tree_draft_is_exact():
+  model, params = model_and_params(KV_HEADS['mha'])
+  target, enc, shape = T5Decoder(model), jnp.asarray(INPUTS), TreeShape.topk(3, 2)
+  seqs, lengths = greedy_reference('mha', len(INPUTS))
+  ngram = fit_ngram([s[1:1 + n] for s, n in zip(seqs[:2], lengths[:2])], 2, VOCAB)  # 2 rows seen
+  draft = NgramTreeDraft(VOCAB)
+  result = tree_speculative.decode(
+      target, target.init(params, enc, tree_speculative.target_cache_length(MAX_LEN, shape)),
+      draft, draft.init(ngram, shape), jax.random.PRNGKey(0), shape=shape, max_decode_len=MAX_LEN)
+  np.testing.assert_array_equal(np.asarray(result.sequences)[:, :MAX_LEN + 1], seqs)
+  s = speculative.summarize(result)
+  assert 0 < s['accepted'] and s['accept_histogram'][0] > 0

@@ -15,7 +15,9 @@ it sees the generated sequences only through the loop's buffer:
       called after verification with the updated buffer and lengths: roll back (or advance) to the
       accepted prefix. Rows that are done arrive with unchanged lengths.
 
-Staged (tree) and Chimera drafts implement the same two methods.
+The staged draft (`staged.py`) implements the same two methods. Tree drafts implement
+`propose_tree` / `commit_tree` instead (`decoding/tree_speculative.py`: a `tree.Tree` of tokens,
+parents, depths, validity and each node's q; `tree.grow` builds one from any per-level scorer).
 """
 
 from __future__ import annotations

@@ -72,12 +72,26 @@ def make_tree_draft(spec: str, target_config, shape,
                     max_decode_len: int) -> Tuple[Any, Callable[[Any], PyTree], str]:
   """Builds the tree draft a spec names (`make_draft`'s contract; `shape` a `tree.TreeShape`).
 
-  Only model drafts (a checkpoint directory) grow trees so far; other specs raise `UserError`.
+  Model drafts (a checkpoint directory) and `bigram:PATH` (top-k successors, deterministic) grow
+  trees; other specs raise `UserError`.
   """
   from gqa_spec.decoding.drafts.tree_model import TreeModelDraft  # pylint: disable=g-import-not-at-top
   check_spec(spec)
+  if spec.startswith('bigram:'):
+    from gqa_spec.decoding.drafts.ngram import load_ngram  # pylint: disable=g-import-not-at-top
+    from gqa_spec.decoding.drafts.ngram_tree import NgramTreeDraft  # pylint: disable=g-import-not-at-top
+    path = spec.split(':', 1)[1]
+    model = load_ngram(path)
+    if model.order < 2 or model.vocab_size != target_config.vocab_size:
+      raise UserError(f'{path}: a bigram tree draft needs order-2 counts over the model vocabulary '
+                      f'({target_config.vocab_size}); got order {model.order}, vocabulary '
+                      f'{model.vocab_size}')
+    draft = NgramTreeDraft(target_config.vocab_size)
+    state = draft.init(model, shape)
+    return draft, lambda enc: state, f'bigram tree ({path}, {shape.describe()})'
   if not os.path.isdir(spec):
-    raise UserError(f'token trees need a model draft (a checkpoint directory); {spec!r} is not one')
+    raise UserError(f'token trees need a model draft (a checkpoint directory) or bigram:PATH; '
+                    f'{spec!r} is neither')
   from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top  (slow imports)
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
   config, params, _ = native.load_checkpoint(spec)
