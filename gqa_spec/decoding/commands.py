@@ -2,8 +2,9 @@
 
   gqa-spec generate --model CKPT --inputs IN.jsonl --out OUT.jsonl [--stats STATS.json]
       [--max-decode-len N] [--batch-size B] [--draft {none,CKPT_DIR,unigram:PATH,bigram:PATH,copy}]
-      [--gamma G] [--temperature T] [--top-k K] [--top-p P] [--lenience L] [--seed S]
-      [--model-parallel N]
+      [--gamma G] [--tree {topk:K1,K2,...|best:N,depth:D[,width:W]}]
+      [--stage2 bigram:PATH [--stage2-gamma G2]] [--temperature T]
+      [--top-k K] [--top-p P] [--lenience L] [--seed S] [--model-parallel N]
   gqa-spec ngram fit --task TASK --order {1,2} --out PATH [--split train] [--max-examples N]
 
 Input lines hold `input_ids` (ints) or `inputs` (text; needs a checkpoint vocabulary). Output
@@ -42,6 +43,14 @@ def register(subparsers) -> None:
                  help='none | CKPT_DIR (a smaller T5, same vocabulary) | unigram:PATH | '
                       'bigram:PATH (from `gqa-spec ngram fit`) | copy (prompt lookup)')
   p.add_argument('--gamma', type=int, default=4, help='draft tokens per target call')
+  p.add_argument('--tree', default=None,
+                 help='verify a token tree instead of a chain (model or bigram drafts): '
+                      'topk:K1,K2,... (K_d children per node at depth d) or best:N,depth:D[,width:W] '
+                      '(best-first, N nodes); replaces --gamma')
+  p.add_argument('--stage2', default=None,
+                 help='staged speculation: bigram:PATH speculates the model draft\'s own tokens')
+  p.add_argument('--stage2-gamma', type=int, default=3,
+                 help='bigram tokens the draft verifies per draft call (with --stage2)')
   p.add_argument('--temperature', type=float, default=0.0, help='0 = greedy')
   p.add_argument('--top-k', type=int, default=0, help='0 = off')
   p.add_argument('--top-p', type=float, default=1.0, help='1 = off')
@@ -122,6 +131,19 @@ def generate(args: argparse.Namespace) -> int:
   draft_spec = args.draft
   if draft_spec != 'none':
     factory.check_spec(draft_spec, '--draft')
+  shape = None
+  if args.tree is not None:
+    from gqa_spec.decoding.tree import TreeShape  # pylint: disable=g-import-not-at-top
+    shape = TreeShape.parse(args.tree)
+    if draft_spec == 'none':
+      raise UserError('--tree needs a --draft')
+    if args.lenience != 1.0:
+      raise UserError('--lenience < 1 is not supported with --tree')
+  if args.stage2 is not None:
+    if draft_spec == 'none':
+      raise UserError('--stage2 needs a model --draft')
+    if shape is not None:
+      raise UserError('--stage2 with --tree is not supported (the second stage drives chain drafts)')
   target_config, params, vocab_path = _load(args.model, 'model')
   vocab = None
   if vocab_path:
@@ -157,7 +179,15 @@ def generate(args: argparse.Namespace) -> int:
     params = mesh.place_params(partitioner, params)
     run_ar, run_spec = mesh.autoregressive, mesh.speculative
   draft = None
-  if draft_spec != 'none':
+  if partitioner is not None and (shape is not None or args.stage2 is not None):
+    raise UserError('--tree and --stage2 run on one device for now; drop --model-parallel')
+  if shape is not None:
+    draft, draft_init, draft_desc = factory.make_tree_draft(draft_spec, target_config, shape,
+                                                            max_len)
+  elif args.stage2 is not None:
+    draft, draft_init, draft_desc = factory.make_staged_draft(
+        draft_spec, args.stage2, target_config, gamma, args.stage2_gamma, max_len)
+  elif draft_spec != 'none':
     draft, draft_init, draft_desc = factory.make_draft(
         draft_spec, target_config, gamma, max_len,
         mesh=None if partitioner is None else partitioner.mesh)
@@ -167,6 +197,11 @@ def generate(args: argparse.Namespace) -> int:
     if draft is None:
       state = target.init(params, enc, max_len + 1)
       return run_ar(target, state, rng, max_decode_len=max_len, config=config, skip=skip)
+    if shape is not None:
+      from gqa_spec.decoding import tree_speculative  # pylint: disable=g-import-not-at-top
+      state = target.init(params, enc, tree_speculative.target_cache_length(max_len, shape))
+      return tree_speculative.decode(target, state, draft, draft_init(enc), rng, shape=shape,
+                                     max_decode_len=max_len, config=config, skip=skip)
     state = target.init(params, enc, speculative.target_cache_length(max_len, gamma))
     return run_spec(target, state, draft, draft_init(enc), rng, gamma=gamma,
                     max_decode_len=max_len, config=config, skip=skip)
@@ -202,14 +237,17 @@ def generate(args: argparse.Namespace) -> int:
       f.write(json.dumps(line) + '\n')
   if args.stats:
     stats = _stats(results, draft is not None, seconds, compile_seconds)
-    stats.update(draft=draft_spec if draft is None else draft_desc, gamma=gamma if draft else None,
+    stats.update(draft=draft_spec if draft is None else draft_desc,
+                 gamma=gamma if draft and shape is None else None,
+                 tree=None if shape is None else shape.describe(),
+                 stage2=args.stage2,
+                 stage2_gamma=args.stage2_gamma if args.stage2 else None,
                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                  lenience=args.lenience, batch_size=batch, max_decode_len=max_len,
                  examples=len(rows), mesh={'data': mesh_shape[0], 'model': mesh_shape[1]},
                  memory_per_device=memory.memory_per_device(
                      target_config, batch=batch, input_length=width,
-                     cache_length=max_len + 1 if draft is None else
-                     speculative.target_cache_length(max_len, gamma),
+                     cache_length=_cache_length(draft is not None, shape, max_len, gamma),
                      data=mesh_shape[0], model=mesh_shape[1]).to_dict())
     with open(args.stats, 'w') as f:
       json.dump(stats, f, indent=2)
@@ -229,7 +267,7 @@ def _stats(results, speculative_run: bool, seconds: float, compile_seconds: floa
   if not speculative_run:
     return out
   proposed = accepted = 0
-  per_position = None
+  per_position = histogram = None
   beta_sum = beta_count = 0.0
   for r, n in results:
     # Dummy rows of the last batch start done: the loop leaves them out of every count.
@@ -237,10 +275,13 @@ def _stats(results, speculative_run: bool, seconds: float, compile_seconds: floa
     accepted += int(np.sum(np.asarray(r.accepted)[:n]))
     pp = np.asarray(r.accepted_per_position)
     per_position = pp if per_position is None else per_position + pp
+    h = np.asarray(r.accept_histogram)
+    histogram = h if histogram is None else histogram + h
     beta_sum += float(r.beta_sum)
     beta_count += float(r.beta_count)
   out.update(acceptance_rate=accepted / proposed if proposed else None,
              accepted_per_position=[int(x) for x in per_position],
+             accept_histogram=[int(x) for x in histogram],
              proposed=proposed, accepted=accepted,
              alpha=beta_sum / beta_count if beta_count else None)
   return out
@@ -254,3 +295,13 @@ def ngram_fit(args: argparse.Namespace) -> int:
   print(f'{args.out}: order {args.order}, {int(model.unigram.sum())} target tokens, '
         f'{len(model.bigram)} bigram types')
   return 0
+
+
+def _cache_length(speculative_run: bool, shape, max_len: int, gamma: int) -> int:
+  """The target cache's slots: one per output token, plus each loop's room for a verify call."""
+  from gqa_spec.decoding import speculative, tree_speculative  # pylint: disable=g-import-not-at-top
+  if not speculative_run:
+    return max_len + 1
+  if shape is not None:
+    return tree_speculative.target_cache_length(max_len, shape)
+  return speculative.target_cache_length(max_len, gamma)

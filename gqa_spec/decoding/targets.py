@@ -7,6 +7,9 @@ explicit state pytree (parameters + cache), so the loops never see a model:
       append k >= 1 tokens at each row's index, advance the index by k;
   rollback(state, index [b]) -> state      move each row's index (back: forget what came after);
   index(state) -> [b]                      tokens cached per row;
+  cache_length(state) -> int               slots (static);
+  move_slots(state, start [b], source [b, P]) -> state
+                                           copy slots source to start..start+P-1 (tree decoding);
   reorder(state, rows [b]) -> state        gather rows (beam search only).
   tokens_to_logits_and_hidden(...) -> (logits, hidden [b, k, D], state)
       optional (T5Decoder): the same call also returning the final hidden states, for drafts that
@@ -81,6 +84,13 @@ class T5Decoder:
   def index(self, state: T5State) -> jax.Array:
     return decode_cache.cache_index(state.cache)
 
+  def cache_length(self, state: T5State) -> int:
+    return decode_cache.cache_length(state.cache)
+
+  def move_slots(self, state: T5State, start: jax.Array, source: jax.Array) -> T5State:
+    """Copies slots `source [b, P]` to `start [b] + 0..P-1` (tree decoding's path compaction)."""
+    return state.replace(cache=decode_cache.move_slots(state.cache, start, source))
+
   def reorder(self, state: T5State, rows: jax.Array) -> T5State:
     # Every cache leaf is batch-major (K/V, index, positions, encoder mask); params are not.
     return state.replace(cache=jax.tree_util.tree_map(lambda x: x[rows], state.cache))
@@ -127,6 +137,14 @@ class TableDecoder:
 
   def index(self, state: TableState) -> jax.Array:
     return state.cache_index
+
+  def cache_length(self, state: TableState) -> int:
+    return state.tokens.shape[1]
+
+  def move_slots(self, state: TableState, start: jax.Array, source: jax.Array) -> TableState:
+    moved = jnp.take_along_axis(state.tokens, source, axis=1)  # [b, P]
+    return state.replace(tokens=jax.vmap(lambda row, upd, i: jax.lax.dynamic_update_slice(
+        row, upd, (i,)))(state.tokens, moved, start))
 
   def reorder(self, state: TableState, rows: jax.Array) -> TableState:
     return state.replace(tokens=state.tokens[rows], cache_index=state.cache_index[rows])

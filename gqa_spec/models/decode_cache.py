@@ -97,3 +97,29 @@ def self_attention_kv_bytes(cache: Cache) -> int:
       for arr in layer['self_attention'].values():
         total += arr.size * arr.dtype.itemsize
   return total
+
+
+def move_slots(cache: Cache, start: jax.Array, source: jax.Array) -> Cache:
+  """Copies self-attention slots `source [batch, P]` to slots `start [batch] + 0..P-1`, per row.
+
+  Tree decoding compacts a row's accepted root-to-node path, scattered over the tree's slots, into
+  the contiguous slots after its prefix; K/V and slot positions move together. Callers keep
+  `start + P <= L` (a clamped write would shift). Slots past the new index are junk and later
+  overwritten, so a row may move anything into them.
+  """
+  def move(x: jax.Array, axis: int) -> jax.Array:  # x [batch, ..., L (at axis), ...]
+    idx = source.reshape(source.shape + (1,) * (x.ndim - 2))  # [batch, P, 1...]
+    idx = jnp.moveaxis(idx, 1, axis)
+    taken = jnp.take_along_axis(x, idx, axis=axis)  # [batch, ..., P, ...]
+    return jax.vmap(lambda row, upd, i: jax.lax.dynamic_update_slice(
+        row, upd, tuple(i if a == axis - 1 else 0 for a in range(row.ndim))))(x, taken, start)
+
+  decoder = dict(cache['decoder'])
+  for name, layer in decoder.items():
+    if name.startswith('layers_'):
+      attn = dict(layer['self_attention'])
+      for key in ('cached_key', 'cached_value'):
+        attn[key] = move(attn[key], 2)  # [batch, G, L, d] (attention.py)
+      decoder[name] = {**layer, 'self_attention': attn}
+  decoder['positions'] = move(decoder['positions'], 1)  # [batch, L]
+  return {**cache, 'decoder': decoder}

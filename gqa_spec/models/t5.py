@@ -11,7 +11,8 @@ Decode cache (flax collection 'cache'), beyond the per-layer K/V described in `a
 A decode call appends k >= 1 tokens at slots [cache_index, cache_index + k) of every row and then
 advances cache_index by k. Writes overwrite, so `set_cache_index` (moving the index back) is a
 complete rollback. Optional explicit `decoder_positions [batch, k]` and `decoder_attention_mask
-[batch, k, k]` (which of this call's tokens each of them may see) serve tree verification; by
+[batch, k, k]` (which of this call's tokens each of them may see; earlier slots are all visible)
+serve tree verification; a `[batch, k, L]` mask instead names every visible slot (tree drafts). By
 default positions continue from the index and the mask is causal.
 
 The first decode call, made with no cache, creates it: cross-attention K/V are projected once from
@@ -155,12 +156,18 @@ class Decoder(nn.Module):
       is_new = (rel_slot >= 0) & (rel_slot < length)  # [batch, L]
       if decoder_attention_mask is None:
         new_visible = rel_slot[:, None, :] <= offsets[None, :, None]  # causal, [batch, k, L]
+      elif decoder_attention_mask.shape[-1] == cache_length:
+        # A `[batch, k, L]` mask names every visible slot (a draft growing a token tree level by
+        # level must hide earlier levels' non-ancestors); when k == L both readings coincide.
+        new_visible = None
+        visible = decoder_attention_mask.astype(bool) & (rel_slot < length)[:, None, :]
       else:
         tree = jnp.broadcast_to(decoder_attention_mask.astype(bool), (batch, length, length))
         new_visible = jnp.take_along_axis(
             tree, jnp.broadcast_to(jnp.clip(rel_slot, 0, length - 1)[:, None, :],
                                    (batch, length, cache_length)), axis=2)  # [batch, k, L]
-      visible = (rel_slot < 0)[:, None, :] | (is_new[:, None, :] & new_visible)  # [batch, k, L]
+      if new_visible is not None:
+        visible = (rel_slot < 0)[:, None, :] | (is_new[:, None, :] & new_visible)  # [batch, k, L]
       self_mask = visible[:, None]  # [batch, 1, k, L]
       self_bias = relpos(decoder_positions, slot_positions.value, bidirectional=False)
       cross_mask = enc_mask.value[:, None, None, :]  # [batch, 1, 1, S]

@@ -61,6 +61,9 @@ class InferenceEvaluator:
     gamma: draft tokens per target call of 'speculative'.
     model_parallel: decode on a mesh of all devices with this model axis (None: the mesh the
       parameters are sharded on, if any, else one device).
+    tree: 'speculative' with a token tree instead of a chain (a model draft): `topk:K1,K2,...` or
+      `best:N,depth:D[,width:W]` (see `gqa_spec.decoding.tree`); gamma is then unused. Trees decode
+      on one device (not on a mesh).
   """
 
   mixture_or_task_name: str
@@ -75,6 +78,7 @@ class InferenceEvaluator:
   draft: Optional[str] = None
   gamma: int = 4
   model_parallel: Optional[int] = None
+  tree: Optional[str] = None
 
   def __post_init__(self):
     if self.decoding not in DECODINGS:
@@ -87,6 +91,12 @@ class InferenceEvaluator:
                       f'{self.decoding!r}')
     if self.gamma < 1:
       raise UserError(f'gamma must be >= 1, got {self.gamma}')
+    self._tree = None
+    if self.tree is not None:
+      from gqa_spec.decoding.tree import TreeShape  # pylint: disable=g-import-not-at-top
+      if self.decoding != 'speculative':
+        raise UserError(f"a tree ({self.tree!r}) is only used by decoding 'speculative'")
+      self._tree = TreeShape.parse(self.tree)
     from gqa_spec.decoding.drafts import factory  # pylint: disable=g-import-not-at-top
     if self.draft:
       factory.check_spec(self.draft)  # before seqio reads the data
@@ -106,7 +116,10 @@ class InferenceEvaluator:
                       f'{self.split!r} to evaluate')
     self._model = Transformer(self.model_config)
     self._draft = None
-    if self.decoding == 'speculative':
+    if self._tree is not None:
+      self._draft = factory.make_tree_draft(self.draft, self.model_config, self._tree,
+                                            self._max_decode_len)
+    elif self.decoding == 'speculative':
       self._draft = factory.make_draft(self.draft, self.model_config, self.gamma,
                                        self._max_decode_len)  # (draft, init, description)
     self.last_timings: List[float] = []
@@ -141,8 +154,21 @@ class InferenceEvaluator:
       decoder, draft_triple = targets.T5Decoder(self._model), self._draft
       run_ar, run_beam, run_spec = autoregressive.decode, beam_search.beam_search, speculative.decode
     else:  # the same loops under one jit on the mesh; results gathered after the loop
+      if self._tree is not None:
+        raise UserError('tree speculative decoding runs on one device; it cannot decode on a mesh '
+                        '(drop TREE or MODEL_PARALLEL, or evaluate the saved checkpoint)')
       decoder, draft_triple = mesh.MeshT5Decoder(self._model, part), self._mesh_draft(part)
       run_ar, run_beam, run_spec = mesh.autoregressive, mesh.beam, mesh.speculative
+    if self._tree is not None:
+      from gqa_spec.decoding import tree_speculative  # pylint: disable=g-import-not-at-top
+      draft, draft_init, _ = self._draft
+      state = decoder.init(params, inputs,
+                           tree_speculative.target_cache_length(self._max_decode_len, self._tree))
+      result = tree_speculative.decode(decoder, state, draft, draft_init(inputs),
+                                       jax.random.PRNGKey(0), shape=self._tree,
+                                       max_decode_len=self._max_decode_len,
+                                       skip=np.arange(len(inputs)) >= n)
+      return autoregressive.strip(result.sequences, result.lengths), result
     if self.decoding == 'speculative':
       draft, draft_init, _ = draft_triple
       state = decoder.init(params, inputs,
@@ -250,7 +276,7 @@ class InferenceEvaluator:
     beta_sum = sum(float(r.beta_sum) for r in results)
     beta_count = sum(float(r.beta_count) for r in results)
     return dict(
-        sums, gamma=self.gamma, draft=self._draft[2],
+        sums, gamma=None if self._tree else self.gamma, tree=self.tree, draft=self._draft[2],
         acceptance_rate=sums['accepted'] / max(sums['proposed'], 1),
         mean_tokens_per_call=sums['tokens'] / sums['target_calls'] if sums['target_calls'] else 0.0,
         alpha=beta_sum / beta_count if beta_count else None,
@@ -272,7 +298,8 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
                         task_feature_lengths: Optional[Mapping[str, int]] = None,
                         batch_size: int = 32, num_examples: Optional[int] = None,
                         decoding: str = 'greedy', beam_size: int = 4, draft: Optional[str] = None,
-                        gamma: int = 4, model_parallel: Optional[int] = None) -> Dict[str, float]:
+                        gamma: int = 4, model_parallel: Optional[int] = None,
+                        tree: Optional[str] = None) -> Dict[str, float]:
   """`gqa-spec eval`: evaluates a checkpoint and writes `metrics.json` and predictions JSONL.
 
   Args:
@@ -288,6 +315,7 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
     draft: the draft of 'speculative' (copy, unigram:PATH, bigram:PATH or a checkpoint directory).
     gamma: draft tokens per target call of 'speculative'.
     model_parallel: decode on a mesh of all devices with this model axis (None: one device).
+    tree: a token tree for 'speculative' (`topk:...` / `best:...`) in place of gamma.
 
   Returns:
     The metrics written.
@@ -296,7 +324,7 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
   config, params, step = initial.load(checkpoint_path)
   evaluator = InferenceEvaluator(mixture_or_task_name, config, split, task_feature_lengths,
                                  batch_size, num_examples, decoding, beam_size, draft=draft,
-                                 gamma=gamma, model_parallel=model_parallel)
+                                 gamma=gamma, model_parallel=model_parallel, tree=tree)
   metrics, predictions = evaluator.run(params, step)
   os.makedirs(output_dir, exist_ok=True)
   report = {'checkpoint': os.path.abspath(checkpoint_path), 'step': step,
@@ -306,7 +334,8 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
                      else None),
             'seconds_per_sample': evaluator.last_timings}
   if decoding == 'speculative':
-    report.update(draft=draft, gamma=gamma, speculative=evaluator.speculative_stats())
+    report.update(draft=draft, gamma=None if tree else gamma, tree=tree,
+                  speculative=evaluator.speculative_stats())
   with open(os.path.join(output_dir, 'metrics.json'), 'w') as f:
     json.dump(report, f, indent=2)
   for task_name, rows in predictions.items():

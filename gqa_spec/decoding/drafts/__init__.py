@@ -6,6 +6,10 @@ from gqa_spec.decoding.drafts.copy import CopyDraft
 from gqa_spec.decoding.drafts.factory import check_spec, make_draft
 from gqa_spec.decoding.drafts.model import ModelDraft
 from gqa_spec.decoding.drafts.ngram import NgramDraft, NgramModel, fit_ngram, load_ngram, save_ngram
+from gqa_spec.decoding.drafts.ngram_tree import NgramTreeDraft
+from gqa_spec.decoding.drafts.staged import StagedDraft
+from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
 
-__all__ = ['Draft', 'ChimeraDraft', 'CopyDraft', 'ModelDraft', 'NgramDraft', 'NgramModel', 'check_spec', 'fit_ngram',
+__all__ = ['Draft', 'ChimeraDraft', 'CopyDraft', 'ModelDraft', 'NgramDraft', 'NgramModel',
+           'NgramTreeDraft', 'StagedDraft', 'TreeModelDraft', 'check_spec', 'fit_ngram',
            'load_ngram', 'make_draft', 'save_ngram']

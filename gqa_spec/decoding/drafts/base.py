@@ -20,6 +20,9 @@ final hidden states (Chimera) also sets `reads_target_hidden = True` and defines
   observe(state, hidden [b, gamma + 1, D], start [b]) -> state
       the hidden states of the verification call's gamma + 1 inputs, fed at positions start..;
 the loop then verifies with `target.tokens_to_logits_and_hidden` (the same single pass).
+The staged draft (`staged.py`) implements the same two methods. Tree drafts implement
+`propose_tree` / `commit_tree` instead (`decoding/tree_speculative.py`: a `tree.Tree` of tokens,
+parents, depths, validity and each node's q; `tree.grow` builds one from any per-level scorer).
 """
 
 from __future__ import annotations

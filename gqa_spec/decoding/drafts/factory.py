@@ -98,3 +98,69 @@ def _chimera(run_dir: str, target_config, gamma: int, max_decode_len: int):
     raise UserError(f'gamma {gamma}: the Chimera draft has {config.num_draft_heads} heads')
   return (draft, lambda enc: draft.init(params, embedding, enc.shape[0], max_decode_len),
           f'chimera ({run_dir}, {config.num_draft_heads} heads)')
+def make_tree_draft(spec: str, target_config, shape,
+                    max_decode_len: int) -> Tuple[Any, Callable[[Any], PyTree], str]:
+  """Builds the tree draft a spec names (`make_draft`'s contract; `shape` a `tree.TreeShape`).
+
+  Model drafts (a checkpoint directory) and `bigram:PATH` (top-k successors, deterministic) grow
+  trees; other specs raise `UserError`.
+  """
+  from gqa_spec.decoding.drafts.tree_model import TreeModelDraft  # pylint: disable=g-import-not-at-top
+  check_spec(spec)
+  if spec.startswith('bigram:'):
+    from gqa_spec.decoding.drafts.ngram import load_ngram  # pylint: disable=g-import-not-at-top
+    from gqa_spec.decoding.drafts.ngram_tree import NgramTreeDraft  # pylint: disable=g-import-not-at-top
+    path = spec.split(':', 1)[1]
+    model = load_ngram(path)
+    if model.order < 2 or model.vocab_size != target_config.vocab_size:
+      raise UserError(f'{path}: a bigram tree draft needs order-2 counts over the model vocabulary '
+                      f'({target_config.vocab_size}); got order {model.order}, vocabulary '
+                      f'{model.vocab_size}')
+    draft = NgramTreeDraft(target_config.vocab_size)
+    state = draft.init(model, shape)
+    return draft, lambda enc: state, f'bigram tree ({path}, {shape.describe()})'
+  if not os.path.isdir(spec):
+    raise UserError(f'token trees need a model draft (a checkpoint directory) or bigram:PATH; '
+                    f'{spec!r} is neither')
+  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top  (slow imports)
+  from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  config, params, _ = native.load_checkpoint(spec)
+  if config.vocab_size != target_config.vocab_size:
+    raise UserError(f'draft vocabulary {config.vocab_size} != target vocabulary '
+                    f'{target_config.vocab_size}')
+  draft = TreeModelDraft.t5(Transformer(config))
+  return (draft, lambda enc: draft.init(params, enc, max_decode_len, shape),
+          f'model tree ({spec}, {shape.describe()})')
+
+
+def make_staged_draft(spec: str, stage2: str, target_config, gamma: int, inner_gamma: int,
+                      max_decode_len: int) -> Tuple[Any, Callable[[Any], PyTree], str]:
+  """A model draft (checkpoint `spec`) whose generation a bigram (`stage2` = `bigram:PATH`)
+  speculates, `inner_gamma` bigram tokens per draft call (`make_draft`'s contract)."""
+  from gqa_spec.decoding.drafts.ngram import load_ngram  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.drafts.staged import StagedDraft  # pylint: disable=g-import-not-at-top
+  check_spec(spec)
+  if not os.path.isdir(spec):
+    raise UserError(f'a second stage needs a model draft (a checkpoint directory); {spec!r} is not '
+                    'one')
+  if not stage2.startswith('bigram:'):
+    raise UserError(f'--stage2 must be bigram:PATH, got {stage2!r}')
+  if inner_gamma < 1:
+    raise UserError(f'--stage2-gamma must be >= 1, got {inner_gamma}')
+  path = stage2.split(':', 1)[1]
+  ngram = load_ngram(path)
+  if ngram.order < 2:
+    raise UserError(f'{path} holds order-{ngram.order} counts; the second stage needs order 2')
+  if ngram.vocab_size != target_config.vocab_size:
+    raise UserError(f'{path}: n-gram vocabulary {ngram.vocab_size} != model vocabulary '
+                    f'{target_config.vocab_size}')
+  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top  (slow imports)
+  from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  config, params, _ = native.load_checkpoint(spec)
+  if config.vocab_size != target_config.vocab_size:
+    raise UserError(f'draft vocabulary {config.vocab_size} != target vocabulary '
+                    f'{target_config.vocab_size}')
+  draft = StagedDraft.t5(Transformer(config), inner_gamma)
+  successor = ngram.successor()
+  return (draft, lambda enc: draft.init(params, enc, max_decode_len, gamma, successor),
+          f'staged (model {spec} <- bigram {path}, {inner_gamma} per draft call)')

@@ -1,0 +1,197 @@
+"""Token trees and staged speculation beside chain speculation and autoregressive decoding.
+
+  python benchmarks/tree_staged.py [--target CKPT --draft CKPT] [--batch-sizes 1,8] \
+      [--temperatures 0,1] [--gamma 4] [--trees 'topk:4,2,2;best:16,depth:4'] [--stage2-gamma 3] \
+      [--num-examples 8] [--max-decode-len 32] [--repeats 3] [--out results/benchmarks/tree_staged]
+
+For every (temperature, batch size) the methods run interleaved on the same batches (one repeat
+of each in turn, medians over repeats, after one untimed compiling run): autoregressive, chain
+speculation with gamma, each tree, and staged speculation (chain gamma; a bigram fitted on the
+draft's own greedy outputs for other inputs speculates the draft, `--stage2-gamma` per draft call).
+Reported: tokens per target call, tokens/s, speedup over autoregressive and over the chain, token
+identity with autoregressive at temperature 0, and parameter bytes read per generated token
+(Spector & Re Table 1's form: each decode call reads its model's parameters once per batch;
+K/V and activations not counted), with Theorem 8's prediction for the chain row.
+
+Without --target the pair is the built-in UNTRAINED demo of `benchmarks/speculative.py`: a random
+mini target and its weights + noise as the draft (same size: c ~ 1, so no wall-time speedup is
+possible; tokens per call and bytes per token are the meaningful columns).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any, Dict, List
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import speculative as spec_bench  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from gqa_spec.decoding import autoregressive, speculative, speedup, theory, tree_speculative  # pylint: disable=wrong-import-position
+from gqa_spec.decoding.drafts import ModelDraft, StagedDraft, TreeModelDraft, fit_ngram  # pylint: disable=wrong-import-position
+from gqa_spec.decoding.sampling import SamplingConfig  # pylint: disable=wrong-import-position
+from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=wrong-import-position
+from gqa_spec.decoding.tree import TreeShape  # pylint: disable=wrong-import-position
+from gqa_spec.models.t5 import Transformer  # pylint: disable=wrong-import-position
+
+
+def param_bytes(params) -> int:
+  return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params))
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--target')
+  p.add_argument('--draft')
+  p.add_argument('--num-examples', type=int, default=8)
+  p.add_argument('--input-length', type=int, default=32)
+  p.add_argument('--batch-sizes', default='1,8')
+  p.add_argument('--max-decode-len', type=int, default=32)
+  p.add_argument('--temperatures', default='0,1')
+  p.add_argument('--gamma', type=int, default=4)
+  p.add_argument('--trees', default='topk:4,2,2;best:16,depth:4')
+  p.add_argument('--stage2-gamma', type=int, default=3)
+  p.add_argument('--perturb', type=float, default=0.05)
+  p.add_argument('--repeats', type=int, default=3)
+  p.add_argument('--out', default='results/benchmarks/tree_staged')
+  args = p.parse_args(argv)
+
+  if args.target:
+    from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
+    cfg, params, _ = native.load_checkpoint(args.target)
+    dcfg, dparams, _ = native.load_checkpoint(args.draft)
+    target_model, draft_model = Transformer(cfg), Transformer(dcfg)
+    pair = f'target {args.target}, draft {args.draft}'
+  else:
+    target_model, params, drafts = spec_bench.default_pair(args)
+    draft_model, dparams = drafts['perturbed']
+    pair = (f'BUILT-IN DEMO PAIR (untrained): random-init mini target, draft = its weights + '
+            f'{args.perturb} x std noise (same size: c ~ 1)')
+  cfg = target_model.config
+  L, gamma, g2 = args.max_decode_len, args.gamma, args.stage2_gamma
+  inputs = spec_bench.synthetic_inputs(args.num_examples, args.input_length, cfg.vocab_size, 0)
+  target = T5Decoder(target_model)
+  # The second stage's bigram: fitted on the draft's own greedy outputs for other inputs.
+  other = jnp.asarray(spec_bench.synthetic_inputs(32, args.input_length, cfg.vocab_size, 1))
+  draft_dec = T5Decoder(draft_model)
+  own = autoregressive.decode(draft_dec, draft_dec.init(dparams, other, L + 1),
+                              jax.random.PRNGKey(0), max_decode_len=L)
+  successor = fit_ngram(autoregressive.strip(own.sequences, own.lengths), 2,
+                        cfg.vocab_size).successor()
+  shapes = [TreeShape.parse(s) for s in args.trees.split(';')]
+  chain, staged = ModelDraft.t5(draft_model), StagedDraft.t5(draft_model, g2)
+  tree_draft = TreeModelDraft.t5(draft_model)
+  bytes_t, bytes_d = param_bytes(params), param_bytes(dparams)
+
+  def methods(config):
+    """name -> (run(enc) -> result, draft calls per loop iteration or None)."""
+    out = {'autoregressive': (lambda enc: autoregressive.decode(
+        target, target.init(params, enc, L + 1), jax.random.PRNGKey(1), max_decode_len=L,
+        config=config), None)}
+    slots = speculative.target_cache_length(L, gamma)
+    out[f'chain gamma={gamma}'] = (lambda enc: speculative.decode(
+        target, target.init(params, enc, slots), chain, chain.init(dparams, enc, L, gamma),
+        jax.random.PRNGKey(1), gamma=gamma, max_decode_len=L, config=config), gamma)
+    for shape in shapes:
+      out[f'tree {shape.describe()}'] = (lambda enc, shape=shape: tree_speculative.decode(
+          target, target.init(params, enc, tree_speculative.target_cache_length(L, shape)),
+          tree_draft, tree_draft.init(dparams, enc, L, shape), jax.random.PRNGKey(1),
+          shape=shape, max_decode_len=L, config=config), shape.depth)
+    out[f'staged gamma={gamma}, bigram {g2}/call'] = (lambda enc: speculative.decode(
+        target, target.init(params, enc, slots), staged,
+        staged.init(dparams, enc, L, gamma, successor), jax.random.PRNGKey(1), gamma=gamma,
+        max_decode_len=L, config=config), None)
+    return out
+
+  rows: List[Dict[str, Any]] = []
+  for temp in [float(t) for t in args.temperatures.split(',')]:
+    config = SamplingConfig(temperature=temp)
+    for batch in [int(b) for b in args.batch_sizes.split(',')]:
+      batches = [jnp.asarray(inputs[i:i + batch]) for i in range(0, len(inputs), batch)]
+      ms = methods(config)
+      runs = {name: (lambda fn=fn: [fn(enc) for enc in batches]) for name, (fn, _) in ms.items()}
+      results = {name: jax.block_until_ready(run()) for name, run in runs.items()}  # compile
+      times = {name: [] for name in runs}
+      for _ in range(args.repeats):  # interleaved: every method once per repeat
+        for name, run in runs.items():
+          t0 = time.perf_counter()
+          jax.block_until_ready(run())
+          times[name].append(time.perf_counter() - t0)
+      ar_lists = sum((autoregressive.strip(r.sequences, r.lengths)
+                      for r in results['autoregressive']), [])
+      base = {}
+      for name, res in results.items():
+        secs = statistics.median(times[name])
+        tokens = sum(int(r.lengths.sum()) for r in res)
+        iters = sum(int(r.loop_iterations) for r in res)  # batched target calls
+        calls = sum(int(r.target_calls.sum()) for r in res)  # per row, active rows only
+        per_iter = ms[name][1]
+        draft_bytes = None if per_iter is None else bytes_d * per_iter * iters / tokens
+        row = {'method': name, 'temperature': temp, 'batch_size': batch, 'tokens': tokens,
+               'target_calls_per_row_sum': calls, 'tokens_per_target_call': tokens / calls,
+               'seconds': secs, 'tokens_per_second': tokens / secs,
+               'target_param_bytes_per_token': bytes_t * iters / tokens,
+               'draft_param_bytes_per_token': 0 if name == 'autoregressive' else draft_bytes,
+               'tokens_equal_autoregressive': (sum((autoregressive.strip(r.sequences, r.lengths)
+                                                    for r in res), []) == ar_lists)
+                                              if temp == 0 else None}
+        if name == 'autoregressive':
+          base['ar'] = row
+        elif name.startswith('chain'):
+          base['chain'] = row
+          alpha = (sum(float(r.beta_sum) for r in res)
+                   / max(sum(float(r.beta_count) for r in res), 1.0))
+          row['alpha'] = alpha
+        rows.append(row)
+      tstate = target.init(params, batches[0], L + gamma + 2)
+      t1 = speedup.step_time(target, tstate, 1, L // 2)
+      c = speedup.step_time(draft_dec, draft_dec.init(dparams, batches[0], L + gamma + 2), 1,
+                            L // 2) / t1
+      for row in rows[-len(results):]:
+        row['speedup_over_autoregressive'] = row['tokens_per_second'] / base['ar']['tokens_per_second']
+        row['speedup_over_chain'] = row['tokens_per_second'] / base['chain']['tokens_per_second']
+        if 'alpha' in row:
+          row['c'] = c
+          row['speedup_thm8'] = theory.walltime_improvement(min(row['alpha'], 0.999), gamma, c)
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}),
+              flush=True)
+      # Written after every (temperature, batch) group: a cut-short run keeps what it measured.
+      write({'pair': pair, 'command': ' '.join(['python'] + sys.argv), 'rows': rows,
+             'num_examples': len(inputs), 'max_decode_len': L,
+             'loadavg_after': os.getloadavg(), 'machine': spec_bench.machine()}, args.out)
+
+
+def write(results: Dict[str, Any], out: str) -> None:
+  os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
+  with open(out + '.json', 'w') as f:
+    json.dump(results, f, indent=2)
+  lines = ['# Token trees and staged speculation vs chain speculation', '',
+           f'Pair: {results["pair"]}', '', f'Command: `{results["command"]}`', '',
+           f'{results["num_examples"]} inputs, max decode length {results["max_decode_len"]}; '
+           'methods interleaved in one run, median of repeats. The CPU was SHARED with other '
+           f'jobs (load average after the run: {results["loadavg_after"]}); timings are noisy. '
+           'Bytes: parameters read per generated token (Spector & Re Table 1\'s form; K/V not '
+           'counted; staged: draft calls vary, not counted).', '',
+           '| method | T | batch | tok/call | tok/s | vs AR | vs chain | target MB/tok | '
+           'draft MB/tok | = AR | Thm 8 |', '|---|---|---|---|---|---|---|---|---|---|---|']
+  mb = lambda x: '-' if x is None else f'{x / 1e6:.2f}'
+  for r in results['rows']:
+    thm = f'{r["speedup_thm8"]:.2f}x (alpha {r["alpha"]:.2f}, c {r["c"]:.2f})' if 'alpha' in r else ''
+    lines.append(f'| {r["method"]} | {r["temperature"]:g} | {r["batch_size"]} | '
+                 f'{r["tokens_per_target_call"]:.2f} | {r["tokens_per_second"]:.1f} | '
+                 f'{r["speedup_over_autoregressive"]:.2f}x | {r["speedup_over_chain"]:.2f}x | '
+                 f'{mb(r["target_param_bytes_per_token"])} | {mb(r["draft_param_bytes_per_token"])} '
+                 f'| {r["tokens_equal_autoregressive"]} | {thm} |')
+  with open(out + '.md', 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+
+
+if __name__ == '__main__':
+  main()

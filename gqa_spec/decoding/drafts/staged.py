@@ -1,0 +1,145 @@
+"""Staged speculation (Spector & Re 2023, sec. 3.2): a model draft whose own generation is itself
+speculated by an n-gram draft-of-draft.
+
+`StagedDraft` implements the chain `Draft` protocol and proposes what `ModelDraft` proposes: the
+gamma tokens x_1..x_gamma and the draft's adjusted distributions q_1..q_gamma. Instead of gamma
+one-token calls, it runs an inner speculative loop in which the bigram proposes g2 tokens after the
+draft's last token and the draft scores them in ONE call of g2 + 1 tokens, accepting a prefix and
+adding its own next token (greedy: while the bigram's token is the draft's argmax; sampling:
+speculative sampling of the draft's q against the bigram's one-hot proposal, accept y w.p. q(y),
+on rejection draw from norm(max(0, q - onehot(y)))). Each call yields 1..g2 + 1 draft tokens, so
+the draft runs fewer, wider calls; the proposals are exactly the draft's (greedy: the same tokens;
+sampling: the same distribution, each token drawn from the draft's q given its prefix), and the q
+handed to the outer verification is the draft's full q at each position, as in `ModelDraft`.
+
+Cache: as `ModelDraft` (one or two tokens pending before a proposal); a proposal first appends the
+token before s_n if it is pending, so the cache holds s_0..s_{n-1} and s_n leads the first inner
+call. After the inner loop the cache is rolled back to hold at most s_0..s_n, x_1..x_{gamma - 1}
+(it may have run past gamma), which keeps `ModelDraft.commit`'s rule `min(index, lengths)` valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from gqa_spec.decoding import sampling
+from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.models.t5 import Transformer
+
+PyTree = Any
+
+
+@flax.struct.dataclass
+class StagedState:
+  decoder_state: PyTree
+  successor: jax.Array  # [V] the bigram's next token after each token
+  draft_calls: jax.Array  # [] draft decode calls made so far (all rows together)
+
+
+@dataclasses.dataclass(frozen=True)
+class StagedDraft:
+  """Model draft with an n-gram second stage.
+
+  Attributes:
+    decoder: the draft's decoder binding (`T5Decoder`; `TableDecoder` in tests).
+    inner_gamma: g2, bigram tokens the draft verifies per call (>= 1).
+  """
+
+  decoder: Any
+  inner_gamma: int = 3
+
+  def __post_init__(self):
+    if self.inner_gamma < 1:
+      raise ValueError(f'inner_gamma must be >= 1, got {self.inner_gamma}')
+
+  @classmethod
+  def t5(cls, model: Transformer, inner_gamma: int = 3) -> 'StagedDraft':
+    return cls(T5Decoder(model), inner_gamma)
+
+  def cache_slots(self, max_decode_len: int, gamma: int) -> int:
+    """Slots so that no write clamps, however far the inner loop runs past gamma."""
+    return max_decode_len + gamma + 2 * self.inner_gamma + 3
+
+  def init_state(self, decoder_state: PyTree, successor: jax.Array) -> StagedState:
+    return StagedState(decoder_state=decoder_state, successor=jnp.asarray(successor, jnp.int32),
+                       draft_calls=jnp.zeros((), jnp.int32))
+
+  def init(self, params: PyTree, encoder_input_tokens: jax.Array, max_decode_len: int, gamma: int,
+           successor: jax.Array) -> StagedState:
+    """T5 drafts: encodes once; `successor [V]` from `NgramModel.successor()`."""
+    state = self.decoder.init(params, encoder_input_tokens, self.cache_slots(max_decode_len, gamma))
+    return self.init_state(state, successor)
+
+  def propose(self, state: StagedState, sequences, lengths, rng, gamma, config):
+    g2 = self.inner_gamma
+    dec = state.decoder_state
+    m = self.decoder.index(dec)  # [b] in {n - 1, n}
+    # Append s_{n-1} where pending (a row with m = n rewrites s_n at slot n, then forgets it).
+    _, dec = self.decoder.tokens_to_logits(
+        dec, jnp.take_along_axis(sequences, m[:, None], axis=1))  # [b, 1]
+    dec = self.decoder.rollback(dec, lengths)  # holds s_0..s_{n-1}
+    batch, vocab = lengths.shape[0], state.successor.shape[0]
+    steps = jnp.arange(g2 + 1)  # [g2 + 1]
+    width = gamma + g2 + 1  # produced tokens never exceed gamma - 1 + g2 + 1
+
+    def body(carry):
+      dec, z, count, tokens, qs, rng, calls = carry  # z [b]: produced, not yet cached
+      rng, accept_rng = jax.random.split(rng)
+      ys, y = [], z
+      for _ in range(g2):  # the bigram's chain after z
+        y = state.successor[y]
+        ys.append(y)
+      y = jnp.stack(ys, axis=1)  # [b, g2]
+      index = self.decoder.index(dec)  # [b]
+      logits, dec = self.decoder.tokens_to_logits(
+          dec, jnp.concatenate([z[:, None], y], axis=1))  # [b, g2 + 1, V]
+      q = sampling.adjust_logits(logits, config)  # [b, g2 + 1, V]
+      if config.greedy:
+        best = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [b, g2 + 1]
+        accept = y == best[:, :g2]  # [b, g2]
+        j = jnp.sum(jnp.cumprod(accept.astype(jnp.int32), axis=1), axis=1)  # [b]
+        t = jnp.take_along_axis(best, j[:, None], axis=1)[:, 0]  # [b]
+      else:
+        r_rng, t_rng = jax.random.split(accept_rng)
+        q_y = jnp.take_along_axis(q[:, :g2], y[..., None], axis=-1)[..., 0]  # [b, g2]
+        accept = jax.random.uniform(r_rng, q_y.shape) < q_y  # one-hot proposal: min(1, q / 1)
+        j = jnp.sum(jnp.cumprod(accept.astype(jnp.int32), axis=1), axis=1)  # [b]
+        q_j = jnp.take_along_axis(q, j[:, None, None], axis=1)[:, 0]  # [b, V]
+        y_pad = jnp.concatenate([y, jnp.zeros_like(y[:, :1])], axis=1)  # [b, g2 + 1]
+        y_j = jnp.take_along_axis(y_pad, j[:, None], axis=1)[:, 0]  # [b]
+        rejected = j < g2  # [b]
+        residual = jnp.where(rejected[:, None] & (jnp.arange(q.shape[-1]) == y_j[:, None]), 0.0,
+                             q_j)  # max(0, q - onehot(y)) on rejection, q_j (bonus) otherwise
+        mass = jnp.sum(residual, axis=-1, keepdims=True)
+        residual = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), q_j)
+        t = sampling.sample(t_rng, residual)  # [b]
+      live = count < gamma  # [b] rows still producing
+      new = jnp.where(steps[None] < j[:, None], jnp.pad(y, ((0, 0), (0, 1))), t[:, None])  # [b, g2+1]
+      put = lambda buf, upd: jax.vmap(lambda row, u, i: jax.lax.dynamic_update_slice(
+          row, u, (i,) + (0,) * (row.ndim - 1)))(buf, upd, count)
+      new_tokens, new_qs = put(tokens, new), put(qs, q)  # q_0..q_j belong to y_1..y_j, t
+      tokens = jnp.where(live[:, None], new_tokens, tokens)
+      qs = jnp.where(live[:, None, None], new_qs, qs)
+      dec = self.decoder.rollback(dec, jnp.where(live, index + 1 + j, index))  # z, y_1..y_j
+      z = jnp.where(live, t, z)
+      count = jnp.where(live, count + j + 1, count)
+      return dec, z, count, tokens, qs, rng, calls + 1
+
+    z = jnp.take_along_axis(sequences, lengths[:, None], axis=1)[:, 0]  # [b] s_n
+    init = (dec, z, jnp.zeros((batch,), jnp.int32), jnp.zeros((batch, width), jnp.int32),
+            jnp.zeros((batch, width, vocab), jnp.float32), rng, state.draft_calls + 1)
+    dec, _, _, tokens, qs, _, calls = jax.lax.while_loop(
+        lambda c: jnp.any(c[2] < gamma), body, init)
+    dec = self.decoder.rollback(dec, jnp.minimum(self.decoder.index(dec), lengths + gamma))
+    return tokens[:, :gamma], qs[:, :gamma], state.replace(decoder_state=dec, draft_calls=calls)
+
+  def commit(self, state: StagedState, sequences, lengths):
+    del sequences
+    dec = state.decoder_state
+    return state.replace(decoder_state=self.decoder.rollback(
+        dec, jnp.minimum(self.decoder.index(dec), lengths)))

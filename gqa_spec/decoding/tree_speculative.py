@@ -1,0 +1,161 @@
+"""Tree speculative decoding (Spector & Re 2023; Sequoia's verification) as one jitted loop.
+
+The loop of `speculative.py` with a token tree in place of the chain. Each iteration:
+  1. the draft grows a tree of N nodes under each row's last token s_n (`tree.grow`, one draft
+     call per level);
+  2. the target appends [s_n, node_1..node_N] in ONE decode call with depth-based positions
+     (n + depth, which T5's relative position bias sees) and the ancestors-and-self mask;
+  3. `tree.verify` walks each row down its tree: a accepted nodes, then t;
+  4. each row appends its path and t at its own offset (ragged), the target's cache moves the
+     path's slots to n + 1..n + a (`move_slots`) and rolls back to the new length; the draft commits
+     the path the same way. Rejected nodes leave no trace: their slots lie past the index.
+Chain speculation is the special case `TreeShape.chain(gamma)`.
+
+A tree draft (`drafts/tree_model.py`; a Chimera or n-gram tree draft would implement the same):
+
+  propose_tree(state, sequences, lengths, rng, shape, config) -> (tree.Tree [b, N], state)
+  commit_tree(state, sequences, lengths, path [b, D]) -> state
+      path: the accepted nodes by depth (-1 past the accepted length); lengths as in `Draft.commit`.
+
+Statistics reuse `SpeculativeResult`: `proposed` counts valid tree nodes, `accepted_per_position`
+is per depth, `accept_histogram` counts accepted path lengths 0..D, and the alpha fields stay 0
+(alpha is a chain quantity).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional, Protocol, Tuple
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from gqa_spec.decoding import sampling, tree as tree_lib
+from gqa_spec.decoding.autoregressive import DECODER_START, EOS, PAD, finish
+from gqa_spec.decoding.sampling import SamplingConfig
+from gqa_spec.decoding.speculative import SpeculativeResult
+from gqa_spec.decoding.targets import Decoder
+from gqa_spec.decoding.tree import TreeShape
+
+PyTree = Any
+
+
+class TreeDraft(Protocol):
+  """Proposes a token tree per row; commits the accepted path (module docstring)."""
+
+  def propose_tree(self, state: PyTree, sequences: jax.Array, lengths: jax.Array, rng: jax.Array,
+                   shape: TreeShape, config: SamplingConfig) -> Tuple[tree_lib.Tree, PyTree]:
+    ...
+
+  def commit_tree(self, state: PyTree, sequences: jax.Array, lengths: jax.Array,
+                  path: jax.Array) -> PyTree:
+    ...
+
+
+@flax.struct.dataclass
+class _State:
+  target_state: PyTree
+  draft_state: PyTree
+  done: jax.Array  # [b] bool
+  result: SpeculativeResult
+  rng: jax.Array
+
+
+def target_cache_length(max_decode_len: int, shape: TreeShape) -> int:
+  """Slots the target's cache needs so that no write clamps: `max_decode_len + N + 1`."""
+  return max_decode_len + shape.num_nodes + 1
+
+
+@functools.partial(jax.jit, static_argnames=('target', 'draft', 'shape', 'max_decode_len',
+                                             'config', 'eos_id'))
+def decode(target: Decoder, target_state: PyTree, draft: TreeDraft, draft_state: PyTree,
+           rng: jax.Array, *, shape: TreeShape, max_decode_len: int,
+           config: SamplingConfig = sampling.GREEDY, eos_id: int = EOS,
+           skip: Optional[jax.Array] = None) -> SpeculativeResult:
+  """Tree speculative decoding of a batch.
+
+  Args:
+    target: static target decoder binding (with `move_slots`).
+    target_state: its state, index 0 per row, >= `target_cache_length(...)` slots.
+    draft: static tree draft.
+    draft_state: its initial state.
+    rng: PRNG key.
+    shape: the static tree shape.
+    max_decode_len: most generated tokens per row (EOS included).
+    config: sampling method (lenience must be 1), applied to p and q alike.
+    eos_id: end-of-sequence token.
+    skip: optional `[b]` bools: rows that start done (batch padding).
+
+  Returns:
+    `SpeculativeResult` (see the module docstring for the tree reading of its statistics).
+  """
+  if config.lenience != 1.0:
+    raise ValueError('lenience < 1 is not supported with token trees')
+  depth = shape.depth
+  batch = target.index(target_state).shape[0]
+  width = 2 + max_decode_len + depth  # a done row at max length still writes D + 1 slots
+  zeros_b = jnp.zeros((batch,), jnp.int32)
+  result = SpeculativeResult(
+      sequences=jnp.full((batch, width), PAD, jnp.int32).at[:, 0].set(DECODER_START),
+      lengths=zeros_b, target_calls=zeros_b, proposed=zeros_b, accepted=zeros_b,
+      accepted_per_position=jnp.zeros((depth,), jnp.int32),
+      accept_histogram=jnp.zeros((depth + 1,), jnp.int32),
+      beta_sum=jnp.zeros((), jnp.float32), beta_count=jnp.zeros((), jnp.float32),
+      loop_iterations=jnp.zeros((), jnp.int32))
+  init = _State(target_state=target_state, draft_state=draft_state,
+                done=jnp.zeros((batch,), bool) if skip is None else jnp.asarray(skip, bool),
+                result=result, rng=rng)
+  positions = jnp.arange(depth + 1)  # [D + 1]
+
+  def cond(s: _State):
+    return ~jnp.all(s.done)
+
+  def body(s: _State) -> _State:
+    r = s.result
+    rng, draft_rng, verify_rng = jax.random.split(s.rng, 3)
+    active = ~s.done  # [b]
+    tree, dstate = draft.propose_tree(s.draft_state, r.sequences, r.lengths, draft_rng, shape,
+                                      config)  # [b, N] nodes
+    last = jnp.take_along_axis(r.sequences, r.lengths[:, None], axis=1)  # [b, 1]
+    tokens = jnp.concatenate([last, tree.tokens], axis=1)  # [b, N + 1]
+    tree_positions = r.lengths[:, None] + jnp.concatenate(
+        [jnp.zeros((batch, 1), jnp.int32), tree.depths], axis=1)  # [b, N + 1]
+    mask = tree_lib.attention_mask(tree.parents, depth)  # [b, N + 1, N + 1]
+    logits, tstate = target.tokens_to_logits(s.target_state, tokens, tree_positions,
+                                             mask)  # [b, N + 1, V]
+    path, k, t = tree_lib.verify(verify_rng, tree, logits, depth, config)  # [b, D], [b], [b]
+
+    path_tokens = jnp.take_along_axis(tree.tokens, jnp.maximum(path, 0), axis=1)  # [b, D]
+    new = jnp.concatenate([path_tokens, jnp.zeros_like(t[:, None])], axis=1)  # [b, D + 1]
+    new = jnp.where(positions[None] == k[:, None], t[:, None], new)  # path, t, junk
+    keep = k + 1  # [b]
+    is_eos = (new == eos_id) & (positions[None] < keep[:, None])  # [b, D + 1]
+    hit_eos = jnp.any(is_eos, axis=1)  # [b]
+    keep = jnp.where(hit_eos, jnp.argmax(is_eos, axis=1) + 1, keep)  # through the first EOS
+    keep = jnp.minimum(keep, max_decode_len - r.lengths)
+    keep = jnp.where(active, keep, 0)  # [b]
+    sequences = jax.vmap(lambda row, upd, i: jax.lax.dynamic_update_slice(row, upd, (i,)))(
+        r.sequences, new, r.lengths + 1)  # [b, width]; slots past the new length are junk
+    lengths = r.lengths + keep  # [b]
+    # The target holds s_0..s_n and the tree at slots n + 1 + node: move the path to n + 1...
+    dest = r.lengths[:, None] + 1 + positions[None, :depth]  # [b, D]
+    source = jnp.where(path >= 0, r.lengths[:, None] + 1 + path, dest)  # [b, D]
+    tstate = target.rollback(target.move_slots(tstate, r.lengths + 1, source), lengths)
+    dstate = draft.commit_tree(dstate, sequences, lengths, path)
+    done = s.done | (active & hit_eos & (keep > 0)) | (lengths >= max_decode_len)
+
+    act = active.astype(jnp.int32)  # [b]
+    acc = (positions[None, :depth] < k[:, None]) & active[:, None]  # [b, D]
+    result = r.replace(
+        sequences=sequences, lengths=lengths, target_calls=r.target_calls + act,
+        proposed=r.proposed + jnp.sum(tree.valid, axis=1, dtype=jnp.int32) * act,
+        accepted=r.accepted + k * act,
+        accepted_per_position=r.accepted_per_position + jnp.sum(acc, axis=0, dtype=jnp.int32),
+        accept_histogram=r.accept_histogram + jnp.sum(
+            jax.nn.one_hot(k, depth + 1, dtype=jnp.int32) * act[:, None], axis=0),
+        loop_iterations=r.loop_iterations + 1)
+    return _State(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
+
+  final = jax.lax.while_loop(cond, body, init).result
+  return final.replace(sequences=finish(final.sequences, final.lengths))

@@ -1,0 +1,63 @@
+"""`gqa-spec generate --tree` end to end on the tiny checkpoint of `test_commands.py`."""
+
+import pytest
+
+from gqa_spec import cli
+from tests.decoding.test_commands import _generate, workdir  # pylint: disable=unused-import
+
+
+def test_greedy_trees_give_the_autoregressive_outputs(workdir):  # pylint: disable=redefined-outer-name
+  ref, _ = _generate(workdir, 'ar_tree_ref')
+  out, _ = _generate(workdir, 'tree_bigram', '--draft', 'bigram:' + str(workdir / 'bigram.npz'),
+                     '--tree', 'topk:2,2')
+  assert out == ref
+  for name, spec in [('tree_topk', 'topk:2,1'), ('tree_best', 'best:4,depth:2,width:2')]:
+    out, stats = _generate(workdir, name, '--draft', str(workdir / 'ckpt'), '--tree', spec)
+    assert out == ref, name
+    assert stats['tree'] == spec
+    assert stats['gamma'] is None and len(stats['accept_histogram']) == 3
+    assert sum(stats['accept_histogram']) == stats['target_calls']
+    assert stats['accepted_per_position'] == [stats['target_calls']] * 2  # self draft: all
+
+
+def test_sampling_tree_runs(workdir):  # pylint: disable=redefined-outer-name
+  out, stats = _generate(workdir, 'tree_sample', '--draft', str(workdir / 'ckpt'), '--tree',
+                         'topk:2,2', '--temperature', '1', '--top-p', '0.9', '--seed', '1')
+  assert len(out) == 3 and stats['acceptance_rate'] is not None
+
+
+@pytest.mark.parametrize('extra, message', [
+    (['--tree', 'topk:0'], 'branching'),
+    (['--tree', 'best:3'], 'tree must be'),
+    (['--tree', 'topk:2'], '--tree needs a --draft'),
+    (['--tree', 'topk:2', '--draft', 'copy'], 'model draft'),
+    (['--tree', 'best:99,depth:2,width:2', '--draft', 'copy'], 'budget'),
+])
+def test_bad_tree_arguments_are_one_line_errors(workdir, capsys, extra, message):  # pylint: disable=redefined-outer-name
+  argv = ['generate', '--model', str(workdir / 'ckpt'), '--inputs', str(workdir / 'in.jsonl'),
+          '--out', str(workdir / 'x.jsonl'), *extra]
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith('gqa-spec: error:') and message in err and '\n' not in err
+
+
+def test_staged_draft_gives_the_autoregressive_outputs(workdir):  # pylint: disable=redefined-outer-name
+  ref, _ = _generate(workdir, 'ar_staged_ref')
+  out, stats = _generate(workdir, 'staged', '--draft', str(workdir / 'ckpt'), '--gamma', '3',
+                         '--stage2', 'bigram:' + str(workdir / 'bigram.npz'), '--stage2-gamma', '2')
+  assert out == ref
+  assert stats['stage2'].startswith('bigram:') and stats['stage2_gamma'] == 2
+  assert stats['acceptance_rate'] == 1.0  # the target is its own draft
+
+
+@pytest.mark.parametrize('extra, message', [
+    (['--stage2', 'bigram:x.npz'], 'needs a model --draft'),
+    (['--stage2', 'bigram:x.npz', '--draft', 'copy'], 'model draft'),
+    (['--stage2', 'unigram:x.npz', '--draft', '.'], '--stage2 must be bigram'),
+])
+def test_bad_stage2_arguments_are_one_line_errors(workdir, capsys, extra, message):  # pylint: disable=redefined-outer-name
+  argv = ['generate', '--model', str(workdir / 'ckpt'), '--inputs', str(workdir / 'in.jsonl'),
+          '--out', str(workdir / 'x.jsonl'), *extra]
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith('gqa-spec: error:') and message in err and '\n' not in err
