@@ -103,6 +103,16 @@ def test_cli_trains_saves_and_resumes_exactly(target_dir, tmp_path):
   jax.tree_util.tree_map(np.testing.assert_array_equal, params_res, params_ref)
   with pytest.raises(UserError, match='trains a different draft'):
     draft_training.write_draft_file(resumed, 'model', target_dir, TARGET)
+  # The run plugs into `generate` / the evaluator through the draft factory.
+  from gqa_spec.decoding.drafts import ChimeraDraft, factory  # pylint: disable=g-import-not-at-top
+  factory.check_spec(f'chimera:{reference}')
+  draft, init, description = factory.make_draft(f'chimera:{reference}', TARGET, 2, 8)
+  assert isinstance(draft, ChimeraDraft) and 'chimera' in description
+  assert init(np.ones((3, 5), np.int32)).hidden.shape == (3, 2 + 8 + 2, 32)
+  with pytest.raises(UserError, match='gamma 3: the Chimera draft has 2 heads'):
+    factory.make_draft(f'chimera:{reference}', TARGET, 3, 8)
+  with pytest.raises(UserError, match='chimera:RUN_DIR'):
+    factory.check_spec('chimera:/nonexistent')
 
 
 def test_head_topk_accuracy_of_untrained_heads(target_dir):
@@ -124,13 +134,3 @@ def test_head_topk_accuracy_of_untrained_heads(target_dir):
     assert row['labels'] == valid.sum()
     assert row['top1'] >= same.sum() / valid.sum() - 1e-9
     assert row['top1'] <= row['top2'] <= row['top3'] <= 1.0
-  # The run plugs into `generate` / the evaluator through the draft factory.
-  from gqa_spec.decoding.drafts import ChimeraDraft, factory  # pylint: disable=g-import-not-at-top
-  factory.check_spec(f'chimera:{reference}')
-  draft, init, description = factory.make_draft(f'chimera:{reference}', TARGET, 2, 8)
-  assert isinstance(draft, ChimeraDraft) and 'chimera' in description
-  assert init(np.ones((3, 5), np.int32)).hidden.shape == (3, 2 + 8 + 2, 32)
-  with pytest.raises(UserError, match='gamma 3: the Chimera draft has 2 heads'):
-    factory.make_draft(f'chimera:{reference}', TARGET, 3, 8)
-  with pytest.raises(UserError, match='chimera:RUN_DIR'):
-    factory.check_spec('chimera:/nonexistent')
