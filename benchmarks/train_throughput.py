@@ -15,7 +15,7 @@ FLOPs per step (stated, not measured): 6 x (matmul parameters x the tokens that 
 encoder layers x encoder tokens, decoder layers and the logits kernel x decoder tokens; the
 embedding lookup is not a matmul) + 3 x the attention matmuls (2 x 2 x q x k x heads x head_dim per
 row for QK^T and AV; encoder self, decoder self and cross), counting every position of the padded
-batch. XLA's own count (`cost_analysis()['flops']` of the compiled step) is reported beside it.
+batch. XLA's own count (`cost_analysis()['flops']` of the lowered step) is reported beside it.
 The matmul rate is measured in the same child process: jitted float32 `[1024, 1024] x [1024, 1024]`
 and the model-shaped `[2048, 256] x [256, 1024]`, best of 5.
 
