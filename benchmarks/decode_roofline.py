@@ -1,14 +1,20 @@
 """Per-token step time of our jitted autoregressive decoding vs the memory-bandwidth bound.
 
   python benchmarks/decode_roofline.py [--presets nano,mini] [--kv mha,gqa2,mqa] [--batch 1,8] \
-      [--out results/benchmarks/decode_roofline]
+      [--input-length 64] [--baseline REF --rounds 3] [--out results/benchmarks/decode_roofline]
+
+`--input-length` takes a list (e.g. `64,2048`: the long-input setting). `--baseline REF` also
+measures the library at git REF (e.g. HEAD~1) in alternating child processes (`ab.py`) and reports
+both step times side by side.
 
 Bound per step = bytes read per decode step / measured bandwidth, where the bytes are the
 decoder's parameters (the logits kernel included; the encoder is not read while decoding) plus the
 self-attention K/V cache (this implementation attends over the whole allocated cache, masked, so
 all of it is read) plus the cached cross-attention K/V; bandwidth is measured here by a jitted
 reduction over a 256 MiB float32 array. Step time = wall time of a jitted while-loop decode of
-`--steps` tokens / steps (EOS suppressed by decoding to max length, random-init weights).
+`--steps` tokens / steps (EOS suppressed by decoding to max length, random-init weights). Every row
+of the batch holds the same input, encoded once and copied (the decode step does not care, and a
+2048-token encoder pass at batch 16 would need GiBs of attention logits).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ab  # pylint: disable=g-import-not-at-top,wrong-import-position
 from speculative import machine  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from gqa_spec.decoding import autoregressive  # pylint: disable=wrong-import-position
@@ -59,16 +66,8 @@ def cross_kv_bytes(cache) -> int:
   return total
 
 
-def main(argv=None):
-  p = argparse.ArgumentParser()
-  p.add_argument('--presets', default='nano,mini')
-  p.add_argument('--kv', default='mha,gqa2,mqa')
-  p.add_argument('--batch', default='1,8')
-  p.add_argument('--input-length', type=int, default=64)
-  p.add_argument('--steps', type=int, default=64)
-  p.add_argument('--repeats', type=int, default=5)
-  p.add_argument('--out', default='results/benchmarks/decode_roofline')
-  args = p.parse_args(argv)
+def measure(args) -> list:
+  """Rows of step time and bound for every (preset, G, input length, batch)."""
   bw = bandwidth()
   print(f'measured bandwidth: {bw / 1e9:.2f} GB/s', flush=True)
   rows = []
@@ -82,43 +81,93 @@ def main(argv=None):
       params = jax.jit(lambda r: model.init(r, dummy, dummy, dummy, enable_dropout=False)['params'])(
           jax.random.PRNGKey(0))
       dec = T5Decoder(model)
-      for batch in (int(b) for b in args.batch.split(',')):
-        enc = jnp.full((batch, args.input_length), 7, jnp.int32).at[:, -1].set(1)
-        state = dec.init(params, enc, args.steps + 1)
-        run = lambda: autoregressive.decode(dec, state, jax.random.PRNGKey(0),
-                                            max_decode_len=args.steps, eos_id=-1)
-        jax.block_until_ready(run())
-        secs = sorted(_time(run) for _ in range(args.repeats))[args.repeats // 2]
-        step = secs / args.steps
-        param_bytes = tree_bytes(params['decoder'])
-        self_kv = decode_cache.self_attention_kv_bytes(state.cache)
-        cross_kv = cross_kv_bytes(state.cache)
-        bound = (param_bytes + self_kv + cross_kv) / bw
-        row = {'preset': name, 'kv_heads': groups, 'batch': batch, 'step_ms': step * 1e3,
-               'bound_ms': bound * 1e3, 'ratio_to_bound': step / bound,
-               'decoder_param_mib': param_bytes / 2 ** 20, 'self_kv_mib': self_kv / 2 ** 20,
-               'cross_kv_mib': cross_kv / 2 ** 20}
-        rows.append(row)
-        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}),
-              flush=True)
-  results = {'command': ' '.join([sys.executable] + sys.argv), 'bandwidth_gb_s': bw / 1e9,
-             'steps': args.steps, 'input_length': args.input_length, 'rows': rows,
-             'machine': machine()}
+      for length in (int(n) for n in args.input_length.split(',')):
+        enc = jnp.full((1, length), 7, jnp.int32).at[:, -1].set(1)
+        one = dec.init(params, enc, args.steps + 1)
+        for batch in (int(b) for b in args.batch.split(',')):
+          state = dec.reorder(one, jnp.zeros((batch,), jnp.int32))
+          run = lambda: autoregressive.decode(dec, state, jax.random.PRNGKey(0),
+                                              max_decode_len=args.steps, eos_id=-1)
+          jax.block_until_ready(run())
+          secs = sorted(_time(run) for _ in range(args.repeats))[args.repeats // 2]
+          step = secs / args.steps
+          param_bytes = tree_bytes(params['decoder'])
+          self_kv = decode_cache.self_attention_kv_bytes(state.cache)
+          cross_kv = cross_kv_bytes(state.cache)
+          bound = (param_bytes + self_kv + cross_kv) / bw
+          row = {'preset': name, 'kv_heads': groups, 'input_length': length, 'batch': batch,
+                 'step_ms': step * 1e3, 'bound_ms': bound * 1e3, 'ratio_to_bound': step / bound,
+                 'bandwidth_gb_s': bw / 1e9, 'decoder_param_mib': param_bytes / 2 ** 20,
+                 'self_kv_mib': self_kv / 2 ** 20, 'cross_kv_mib': cross_kv / 2 ** 20,
+                 'loadavg': os.getloadavg()[0]}
+          rows.append(row)
+          print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}),
+                flush=True)
+  return rows
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser()
+  p.add_argument('--presets', default='nano,mini')
+  p.add_argument('--kv', default='mha,gqa2,mqa')
+  p.add_argument('--batch', default='1,8')
+  p.add_argument('--input-length', default='64')
+  p.add_argument('--steps', type=int, default=64)
+  p.add_argument('--repeats', type=int, default=5)
+  p.add_argument('--baseline', default=None, help='git ref of the library to compare against')
+  p.add_argument('--rounds', type=int, default=3)
+  p.add_argument('--child-out', default=None, help=argparse.SUPPRESS)
+  p.add_argument('--out', default='results/benchmarks/decode_roofline')
+  args = p.parse_args(argv)
+  if args.child_out:
+    with open(args.child_out, 'w') as f:
+      json.dump(measure(args), f)
+    return
+  load_before = os.getloadavg()
+  if args.baseline:
+    child_argv = [a for a in (argv if argv is not None else sys.argv[1:])]
+    drop = {'--baseline', '--rounds', '--out'}
+    child_argv = [a for i, a in enumerate(child_argv)
+                  if a not in drop and (i == 0 or child_argv[i - 1] not in drop)
+                  and not any(a.startswith(d + '=') for d in drop)]
+    ab_result = ab.alternate(os.path.abspath(__file__), args.baseline, child_argv, args.rounds,
+                             key=lambda r: (r['preset'], r['kv_heads'], r['input_length'],
+                                            r['batch']),
+                             timed=('step_ms', 'bandwidth_gb_s', 'loadavg'))
+    rows = ab_result['rows']
+    for r in rows:
+      r['bound_ms'] = r['bound_ms'] * r['bandwidth_gb_s_rounds'][0] / r['bandwidth_gb_s']
+      r['ratio_to_bound'] = r['step_ms'] / r['bound_ms']
+      r['speedup_vs_baseline'] = r['baseline_step_ms'] / r['step_ms']
+  else:
+    rows = measure(args)
+  bw = float(np.median([r['bandwidth_gb_s'] for r in rows]))
+  results = {'command': ' '.join(['python'] + sys.argv), 'bandwidth_gb_s': bw,
+             'steps': args.steps, 'input_lengths': args.input_length, 'rows': rows,
+             'baseline': args.baseline, 'rounds': args.rounds if args.baseline else 1,
+             'loadavg_before_after': [load_before, os.getloadavg()], 'machine': machine()}
   os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
   with open(args.out + '.json', 'w') as f:
     json.dump(results, f, indent=2)
+  base_cols = ' baseline ms | speedup |' if args.baseline else ''
   lines = ['# Autoregressive decode step vs memory-bandwidth bound', '',
            f'Command: `{results["command"]}`', '',
-           f'Measured bandwidth (jitted sum over 256 MiB): {bw / 1e9:.2f} GB/s. Bound = (decoder '
-           'params + self K/V cache (whole allocation) + cross K/V) / bandwidth. Random-init '
-           f'weights, {args.steps} decode steps, input length {args.input_length}, median of '
-           f'{args.repeats}.', '',
-           '| preset | kv heads | batch | step ms | bound ms | step/bound | dec params MiB | self KV MiB | cross KV MiB |',
-           '|---|---|---|---|---|---|---|---|---|']
+           f'Measured bandwidth (jitted sum over 256 MiB, median over runs): {bw:.2f} GB/s. '
+           'Bound = (decoder params + self K/V cache (whole allocation) + cross K/V) / bandwidth. '
+           f'Random-init weights, {args.steps} decode steps, median of {args.repeats} per run'
+           + (f', then median over {args.rounds} rounds alternating this code with the library at '
+              f'`{args.baseline}` ("baseline")' if args.baseline else '') + '. '
+           f'Load average before/after: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f} on 2 cores '
+           '(the machine was shared with other jobs).', '',
+           '| preset | kv heads | input | batch | step ms |' + base_cols
+           + ' bound ms | step/bound | dec params MiB | self KV MiB | cross KV MiB |',
+           '|---|---|---|---|---|' + ('---|---|' if args.baseline else '') + '---|---|---|---|---|']
   for r in rows:
-    lines.append(f'| {r["preset"]} | {r["kv_heads"]} | {r["batch"]} | {r["step_ms"]:.3f} | '
-                 f'{r["bound_ms"]:.3f} | {r["ratio_to_bound"]:.1f} | {r["decoder_param_mib"]:.2f} | '
-                 f'{r["self_kv_mib"]:.3f} | {r["cross_kv_mib"]:.3f} |')
+    base = (f' {r["baseline_step_ms"]:.3f} | {r["speedup_vs_baseline"]:.2f} |'
+            if args.baseline else '')
+    lines.append(f'| {r["preset"]} | {r["kv_heads"]} | {r["input_length"]} | {r["batch"]} | '
+                 f'{r["step_ms"]:.3f} |{base} {r["bound_ms"]:.3f} | {r["ratio_to_bound"]:.1f} | '
+                 f'{r["decoder_param_mib"]:.2f} | {r["self_kv_mib"]:.3f} | {r["cross_kv_mib"]:.3f} |')
   lines += ['', 'Caveat: parameters and caches of a few MiB (nano) stay in the CPU caches, so a '
             'DRAM-bandwidth bound understates what is achievable for them; the bound is meaningful '
             'for weights well beyond the last-level cache.',

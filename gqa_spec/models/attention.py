@@ -4,13 +4,17 @@ Head layout: query head `h` belongs to key/value group `h // (H // G)`, i.e. con
 share a group. This is the order in which `convert.py` mean-pools MHA heads and in which HF export
 repeats K/V heads, so the three agree by construction.
 
-Attention never materialises repeated K/V heads: queries are reshaped to `[batch, q, G, H/G, d]` and
-contracted against `[batch, G, k, d]` keys, so the bytes read per decode step scale with G, not H.
-That is the whole point of GQA.
+Attention never materialises repeated K/V heads: the query heads of a group are folded with the
+query positions into one matrix `[batch, G, R * q, d]` (R = H/G), contracted against `[batch, G, d, k]`
+keys and then `[batch, G, k, d]` values, so the bytes read per decode step scale with G, not H.
+That is the whole point of GQA. Keys are kept transposed (`d` before `k`) so that both contractions
+are plain batched matmuls in XLA's standard dot layout (`[B, M, K] x [B, K, N]`): any other layout
+makes XLA:CPU copy or transpose the whole K/V per call or leave its fast matmul path, and the step
+time then stops following the bytes (measured in `benchmarks/decode_roofline.py`).
 
 Decode cache (the design's centre), per attention layer, in flax's 'cache' collection:
-  self-attention:   cached_key, cached_value  [batch, G, max_length, head_dim]
-  cross-attention:  cached_key, cached_value  [batch, G, encoder_length, head_dim]
+  self-attention:   cached_key [batch, G, head_dim, max_length], cached_value [batch, G, max_length, head_dim]
+  cross-attention:  cached_key [batch, G, head_dim, encoder_length], cached_value [batch, G, encoder_length, head_dim]
 Self-attention writes the k >= 1 new positions at per-row slots `[index, index + k)` by overwriting
 (`dynamic_update_slice`), so moving the index back is a complete rollback. The index itself, the
 positions of the cached slots and the attention mask are owned by the decoder (`t5.py`) and passed in.
@@ -90,7 +94,7 @@ def grouped_attention(query: jax.Array, key: jax.Array, value: jax.Array,
 
   Args:
     query: `[batch, q, G, R, d]` (R = H / G query heads per group).
-    key: `[batch, G, k, d]`.
+    key: `[batch, G, d, k]` (transposed, see the module docstring).
     value: `[batch, G, k, d]`.
     mask: bool, broadcastable to `[batch, 1, q, k]`; True = may attend.
     bias: broadcastable to `[batch, H, q, k]`.
@@ -100,10 +104,13 @@ def grouped_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   Returns:
     `[batch, q, G, R, d]`.
   """
-  batch, _, groups, per_group, _ = query.shape
+  batch, q_len, groups, per_group, head_dim = query.shape
   if float32_logits:
     query, key = query.astype(jnp.float32), key.astype(jnp.float32)
-  logits = jnp.einsum('bqgrd,bgkd->bgrqk', query, key)  # [batch, G, R, q, k]
+  # Fold (R, q) into the matmul's M dimension: head-major, so the bias reshapes without a copy.
+  folded = jnp.transpose(query, (0, 2, 3, 1, 4)).reshape(batch, groups, per_group * q_len, head_dim)
+  logits = jnp.einsum('bgmd,bgdk->bgmk', folded, key)  # [batch, G, R * q, k]
+  logits = logits.reshape(batch, groups, per_group, q_len, -1)  # [batch, G, R, q, k]
   if bias is not None:
     b = bias.reshape(bias.shape[0], groups, per_group, *bias.shape[-2:])  # [batch, G, R, q, k]
     logits = logits + b.astype(logits.dtype)
@@ -113,18 +120,26 @@ def grouped_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)  # [batch, G, R, q, k]
   if dropout is not None:
     weights = dropout(weights)
-  return jnp.einsum('bgrqk,bgkd->bqgrd', weights, value)  # [batch, q, G, R, d]
+  weights = weights.reshape(batch, groups, per_group * q_len, -1)  # [batch, G, R * q, k]
+  out = jnp.einsum('bgmk,bgkd->bgmd', weights, value)  # [batch, G, R * q, d]
+  out = out.reshape(batch, groups, per_group, q_len, head_dim)
+  return jnp.transpose(out, (0, 3, 1, 2, 4))  # [batch, q, G, R, d]
 
 
-def write_cache(cache: jax.Array, update: jax.Array, index: jax.Array) -> jax.Array:
-  """Overwrites `update [batch, G, k, d]` into `cache [batch, G, L, d]` at per-row slots `index [batch]`.
+def write_cache(cache: jax.Array, update: jax.Array, index: jax.Array, axis: int = 2) -> jax.Array:
+  """Overwrites `update` into `cache` along `axis` at per-row slots `index [batch]`.
+
+  Values are `[batch, G, k, d]` into `[batch, G, L, d]` (axis 2); keys `[batch, G, d, k]` into
+  `[batch, G, d, L]` (axis 3).
 
   Writes overwrite (no one-hot accumulate), so rolling the index back and writing again leaves no
   trace of the discarded entries. Callers guarantee `index + k <= L` (`dynamic_update_slice` would
   otherwise clamp the start and shift the write).
   """
-  def one_row(c, u, i):
-    return jax.lax.dynamic_update_slice(c, u.astype(c.dtype), (0, i, 0))
+  def one_row(c, u, i):  # per row, the slot axis is axis - 1
+    start = [0] * c.ndim
+    start[axis - 1] = i
+    return jax.lax.dynamic_update_slice(c, u.astype(c.dtype), start)
   return jax.vmap(one_row)(cache, update, index)
 
 
@@ -176,10 +191,10 @@ class MultiHeadAttention(nn.Module):
 
     query = dense(h * d, 'query', query_init)(inputs_q).reshape(batch, q_len, g, h // g, d)
 
-    def project_kv(x):  # [batch, k, emb] -> 2 x [batch, G, k, d]
+    def project_kv(x):  # [batch, k, emb] -> keys [batch, G, d, k], values [batch, G, k, d]
       k = dense(g * d, 'key')(x).reshape(x.shape[0], x.shape[1], g, d)
       v = dense(g * d, 'value')(x).reshape(x.shape[0], x.shape[1], g, d)
-      return jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+      return jnp.transpose(k, (0, 2, 3, 1)), jnp.swapaxes(v, 1, 2)
 
     if cache_mode is None:
       key, value = project_kv(inputs_kv)
@@ -195,13 +210,14 @@ class MultiHeadAttention(nn.Module):
         self.put_variable('cache', 'cached_key', key)
         self.put_variable('cache', 'cached_value', value)
     elif cache_mode == 'self':
-      new_key, new_value = project_kv(inputs_q)  # [batch, G, q, d]
-      shape = (batch, g, cache_length or 0, d)
-      cached_key = self.variable('cache', 'cached_key', jnp.zeros, shape, self.dtype)
-      cached_value = self.variable('cache', 'cached_value', jnp.zeros, shape, self.dtype)
-      cached_key.value = write_cache(cached_key.value, new_key, cache_index)
-      cached_value.value = write_cache(cached_value.value, new_value, cache_index)
-      key, value = cached_key.value, cached_value.value  # [batch, G, L, d]
+      new_key, new_value = project_kv(inputs_q)  # [batch, G, d, q], [batch, G, q, d]
+      length = cache_length or 0
+      cached_key = self.variable('cache', 'cached_key', jnp.zeros, (batch, g, d, length), self.dtype)
+      cached_value = self.variable('cache', 'cached_value', jnp.zeros, (batch, g, length, d),
+                                   self.dtype)
+      cached_key.value = write_cache(cached_key.value, new_key, cache_index, axis=3)
+      cached_value.value = write_cache(cached_value.value, new_value, cache_index, axis=2)
+      key, value = cached_key.value, cached_value.value  # [batch, G, d, L], [batch, G, L, d]
     else:
       raise ValueError(f'unknown cache_mode {cache_mode!r}')
 

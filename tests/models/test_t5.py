@@ -67,8 +67,8 @@ def test_grouped_attention_with_g_equal_h_is_plain_multi_head_attention():
   weights = np.exp(logits - logits.max(-1, keepdims=True))
   weights /= weights.sum(-1, keepdims=True)
   expected = np.einsum('bhqk,bkhd->bqhd', weights, value)
-  got = grouped_attention(query[:, :, :, None], np.swapaxes(key, 1, 2), np.swapaxes(value, 1, 2),
-                          mask, bias)  # [b, q, G=h, R=1, d]
+  got = grouped_attention(query[:, :, :, None], np.transpose(key, (0, 2, 3, 1)),
+                          np.swapaxes(value, 1, 2), mask, bias)  # [b, q, G=h, R=1, d]
   np.testing.assert_allclose(np.asarray(got)[:, :, :, 0], expected, atol=1e-5)
 
 
@@ -114,7 +114,7 @@ def test_cache_bytes_scale_with_kv_heads():
     cache = dc.init_decode_cache(model, params, _encode(model, params, enc), enc, 16)
     sizes[name] = dc.self_attention_kv_bytes(cache)
     cross = cache['decoder']['layers_0']['encoder_decoder_attention']['cached_key']
-    assert cross.shape == (enc.shape[0], g, enc.shape[1], TINY.head_dim)
+    assert cross.shape == (enc.shape[0], g, TINY.head_dim, enc.shape[1])  # keys are [b, G, d, S]
   assert sizes['mha'] == 2 * sizes['gqa2'] == 4 * sizes['mqa']
 
 

@@ -30,6 +30,18 @@ def test_adafactor_matches_optax_with_learning_rate_inside():
   assert {state[0].v_row['w'].shape, state[0].v_col['w'].shape} == {(256,), (128,)}  # factored
 
 
+def test_cross_entropy_gradient_is_softmax_minus_one_hot_plus_z_loss_term():
+  """d/dlogits of (log Z - logit_t + z log(Z)^2) = softmax * (1 + 2 z log Z) - one_hot(t)."""
+  logits = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 11)) * 3  # [b, l, V]
+  targets = jnp.array([[0, 10, 4], [7, 7, 1]])
+  z = 0.01
+  grad = jax.grad(lambda x: jnp.sum(losses.cross_entropy_with_logits(x, targets, z)[0]))(logits)
+  log_z = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+  expected = (jax.nn.softmax(logits) * (1 + 2 * z * log_z)
+              - jax.nn.one_hot(targets, 11, dtype=jnp.float32))
+  np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-6)
+
+
 def test_cross_entropy_with_z_loss():
   logits = jnp.array([[[2.0, 0.0, -1.0], [0.5, 0.5, 0.5]]])  # [1, 2, 3]
   targets = jnp.array([[0, 2]])
