@@ -118,8 +118,8 @@ def move_slots(cache: Cache, start: jax.Array, source: jax.Array) -> Cache:
   for name, layer in decoder.items():
     if name.startswith('layers_'):
       attn = dict(layer['self_attention'])
-      for key in ('cached_key', 'cached_value'):
-        attn[key] = move(attn[key], 2)  # [batch, G, L, d] (attention.py)
+      attn['cached_key'] = move(attn['cached_key'], 3)  # [batch, G, d, L] (attention.py)
+      attn['cached_value'] = move(attn['cached_value'], 2)  # [batch, G, L, d]
       decoder[name] = {**layer, 'self_attention': attn}
   decoder['positions'] = move(decoder['positions'], 1)  # [batch, L]
   return {**cache, 'decoder': decoder}

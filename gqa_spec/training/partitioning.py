@@ -74,7 +74,8 @@ def param_logical_axes(name: str, ndim: int) -> LogicalAxes:
 
 # Decode cache leaves (see `models/t5.py`, `models/attention.py`): name -> logical axes.
 _CACHE_AXES = (
-    (r'/(cached_key|cached_value)$', ('batch', 'kv_heads', None, None)),  # [b, G, L or S, d]
+    # keys [b, G, d, L or S], values [b, G, L or S, d]: only batch and heads are ever sharded
+    (r'/(cached_key|cached_value)$', ('batch', 'kv_heads', None, None)),
     (r'cache_index$', ('batch',)),  # [b]
     (r'(^|/)positions$', ('batch', None)),  # [b, L]
     (r'encoder_mask$', ('batch', None)),  # [b, S]
