@@ -457,3 +457,12 @@ def test_beam_search_max_decode_len_and_alpha():
   raw = sum(lp[t] for t in best[:length])
   np.testing.assert_allclose(np.asarray(scores)[0, -1], raw / ((5 + length) / 6) ** 0.6,
                              rtol=1e-5)
+
+
+@pytest.mark.parametrize('argument', ['initial_index', 'min_log_prob'])
+def test_beam_search_arguments_of_later_t5x_raise_not_implemented(argument):
+  fn = flat_beam_logits([[-1e7, -1.0, -0.1, -0.9]], 2)
+  value = np.zeros((1,), np.int32) if argument == 'initial_index' else -1e3
+  with pytest.raises(NotImplementedError, match=argument):
+    t5x_compat.beam_search(np.zeros((1, 4), np.int32), {}, fn, EOS_ID, num_decodes=2,
+                           **{argument: value})

@@ -58,7 +58,8 @@ def _gather(x: jax.Array, idx: jax.Array, axis: int = 1) -> jax.Array:
 def beam_search(inputs: jax.Array, cache: PyTree, tokens_to_logits: TokensIdsToLogitsCallable,
                 eos_id: int, num_decodes: int = 4, alpha: float = 0.6,
                 max_decode_len: Optional[int] = None, decode_rng: Optional[jax.Array] = None,
-                cache_offset: int = 0) -> Tuple[jax.Array, jax.Array]:
+                cache_offset: int = 0, initial_index: Optional[jax.Array] = None,
+                min_log_prob: Optional[float] = None) -> Tuple[jax.Array, jax.Array]:
   """Beam search, t5x's semantics (see the module docstring).
 
   Args:
@@ -71,11 +72,16 @@ def beam_search(inputs: jax.Array, cache: PyTree, tokens_to_logits: TokensIdsToL
     max_decode_len: tokens per beam (default L).
     decode_rng: unused (as in t5x).
     cache_offset: axis of the batch in the cache leaves.
+    initial_index, min_log_prob: arguments of later t5x versions whose semantics this port has
+      not been checked against: anything but None raises NotImplementedError.
 
   Returns:
     (`[b, k, max_decode_len]` beams, `[b, k]` scores), ascending.
   """
   del decode_rng
+  for name, value in (('initial_index', initial_index), ('min_log_prob', min_log_prob)):
+    if value is not None:
+      raise NotImplementedError(f'beam_search({name}=...) is not supported by gqa-spec\'s t5x port')
   if jnp.ndim(inputs) != 2:
     raise ValueError(f'inputs must be [batch, length], got shape {jnp.shape(inputs)}')
   if int(num_decodes) != num_decodes or num_decodes < 1:
