@@ -22,7 +22,7 @@ actually tried (1..min(k + 1, gamma)), whose prefixes are the target's own gener
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import flax
 import jax
@@ -67,12 +67,62 @@ class SpeculativeResult:
 
 
 @flax.struct.dataclass
-class _State:
+class LoopState:
+  """The while_loop state of the chain loop here and of the tree loop (`tree_speculative.py`)."""
   target_state: PyTree
   draft_state: PyTree
   done: jax.Array  # [b] bool
   result: SpeculativeResult
   rng: jax.Array
+
+
+def init_loop(target: Decoder, target_state: PyTree, draft_state: PyTree, rng: jax.Array,
+              max_decode_len: int, depth: int, skip: Optional[Any]) -> LoopState:
+  """The loop's first state: empty sequences (start token at slot 0) and zeroed statistics.
+
+  `depth` is the most draft tokens one target call can accept (gamma, or a tree's depth): a row
+  done at max length still writes depth + 1 slots, so the buffer is `2 + max_decode_len + depth`.
+  """
+  batch = target.index(target_state).shape[0]
+  width = 2 + max_decode_len + depth
+  zeros_b = jnp.zeros((batch,), jnp.int32)
+  result = SpeculativeResult(
+      sequences=jnp.full((batch, width), PAD, jnp.int32).at[:, 0].set(DECODER_START),
+      lengths=zeros_b, target_calls=zeros_b, proposed=zeros_b, accepted=zeros_b,
+      accepted_per_position=jnp.zeros((depth,), jnp.int32),
+      accept_histogram=jnp.zeros((depth + 1,), jnp.int32),
+      beta_sum=jnp.zeros((), jnp.float32), beta_count=jnp.zeros((), jnp.float32),
+      loop_iterations=jnp.zeros((), jnp.int32))
+  return LoopState(target_state=target_state, draft_state=draft_state,
+                   done=jnp.zeros((batch,), bool) if skip is None else jnp.asarray(skip, bool),
+                   result=result, rng=rng)
+
+
+def append_accepted(r: SpeculativeResult, new: jax.Array, k: jax.Array, active: jax.Array,
+                    max_decode_len: int, eos_id: int) -> Tuple[jax.Array, jax.Array, jax.Array]:
+  """Writes each row's accepted tokens and its corrected/bonus token after its prefix.
+
+  Args:
+    r: the loop's result so far.
+    new: `[b, depth + 1]` the accepted draft tokens, the target's token at position k, then junk.
+    k: `[b]` draft tokens accepted.
+    active: `[b]` rows not done before this call.
+    max_decode_len, eos_id: as `decode`'s.
+
+  Returns:
+    (`[b, width]` sequences, `[b]` new lengths, `[b]` whether the row ended with EOS); a row keeps
+    tokens through its first EOS and up to max_decode_len; slots past its length are junk.
+  """
+  positions = jnp.arange(new.shape[1])  # [depth + 1]
+  keep = k + 1  # [b]
+  is_eos = (new == eos_id) & (positions[None] < keep[:, None])  # [b, depth + 1]
+  hit_eos = jnp.any(is_eos, axis=1)  # [b]
+  keep = jnp.where(hit_eos, jnp.argmax(is_eos, axis=1) + 1, keep)  # through the first EOS
+  keep = jnp.minimum(keep, max_decode_len - r.lengths)
+  keep = jnp.where(active, keep, 0)  # [b]
+  sequences = jax.vmap(lambda row, upd, i: jax.lax.dynamic_update_slice(row, upd, (i,)))(
+      r.sequences, new, r.lengths + 1)  # [b, width]
+  return sequences, r.lengths + keep, active & hit_eos & (keep > 0)
 
 
 def target_cache_length(max_decode_len: int, gamma: int) -> int:
@@ -106,25 +156,13 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
   """
   if gamma < 1:
     raise ValueError(f'gamma must be >= 1, got {gamma}')
-  batch = target.index(target_state).shape[0]
-  width = 2 + max_decode_len + gamma  # a done row at max length still writes gamma + 1 slots
-  zeros_b = jnp.zeros((batch,), jnp.int32)
-  result = SpeculativeResult(
-      sequences=jnp.full((batch, width), PAD, jnp.int32).at[:, 0].set(DECODER_START),
-      lengths=zeros_b, target_calls=zeros_b, proposed=zeros_b, accepted=zeros_b,
-      accepted_per_position=jnp.zeros((gamma,), jnp.int32),
-      accept_histogram=jnp.zeros((gamma + 1,), jnp.int32),
-      beta_sum=jnp.zeros((), jnp.float32), beta_count=jnp.zeros((), jnp.float32),
-      loop_iterations=jnp.zeros((), jnp.int32))
-  init = _State(target_state=target_state, draft_state=draft_state,
-                done=jnp.zeros((batch,), bool) if skip is None else jnp.asarray(skip, bool),
-                result=result, rng=rng)
+  init = init_loop(target, target_state, draft_state, rng, max_decode_len, gamma, skip)
   positions = jnp.arange(gamma + 1)  # [gamma + 1]
 
-  def cond(s: _State):
+  def cond(s: LoopState):
     return ~jnp.all(s.done)
 
-  def body(s: _State) -> _State:
+  def body(s: LoopState) -> LoopState:
     r = s.result
     rng, draft_rng, verify_rng = jax.random.split(s.rng, 3)
     active = ~s.done  # [b]
@@ -141,18 +179,10 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
 
     new = jnp.concatenate([tokens, jnp.zeros_like(tokens[:, :1])], axis=1)  # [b, gamma + 1]
     new = jnp.where(positions[None] == k[:, None], t[:, None], new)  # x_1..x_k, t, junk
-    keep = k + 1  # [b]
-    is_eos = (new == eos_id) & (positions[None] < keep[:, None])  # [b, gamma + 1]
-    hit_eos = jnp.any(is_eos, axis=1)  # [b]
-    keep = jnp.where(hit_eos, jnp.argmax(is_eos, axis=1) + 1, keep)  # through the first EOS
-    keep = jnp.minimum(keep, max_decode_len - r.lengths)
-    keep = jnp.where(active, keep, 0)  # [b]
-    sequences = jax.vmap(lambda row, upd, i: jax.lax.dynamic_update_slice(row, upd, (i,)))(
-        r.sequences, new, r.lengths + 1)  # [b, width]; slots past the new length are junk
-    lengths = r.lengths + keep  # [b]
+    sequences, lengths, ended = append_accepted(r, new, k, active, max_decode_len, eos_id)
     tstate = target.rollback(tstate, lengths)
     dstate = draft.commit(dstate, sequences, lengths)
-    done = s.done | (active & hit_eos & (keep > 0)) | (lengths >= max_decode_len)
+    done = s.done | ended | (lengths >= max_decode_len)
 
     act = active.astype(jnp.int32)  # [b]
     tried = (positions[None, :gamma] <= k[:, None]) & active[:, None]  # [b, gamma]
@@ -166,7 +196,7 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
         beta_sum=r.beta_sum + jnp.sum(jnp.where(tried, beta, 0.0)),
         beta_count=r.beta_count + jnp.sum(tried),
         loop_iterations=r.loop_iterations + 1)
-    return _State(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
+    return LoopState(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
 
   final = jax.lax.while_loop(cond, body, init).result
   return final.replace(sequences=finish(final.sequences, final.lengths))

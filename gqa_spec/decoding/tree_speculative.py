@@ -27,14 +27,13 @@ from __future__ import annotations
 import functools
 from typing import Any, Optional, Protocol, Tuple
 
-import flax
 import jax
 import jax.numpy as jnp
 
 from gqa_spec.decoding import sampling, tree as tree_lib
-from gqa_spec.decoding.autoregressive import DECODER_START, EOS, PAD, finish
+from gqa_spec.decoding.autoregressive import EOS, finish
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.speculative import SpeculativeResult
+from gqa_spec.decoding.speculative import LoopState, SpeculativeResult, append_accepted, init_loop
 from gqa_spec.decoding.targets import Decoder
 from gqa_spec.decoding.tree import TreeShape
 
@@ -51,15 +50,6 @@ class TreeDraft(Protocol):
   def commit_tree(self, state: PyTree, sequences: jax.Array, lengths: jax.Array,
                   path: jax.Array) -> PyTree:
     ...
-
-
-@flax.struct.dataclass
-class _State:
-  target_state: PyTree
-  draft_state: PyTree
-  done: jax.Array  # [b] bool
-  result: SpeculativeResult
-  rng: jax.Array
 
 
 def target_cache_length(max_decode_len: int, shape: TreeShape) -> int:
@@ -94,24 +84,13 @@ def decode(target: Decoder, target_state: PyTree, draft: TreeDraft, draft_state:
     raise ValueError('lenience < 1 is not supported with token trees')
   depth = shape.depth
   batch = target.index(target_state).shape[0]
-  width = 2 + max_decode_len + depth  # a done row at max length still writes D + 1 slots
-  zeros_b = jnp.zeros((batch,), jnp.int32)
-  result = SpeculativeResult(
-      sequences=jnp.full((batch, width), PAD, jnp.int32).at[:, 0].set(DECODER_START),
-      lengths=zeros_b, target_calls=zeros_b, proposed=zeros_b, accepted=zeros_b,
-      accepted_per_position=jnp.zeros((depth,), jnp.int32),
-      accept_histogram=jnp.zeros((depth + 1,), jnp.int32),
-      beta_sum=jnp.zeros((), jnp.float32), beta_count=jnp.zeros((), jnp.float32),
-      loop_iterations=jnp.zeros((), jnp.int32))
-  init = _State(target_state=target_state, draft_state=draft_state,
-                done=jnp.zeros((batch,), bool) if skip is None else jnp.asarray(skip, bool),
-                result=result, rng=rng)
+  init = init_loop(target, target_state, draft_state, rng, max_decode_len, depth, skip)
   positions = jnp.arange(depth + 1)  # [D + 1]
 
-  def cond(s: _State):
+  def cond(s: LoopState):
     return ~jnp.all(s.done)
 
-  def body(s: _State) -> _State:
+  def body(s: LoopState) -> LoopState:
     r = s.result
     rng, draft_rng, verify_rng = jax.random.split(s.rng, 3)
     active = ~s.done  # [b]
@@ -129,21 +108,13 @@ def decode(target: Decoder, target_state: PyTree, draft: TreeDraft, draft_state:
     path_tokens = jnp.take_along_axis(tree.tokens, jnp.maximum(path, 0), axis=1)  # [b, D]
     new = jnp.concatenate([path_tokens, jnp.zeros_like(t[:, None])], axis=1)  # [b, D + 1]
     new = jnp.where(positions[None] == k[:, None], t[:, None], new)  # path, t, junk
-    keep = k + 1  # [b]
-    is_eos = (new == eos_id) & (positions[None] < keep[:, None])  # [b, D + 1]
-    hit_eos = jnp.any(is_eos, axis=1)  # [b]
-    keep = jnp.where(hit_eos, jnp.argmax(is_eos, axis=1) + 1, keep)  # through the first EOS
-    keep = jnp.minimum(keep, max_decode_len - r.lengths)
-    keep = jnp.where(active, keep, 0)  # [b]
-    sequences = jax.vmap(lambda row, upd, i: jax.lax.dynamic_update_slice(row, upd, (i,)))(
-        r.sequences, new, r.lengths + 1)  # [b, width]; slots past the new length are junk
-    lengths = r.lengths + keep  # [b]
+    sequences, lengths, ended = append_accepted(r, new, k, active, max_decode_len, eos_id)
     # The target holds s_0..s_n and the tree at slots n + 1 + node: move the path to n + 1...
     dest = r.lengths[:, None] + 1 + positions[None, :depth]  # [b, D]
     source = jnp.where(path >= 0, r.lengths[:, None] + 1 + path, dest)  # [b, D]
     tstate = target.rollback(target.move_slots(tstate, r.lengths + 1, source), lengths)
     dstate = draft.commit_tree(dstate, sequences, lengths, path)
-    done = s.done | (active & hit_eos & (keep > 0)) | (lengths >= max_decode_len)
+    done = s.done | ended | (lengths >= max_decode_len)
 
     act = active.astype(jnp.int32)  # [b]
     acc = (positions[None, :depth] < k[:, None]) & active[:, None]  # [b, D]
@@ -155,7 +126,7 @@ def decode(target: Decoder, target_state: PyTree, draft: TreeDraft, draft_state:
         accept_histogram=r.accept_histogram + jnp.sum(
             jax.nn.one_hot(k, depth + 1, dtype=jnp.int32) * act[:, None], axis=0),
         loop_iterations=r.loop_iterations + 1)
-    return _State(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
+    return LoopState(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
 
   final = jax.lax.while_loop(cond, body, init).result
   return final.replace(sequences=finish(final.sequences, final.lengths))
