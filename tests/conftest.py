@@ -27,3 +27,14 @@ def smoke_run(tmp_path_factory):
     out_dir, work_dir = os.path.join(root, 'results'), os.path.join(root, 'work')
   pipeline.run('smoke', out_dir=out_dir, work_dir=work_dir, progress_bar=False)
   return out_dir, work_dir
+
+
+@pytest.fixture(scope='session')
+def tiny_data_dir(tmp_path_factory):
+  """A tiny DDTP corpus (the packaged Translation excerpt, a 300-piece vocabulary) for real-data
+  runs (training, the t5x-style scripts)."""
+  from gqa_spec.data import corpus  # pylint: disable=g-import-not-at-top
+  data_dir = str(tmp_path_factory.mktemp('ddtp'))
+  corpus.prepare(corpus.SAMPLE_LISTS_DIR, data_dir, vocab_size=300,
+                 fractions=corpus.SAMPLE_FRACTIONS)
+  return data_dir
