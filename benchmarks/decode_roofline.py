@@ -157,8 +157,9 @@ def main(argv=None):
            f'Random-init weights, {args.steps} decode steps, median of {args.repeats} per run'
            + (f', then median over {args.rounds} rounds alternating this code with the library at '
               f'`{args.baseline}` ("baseline")' if args.baseline else '') + '. '
-           f'Load average before/after: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f} on 2 cores '
-           '(the machine was shared with other jobs).', '',
+           f'Load average before/after: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f} on '
+           f'{os.cpu_count()} cores'
+           + (' (the machine was shared with other jobs).' if load_before[0] > 2.5 else '.'), '',
            '| preset | kv heads | input | batch | step ms |' + base_cols
            + ' bound ms | step/bound | dec params MiB | self KV MiB | cross KV MiB |',
            '|---|---|---|---|---|' + ('---|---|' if args.baseline else '') + '---|---|---|---|---|']
