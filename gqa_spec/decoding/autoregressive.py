@@ -6,7 +6,7 @@ offset of a `[b, 1 + max_decode_len]` sequence buffer (slot 0 = decoder start to
 row done at EOS or at `max_decode_len`. Done rows keep feeding a token (batched hardware computes
 them anyway) but their index is rolled back, so they never change. The loop ends when every row
 is done. Beam search lives in `beam_search.py`; the t5x-compatible `temperature_sample` in
-`t5x_compat.py`.
+`t5x_compat/` (a package).
 """
 
 from __future__ import annotations
