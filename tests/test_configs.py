@@ -2,6 +2,7 @@
 
 import glob
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -169,8 +170,15 @@ def test_missing_include_names_the_include_and_the_paths_tried(cluttered_cwd):
 def test_configs_ship_in_the_wheel(tmp_path):
   """A non-editable install (`pip install .`) resolves every config with no --gin_search_paths."""
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  src = tmp_path / 'src'  # a copy: setuptools' build/ in the checkout may hold stale files
+  src.mkdir()
+  for name in ('pyproject.toml', 'setup.py', 'README.md'):
+    shutil.copy(os.path.join(repo, name), src / name)
+  for name in ('gqa_spec', 'configs'):
+    shutil.copytree(os.path.join(repo, name), src / name,
+                    ignore=shutil.ignore_patterns('__pycache__', '*.egg-info'))
   subprocess.run([sys.executable, '-m', 'pip', 'wheel', '-q', '--no-deps', '--no-build-isolation',
-                  '-w', str(tmp_path / 'wheel'), repo], check=True, capture_output=True)
+                  '-w', str(tmp_path / 'wheel'), str(src)], check=True, capture_output=True)
   wheel, = (tmp_path / 'wheel').glob('gqa_spec-*.whl')
   with zipfile.ZipFile(wheel) as z:
     shipped = {n[len('gqa_spec/configs/'):] for n in z.namelist()
