@@ -107,15 +107,16 @@ def main():
              if k not in ('out', 'unbounded_first')) + (' --unbounded-first' if args.unbounded_first
                                                         else ''),
          'model': args.model, 'batch': args.batch, 'lengths': [inputs, targets],
-         'machine': f'{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores '
-                    f'(shared), JAX {jax.__version__} on {jax.devices()[0].platform}',
+         'machine': f'{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, '
+                    f'JAX {jax.__version__} on {jax.devices()[0].platform}',
          'loadavg': loads, 'raw': rows, 'median': summary}
   os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
   with open(args.out + '.json', 'w') as f:
     json.dump(out, f, indent=1)
   lines = [f'# Train loop: stop latency and throughput, bounded vs unbounded dispatch', '',
            f'Command: `{out["command"]}`', '', f'Machine: {out["machine"]}; load average '
-           f'{loads[0][0]:.1f} -> {loads[-1][0]:.1f} (the machine was shared with other jobs).', '',
+           f'{loads[0][0]:.1f} -> {loads[-1][0]:.1f}'
+           + (' (the machine was shared with other jobs).' if loads[0][0] > 2.5 else '.'), '',
            f'Model `{args.model}`, batch {args.batch}, lengths {inputs}/{targets}, synthetic '
            f'packed batches; medians over {args.repeats} interleaved repeats.', '',
            '| Loop | tokens/s | s/step | SIGTERM -> exit (s) | steps after SIGTERM |',
