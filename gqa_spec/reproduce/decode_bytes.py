@@ -15,12 +15,14 @@ compute are not modelled.
 
 from __future__ import annotations
 
+import functools
 from typing import Dict, Mapping, Sequence, Tuple
 
 import jax
 import numpy as np
 
 
+@functools.lru_cache(maxsize=None)  # shapes only, but each call traces the model
 def bytes_per_sample(config, batch: int, inputs: int, targets: int) -> float:
   """Bytes read to decode one sample of `targets` tokens from `inputs` tokens at batch `batch`."""
   from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top

@@ -381,6 +381,8 @@ def stage_report(ctx: Context) -> dict:
       '## Acceptance rate alpha per draft (Leviathan Table 3 form)', '',
       report.alpha_table(spec), '',
       '## Figures', '']
+  lines += [f'Drawn from the stage JSON by `{_command(ctx)} --stages report --force` (no '
+            'retraining or re-timing).', '']
   lines += [f'![{f}]({f})' for f in figures]
   lines += ['', '## Wall time per stage (seconds)', '',
             report.markdown_table(['Stage', 'Seconds'],
