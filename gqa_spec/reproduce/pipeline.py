@@ -11,7 +11,8 @@ Stages (in order; each writes `results/<preset>/<stage>.json` and is skipped whe
                per-example scores (`bootstrap.encode`) for the claims' paired bootstrap
   timing       time per sample vs number of K/V groups at a short and a long input setting
   speculative  fine-tuned MHA and GQA targets with the draft model, bigram and copy drafts
-  report       markdown tables, PNG figures, commands and wall times
+  report       markdown tables, the claims table (`claims.py`), PNG figures (`figures.py`),
+               commands and wall times
 Models live under the work dir (default `runs/<preset>/`, not committed); everything a table needs
 is in the stage JSON. Inside a stage, finished jobs are skipped and a killed training job resumes
 from its last checkpoint (the trainer's own resume).
@@ -355,7 +356,8 @@ def stage_timing(ctx: Context) -> dict:
 
 
 def stage_report(ctx: Context) -> dict:
-  """Markdown tables in the papers' forms, PNG figures, the commands and the wall times."""
+  """Markdown tables in the papers' forms, the claims table, PNG figures, the commands and the wall
+  times."""
   from gqa_spec.reproduce import report  # pylint: disable=g-import-not-at-top
   p = ctx.preset
   evaluate = ctx.read_stage('evaluate')['rows']

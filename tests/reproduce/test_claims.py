@@ -153,7 +153,7 @@ def test_speculative_claims_at_batch_one():
   t0, t1 = [x for x in cs if x.key == '5b']
   assert (t0.verdict, t1.verdict) == (claims.HOLDS, claims.DOES_NOT_HOLD)
   assert by['5c'].verdict == claims.HOLDS and '1.80x (draft model, gamma 3)' in by['5c'].ours
-  assert by['5d'].verdict == claims.HOLDS and by['5d'].ours == 'translate: 0.95'
+  assert by['5d'].verdict == claims.HOLDS and by['5d'].ours == 'translate: 0.95 (draft model, gamma 3)'
   assert by['6a'].verdict == by['6b'].verdict == claims.NOT_RUN
 
 
@@ -176,3 +176,24 @@ def test_markdown_has_a_row_per_claim():
   text = claims.markdown(cs)
   assert text.count('\n') == len(cs) + 1
   assert '**holds**' in text and '**not run**' in text
+
+
+def test_drafts_job_rows_are_compared_within_their_job():
+  # The grid's rows (another job, other timings) must not enter the staged / Chimera comparison.
+  grid = [_spec_row('draft model', 0.0, 3, 2.0, batch=1), _spec_row('bigram', 0.0, 3, 1.1, batch=1)]
+  chains = [_spec_row('draft model', 0.0, 3, 1.0, tokens_per_call=2.0, batch=1),
+            _spec_row('chimera', 0.0, 3, 1.05, tokens_per_call=2.02, batch=1),
+            _spec_row('staged (bigram 3/call)', 0.0, 3, 1.5, batch=1)]
+  trees = [{'task': TR, 'target': 'mha_g8', 'draft': 'draft model tree topk:4,2,2',
+            'temperature': 0.0, 'tokens_per_call': 3.0, 'speedup_measured': 2.5,
+            'tokens_equal_autoregressive': True},
+           {'task': TR, 'target': 'mha_g8', 'draft': 'chimera tree topk:4,2,2',
+            'temperature': 0.0, 'tokens_per_call': 3.0, 'speedup_measured': 0.5,
+            'tokens_equal_autoregressive': True}]
+  by = {x.key: x for x in claims.speculative_claims(
+      {'rows': grid, 'drafts_rows': chains, 'tree_rows': trees, 'batch_size': 1})}
+  assert by['5a'].ours == '7/7 rows identical'
+  assert by['6a'].verdict == claims.HOLDS and by['6a'].ours.startswith('2.50x')  # tree / plain
+  assert by['6b'].verdict == claims.UNRESOLVED  # +0.02 tokens/call is within the margin
+  assert 'draft model tree topk:4,2,2' in by['5c'].ours  # the best batch-1 row: a tree
+  assert by['5d'].ours == 'translate: 1.00 (draft model, gamma 3)'  # trees have no Theorem 8
