@@ -8,6 +8,8 @@
   speculative_speedup[_bN].png   a panel per (task, target) x temperature: measured speedup vs gamma
                                  beside Theorem 8 with the measured c and v(gamma), per draft; one
                                  file per batch size (suffix when the stage holds several)
+  speculative_drafts_speedup.png the same for the drafts job's chains (plain, distilled, Chimera,
+                                 staged), where the speculative stage has them
 Every series has its own colour and marker, legends sit outside the axes. Quality error bars are
 95% bootstrap intervals over test examples (`bootstrap`), drawn where per-example scores exist;
 timing and speedup points are medians whose spread the stages do not keep, so they have none.
@@ -141,6 +143,10 @@ def plot_all(out_dir: str, evaluate_rows: Sequence[Mapping], timing_rows: Sequen
     name = 'speculative_speedup.png' if len(batches) == 1 else f'speculative_speedup_b{b}.png'
     sub = [r for r in spec_rows if r.get('batch_size', spec_record.get('batch_size')) == b]
     save(_speculative(plt, sub, b, labels), name)
+  chains = spec_record.get('drafts_rows', [])
+  if chains:  # the drafts job: plain, distilled, Chimera and staged chains on the same batches
+    save(_speculative(plt, chains, spec_record.get('batch_size'), labels, 'trained drafts'),
+         'speculative_drafts_speedup.png')
   return written
 
 
@@ -171,7 +177,8 @@ def _fig6(plt, timing_rows: Sequence[Mapping], predicted: Mapping[Tuple[str, int
   return fig
 
 
-def _speculative(plt, rows: Sequence[Mapping], batch: Optional[int], labels: Mapping[str, str]):
+def _speculative(plt, rows: Sequence[Mapping], batch: Optional[int], labels: Mapping[str, str],
+                 what: str = ''):
   """Panels (task, target) x temperature; per draft measured (solid) and Theorem 8 (dashed)."""
   from matplotlib.lines import Line2D  # pylint: disable=g-import-not-at-top
   panels = sorted({(r['task'], r['target']) for r in rows})
@@ -203,7 +210,8 @@ def _speculative(plt, rows: Sequence[Mapping], batch: Optional[int], labels: Map
   handles += [Line2D([], [], color='black', linestyle='-'),
               Line2D([], [], color='black', linestyle='--')]
   labels = list(drafts) + ['measured (median)', 'Theorem 8, measured c and v(gamma)']
-  fig.suptitle(f'Speculative decoding speedup, batch {batch}', fontsize=10)
+  fig.suptitle(f"Speculative decoding speedup{', ' + what if what else ''}, batch {batch}",
+               fontsize=10)
   fig.tight_layout()
   _legend_outside(fig, None, handles, labels, title='draft / line')
   return fig

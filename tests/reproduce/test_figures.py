@@ -44,12 +44,15 @@ def test_plot_all_writes_every_figure_and_one_speedup_figure_per_batch_size(tmp_
   timing = [{'setting': 'short', 'kv_heads': g, 'inputs': 16, 'targets': 8, 'batch_size': 2,
              'time_per_sample_s': 0.001 * g} for g in (1, 2, 4)]
   spec = {'rows': [_spec(d, t, g, b) for d in ('bigram', 'draft model') for t in (0.0, 1.0)
-                   for g in (1, 3) for b in (1, 8)], 'batch_size': 8}
+                   for g in (1, 3) for b in (1, 8)], 'batch_size': 8,
+          'drafts_rows': [_spec(d, t, g) for d in ('chimera', 'draft model') for t in (0.0, 1.0)
+                          for g in (1, 3)]}
   names = figures.plot_all(str(tmp_path), evaluate, timing, spec, 0.1,
                            {('short', g): 0.001 * g for g in (1, 2, 4)})
   assert names == ['fig3_quality_vs_time.png', 'fig4_conversion_methods.png',
                    'fig5_uptraining.png', 'fig6_time_vs_groups.png',
-                   'speculative_speedup_b1.png', 'speculative_speedup_b8.png']
+                   'speculative_speedup_b1.png', 'speculative_speedup_b8.png',
+                   'speculative_drafts_speedup.png']
   for name in names:
     with open(os.path.join(tmp_path, name), 'rb') as f:
       assert f.read(8) == PNG
