@@ -104,7 +104,11 @@ def plot_all(out_dir: str, evaluate_rows: Sequence[Mapping], timing_rows: Sequen
     width = 0.8 / len(names)
     for k, m in enumerate(names):
       sub = sorted((r for r in methods if r['method'] == m), key=lambda r: r['kv_heads'])
-      xs = [groups.index(r['kv_heads']) + (k - (len(names) - 1) / 2) * width for r in sub]
+      xs = []
+      for r in sub:  # bars centred on their group, whichever methods it has
+        present = [n for n in names if any(q['method'] == n and q['kv_heads'] == r['kv_heads']
+                                           for q in methods)]
+        xs.append(groups.index(r['kv_heads']) + (present.index(m) - (len(present) - 1) / 2) * width)
       ys = [r['average'] for r in sub]
       ax.bar(xs, ys, width, color=_style(k)['color'], capsize=3, label=m,
              yerr=_yerr([(y, intervals[r['variant']]) for y, r in zip(ys, sub)]))
