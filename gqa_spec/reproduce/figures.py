@@ -18,7 +18,7 @@ timing and speedup points are medians whose spread the stages do not keep, so th
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 from gqa_spec.reproduce import bootstrap
 from gqa_spec.reproduce.report import TASK_LABELS, quality_rows

@@ -17,7 +17,6 @@ Outputs: markdown tables in the papers' forms:
 from __future__ import annotations
 
 import math
-import os
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 TASK_LABELS = {'ddtp_translate_en_de': 'Translate EN-DE (BLEU)',
