@@ -16,10 +16,14 @@ that the paper's direction is positive:
   quality (claims 1-3)  the statistic is a weighted sum of model scores averaged over tasks.
       not run            a model the claim needs was not evaluated;
       unresolved         no per-example scores (no interval can be computed); or the interval
-                         spans 0; or any model of the claim does not clearly beat the trivial
-                         baselines of every task (its paired interval against the best baseline
-                         is above 0, or without baseline per-example scores its score is above the
-                         baseline's) -- and with no baseline rows at all: 'no baseline';
+                         spans 0; or any model of the claim does not clearly beat the best
+                         trivial baseline of every task ("clearly": its paired interval against
+                         the baseline lies above 0; without the baseline's per-example scores, its
+                         score is above the baseline's) -- with no baseline rows: 'no baseline'.
+                         The baseline gate overrides the interval: comparisons between models at
+                         the baseline are not drawn either way. Claim 2a is also unresolved when
+                         MQA at alpha=0 shows no clear loss to recover (MHA - MQA_0's interval,
+                         ungated, not above 0);
       holds              interval above 0 (and the baseline gate passed);
       does not hold      interval below 0 (and the baseline gate passed).
   speed (claim 4, Fig. 6; long-input setting)  r = MHA / MQA time per sample,
@@ -29,8 +33,9 @@ that the paper's direction is positive:
   speculative (claims 5-6)
       5a greedy identity: holds if every greedy row's tokens equal autoregressive decoding's,
          does not hold if any differ (exact, no interval).
-      5b alpha, per temperature: model draft minus bigram alpha in every task:
-         holds if >= ALPHA_MARGIN in all, does not hold if <= -ALPHA_MARGIN in any.
+      5b alpha, per temperature: model draft minus bigram alpha in every task (alpha averaged
+         over gammas, MHA target): holds if >= ALPHA_MARGIN in all, does not hold if
+         <= -ALPHA_MARGIN in any, else unresolved.
       5c batch-1 greedy speedup with the best draft (per task, the MHA target):
          holds if >= SPEEDUP_GOAL (the issue's goal) in every task, does not hold if < 1 in any,
          else unresolved. Not run without batch-1 rows.
