@@ -3,7 +3,7 @@
   rouge(targets, predictions)        ROUGE-1/2/Lsum F-measure x 100 (rouge-score, as T5)
   bleu(targets, predictions)         corpus sacreBLEU, T5's settings (intl tokenisation, exp smoothing)
 Per-example forms, for paired bootstrap over test examples (`gqa_spec.reproduce.bootstrap`):
-  rouge_per_example(...)             each example's F-measure x 100 (`rouge` is their mean)
+  rouge_per_example(...)             each example's F-measure (`rouge` is 100 x their mean)
   bleu_statistics(...)               each example's n-gram matches/totals and lengths; the corpus BLEU
                                      of any subset (or resample) is `bleu_from_statistics` of its rows
   trivia_qa(targets, predictions)    EM and F1 x 100, max over each question's aliases, SQuAD-normalised
@@ -33,19 +33,18 @@ def _sentence_lines(summary: str) -> str:
 
 def rouge_per_example(targets: Sequence[str], predictions: Sequence[str],
                       rouge_types: Sequence[str] = ROUGE_TYPES) -> Dict[str, np.ndarray]:
-  """Each example's ROUGE F-measure x 100 (no stemming, as T5): `{type: [n] float64}`."""
+  """Each example's ROUGE F-measure in [0, 1] (no stemming, as T5): `{type: [n] float64}`."""
   scorer = rouge_scorer.RougeScorer(list(rouge_types))
   scores = [scorer.score(_sentence_lines(t), _sentence_lines(p))
             for t, p in zip(targets, predictions)]
-  return {key: 100.0 * np.array([s[key].fmeasure for s in scores], np.float64)
-          for key in rouge_types}
+  return {key: np.array([s[key].fmeasure for s in scores], np.float64) for key in rouge_types}
 
 
 def rouge(targets: Sequence[str], predictions: Sequence[str],
           rouge_types: Sequence[str] = ROUGE_TYPES) -> Dict[str, float]:
   """Mean ROUGE F-measure x 100 over the examples (no stemming, as T5)."""
   per_example = rouge_per_example(targets, predictions, rouge_types)
-  return {key: float(np.mean(v)) if len(v) else 0.0 for key, v in per_example.items()}
+  return {key: 100.0 * float(np.mean(f)) if len(f) else 0.0 for key, f in per_example.items()}
 
 
 def bleu(targets: Sequence[str], predictions: Sequence[str]) -> Dict[str, float]:

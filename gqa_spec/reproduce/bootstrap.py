@@ -33,7 +33,7 @@ def encode(metric: str, targets: Sequence[str], predictions: Sequence[str]) -> D
     return {name: ' '.join(str(int(x)) for x in stats[:, i])
             for i, name in enumerate(metrics.BLEU_STATISTICS)}
   if metric == 'rouge1':
-    f = metrics.rouge_per_example(targets, predictions, ('rouge1',))['rouge1']  # [n]
+    f = 100.0 * metrics.rouge_per_example(targets, predictions, ('rouge1',))['rouge1']  # [n]
     return {'rouge1': ' '.join(f'{x:.{ROUGE_DECIMALS}f}' for x in f)}
   raise ValueError(f'no per-example form of metric {metric!r} (bleu, rouge1)')
 

@@ -66,6 +66,5 @@ def test_rouge_is_the_mean_of_the_per_example_scores():
   predictions = ['the cat sat', 'x y']
   per_example = metrics.rouge_per_example(targets, predictions)
   assert per_example['rouge1'][1] == 0.0
-  assert per_example['rouge1'][0] == pytest.approx(100 * 2 * 0.5 * 1.0 / 1.5)  # P 1, R 1/2
-  assert metrics.rouge(targets, predictions)['rouge1'] == pytest.approx(
-      per_example['rouge1'].mean())
+  assert per_example['rouge1'][0] == pytest.approx(2 * 0.5 * 1.0 / 1.5)  # P 1, R 1/2
+  assert metrics.rouge(targets, predictions)['rouge1'] == 100 * per_example['rouge1'].mean()
