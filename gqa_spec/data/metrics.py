@@ -2,6 +2,10 @@
 
   rouge(targets, predictions)        ROUGE-1/2/Lsum F-measure x 100 (rouge-score, as T5)
   bleu(targets, predictions)         corpus sacreBLEU, T5's settings (intl tokenisation, exp smoothing)
+Per-example forms, for paired bootstrap over test examples (`gqa_spec.reproduce.bootstrap`):
+  rouge_per_example(...)             each example's F-measure (`rouge` is 100 x their mean)
+  bleu_statistics(...)               each example's n-gram matches/totals and lengths; the corpus BLEU
+                                     of any subset (or resample) is `bleu_from_statistics` of its rows
   trivia_qa(targets, predictions)    EM and F1 x 100, max over each question's aliases, SQuAD-normalised
 
 Differences from T5: ROUGE is the plain mean over examples (T5 reports the bootstrap median, which is
@@ -27,14 +31,20 @@ def _sentence_lines(summary: str) -> str:
   return summary.replace(' . ', ' .\n')
 
 
-def rouge(targets: Sequence[str], predictions: Sequence[str],
-          rouge_types: Sequence[str] = ROUGE_TYPES) -> Dict[str, float]:
-  """Mean ROUGE F-measure x 100 over the examples (no stemming, as T5)."""
+def rouge_per_example(targets: Sequence[str], predictions: Sequence[str],
+                      rouge_types: Sequence[str] = ROUGE_TYPES) -> Dict[str, np.ndarray]:
+  """Each example's ROUGE F-measure in [0, 1] (no stemming, as T5): `{type: [n] float64}`."""
   scorer = rouge_scorer.RougeScorer(list(rouge_types))
   scores = [scorer.score(_sentence_lines(t), _sentence_lines(p))
             for t, p in zip(targets, predictions)]
-  return {key: 100.0 * float(np.mean([s[key].fmeasure for s in scores])) if scores else 0.0
-          for key in rouge_types}
+  return {key: np.array([s[key].fmeasure for s in scores], np.float64) for key in rouge_types}
+
+
+def rouge(targets: Sequence[str], predictions: Sequence[str],
+          rouge_types: Sequence[str] = ROUGE_TYPES) -> Dict[str, float]:
+  """Mean ROUGE F-measure x 100 over the examples (no stemming, as T5)."""
+  per_example = rouge_per_example(targets, predictions, rouge_types)
+  return {key: 100.0 * float(np.mean(f)) if len(f) else 0.0 for key, f in per_example.items()}
 
 
 def bleu(targets: Sequence[str], predictions: Sequence[str]) -> Dict[str, float]:
@@ -47,6 +57,43 @@ def bleu(targets: Sequence[str], predictions: Sequence[str]) -> Dict[str, float]
                                 smooth_value=0.0, force=False, lowercase=False, tokenize='intl',
                                 use_effective_order=False)
   return {'bleu': score.score}
+
+
+# Columns of `bleu_statistics`: hypothesis and reference lengths, then matched and total n-grams.
+BLEU_STATISTICS = ('sys_len', 'ref_len', 'correct_1', 'correct_2', 'correct_3', 'correct_4',
+                   'total_1', 'total_2', 'total_3', 'total_4')
+
+
+def _bleu_metric():
+  from sacrebleu.metrics import BLEU  # pylint: disable=g-import-not-at-top
+  return BLEU(tokenize='intl', smooth_method='exp', lowercase=False, force=False,
+              effective_order=False)
+
+
+def bleu_statistics(targets: Sequence[str], predictions: Sequence[str]) -> np.ndarray:
+  """Each example's BLEU sufficient statistics, `[n, 10]` int64 in `BLEU_STATISTICS` order.
+
+  Corpus BLEU is a function of these statistics summed over the examples, so
+  `bleu_from_statistics(stats)` equals `bleu(targets, predictions)['bleu']` and the BLEU of a
+  bootstrap resample is `bleu_from_statistics(stats[indices])`. One reference per example.
+  """
+  if len(targets) != len(predictions):
+    raise ValueError(f'{len(targets)} targets but {len(predictions)} predictions')
+  metric = _bleu_metric()
+  rows = []
+  for target, prediction in zip(targets, predictions):
+    s = metric.corpus_score([prediction], [[target]])
+    rows.append([s.sys_len, s.ref_len, *s.counts, *s.totals])
+  return np.array(rows, np.int64).reshape(len(rows), len(BLEU_STATISTICS))
+
+
+def bleu_from_statistics(stats: np.ndarray) -> float:
+  """Corpus BLEU (T5's settings, as `bleu`) of per-example statistics `[n, 10]`, summed."""
+  total = np.asarray(stats, np.int64).sum(axis=0)  # [10]
+  score = _bleu_metric().compute_bleu(
+      correct=[int(x) for x in total[2:6]], total=[int(x) for x in total[6:10]],
+      sys_len=int(total[0]), ref_len=int(total[1]), smooth_method='exp', effective_order=False)
+  return float(score.score)
 
 
 def normalize_squad(answer: str) -> str:

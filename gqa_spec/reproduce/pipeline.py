@@ -7,10 +7,12 @@ Stages (in order; each writes `results/<preset>/<stage>.json` and is skipped whe
                alpha x the pre-training steps, continuing the original schedule
   finetune     every variant and the draft on each task (constant lr, dropout 0.1),
                best validation checkpoint kept
-  evaluate     test-set quality (greedy) and time per sample of every fine-tuned variant
+  evaluate     test-set quality (greedy) and time per sample of every fine-tuned variant, with
+               per-example scores (`bootstrap.encode`) for the claims' paired bootstrap
   timing       time per sample vs number of K/V groups at a short and a long input setting
   speculative  fine-tuned MHA and GQA targets with the draft model, bigram and copy drafts
-  report       markdown tables, PNG figures, commands and wall times
+  report       markdown tables, the claims table (`claims.py`), PNG figures (`figures.py`),
+               commands and wall times
 Models live under the work dir (default `runs/<preset>/`, not committed); everything a table needs
 is in the stage JSON. Inside a stage, finished jobs are skipped and a killed training job resumes
 from its last checkpoint (the trainer's own resume).
@@ -278,7 +280,10 @@ def stage_evaluate(ctx: Context) -> dict:
           split='test', task_feature_lengths={'inputs': lengths[0], 'targets': lengths[1]},
           batch_size=p.eval_batch, num_examples=p.test_examples)
       v = row['variant'] or {}
+      per_example = _per_example_scores(ctx.model_dir('eval', row['task'], row['name']),
+                                        row['task'])
       return {'variant': row['name'], 'label': _label(ctx, row), 'task': row['task'],
+              'per_example': per_example,
               'kv_heads': row['kv_heads'], 'method': v.get('method'), 'alpha': v.get('alpha'),
               'model': 'draft' if row['name'] == 'draft' else 'target',
               'metric': TASK_METRIC[row['task']], 'score': metrics[TASK_METRIC[row['task']]],
@@ -287,6 +292,15 @@ def stage_evaluate(ctx: Context) -> dict:
               'best_step': row['best']['step'] if row['best'] else None}
     jobs.append((f"{row['task']}.{row['name']}", job))
   return {'rows': _run_jobs(ctx, 'evaluate', jobs)}
+
+
+def _per_example_scores(eval_dir: str, task: str) -> dict:
+  """The test predictions' per-example scores (`bootstrap.encode`), for paired bootstrap."""
+  from gqa_spec.reproduce import bootstrap  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(eval_dir, f'predictions-{task}.jsonl')) as f:
+    rows = [json.loads(line) for line in f]
+  return bootstrap.encode(TASK_METRIC[task], [r['target'] for r in rows],
+                          [r['prediction'] for r in rows])
 
 
 def time_per_sample(config, params, inputs, max_decode_len: int, repeats: int) -> float:
@@ -306,6 +320,12 @@ def time_per_sample(config, params, inputs, max_decode_len: int, repeats: int) -
   return float(speedup.median_time(run, repeats)) / inputs.shape[0]
 
 
+def _timing_settings(p: Preset) -> Dict[str, tuple]:
+  """setting -> (config, (inputs, targets)) of the timing stage."""
+  return {'short': (p.target, p.finetune_lengths[TRANSLATE]),
+          'long': (p.long_timing_config, p.long_timing)}
+
+
 def stage_timing(ctx: Context) -> dict:
   """GQA Figure 6: time per sample vs K/V groups (untrained weights: quality is irrelevant here).
 
@@ -316,8 +336,7 @@ def stage_timing(ctx: Context) -> dict:
   import numpy as np  # pylint: disable=g-import-not-at-top
   from gqa_spec.training.train_step import init_params  # pylint: disable=g-import-not-at-top
   p = ctx.preset
-  settings = {'short': (p.target, p.finetune_lengths[TRANSLATE]),
-              'long': (p.long_timing_config, p.long_timing)}
+  settings = _timing_settings(p)
   jobs = []
   for setting, (base, (inputs_len, targets_len)) in settings.items():
     for g in p.timing_groups:
@@ -337,18 +356,20 @@ def stage_timing(ctx: Context) -> dict:
 
 
 def stage_report(ctx: Context) -> dict:
-  """Markdown tables in the papers' forms, PNG figures, the commands and the wall times."""
+  """Markdown tables in the papers' forms, the claims table, PNG figures, the commands and the wall
+  times."""
   from gqa_spec.reproduce import report  # pylint: disable=g-import-not-at-top
   p = ctx.preset
   evaluate = ctx.read_stage('evaluate')['rows']
   timing = ctx.read_stage('timing')['rows']
   spec = ctx.read_stage('speculative')['rows']
-  figures = report.plot_all(ctx.out_dir, evaluate, timing, spec, p.method_ablation_alpha)
+  figures, claims_md = _figures_and_claims(ctx)
   walls = {s: ctx.read_stage(s).get('wall_seconds') for s in STAGES[:-1]}
   lines = [
       f'# Reproduction: preset `{p.name}`', '',
       f'Command: `{_command(ctx)}`', '',
       f'Machine: {_machine()}', '',
+      '## Claims', '', claims_md, '',
       '## GQA Table 1: quality and time per sample (test split, greedy)', '',
       report.table1(evaluate), '',
       f'## GQA Figure 4: conversion methods (alpha = {p.method_ablation_alpha:g})', '',
@@ -362,6 +383,8 @@ def stage_report(ctx: Context) -> dict:
       '## Acceptance rate alpha per draft (Leviathan Table 3 form)', '',
       report.alpha_table(spec), '',
       '## Figures', '']
+  lines += [f'Drawn from the stage JSON by `{_command(ctx)} --stages report --force` (no '
+            'retraining or re-timing).', '']
   lines += [f'![{f}]({f})' for f in figures]
   lines += ['', '## Wall time per stage (seconds)', '',
             report.markdown_table(['Stage', 'Seconds'],
@@ -369,6 +392,19 @@ def stage_report(ctx: Context) -> dict:
   with open(os.path.join(ctx.out_dir, 'report.md'), 'w') as f:
     f.write('\n'.join(lines))
   return {'figures': figures, 'report': 'report.md', 'stage_wall_seconds': walls}
+
+
+def _figures_and_claims(ctx: Context) -> Tuple[List[str], str]:
+  """Writes the PNG figures; returns their names and the claims section of report.md."""
+  from gqa_spec.reproduce import claims, decode_bytes, figures  # pylint: disable=g-import-not-at-top
+  p = ctx.preset
+  evaluate, timing, spec = (ctx.read_stage(s) for s in ('evaluate', 'timing', 'speculative'))
+  predicted = decode_bytes.predicted_times(
+      timing['rows'], {s: config for s, (config, _) in _timing_settings(p).items()})
+  names = figures.plot_all(ctx.out_dir, evaluate['rows'], timing['rows'], spec,
+                           p.method_ablation_alpha, predicted)
+  rows = claims.all_claims(evaluate, timing, spec, p.method_ablation_alpha, predicted)
+  return names, '\n\n'.join([claims.quality_bar(evaluate), claims.markdown(rows), claims.NOTE])
 
 
 def _command(ctx: Context) -> str:

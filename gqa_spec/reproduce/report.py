@@ -7,16 +7,16 @@ Inputs (written by `pipeline.py`, one JSON file per stage under `results/<preset
   speculative.json  {'rows': [{target, draft, task, temperature, gamma, alpha, tokens_per_call,
                                c, verify_ratio_v, speedup_measured, speedup_thm8, ...}, ...]}
                     (rows of `gqa_spec.decoding.speedup.measure_grid` + task, target)
-Outputs: markdown tables in the papers' forms and PNG plots:
-  GQA Table 1 (quality and T_infer per model), Figure 3 (quality vs time), Figure 4 (conversion
-  methods), Figure 5 (uptraining proportion), Figure 6 (time per sample vs number of groups);
-  Leviathan Table 2 (speedup per draft, temperature, gamma) and Table 3 (alpha per draft).
+Outputs: markdown tables in the papers' forms:
+  GQA Table 1 (quality and T_infer per model), Figure 4 (conversion methods), Figure 5 (uptraining
+  proportion) and Figure 6 (time per sample vs number of groups) as tables; Leviathan Table 2
+  (speedup per draft, temperature, gamma) and Table 3 (alpha per draft). The PNG figures are
+  `figures.py`'s, the claims table `claims.py`'s.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 TASK_LABELS = {'ddtp_translate_en_de': 'Translate EN-DE (BLEU)',
@@ -142,86 +142,3 @@ def alpha_table(spec_rows: Sequence[Mapping]) -> str:
   body = [[t, tgt, d, _fmt(temp, 0), sum(a) / len(a)] for (t, tgt, d, temp), a in
           sorted(groups.items())]
   return markdown_table(['Task', 'Target', 'Draft', 'Temp', 'alpha'], body)
-
-
-def plot_all(out_dir: str, evaluate_rows: Sequence[Mapping], timing_rows: Sequence[Mapping],
-             spec_rows: Sequence[Mapping], alpha_for_methods: float) -> List[str]:
-  """Writes the PNG figures; returns their file names."""
-  import matplotlib
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
-
-  written = []
-
-  def save(fig, name):
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, name), dpi=120)
-    plt.close(fig)
-    written.append(name)
-
-  rows = quality_rows(evaluate_rows)
-  if rows:  # Figure 3: quality vs time per sample
-    fig, ax = plt.subplots(figsize=(5, 4))
-    for r in rows:
-      if r['method'] in (None, 'mean'):
-        ax.scatter(1000 * r['time_per_sample_s'], r['average'])
-        ax.annotate(r['label'], (1000 * r['time_per_sample_s'], r['average']), fontsize=7)
-    ax.set_xlabel('Time per sample (ms)')
-    ax.set_ylabel('Average quality')
-    ax.set_title('Quality vs inference time (GQA Fig. 3)')
-    save(fig, 'fig3_quality_vs_time.png')
-
-  methods = [r for r in rows if r['method'] is not None and r['alpha'] == alpha_for_methods]
-  if methods:  # Figure 4: conversion methods
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    labels = [f"{r['label'].split(' (')[0]} {r['method']}" for r in methods]
-    ax.bar(range(len(methods)), [r['average'] for r in methods])
-    ax.set_xticks(range(len(methods)), labels, rotation=30, ha='right', fontsize=8)
-    ax.set_ylabel('Average quality')
-    ax.set_title(f'Conversion methods, alpha={alpha_for_methods:g} (GQA Fig. 4)')
-    save(fig, 'fig4_conversion_methods.png')
-
-  mean_rows = [r for r in rows if r['method'] == 'mean']
-  if mean_rows:  # Figure 5: uptraining proportion
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for g in sorted({r['kv_heads'] for r in mean_rows}):
-      pts = sorted((r['alpha'], r['average']) for r in mean_rows if r['kv_heads'] == g)
-      ax.plot([a for a, _ in pts], [s for _, s in pts], marker='o',
-              label='MQA' if g == 1 else f'GQA-{g}')
-    mha = [r for r in rows if r['method'] is None and r['model'] == 'target']
-    for r in mha:
-      ax.axhline(r['average'], linestyle='--', color='gray', label=r['label'])
-    ax.set_xlabel('Uptraining proportion alpha')
-    ax.set_ylabel('Average quality')
-    ax.legend(fontsize=8)
-    ax.set_title('Uptraining proportion (GQA Fig. 5)')
-    save(fig, 'fig5_uptraining.png')
-
-  if timing_rows:  # Figure 6: time per sample vs groups
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for s in sorted({r['setting'] for r in timing_rows}):
-      pts = sorted((r['kv_heads'], r['time_per_sample_s']) for r in timing_rows if r['setting'] == s)
-      ax.plot([g for g, _ in pts], [1000 * t for _, t in pts], marker='o', label=s)
-    ax.set_xscale('log', base=2)
-    ax.set_xlabel('Number of K/V groups (1 = MQA, H = MHA)')
-    ax.set_ylabel('Time per sample (ms)')
-    ax.legend(fontsize=8)
-    ax.set_title('Time per sample vs groups (GQA Fig. 6)')
-    save(fig, 'fig6_time_vs_groups.png')
-
-  if spec_rows:  # speedup vs gamma per draft
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    keys = sorted({(r['task'], r['target'], r['draft'], r['temperature']) for r in spec_rows})
-    for key in keys:
-      pts = sorted((r['gamma'], r['speedup_measured']) for r in spec_rows
-                   if (r['task'], r['target'], r['draft'], r['temperature']) == key)
-      task, target, draft, temp = key
-      ax.plot([g for g, _ in pts], [s for _, s in pts], marker='o',
-              label=f'{target}/{draft} T={temp:g}')
-    ax.axhline(1.0, color='gray', linestyle=':')
-    ax.set_xlabel('gamma')
-    ax.set_ylabel('Walltime speedup (measured)')
-    ax.legend(fontsize=6)
-    ax.set_title('Speculative decoding speedup')
-    save(fig, 'speculative_speedup.png')
-  return written

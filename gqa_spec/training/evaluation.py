@@ -263,8 +263,10 @@ class InferenceEvaluator:
     for task in self._evaluator.eval_tasks:
       vocab = task.output_features['targets'].vocabulary
       task_outputs = next(iter(outputs[task.name].values()))
-      predictions[task.name] = [{'index': i, 'prediction': vocab.decode(list(tokens))}
-                                for i, tokens in enumerate(task_outputs)]
+      targets = _targets(task, self._evaluator.cached_task_datasets[task.name])
+      predictions[task.name] = [{'index': i, 'prediction': vocab.decode(list(tokens)),
+                                 'target': target}
+                                for i, (tokens, target) in enumerate(zip(task_outputs, targets))]
     return metrics, predictions
 
   def speculative_stats(self) -> Dict[str, Any]:
@@ -286,6 +288,22 @@ class InferenceEvaluator:
 
   def __call__(self, params: Any, step: int) -> Dict[str, float]:
     return self.run(params, step)[0]
+
+
+def _targets(task, dataset) -> List[Any]:
+  """The references seqio scores against, in example order: `targets_pretokenized` (or the decoded
+  `targets`) through the task's postprocess_fn, as seqio's metrics do."""
+  vocab = task.output_features['targets'].vocabulary
+  out = []
+  for ex in dataset.as_numpy_iterator():
+    target = ex.get('targets_pretokenized')
+    if target is None:
+      target = vocab.decode(list(ex['targets']))
+    if isinstance(target, bytes):
+      target = target.decode('utf-8')
+    out.append(task.postprocess_fn(target, example=ex, is_target=True)
+               if task.postprocess_fn else target)
+  return out
 
 
 def _eos_end(row: np.ndarray) -> int:

@@ -46,3 +46,25 @@ def test_answers_postprocessor():
   example = {'answers': [b'Paris', b'City of Light']}
   assert metrics.answers_postprocessor('x', example, is_target=True) == ['Paris', 'City of Light']
   assert metrics.answers_postprocessor('x', example, is_target=False) == 'x'
+
+
+def test_bleu_statistics_recompute_corpus_bleu_of_any_resample():
+  targets = ['das ist ein kleines Haus .', 'Ich gehe heute nach Hause , sagte er .',
+             'Guten Morgen', 'ein zwei drei vier fünf']
+  predictions = ['das ist ein Haus .', 'Ich gehe nach Hause , sagte sie .', 'Morgen', '']
+  stats = metrics.bleu_statistics(targets, predictions)
+  assert stats.shape == (4, len(metrics.BLEU_STATISTICS))
+  assert list(stats[0]) == [5, 6, 5, 3, 1, 0, 5, 4, 3, 2]  # lengths, matches 1-4, totals 1-4
+  assert metrics.bleu_from_statistics(stats) == metrics.bleu(targets, predictions)['bleu']
+  resample = [0, 0, 1, 3]
+  assert metrics.bleu_from_statistics(stats[resample]) == pytest.approx(metrics.bleu(
+      [targets[i] for i in resample], [predictions[i] for i in resample])['bleu'], abs=1e-9)
+
+
+def test_rouge_is_the_mean_of_the_per_example_scores():
+  targets = ['the cat sat on the mat', 'a b c d']
+  predictions = ['the cat sat', 'x y']
+  per_example = metrics.rouge_per_example(targets, predictions)
+  assert per_example['rouge1'][1] == 0.0
+  assert per_example['rouge1'][0] == pytest.approx(2 * 0.5 * 1.0 / 1.5)  # P 1, R 1/2
+  assert metrics.rouge(targets, predictions)['rouge1'] == 100 * per_example['rouge1'].mean()

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from gqa_spec.errors import UserError
-from gqa_spec.reproduce import pipeline, presets
+from gqa_spec.reproduce import bootstrap, pipeline, presets
 
 SMOKE = presets.get('smoke')
 
@@ -24,7 +24,7 @@ def test_every_stage_wrote_its_results(smoke_run):
     assert record['wall_seconds'] >= 0
     assert record['command'] == f'gqa-spec reproduce --preset smoke --stages {stage}'
   report = open(os.path.join(out_dir, 'report.md')).read()
-  for heading in ('GQA Table 1', 'Figure 4', 'Figure 5', 'Figure 6', 'Leviathan Table 2 form',
+  for heading in ('## Claims', 'GQA Table 1', 'Figure 4', 'Figure 5', 'Figure 6', 'Leviathan Table 2 form',
                   'Leviathan Table 3 form'):
     assert heading in report
   for figure in _stage(out_dir, 'report')['figures']:
@@ -57,6 +57,10 @@ def test_evaluation_covers_every_variant_and_task(smoke_run):
     assert 0.0 <= r['score'] <= 100.0
     assert 0.0 < r['time_per_sample_s'] < 60.0
     assert r['metric'] == pipeline.TASK_METRIC[r['task']]
+    # per-example test scores re-score to the stage's corpus metric (paired bootstrap's input)
+    data = bootstrap.decode(r['metric'], r['per_example'])
+    assert len(data) == SMOKE.test_examples
+    assert bootstrap.score(r['metric'], data) == pytest.approx(r['score'], abs=1e-3)
 
 
 def test_timing_covers_every_group_count(smoke_run):

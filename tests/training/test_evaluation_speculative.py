@@ -119,3 +119,10 @@ def test_eval_logs_progress_lines_per_batch(ckpt, tmp_path, caplog):
   # Two batches (6 examples by 4): the first line and the last one, at least.
   assert re.match(r'eval validation batch 1(/2 \(50%\))? .*elapsed', lines[0]), lines
   assert re.match(r'eval validation batch 2(/2 \(100%\))? tokens/s \S+ elapsed', lines[-1]), lines
+
+
+def test_predictions_carry_their_references_in_example_order(greedy, tiny_data_dir):
+  from gqa_spec.data import corpus, ddtp  # pylint: disable=g-import-not-at-top
+  pairs = [p for r in corpus.load_split(tiny_data_dir, 'validation')
+           for p in ddtp.translation_pairs(r)]
+  assert [p['target'] for p in greedy[1]] == [de for _, de in pairs[:EXAMPLES]]

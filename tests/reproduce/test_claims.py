@@ -1,0 +1,199 @@
+"""Each verdict of the claims table from hand-made stage JSON."""
+
+import numpy as np
+import pytest
+
+from gqa_spec.reproduce import bootstrap, claims
+
+SUM, TR = 'ddtp_summarize', 'ddtp_translate_en_de'
+N = 60
+
+
+def _rouge(scores):
+  return {'rouge1': ' '.join(f'{x:.4f}' for x in scores)}
+
+
+def _row(variant, kv, method, alpha, scores, task=SUM, model='target'):
+  scores = np.clip(np.asarray(scores, float), 0, 100)
+  return {'variant': variant, 'label': variant, 'task': task, 'kv_heads': kv, 'method': method,
+          'alpha': alpha, 'model': model, 'metric': 'rouge1', 'score': float(scores.mean()),
+          'time_per_sample_s': 0.01, 'per_example': _rouge(scores)}
+
+
+def _evaluate(mha, mqa, gqa, mqa0=None, gqa0=None, first=None, random=None, baseline=20.0,
+              seed=0):
+  """Per-example ROUGE-1 around the given means; examples share a difficulty (paired)."""
+  rng = np.random.default_rng(seed)
+  base = rng.uniform(-10, 10, N)
+
+  def s(mean):
+    return mean + base + rng.normal(0, 2, N)
+
+  rows = [_row('mha', 8, None, None, s(mha)), _row('mqa', 1, 'mean', 0.05, s(mqa)),
+          _row('gqa', 2, 'mean', 0.05, s(gqa))]
+  for name, kv, method, alpha, mean in (('mqa0', 1, 'mean', 0.0, mqa0), ('gqa0', 2, 'mean', 0.0, gqa0),
+                                        ('first', 1, 'first', 0.05, first),
+                                        ('random', 1, 'random', 0.05, random)):
+    if mean is not None:
+      rows.append(_row(name, kv, method, alpha, s(mean)))
+  if baseline is not None:
+    rows.append(_row('first sentence', 0, None, None, s(baseline), model='baseline'))
+  return {'rows': rows}
+
+
+def _by_key(cs):
+  return {c.key: c for c in cs}
+
+
+def test_paper_orderings_hold_when_the_data_has_them():
+  ev = _evaluate(mha=50, mqa=44, gqa=49, mqa0=35, gqa0=45, first=41, random=30)
+  c = _by_key(claims.quality_claims(ev, 0.05))
+  for key in ('1a', '1b', '2a', '2b', '3a', '3b'):
+    assert c[key].verdict == claims.HOLDS, (key, c[key])
+  assert abs(float(c['1a'].ours) - 6) < 1.5
+  low, high = (float(x) for x in c['1a'].interval.strip('[]').split(','))
+  assert 0 < low < float(c['1a'].ours) < high
+
+
+def test_reversed_ordering_does_not_hold():
+  ev = _evaluate(mha=44, mqa=50, gqa=47, first=50, random=30)  # MQA clearly better than MHA
+  c = _by_key(claims.quality_claims(ev, 0.05))
+  assert c['1a'].verdict == claims.DOES_NOT_HOLD
+  assert float(c['1a'].interval.strip('[]').split(',')[1]) < 0
+  assert c['3a'].verdict == claims.UNRESOLVED  # mean == first: the interval spans 0
+  assert c['3a'].why == 'interval spans 0'
+
+
+def test_models_at_the_baseline_leave_every_quality_claim_unresolved():
+  ev = _evaluate(mha=50, mqa=44, gqa=49, baseline=48)  # MQA does not beat the baseline
+  c = _by_key(claims.quality_claims(ev, 0.05))
+  assert c['1a'].verdict == claims.UNRESOLVED
+  assert 'does not clearly beat the first sentence baseline' in c['1a'].why
+  assert c['1a'].interval.startswith('[+')  # the interval is still reported
+
+
+def test_no_baseline_no_per_example_scores_and_missing_models():
+  ev = _evaluate(mha=50, mqa=44, gqa=49, baseline=None)
+  c = _by_key(claims.quality_claims(ev, 0.05))
+  assert (c['1a'].verdict, c['1a'].why) == (claims.UNRESOLVED, 'no baseline')
+  assert c['3a'].verdict == claims.NOT_RUN and 'first' in c['3a'].why
+  assert c['2a'].verdict == claims.NOT_RUN  # no alpha = 0 rows
+  for r in ev['rows']:
+    del r['per_example']
+  c = _by_key(claims.quality_claims(ev, 0.05))
+  assert c['1a'].verdict == claims.UNRESOLVED and 'per-example' in c['1a'].why
+  assert c['1a'].interval == '-' and abs(float(c['1a'].ours) - 6) < 1.5
+
+
+def test_uptraining_claim_needs_a_loss_at_alpha_zero():
+  ev = _evaluate(mha=50, mqa=49, gqa=49, mqa0=50, gqa0=49)  # MQA_0 already at MHA
+  c = _by_key(claims.quality_claims(ev, 0.05))
+  assert c['2a'].verdict == claims.UNRESOLVED
+  assert 'no clear MQA loss at alpha=0' in c['2a'].why
+
+
+def test_bleu_tasks_are_resampled_from_their_statistics():
+  targets = [f'w{i} a b c d e f' for i in range(N)]
+  good = list(targets)
+  bad = [f'w{i} a x y z' for i in range(N)]
+  ev = _evaluate(mha=50, mqa=44, gqa=49, baseline=10)
+  for name, preds in (('mha', good), ('mqa', bad), ('gqa', good)):
+    kv = {'mha': 8, 'mqa': 1, 'gqa': 2}[name]
+    row = _row(name, kv, None if name == 'mha' else 'mean', None if name == 'mha' else 0.05,
+               np.zeros(N), task=TR)
+    row.update(metric='bleu', per_example=bootstrap.encode('bleu', targets, preds))
+    row['score'] = bootstrap.score('bleu', bootstrap.decode('bleu', row['per_example']))
+    ev['rows'].append(row)
+  base = _row('copy', 0, None, None, np.zeros(N), task=TR, model='baseline')
+  base.update(metric='bleu', per_example=bootstrap.encode('bleu', targets, [' '.join(t.split()[:5]) for t in targets]))
+  base['score'] = bootstrap.score('bleu', bootstrap.decode('bleu', base['per_example']))
+  ev['rows'].append(base)
+  c = _by_key(claims.quality_claims(ev, 0.05))
+  assert c['1a'].verdict == claims.UNRESOLVED  # MQA's BLEU is below the copy baseline's
+  assert 'on ddtp_translate_en_de' in c['1a'].why
+
+
+def _timing(times, setting='long'):
+  return [{'setting': setting, 'kv_heads': g, 'time_per_sample_s': t, 'inputs': 2048,
+           'targets': 512, 'batch_size': 16} for g, t in times.items()]
+
+
+@pytest.mark.parametrize('times, verdict', [
+    ({1: 1.0, 2: 1.2, 4: 1.6, 8: 3.0}, claims.HOLDS),
+    ({1: 1.0, 2: 1.1, 4: 1.0, 8: 0.9}, claims.DOES_NOT_HOLD),  # inverted
+    ({1: 1.0, 2: 2.5, 4: 2.8, 8: 3.0}, claims.DOES_NOT_HOLD),  # GQA nearer MHA
+    ({1: 1.0, 2: 1.0, 4: 1.0, 8: 1.05}, claims.UNRESOLVED),
+])
+def test_speed_claim(times, verdict):
+  c = claims.speed_claim(_timing(times), {}, 2)
+  assert c.verdict == verdict, c
+  assert claims.speed_claim(_timing(times, 'short'), {}, 2).verdict == claims.NOT_RUN
+
+
+def _spec_row(draft, temp, gamma, speedup, alpha=0.5, tokens_per_call=2.0, batch=None,
+              equal=True, task=TR, target='mha_g8', thm8=None):
+  row = {'task': task, 'target': target, 'draft': draft, 'temperature': temp, 'gamma': gamma,
+         'alpha': alpha, 'tokens_per_call': tokens_per_call, 'speedup_measured': speedup,
+         'speedup_thm8_with_v': thm8 or speedup, 'tokens_equal_autoregressive':
+         equal if temp == 0 else None}
+  if batch is not None:
+    row['batch_size'] = batch
+  return row
+
+
+def test_speculative_claims_at_batch_one():
+  rows = [_spec_row('draft model', 0.0, 3, 1.8, alpha=0.7, batch=1, thm8=1.9),
+          _spec_row('bigram', 0.0, 3, 1.2, alpha=0.2, batch=1),
+          _spec_row('draft model', 1.0, 3, 1.3, alpha=0.6, batch=1),
+          _spec_row('bigram', 1.0, 3, 1.0, alpha=0.7, batch=1),
+          _spec_row('draft model', 0.0, 3, 0.8, batch=8, equal=False)]
+  cs = claims.speculative_claims({'rows': rows, 'batch_size': 8})
+  by = {x.key: x for x in cs}
+  assert by['5a'].verdict == claims.DOES_NOT_HOLD and by['5a'].ours == '2/3 rows identical'
+  t0, t1 = [x for x in cs if x.key == '5b']
+  assert (t0.verdict, t1.verdict) == (claims.HOLDS, claims.DOES_NOT_HOLD)
+  assert by['5c'].verdict == claims.HOLDS and '1.80x (draft model, gamma 3)' in by['5c'].ours
+  assert by['5d'].verdict == claims.HOLDS and by['5d'].ours == 'translate: 0.95 (draft model, gamma 3)'
+  assert by['6a'].verdict == by['6b'].verdict == claims.NOT_RUN
+
+
+def test_speculative_claims_without_batch_one_rows_and_with_staged_and_chimera_rows():
+  rows = [_spec_row('draft model', 0.0, 3, 0.9, tokens_per_call=2.0),
+          _spec_row('staged (draft model + bigram)', 0.0, 3, 1.2),
+          _spec_row('chimera', 0.0, 3, 1.0, tokens_per_call=2.6)]
+  by = {x.key: x for x in claims.speculative_claims({'rows': rows, 'batch_size': 8})}
+  assert by['5c'].verdict == claims.NOT_RUN and 'no batch-1 rows (batch [8])' in by['5c'].why
+  assert by['6a'].verdict == claims.HOLDS and by['6a'].ours.startswith('1.33x')
+  assert by['6b'].verdict == claims.HOLDS and '+0.60' in by['6b'].ours
+  slower = [_spec_row('draft model', 0.0, 3, 1.5), _spec_row('tree:topk', 0.0, 3, 1.0)]
+  assert {x.key: x for x in claims.speculative_claims({'rows': slower})}['6a'].verdict == \
+      claims.DOES_NOT_HOLD
+
+
+def test_markdown_has_a_row_per_claim():
+  ev = _evaluate(mha=50, mqa=44, gqa=49)
+  cs = claims.all_claims(ev, {'rows': _timing({1: 1.0, 2: 1.2, 8: 3.0})}, {'rows': []}, 0.05, {})
+  text = claims.markdown(cs)
+  assert text.count('\n') == len(cs) + 1
+  assert '**holds**' in text and '**not run**' in text
+
+
+def test_drafts_job_rows_are_compared_within_their_job():
+  # The grid's rows (another job, other timings) must not enter the staged / Chimera comparison.
+  grid = [_spec_row('draft model', 0.0, 3, 2.0, batch=1), _spec_row('bigram', 0.0, 3, 1.1, batch=1)]
+  chains = [_spec_row('draft model', 0.0, 3, 1.0, tokens_per_call=2.0, batch=1),
+            _spec_row('chimera', 0.0, 3, 1.05, tokens_per_call=2.02, batch=1),
+            _spec_row('staged (bigram 3/call)', 0.0, 3, 1.5, batch=1)]
+  trees = [{'task': TR, 'target': 'mha_g8', 'draft': 'draft model tree topk:4,2,2',
+            'temperature': 0.0, 'tokens_per_call': 3.0, 'speedup_measured': 2.5,
+            'tokens_equal_autoregressive': True},
+           {'task': TR, 'target': 'mha_g8', 'draft': 'chimera tree topk:4,2,2',
+            'temperature': 0.0, 'tokens_per_call': 3.0, 'speedup_measured': 0.5,
+            'tokens_equal_autoregressive': True}]
+  by = {x.key: x for x in claims.speculative_claims(
+      {'rows': grid, 'drafts_rows': chains, 'tree_rows': trees, 'batch_size': 1})}
+  assert by['5a'].ours == '7/7 rows identical'
+  assert by['6a'].verdict == claims.HOLDS and by['6a'].ours.startswith('2.50x')  # tree / plain
+  assert by['6b'].verdict == claims.UNRESOLVED  # +0.02 tokens/call is within the margin
+  assert 'draft model tree topk:4,2,2' in by['5c'].ours  # the best batch-1 row: a tree
+  assert by['5d'].ours == 'translate: 1.00 (draft model, gamma 3)'  # trees have no Theorem 8
