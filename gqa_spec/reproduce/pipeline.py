@@ -286,7 +286,16 @@ def stage_evaluate(ctx: Context) -> dict:
               'batch_size': p.eval_batch, 'examples': p.test_examples,
               'best_step': row['best']['step'] if row['best'] else None}
     jobs.append((f"{row['task']}.{row['name']}", job))
-  return {'rows': _run_jobs(ctx, 'evaluate', jobs)}
+  return {'rows': _run_jobs(ctx, 'evaluate', jobs), 'baselines': _baselines(ctx)}
+
+
+def _baselines(ctx: Context) -> List[dict]:
+  """Table 1's trivial baselines (copy input; first sentence / first N words) on the models' test
+  examples and metrics (`reproduce/baselines.py`)."""
+  from gqa_spec.reproduce import baselines  # pylint: disable=g-import-not-at-top
+  p = ctx.preset
+  return baselines.evaluate({t: TASK_METRIC[t] for t in p.finetune_lengths}, p.finetune_lengths,
+                            'test', p.test_examples)
 
 
 def time_per_sample(config, params, inputs, max_decode_len: int, repeats: int) -> float:
@@ -340,7 +349,8 @@ def stage_report(ctx: Context) -> dict:
   """Markdown tables in the papers' forms, PNG figures, the commands and the wall times."""
   from gqa_spec.reproduce import report  # pylint: disable=g-import-not-at-top
   p = ctx.preset
-  evaluate = ctx.read_stage('evaluate')['rows']
+  evaluate_stage = ctx.read_stage('evaluate')
+  evaluate = evaluate_stage['rows']
   timing = ctx.read_stage('timing')['rows']
   spec = ctx.read_stage('speculative')['rows']
   figures = report.plot_all(ctx.out_dir, evaluate, timing, spec, p.method_ablation_alpha)
@@ -350,7 +360,7 @@ def stage_report(ctx: Context) -> dict:
       f'Command: `{_command(ctx)}`', '',
       f'Machine: {_machine()}', '',
       '## GQA Table 1: quality and time per sample (test split, greedy)', '',
-      report.table1(evaluate), '',
+      report.table1(evaluate, evaluate_stage.get('baselines', ())), '',
       f'## GQA Figure 4: conversion methods (alpha = {p.method_ablation_alpha:g})', '',
       report.conversion_table(evaluate, p.method_ablation_alpha), '',
       '## GQA Figure 5: uptraining proportion (mean pooling)', '',
