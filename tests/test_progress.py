@@ -62,8 +62,29 @@ def test_reproduce_jobs_log_their_stage_job_and_eta(caplog, tmp_path):
                                                  ('c', lambda: {'x': 3})])
   assert [r.get('x') for r in records] == [1, None, 3]
   lines = _lines(caplog)
-  assert lines[0] == '[reproduce smoke stage 6/8 timing job 1/3 a] started'
+  assert len(lines) == 2  # one line per job run
   assert re.fullmatch(r'\[reproduce smoke stage 6/8 timing job 1/3 a\] done in \d+s; stage ETA '
-                      r'\d+s \(1 job\(s\) left at this pace\)', lines[1]), lines[1]
-  assert lines[2] == '[reproduce smoke stage 6/8 timing job 3/3 c] started'
-  assert 'stage ETA 0s (0 job(s) left' in lines[3]
+                      r'\d+s \(1 job\(s\) left at this pace\)', lines[0]), lines[0]
+  assert lines[1].startswith('[reproduce smoke stage 6/8 timing job 3/3 c] done in ')
+  assert 'stage ETA 0s (0 job(s) left' in lines[1]
+
+
+def test_coarse_progress_writes_only_every_t_seconds(caplog, monkeypatch):
+  now = [0.0]
+  monkeypatch.setattr(progress.time, 'time', lambda: now[0])
+  caplog.set_level(logging.INFO, 'gqa_spec.progress')
+  with progress.coarse():
+    bar = progress.Progress('train', total=100, bar=False, every_seconds=30)
+  for step in range(1, 101):  # 1 s per step: lines at 30 s, 60 s, 90 s; not the first or last
+    now[0] = float(step)
+    bar.update(step, loss=1.0)
+  steps = [int(re.search(r'step (\d+)/', l).group(1)) for l in _lines(caplog)]
+  assert steps == [30, 60, 90]
+  # A job shorter than every_seconds writes nothing; outside the block the usual lines return.
+  caplog.clear()
+  with progress.coarse():
+    short = progress.Progress('train', total=10, bar=False, every_seconds=30)
+  short.update(10, loss=1.0)
+  assert not _lines(caplog)
+  progress.Progress('train', total=10, bar=False, every_seconds=30).update(10, loss=1.0)
+  assert len(_lines(caplog)) == 1
