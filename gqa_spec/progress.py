@@ -136,6 +136,8 @@ class Progress:
     first = self._rate_origin is None
     if first:
       self._rate_origin = (now, value)
+      if self._coarse:  # time and tokens/s from here: the first update includes compiling
+        self._last_line, self._tokens = (now, value), 0.0
     last_time, last_value = self._last_line
     due = now - last_time >= self.every_seconds or not self._coarse and (
         first or (self.total is not None and value >= self.total)

@@ -75,11 +75,14 @@ def test_coarse_progress_writes_only_every_t_seconds(caplog, monkeypatch):
   caplog.set_level(logging.INFO, 'gqa_spec.progress')
   with progress.coarse():
     bar = progress.Progress('train', total=100, bar=False, every_seconds=30)
-  for step in range(1, 101):  # 1 s per step: lines at 30 s, 60 s, 90 s; not the first or last
-    now[0] = float(step)
-    bar.update(step, loss=1.0)
-  steps = [int(re.search(r'step (\d+)/', l).group(1)) for l in _lines(caplog)]
-  assert steps == [30, 60, 90]
+  now[0] = 20.0  # the first step compiles: the clock of lines and tokens/s starts after it
+  bar.update(1, loss=1.0, tokens=1000.0)
+  for step in range(2, 101):  # then 1 s per step: a line every 30 s, not the last step's
+    now[0] += 1.0
+    bar.update(step, loss=1.0, tokens=10.0)
+  lines = _lines(caplog)
+  assert [int(re.search(r'step (\d+)/', l).group(1)) for l in lines] == [31, 61, 91]
+  assert lines[0] == 'train step 31/100 (31%) loss 1 tokens/s 10 elapsed 50s ETA 1m09s'
   # A job shorter than every_seconds writes nothing; outside the block the usual lines return.
   caplog.clear()
   with progress.coarse():
