@@ -9,8 +9,9 @@ silent there; `Progress` then logs one line (logger `gqa_spec.progress`, level I
 
 The bracketed prefix is the current `scope` stack (`gqa-spec reproduce` pushes its stage and job),
 so a line says where in a multi-stage run it comes from. Inside `coarse()` (each job of
-`gqa-spec reproduce`) only the time rule applies, so many short jobs do not flood the log. The ETA extrapolates the rate measured
-since the first update, which leaves the compilation of the first step out of it.
+`gqa-spec reproduce`) only the time rule applies, so many short jobs do not flood the log.
+The ETA extrapolates the rate measured since the first update, which leaves the compilation of
+the first step out of it.
 
   with progress.scope('pretrain', 'job 1/2 target'):
     p = progress.Progress('train', total=1000, initial=0)

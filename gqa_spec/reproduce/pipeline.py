@@ -391,11 +391,11 @@ def _smoke_note(ctx: Context) -> str:
 def smoke_note(train: dict, test: dict) -> str:
   """The smoke label for the report and the terminal (split sizes from the corpus stats)."""
   return ('**Smoke run: a pipeline check on a tiny excerpt, not findings.** Tiny models trained '
-          f"for seconds on the DDTP excerpt shipped in the package ({train['translate_en_de_pairs']}"
-          f" translation pairs and {train['summarize_examples']} summaries to train on, "
-          f"{test['translate_en_de_pairs']} and {test['summarize_examples']} to test): the numbers "
-          'show that every stage learns and measures, not whether any paper claim holds (that is '
-          '`--preset cpu`).')
+          'for a few hundred steps on the DDTP excerpt shipped in the package '
+          f"({train['translate_en_de_pairs']} translation pairs and {train['summarize_examples']} "
+          f"summaries to train on, {test['translate_en_de_pairs']} and "
+          f"{test['summarize_examples']} to test): the numbers show that every stage learns and "
+          'measures, not whether any paper claim holds (that is `--preset cpu`).')
 
 
 def _command(ctx: Context) -> str:
