@@ -8,8 +8,10 @@ silent there; `Progress` then logs one line (logger `gqa_spec.progress`, level I
       loss 4.213 tokens/s 5.1e+03 elapsed 1m04s ETA 2m29s
 
 The bracketed prefix is the current `scope` stack (`gqa-spec reproduce` pushes its stage and job),
-so a line says where in a multi-stage run it comes from. The ETA extrapolates the rate measured
-since the first update, which leaves the compilation of the first step out of it.
+so a line says where in a multi-stage run it comes from. Inside `coarse()` (each job of
+`gqa-spec reproduce`) only the time rule applies, so many short jobs do not flood the log.
+The ETA extrapolates the rate measured since the first update, which leaves the compilation of
+the first step out of it.
 
   with progress.scope('pretrain', 'job 1/2 target'):
     p = progress.Progress('train', total=1000, initial=0)
@@ -33,6 +35,19 @@ log = logging.getLogger('gqa_spec.progress')
 # Seconds between two progress lines when no terminal shows a bar (GQA_SPEC_PROGRESS_SECONDS).
 DEFAULT_SECONDS = 30.0
 _scopes: List[str] = []
+_coarse: List[bool] = []  # one entry per open `coarse()` block
+
+
+@contextlib.contextmanager
+def coarse() -> Iterator[None]:
+  """Inside the block, a `Progress` created there writes lines only every `every_seconds` (not its
+  first, every tenth or last step): `gqa-spec reproduce` logs one line per job, and a job longer
+  than `every_seconds` still shows its progress."""
+  _coarse.append(True)
+  try:
+    yield
+  finally:
+    _coarse.pop()
 
 
 @contextlib.contextmanager
@@ -92,6 +107,7 @@ class Progress:
     if every_seconds is None:
       every_seconds = float(os.environ.get('GQA_SPEC_PROGRESS_SECONDS', DEFAULT_SECONDS))
     self.every_steps, self.every_seconds = every_steps, every_seconds
+    self._coarse = bool(_coarse)
     self._start = time.time()
     self._rate_origin = None  # (time, value) of the first update: the rate excludes compilation
     self._last_line = (self._start, initial)  # (time, value) of the last line
@@ -121,9 +137,12 @@ class Progress:
     first = self._rate_origin is None
     if first:
       self._rate_origin = (now, value)
+      if self._coarse:  # time and tokens/s from here: the first update includes compiling
+        self._last_line, self._tokens = (now, value), 0.0
     last_time, last_value = self._last_line
-    due = (first or (self.total is not None and value >= self.total)
-           or value - last_value >= self.every_steps or now - last_time >= self.every_seconds)
+    due = now - last_time >= self.every_seconds or not self._coarse and (
+        first or (self.total is not None and value >= self.total)
+        or value - last_value >= self.every_steps)
     if self._bar is None and due:
       self._line(now, value, loss, first)
 

@@ -62,8 +62,32 @@ def test_reproduce_jobs_log_their_stage_job_and_eta(caplog, tmp_path):
                                                  ('c', lambda: {'x': 3})])
   assert [r.get('x') for r in records] == [1, None, 3]
   lines = _lines(caplog)
-  assert lines[0] == '[reproduce smoke stage 6/8 timing job 1/3 a] started'
+  assert len(lines) == 2  # one line per job run
   assert re.fullmatch(r'\[reproduce smoke stage 6/8 timing job 1/3 a\] done in \d+s; stage ETA '
-                      r'\d+s \(1 job\(s\) left at this pace\)', lines[1]), lines[1]
-  assert lines[2] == '[reproduce smoke stage 6/8 timing job 3/3 c] started'
-  assert 'stage ETA 0s (0 job(s) left' in lines[3]
+                      r'\d+s \(1 job\(s\) left at this pace\)', lines[0]), lines[0]
+  assert lines[1].startswith('[reproduce smoke stage 6/8 timing job 3/3 c] done in ')
+  assert 'stage ETA 0s (0 job(s) left' in lines[1]
+
+
+def test_coarse_progress_writes_only_every_t_seconds(caplog, monkeypatch):
+  now = [0.0]
+  monkeypatch.setattr(progress.time, 'time', lambda: now[0])
+  caplog.set_level(logging.INFO, 'gqa_spec.progress')
+  with progress.coarse():
+    bar = progress.Progress('train', total=100, bar=False, every_seconds=30)
+  now[0] = 20.0  # the first step compiles: the clock of lines and tokens/s starts after it
+  bar.update(1, loss=1.0, tokens=1000.0)
+  for step in range(2, 101):  # then 1 s per step: a line every 30 s, not the last step's
+    now[0] += 1.0
+    bar.update(step, loss=1.0, tokens=10.0)
+  lines = _lines(caplog)
+  assert [int(re.search(r'step (\d+)/', l).group(1)) for l in lines] == [31, 61, 91]
+  assert lines[0] == 'train step 31/100 (31%) loss 1 tokens/s 10 elapsed 50s ETA 1m09s'
+  # A job shorter than every_seconds writes nothing; outside the block the usual lines return.
+  caplog.clear()
+  with progress.coarse():
+    short = progress.Progress('train', total=10, bar=False, every_seconds=30)
+  short.update(10, loss=1.0)
+  assert not _lines(caplog)
+  progress.Progress('train', total=10, bar=False, every_seconds=30).update(10, loss=1.0)
+  assert len(_lines(caplog)) == 1

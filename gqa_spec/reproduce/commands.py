@@ -37,11 +37,21 @@ def _reproduce(args: argparse.Namespace) -> int:
   from gqa_spec.reproduce import pipeline  # pylint: disable=g-import-not-at-top
   # seqio and orbax warn on every evaluation and save (uncached sources, truncation notices);
   # the stage JSON and report carry what matters. Errors and progress lines still show.
-  console.configure_logging(getattr(args, 'verbose', False), library_level=logging.ERROR)
+  verbose = getattr(args, 'verbose', False)
+  console.configure_logging(verbose, library_level=logging.ERROR)
+  if not verbose:  # the trainer's per-job INFO lines (initialised from, new best): in the JSON
+    logging.getLogger('gqa_spec.training').setLevel(logging.WARNING)
   records = pipeline.run(args.preset, args.out, args.work_dir, args.stages, args.force,
                          overrides=args.overrides)
   report = records.get('report')
   out = args.out or f'results/{args.preset}'
   print(f'reproduce --preset {args.preset}: {len(records)} stage(s) done; results in {out}/'
         + (f' (report: {out}/report.md)' if report else ''))
+  if 'evaluate' in records:
+    from gqa_spec.reproduce import report as report_lib  # pylint: disable=g-import-not-at-top
+    print('GQA Table 1 (test split, greedy):\n' + report_lib.table1(
+        records['evaluate']['rows'], records['evaluate'].get('baselines', ())))
+  if args.preset == 'smoke' and 'corpus' in records:
+    splits = records['corpus']['stats']['splits']
+    print(pipeline.smoke_note(splits['train'], splits['test']).replace('**', ''))
   return 0

@@ -104,9 +104,9 @@ def _run_jobs(ctx: Context, stage: str, jobs: Sequence[tuple]) -> List[dict]:
       if ctx.progress is not None:
         ctx.progress.set_postfix_str(f'{stage}: {key}')
       with progress.scope(f'job {i}/{len(jobs)} {key}'):
-        progress.info('started')
         t0 = time.time()
-        record = fn()
+        with progress.coarse():  # a line per job; a long job's lines every 30 s
+          record = fn()
         record['wall_seconds'] = round(time.time() - t0, 2)
         walls.append(record['wall_seconds'])
         remaining = sum(1 for k, _ in jobs[i:] if _job_done(ctx, stage, k) is None)
@@ -291,7 +291,16 @@ def stage_evaluate(ctx: Context) -> dict:
               'batch_size': p.eval_batch, 'examples': p.test_examples,
               'best_step': row['best']['step'] if row['best'] else None}
     jobs.append((f"{row['task']}.{row['name']}", job))
-  return {'rows': _run_jobs(ctx, 'evaluate', jobs)}
+  return {'rows': _run_jobs(ctx, 'evaluate', jobs), 'baselines': _baselines(ctx)}
+
+
+def _baselines(ctx: Context) -> List[dict]:
+  """Table 1's trivial baselines (copy input; first sentence / first N words) on the models' test
+  examples and metrics (`reproduce/baselines.py`)."""
+  from gqa_spec.reproduce import baselines  # pylint: disable=g-import-not-at-top
+  p = ctx.preset
+  return baselines.evaluate({t: TASK_METRIC[t] for t in p.finetune_lengths}, p.finetune_lengths,
+                            'test', p.test_examples)
 
 
 def _per_example_scores(eval_dir: str, task: str) -> dict:
@@ -360,7 +369,8 @@ def stage_report(ctx: Context) -> dict:
   times."""
   from gqa_spec.reproduce import report  # pylint: disable=g-import-not-at-top
   p = ctx.preset
-  evaluate = ctx.read_stage('evaluate')['rows']
+  evaluate_stage = ctx.read_stage('evaluate')
+  evaluate = evaluate_stage['rows']
   timing = ctx.read_stage('timing')['rows']
   spec = ctx.read_stage('speculative')['rows']
   figures, claims_md = _figures_and_claims(ctx)
@@ -369,9 +379,10 @@ def stage_report(ctx: Context) -> dict:
       f'# Reproduction: preset `{p.name}`', '',
       f'Command: `{_command(ctx)}`', '',
       f'Machine: {_machine()}', '',
+      *([_smoke_note(ctx), ''] if p.name == 'smoke' else []),
       '## Claims', '', claims_md, '',
       '## GQA Table 1: quality and time per sample (test split, greedy)', '',
-      report.table1(evaluate), '',
+      report.table1(evaluate, evaluate_stage.get('baselines', ())), '',
       f'## GQA Figure 4: conversion methods (alpha = {p.method_ablation_alpha:g})', '',
       report.conversion_table(evaluate, p.method_ablation_alpha), '',
       '## GQA Figure 5: uptraining proportion (mean pooling)', '',
@@ -405,6 +416,22 @@ def _figures_and_claims(ctx: Context) -> Tuple[List[str], str]:
                            p.method_ablation_alpha, predicted)
   rows = claims.all_claims(evaluate, timing, spec, p.method_ablation_alpha, predicted)
   return names, '\n\n'.join([claims.quality_bar(evaluate), claims.markdown(rows), claims.NOTE])
+
+
+def _smoke_note(ctx: Context) -> str:
+  """What a smoke report is: a pipeline check on the packaged excerpt, not a finding."""
+  splits = ctx.read_stage('corpus')['stats']['splits']
+  return smoke_note(splits['train'], splits['test'])
+
+
+def smoke_note(train: dict, test: dict) -> str:
+  """The smoke label for the report and the terminal (split sizes from the corpus stats)."""
+  return ('**Smoke run: a pipeline check on a tiny excerpt, not findings.** Tiny models trained '
+          'for a few hundred steps on the DDTP excerpt shipped in the package '
+          f"({train['translate_en_de_pairs']} translation pairs and {train['summarize_examples']} "
+          f"summaries to train on, {test['translate_en_de_pairs']} and "
+          f"{test['summarize_examples']} to test): the numbers show that every stage learns and "
+          'measures, not whether any paper claim holds (that is `--preset cpu`).')
 
 
 def _command(ctx: Context) -> str:

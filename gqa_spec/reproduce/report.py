@@ -74,15 +74,25 @@ def quality_rows(evaluate_rows: Sequence[Mapping]) -> List[dict]:
   return rows
 
 
-def table1(evaluate_rows: Sequence[Mapping]) -> str:
-  """GQA Table 1: T_infer and per-task quality (+ average) for every model."""
+def table1(evaluate_rows: Sequence[Mapping], baselines: Sequence[Mapping] = ()) -> str:
+  """GQA Table 1: T_infer and per-task quality (+ average) for every model, then the trivial
+  `baselines` (rows of `reproduce.baselines.evaluate`) for scale."""
   tasks = sorted({r['task'] for r in evaluate_rows})
   rows = quality_rows(evaluate_rows)
   rows.sort(key=lambda r: (r['model'] != 'target', -r['kv_heads'], r['label']))
   body = [[r['label'], f"{1000 * r['time_per_sample_s']:.2f}", r['average']]
           + [r['scores'].get(t) for t in tasks] for r in rows]
   return markdown_table(['Model', 'T_infer (ms/sample)', 'Average']
-                        + [TASK_LABELS.get(t, t) for t in tasks], body)
+                        + [TASK_LABELS.get(t, t) for t in tasks],
+                        body + baseline_rows(baselines, tasks))
+
+
+def baseline_rows(baselines: Sequence[Mapping], tasks: Sequence[str]) -> List[list]:
+  """Table 1 rows of the trivial baselines: `baseline: <name>`, no time, no average, the score
+  in its task's column only."""
+  return [[f"baseline: {b['baseline']}", '-', None] + [b['score'] if b['task'] == t else None
+                                                        for t in tasks]
+          for b in baselines if b['task'] in tasks]
 
 
 def conversion_table(evaluate_rows: Sequence[Mapping], alpha: float) -> str:

@@ -10,6 +10,10 @@ from gqa_spec.errors import UserError
 from gqa_spec.reproduce import bootstrap, pipeline, presets
 
 SMOKE = presets.get('smoke')
+# What smoke's models must reach; the models of the previous smoke preset (20 pre-training and 6
+# fine-tuning steps) scored 0.0 everywhere. Measured (2026-11-22, this preset): test BLEU 2.05-3.60
+# for the targets and 1.77 for the draft; ROUGE-1 4.99-22.8 for the targets.
+BLEU_FLOOR, ROUGE1_FLOOR, DRAFT_ALPHA_FLOOR = 1.0, 3.0, 0.2
 
 
 def _stage(out_dir, stage):
@@ -118,3 +122,37 @@ def test_a_stage_before_its_inputs_says_which_stage_to_run(tmp_path):
   with pytest.raises(UserError, match="stage 'uptrain' has not run yet"):
     pipeline.run('smoke', str(tmp_path / 'r'), str(tmp_path / 'w'), stages=['finetune'],
                  progress_bar=False)
+
+
+def test_smoke_models_learn_the_excerpt(smoke_run):
+  """Smoke is a pipeline check, but one that learns: every fine-tuned target (and the draft on
+  translation) scores clearly above zero on the test split, and the draft model agrees with both
+  targets measurably (its greedy acceptance rate alpha, over the examples and gammas measured).
+  The draft's summarization is not held to the floor: it memorises training synopses and scored
+  ROUGE-1 0.0 on the 12 test summaries (measured)."""
+  out_dir, _ = smoke_run
+  rows = _stage(out_dir, 'evaluate')['rows']
+  floor = {pipeline.TASK_METRIC[presets.TRANSLATE]: BLEU_FLOOR,
+           pipeline.TASK_METRIC[presets.SUMMARIZE]: ROUGE1_FLOOR}
+  checked = [r for r in rows if r['model'] == 'target' or r['task'] == presets.TRANSLATE]
+  assert len(checked) == len(rows) - 1
+  for r in checked:
+    assert r['score'] >= floor[r['metric']], r
+  spec = [r for r in _stage(out_dir, 'speculative')['rows']
+          if r['draft'] == 'draft model' and r['temperature'] == 0]
+  for task in SMOKE.finetune_lengths:
+    for target in SMOKE.speculative_targets():
+      alphas = [r['alpha'] for r in spec if r['task'] == task and r['target'] == target]
+      assert sum(alphas) / len(alphas) >= DRAFT_ALPHA_FLOOR, (task, target, alphas)
+
+
+def test_table1_shows_the_baselines_and_the_report_says_smoke(smoke_run):
+  out_dir, _ = smoke_run
+  baselines = _stage(out_dir, 'evaluate')['baselines']
+  assert {(b['task'], b['baseline'].split(' ')[0]) for b in baselines} == {
+      (presets.TRANSLATE, 'copy'), (presets.SUMMARIZE, 'first')}
+  assert all(b['score'] > 0 and b['examples'] > 0 for b in baselines)
+  report = open(os.path.join(out_dir, 'report.md')).read()
+  assert 'pipeline check on a tiny excerpt, not findings' in report
+  for b in baselines:
+    assert f"| baseline: {b['baseline']} |" in report
