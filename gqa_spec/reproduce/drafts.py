@@ -33,6 +33,9 @@ def chimera_heads(preset) -> int:
   if depth > heads:
     raise UserError(f'chimera_tree {preset.chimera_tree!r} has depth {depth}; the Chimera drafts '
                     f'have max(gammas) = {heads} heads')
+  if not preset.draft_gammas or max(preset.draft_gammas) > heads or min(preset.draft_gammas) < 1:
+    raise UserError(f'draft_gammas {preset.draft_gammas} must be in 1..max(gammas) = {heads} (the '
+                    'Chimera heads)')
   return heads
 
 

@@ -89,6 +89,7 @@ class Preset:
   # Rows the speculative stage adds for the MHA target: token trees with the fine-tuned draft,
   # Chimera as a tree proposer (depth <= max(gammas)), staged (draft <- bigram, stage2_gamma bigram
   # tokens per draft call), Chimera and distilled chains.
+  draft_gammas: Tuple[int, ...]  # gammas of those chain rows (each <= max(gammas), the heads)
   tree_shapes: Tuple[str, ...]  # `TreeShape.parse` specs: a top-k and a best-first tree
   chimera_tree: str
   stage2_gamma: int
@@ -132,8 +133,10 @@ def _smoke() -> Preset:
       speculative_examples=4, speculative_batch=4, gammas=(1, 3), temperatures=(0.0, 1.0),
       speculative_repeats=2,
       # A few steps: the stage's jobs, resume and the rows are checked, not the drafts' quality.
+      # One gamma for the trained/staged chains: each (draft, gamma, temperature) is a compile.
       chimera_steps=3, chimera_batch=4, chimera_learning_rate=1e-3, distill_steps=3,
-      distill_batch=4, distill_learning_rate=1e-3, tree_shapes=('topk:2,2', 'best:4,depth:3'),
+      distill_batch=4, distill_learning_rate=1e-3, draft_gammas=(3,),
+      tree_shapes=('topk:2,2', 'best:4,depth:3'),
       chimera_tree='topk:2,1,1', stage2_gamma=2)
 
 
@@ -162,7 +165,8 @@ def _cpu() -> Preset:
       # roughly 1.5-2 s, i.e. 200 steps ~ 6 min per job, ~25 min in all. Batch 16 as fine-tuning;
       # lr 1e-3, `train-draft`'s Adam default (the benchmarks/trained_drafts.py setting).
       chimera_steps=200, chimera_batch=16, chimera_learning_rate=1e-3, distill_steps=200,
-      distill_batch=16, distill_learning_rate=1e-3, tree_shapes=('topk:4,2,2', 'best:16,depth:4'),
+      distill_batch=16, distill_learning_rate=1e-3, draft_gammas=(1, 3, 5),
+      tree_shapes=('topk:4,2,2', 'best:16,depth:4'),
       chimera_tree='topk:4,2,2', stage2_gamma=3)
 
 

@@ -11,7 +11,8 @@ Jobs (each skipped once finished):
                            chains (`drafts_rows`): the fine-tuned draft ('draft model', plain
                              speculation), the distilled draft, Chimera (heads 1..gamma) and staged
                              (the fine-tuned draft speculated by the task's bigram,
-                             `stage2_gamma` tokens per draft call), over gammas and temperatures;
+                             `stage2_gamma` tokens per draft call), over `draft_gammas` and
+                             temperatures;
                            trees (`tree_rows`): the fine-tuned draft growing each of
                              `tree_shapes`, and Chimera as a tree proposer (`chimera_tree`,
                              top-k per head);
@@ -126,8 +127,9 @@ def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
       lambda enc: chimera_tree.init(cparams, emb, enc.shape[0], L))
   target = T5Decoder(Transformer(config))
   batches = _batches(task, lengths, p)
-  grid = speedup.measure_grid(target, params, chains, batches, max_decode_len=L, gammas=p.gammas,
-                              temperatures=p.temperatures, repeats=p.speculative_repeats)
+  grid = speedup.measure_grid(target, params, chains, batches, max_decode_len=L,
+                              gammas=p.draft_gammas, temperatures=p.temperatures,
+                              repeats=p.speculative_repeats)
   tree_rows = speedup.measure_trees(target, params, trees, batches, max_decode_len=L,
                                     autoregressive_runs=grid['autoregressive'],
                                     repeats=p.speculative_repeats)

@@ -114,7 +114,7 @@ def test_trees_staged_and_trained_drafts_rows_are_exact_at_temperature_zero(smok
   assert sorted((r['task'], r['draft'], r['temperature'], r['gamma']) for r in chains) == sorted(
       (t, d, temp, g) for t in SMOKE.finetune_lengths
       for d in ('draft model', 'distilled', 'chimera', staged)
-      for temp in SMOKE.temperatures for g in SMOKE.gammas)
+      for temp in SMOKE.temperatures for g in SMOKE.draft_gammas)
   trees = spec['tree_rows']
   names = [f'draft model tree {s}' for s in SMOKE.tree_shapes] + [
       f'chimera tree {SMOKE.chimera_tree}']
