@@ -113,6 +113,14 @@ def test_cli_trains_saves_and_resumes_exactly(target_dir, tmp_path):
     factory.make_draft(f'chimera:{reference}', TARGET, 3, 8)
   with pytest.raises(UserError, match='chimera:RUN_DIR'):
     factory.check_spec('chimera:/nonexistent')
+  # ... and as a tree proposer (`generate --tree`, the evaluator's TREE).
+  from gqa_spec.decoding.drafts import ChimeraTreeDraft  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.tree import TreeShape  # pylint: disable=g-import-not-at-top
+  draft, init, description = factory.make_tree_draft(f'chimera:{reference}', TARGET,
+                                                     TreeShape.topk(2, 2), 8)
+  assert isinstance(draft, ChimeraTreeDraft) and 'tree topk:2,2' in description
+  with pytest.raises(UserError, match='tree depth 3: the Chimera draft has 2 heads'):
+    factory.make_tree_draft(f'chimera:{reference}', TARGET, TreeShape.topk(1, 1, 1), 8)
 
 
 def test_head_topk_accuracy_of_untrained_heads(target_dir):
