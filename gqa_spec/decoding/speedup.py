@@ -1,7 +1,7 @@
 """Measured speculative speedup against Leviathan et al.'s predictions, side by side in one run.
 
-`measure_grid` (chains) and `measure_trees` (token trees) are the implementation behind `benchmarks/speculative.py` and the speculative
-stage of `gqa-spec reproduce`. For every temperature it times our jitted autoregressive decoding of
+`measure_grid` (chains) and `measure_trees` (token trees) are the implementation behind
+`benchmarks/speculative.py` and the speculative stage of `gqa-spec reproduce`. For every temperature it times our jitted autoregressive decoding of
 the target, then for every draft and gamma the speculative loop on the same inputs and batches
 (median of repeats, after compilation), and reports:
   alpha            Corollary 6: mean acceptance probability beta over the positions the loop

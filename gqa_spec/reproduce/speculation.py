@@ -94,7 +94,7 @@ def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
   """Plain, distilled, Chimera and staged chains and the trees, side by side (module docstring)."""
   from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding import speedup  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding.drafts import ChimeraDraft, ChimeraTreeDraft, ModelDraft, StagedDraft, TreeModelDraft  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding import drafts as d  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.drafts.ngram import fit_ngram_on_task  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.tree import TreeShape  # pylint: disable=g-import-not-at-top
@@ -107,8 +107,8 @@ def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
   kconfig, kparams, _ = native.load_checkpoint(ctx.path(trained[(task, 'distilled')]['checkpoint']))
   cconfig, cparams, _ = draft_training.load_chimera(ctx.path(trained[(task, 'chimera')]['run_dir']))
   emb = params['token_embedder']['embedding']  # [V, D] the frozen target's, Chimera's input
-  plain, distilled = ModelDraft.t5(Transformer(dconfig)), ModelDraft.t5(Transformer(kconfig))
-  staged, chimera = StagedDraft.t5(Transformer(dconfig), p.stage2_gamma), ChimeraDraft(cconfig)
+  plain, distilled = d.ModelDraft.t5(Transformer(dconfig)), d.ModelDraft.t5(Transformer(kconfig))
+  staged, chimera = d.StagedDraft.t5(Transformer(dconfig), p.stage2_gamma), d.ChimeraDraft(cconfig)
   successor = fit_ngram_on_task(task, 2).successor()  # [V] the bigram's next token
   chains = {
       'draft model': (plain, lambda enc: plain.init(dparams, enc, L, gmax)),
@@ -117,7 +117,8 @@ def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
       f'staged (bigram {p.stage2_gamma}/call)': (
           staged, lambda enc: staged.init(dparams, enc, L, gmax, successor)),
   }
-  tree_model, chimera_tree = TreeModelDraft.t5(Transformer(dconfig)), ChimeraTreeDraft(cconfig)
+  tree_model = d.TreeModelDraft.t5(Transformer(dconfig))
+  chimera_tree = d.ChimeraTreeDraft(cconfig)
   trees = {f'draft model tree {s}': (tree_model, TreeShape.parse(s),
                                      lambda enc, s=s: tree_model.init(dparams, enc, L,
                                                                       TreeShape.parse(s)))
