@@ -44,7 +44,7 @@ def register(subparsers) -> None:
                       'bigram:PATH (from `gqa-spec ngram fit`) | copy (prompt lookup)')
   p.add_argument('--gamma', type=int, default=4, help='draft tokens per target call')
   p.add_argument('--tree', default=None,
-                 help='verify a token tree instead of a chain (model or bigram drafts): '
+                 help='verify a token tree instead of a chain (model, bigram or chimera drafts): '
                       'topk:K1,K2,... (K_d children per node at depth d) or best:N,depth:D[,width:W] '
                       '(best-first, N nodes); replaces --gamma')
   p.add_argument('--stage2', default=None,

@@ -1,12 +1,14 @@
 """Measured speculative speedup against Leviathan et al.'s predictions, side by side in one run.
 
-`measure_grid` is the one implementation behind `benchmarks/speculative.py` and the speculative
-stage of `gqa-spec reproduce`. For every temperature it times our jitted autoregressive decoding of
+`measure_grid` (chains) and `measure_trees` (token trees) are the implementation behind
+`benchmarks/speculative.py` and the speculative stage of `gqa-spec reproduce`. For every temperature it times our jitted autoregressive decoding of
 the target, then for every draft and gamma the speculative loop on the same inputs and batches
 (median of repeats, after compilation), and reports:
   alpha            Corollary 6: mean acceptance probability beta over the positions the loop
                    tried, i.e. on the target's own generations;
   tokens_per_call  generated tokens / target calls (the corrected or bonus token counted);
+  accepted         draft tokens accepted (accepted / target_calls: the mean accepted length);
+  loop_iterations  batched target calls (parameter bytes read = bytes x iterations);
   c                draft cost per proposed token / target step (timed here, per gamma);
   verify_ratio_v   target time for gamma + 1 tokens / for 1 token (Theorem 8 assumes 1);
   speedup_measured per-token time of autoregressive / of speculative decoding;
@@ -22,7 +24,7 @@ from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
 import jax
 import jax.numpy as jnp
 
-from gqa_spec.decoding import autoregressive, speculative, theory
+from gqa_spec.decoding import autoregressive, speculative, theory, tree_speculative
 from gqa_spec.decoding.drafts import ModelDraft
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.targets import T5Decoder
@@ -145,6 +147,8 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
         spec_lists = sum((autoregressive.strip(r.sequences, r.lengths) for r in res), [])
         row = {'draft': name, 'temperature': temp, 'gamma': gamma, 'alpha': alpha,
                'tokens': tokens, 'target_calls': calls, 'tokens_per_call': tokens / calls,
+               'accepted': sum(int(r.accepted.sum()) for r in res),
+               'loop_iterations': sum(int(r.loop_iterations) for r in res),
                'c': c, 'verify_ratio_v': v, 'seconds': secs, 'ar_seconds': ar_secs,
                'ar_tokens': ar_tokens,
                'speedup_measured': (ar_secs / ar_tokens) / (secs / tokens),
@@ -155,3 +159,53 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
         row['measured_over_thm8'] = row['speedup_measured'] / row['speedup_thm8']
         out['rows'].append(row)
   return out
+
+
+# name -> (tree draft, its TreeShape, init(encoder_tokens [b, S]) -> draft state)
+TreeDrafts = Mapping[str, Tuple[Any, Any, Callable[[jax.Array], Any]]]
+
+
+def measure_trees(target: T5Decoder, params: Any, drafts: TreeDrafts,
+                  batches: Sequence[jax.Array], *, max_decode_len: int,
+                  autoregressive_runs: Mapping[str, Mapping[str, Any]], repeats: int,
+                  seed: int = 0) -> List[Dict[str, Any]]:
+  """Tree speculative decoding (`tree_speculative.decode`) beside `measure_grid`'s autoregressive runs.
+
+  Args:
+    target, params, batches, max_decode_len, repeats, seed: as `measure_grid`.
+    drafts: name -> (tree draft, shape, init from encoder tokens).
+    autoregressive_runs: `measure_grid(...)['autoregressive']` on the same batches: its
+      temperatures are the ones measured, its times the baseline, its outputs the greedy reference.
+
+  Returns:
+    Rows `{draft, tree, depth, nodes, temperature, tokens, target_calls, tokens_per_call,
+    accepted, loop_iterations, seconds, ar_seconds, ar_tokens, speedup_measured,
+    tokens_equal_autoregressive, accept_histogram}` per (temperature, draft).
+  """
+  L = max_decode_len
+  rows = []
+  for temp_key, ar in autoregressive_runs.items():
+    config = SamplingConfig(temperature=float(temp_key))
+    for name, (draft, shape, dinit) in drafts.items():
+      slots = tree_speculative.target_cache_length(L, shape)
+
+      def run_all(draft=draft, shape=shape, dinit=dinit, slots=slots):
+        return [tree_speculative.decode(target, target.init(params, enc, slots), draft,
+                                        dinit(enc), jax.random.PRNGKey(seed + 1), shape=shape,
+                                        max_decode_len=L, config=config) for enc in batches]
+      res = run_all()
+      secs = median_time(run_all, repeats)
+      tokens = sum(int(r.lengths.sum()) for r in res)
+      calls = sum(int(r.target_calls.sum()) for r in res)
+      outputs = sum((autoregressive.strip(r.sequences, r.lengths) for r in res), [])
+      rows.append({
+          'draft': name, 'tree': shape.describe(), 'depth': shape.depth,
+          'nodes': shape.num_nodes, 'temperature': float(temp_key), 'tokens': tokens,
+          'target_calls': calls, 'tokens_per_call': tokens / calls,
+          'accepted': sum(int(r.accepted.sum()) for r in res),
+          'loop_iterations': sum(int(r.loop_iterations) for r in res), 'seconds': secs,
+          'ar_seconds': ar['seconds'], 'ar_tokens': ar['tokens'],
+          'speedup_measured': ar['seconds_per_token'] / (secs / tokens),
+          'tokens_equal_autoregressive': (outputs == ar['outputs']) if config.greedy else None,
+          'accept_histogram': [int(x) for x in sum(r.accept_histogram for r in res)]})
+  return rows

@@ -11,11 +11,14 @@ The loop of `speculative.py` with a token tree in place of the chain. Each itera
      the path the same way. Rejected nodes leave no trace: their slots lie past the index.
 Chain speculation is the special case `TreeShape.chain(gamma)`.
 
-A tree draft (`drafts/tree_model.py`; a Chimera or n-gram tree draft would implement the same):
+A tree draft (`drafts/tree_model.py`, `drafts/ngram_tree.py`, `drafts/chimera.py`):
 
   propose_tree(state, sequences, lengths, rng, shape, config) -> (tree.Tree [b, N], state)
   commit_tree(state, sequences, lengths, path [b, D]) -> state
       path: the accepted nodes by depth (-1 past the accepted length); lengths as in `Draft.commit`.
+  observe(state, hidden [b, D + 1, E], start [b]) -> state
+      only drafts with `reads_target_hidden` (Chimera): the target's final hidden states of the
+      root and the accepted path (junk past it) of the verification call, at positions start + j.
 
 Statistics reuse `SpeculativeResult`: `proposed` counts valid tree nodes, `accepted_per_position`
 is per depth, `accept_histogram` counts accepted path lengths 0..D, and the alpha fields stay 0
@@ -84,6 +87,7 @@ def decode(target: Decoder, target_state: PyTree, draft: TreeDraft, draft_state:
     raise ValueError('lenience < 1 is not supported with token trees')
   depth = shape.depth
   batch = target.index(target_state).shape[0]
+  reads_hidden = getattr(draft, 'reads_target_hidden', False)
   init = init_loop(target, target_state, draft_state, rng, max_decode_len, depth, skip)
   positions = jnp.arange(depth + 1)  # [D + 1]
 
@@ -101,9 +105,18 @@ def decode(target: Decoder, target_state: PyTree, draft: TreeDraft, draft_state:
     tree_positions = r.lengths[:, None] + jnp.concatenate(
         [jnp.zeros((batch, 1), jnp.int32), tree.depths], axis=1)  # [b, N + 1]
     mask = tree_lib.attention_mask(tree.parents, depth)  # [b, N + 1, N + 1]
-    logits, tstate = target.tokens_to_logits(s.target_state, tokens, tree_positions,
-                                             mask)  # [b, N + 1, V]
+    if reads_hidden:  # Chimera: the hidden states of this same call
+      logits, hidden, tstate = target.tokens_to_logits_and_hidden(
+          s.target_state, tokens, tree_positions, mask)  # [b, N + 1, V], [b, N + 1, E]
+    else:
+      logits, tstate = target.tokens_to_logits(s.target_state, tokens, tree_positions,
+                                               mask)  # [b, N + 1, V]
     path, k, t = tree_lib.verify(verify_rng, tree, logits, depth, config)  # [b, D], [b], [b]
+    if reads_hidden:  # the root's and the path's hidden states, at positions n, n + 1, ...
+      rows = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), path + 1],
+                             axis=1)  # [b, D + 1]; -1 past the path -> the root's (junk slots)
+      dstate = draft.observe(dstate, jnp.take_along_axis(hidden, rows[..., None], axis=1),
+                             r.lengths)
 
     path_tokens = jnp.take_along_axis(tree.tokens, jnp.maximum(path, 0), axis=1)  # [b, D]
     new = jnp.concatenate([path_tokens, jnp.zeros_like(t[:, None])], axis=1)  # [b, D + 1]

@@ -7,10 +7,13 @@ Stages (in order; each writes `results/<preset>/<stage>.json` and is skipped whe
                alpha x the pre-training steps, continuing the original schedule
   finetune     every variant and the draft on each task (constant lr, dropout 0.1),
                best validation checkpoint kept
+  drafts       per task, a Chimera and a distilled draft trained against the frozen fine-tuned MHA
+               target; per-head top-k accuracy (`drafts.py`)
   evaluate     test-set quality (greedy) and time per sample of every fine-tuned variant, with
                per-example scores (`bootstrap.encode`) for the claims' paired bootstrap
   timing       time per sample vs number of K/V groups at a short and a long input setting
-  speculative  fine-tuned MHA and GQA targets with the draft model, bigram and copy drafts
+  speculative  fine-tuned MHA and GQA targets with the draft model, bigram and copy drafts; for MHA
+               also token trees, staged, Chimera (chain and tree) and distilled (`speculation.py`)
   report       markdown tables, the claims table (`claims.py`), PNG figures (`figures.py`),
                commands and wall times
 Models live under the work dir (default `runs/<preset>/`, not committed); everything a table needs
@@ -29,11 +32,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from gqa_spec import progress, status
 from gqa_spec.errors import UserError
+from gqa_spec.reproduce import drafts, speculation
 from gqa_spec.reproduce import presets as presets_lib
 from gqa_spec.reproduce.presets import PRETRAIN, SUMMARIZE, TRANSLATE, Preset, Variant
 
-STAGES = ('corpus', 'pretrain', 'uptrain', 'finetune', 'evaluate', 'timing', 'speculative',
-          'report')
+STAGES = ('corpus', 'pretrain', 'uptrain', 'finetune', 'drafts', 'evaluate', 'timing',
+          'speculative', 'report')
 TASK_METRIC = {TRANSLATE: 'bleu', SUMMARIZE: 'rouge1'}
 
 
@@ -372,7 +376,8 @@ def stage_report(ctx: Context) -> dict:
   evaluate_stage = ctx.read_stage('evaluate')
   evaluate = evaluate_stage['rows']
   timing = ctx.read_stage('timing')['rows']
-  spec = ctx.read_stage('speculative')['rows']
+  spec_record = ctx.read_stage('speculative')
+  spec = spec_record['rows']
   figures, claims_md = _figures_and_claims(ctx)
   walls = {s: ctx.read_stage(s).get('wall_seconds') for s in STAGES[:-1]}
   lines = [
@@ -393,6 +398,10 @@ def stage_report(ctx: Context) -> dict:
       report.speculative_table(spec), '',
       '## Acceptance rate alpha per draft (Leviathan Table 3 form)', '',
       report.alpha_table(spec), '',
+      '## Token trees and staged speculation (Spector & Re Table 1 form), MHA target', '',
+      report.spector_table(spec_record), '',
+      '## Drafts trained against the target (Chimera Table 5 form), MHA target', '',
+      report.chimera_table(ctx.read_stage('drafts')['rows'], spec_record), '',
       '## Figures', '']
   lines += [f'Drawn from the stage JSON by `{_command(ctx)} --stages report --force` (no '
             'retraining or re-timing).', '']
@@ -449,65 +458,10 @@ def _machine() -> str:
           f'JAX {jax.__version__} on {jax.devices()[0].platform}')
 
 
-def _test_inputs(task: str, lengths, n: int):
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from gqa_spec.data import pipeline as data_pipeline  # pylint: disable=g-import-not-at-top
-  ds = data_pipeline.get_dataset(task, 'test', {'inputs': lengths[0], 'targets': lengths[1]},
-                                 pack=False)
-  rows = [ex['encoder_input_tokens'] for ex in ds.take(n).as_numpy_iterator()]
-  return np.stack(rows).astype(np.int32)  # [n, inputs]
-
-
-def stage_speculative(ctx: Context) -> dict:
-  """Leviathan Tables 2-3 at CPU scale: fine-tuned MHA and GQA targets, with the fine-tuned draft
-  model, a bigram fitted on the task's training targets and copy (prompt lookup) drafts, over
-  temperatures and gammas: alpha, tokens per call, c(gamma), measured speedup, Theorem 8."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding import speedup  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding.drafts import CopyDraft, ModelDraft, NgramDraft  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding.drafts.ngram import fit_ngram_on_task  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
-  from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
-  _register_tasks(ctx)
-  p = ctx.preset
-  finetuned = {(r['task'], r['name']): ctx.path(r['best_checkpoint'])
-               for r in ctx.read_stage('finetune')['rows']}
-  jobs = []
-  for task, lengths in p.finetune_lengths.items():
-    for target_name in p.speculative_targets():
-      def job(task=task, lengths=lengths, target_name=target_name):
-        config, params, _ = native.load_checkpoint(finetuned[(task, target_name)])
-        dconfig, dparams, _ = native.load_checkpoint(finetuned[(task, 'draft')])
-        max_len = lengths[1]
-        model_draft = ModelDraft.t5(Transformer(dconfig))
-        ngram = NgramDraft(config.vocab_size)
-        table = ngram.init(fit_ngram_on_task(task, p.ngram_order))
-        drafts = {
-            'draft model': (model_draft,
-                            lambda enc: model_draft.init(dparams, enc, max_len, max(p.gammas))),
-            'bigram': (ngram, lambda enc: table),
-            'copy': (CopyDraft(config.vocab_size), lambda enc: enc),
-        }
-        inputs = _test_inputs(task, lengths, p.speculative_examples)
-        batches = [jnp.asarray(inputs[i:i + p.speculative_batch])
-                   for i in range(0, len(inputs), p.speculative_batch)]
-        grid = speedup.measure_grid(T5Decoder(Transformer(config)), params, drafts, batches,
-                                    max_decode_len=max_len, gammas=p.gammas,
-                                    temperatures=p.temperatures, repeats=p.speculative_repeats)
-        rows = [dict(r, task=task, target=target_name) for r in grid['rows']]
-        return {'rows': rows, 'target_step_seconds': grid['target_step_seconds'],
-                'autoregressive': {t: {k: v for k, v in a.items() if k != 'outputs'}
-                                   for t, a in grid['autoregressive'].items()}}
-      jobs.append((f'{task}.{target_name}', job))
-  records = _run_jobs(ctx, 'speculative', jobs)
-  return {'rows': [r for rec in records for r in rec['rows']], 'jobs': records,
-          'batch_size': p.speculative_batch, 'examples': p.speculative_examples}
-
-
 STAGE_FNS = {'corpus': stage_corpus, 'pretrain': stage_pretrain, 'uptrain': stage_uptrain,
-             'finetune': stage_finetune, 'evaluate': stage_evaluate, 'timing': stage_timing,
-             'speculative': stage_speculative, 'report': stage_report}
+             'finetune': stage_finetune, 'drafts': drafts.stage_drafts,
+             'evaluate': stage_evaluate, 'timing': stage_timing,
+             'speculative': speculation.stage_speculative, 'report': stage_report}
 
 
 def run(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str] = None,

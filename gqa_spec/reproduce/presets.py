@@ -7,6 +7,8 @@ what was run. The study design follows the papers:
     dropout 0.1, best validation checkpoint; the paper's lr is 1e-3, see `finetune_learning_rate`), evaluated with greedy decoding; time per sample.
   Speculative decoding (Leviathan et al. 2023): a small draft (nano) and trivial drafts (bigram,
     copy) for the fine-tuned MHA and GQA targets at temperature 0 and 1 over a gamma grid.
+  Staged speculation (Spector & Re 2023): token trees and a draft speculated by a bigram;
+  Chimera (2024) and sequence-level distillation: drafts trained against the frozen MHA target.
 """
 
 from __future__ import annotations
@@ -75,6 +77,22 @@ class Preset:
   gammas: Tuple[int, ...]
   temperatures: Tuple[float, ...]
   speculative_repeats: int
+  # The `drafts` stage: per task, a Chimera draft (max(gammas) heads) and a distilled model draft
+  # (the preset's draft architecture, started from the fine-tuned draft) trained against the frozen
+  # fine-tuned MHA target on its greedy outputs for the task's training inputs (Adam, constant lr).
+  chimera_steps: int
+  chimera_batch: int
+  chimera_learning_rate: float
+  distill_steps: int
+  distill_batch: int
+  distill_learning_rate: float
+  # Rows the speculative stage adds for the MHA target: token trees with the fine-tuned draft,
+  # Chimera as a tree proposer (depth <= max(gammas)), staged (draft <- bigram, stage2_gamma bigram
+  # tokens per draft call), Chimera and distilled chains.
+  draft_gammas: Tuple[int, ...]  # gammas of those chain rows (each <= max(gammas), the heads)
+  tree_shapes: Tuple[str, ...]  # `TreeShape.parse` specs: a top-k and a best-first tree
+  chimera_tree: str
+  stage2_gamma: int
   ngram_order: int = 2
 
   def variants(self) -> Tuple[Variant, ...]:
@@ -123,7 +141,13 @@ def _smoke() -> Preset:
       timing_groups=(1, 2, 4), long_timing=(256, 32),
       long_timing_config=target.replace(num_decoder_layers=1, num_encoder_layers=1),
       speculative_examples=4, speculative_batch=4, gammas=(1, 3), temperatures=(0.0, 1.0),
-      speculative_repeats=2)
+      speculative_repeats=2,
+      # A few steps: the stage's jobs, resume and the rows are checked, not the drafts' quality.
+      # One gamma for the trained/staged chains: each (draft, gamma, temperature) is a compile.
+      chimera_steps=3, chimera_batch=4, chimera_learning_rate=1e-3, distill_steps=3,
+      distill_batch=4, distill_learning_rate=1e-3, draft_gammas=(3,),
+      tree_shapes=('topk:2,2', 'best:4,depth:3'),
+      chimera_tree='topk:2,1,1', stage2_gamma=2)
 
 
 def _cpu() -> Preset:
@@ -144,7 +168,16 @@ def _cpu() -> Preset:
       timing_groups=(1, 2, 4, 8), long_timing=(2048, 512),
       long_timing_config=mini.replace(num_encoder_layers=2),
       speculative_examples=32, speculative_batch=8, gammas=(1, 3, 5),
-      temperatures=(0.0, 1.0), speculative_repeats=3)
+      temperatures=(0.0, 1.0), speculative_repeats=3,
+      # Not measured yet (the cpu re-run is its own issue); chosen so the four draft trainings
+      # take about the fine-tuning budget: a draft step is a mini train step (0.81 s at batch 16)
+      # plus the target's greedy decoding of the batch's labels and its teacher-forced pass, so
+      # roughly 1.5-2 s, i.e. 200 steps ~ 6 min per job, ~25 min in all. Batch 16 as fine-tuning;
+      # lr 1e-3, `train-draft`'s Adam default (the benchmarks/trained_drafts.py setting).
+      chimera_steps=200, chimera_batch=16, chimera_learning_rate=1e-3, distill_steps=200,
+      distill_batch=16, distill_learning_rate=1e-3, draft_gammas=(1, 3, 5),
+      tree_shapes=('topk:4,2,2', 'best:16,depth:4'),
+      chimera_tree='topk:4,2,2', stage2_gamma=3)
 
 
 PRESETS = {'smoke': _smoke, 'cpu': _cpu}

@@ -6,11 +6,15 @@ Inputs (written by `pipeline.py`, one JSON file per stage under `results/<preset
   timing.json       {'rows': [{setting, kv_heads, time_per_sample_s, inputs, targets, batch_size}]}
   speculative.json  {'rows': [{target, draft, task, temperature, gamma, alpha, tokens_per_call,
                                c, verify_ratio_v, speedup_measured, speedup_thm8, ...}, ...]}
-                    (rows of `gqa_spec.decoding.speedup.measure_grid` + task, target)
+                    (rows of `gqa_spec.decoding.speedup.measure_grid` + task, target);
+                    also `drafts_rows`, `tree_rows`, `jobs` (section at the end of this file)
+  drafts.json       {'rows': [{task, draft, kind, head_accuracy: [{head, top1..top5}]}, ...]}
 Outputs: markdown tables in the papers' forms:
   GQA Table 1 (quality and T_infer per model), Figure 4 (conversion methods), Figure 5 (uptraining
   proportion) and Figure 6 (time per sample vs number of groups) as tables; Leviathan Table 2
-  (speedup per draft, temperature, gamma) and Table 3 (alpha per draft). The PNG figures are
+  (speedup per draft, temperature, gamma) and Table 3 (alpha per draft);
+  Spector & Re Table 1 (trees, staged vs plain speculative vs autoregressive), Chimera Table 5
+  (per-head top-k accuracy, mean accepted length). The PNG figures are
   `figures.py`'s, the claims table `claims.py`'s.
 """
 
@@ -152,3 +156,70 @@ def alpha_table(spec_rows: Sequence[Mapping]) -> str:
   body = [[t, tgt, d, _fmt(temp, 0), sum(a) / len(a)] for (t, tgt, d, temp), a in
           sorted(groups.items())]
   return markdown_table(['Task', 'Target', 'Draft', 'Temp', 'alpha'], body)
+
+
+# ---------------------------------------------------------------------------------------------
+# Staged speculation (Spector & Re 2023) and drafts trained against the target (Chimera 2024).
+# Inputs: speculative.json's `drafts_rows` (chains: 'draft model', 'distilled', 'chimera',
+# 'staged ...'), `tree_rows` and `jobs` (the drafts jobs' autoregressive baselines), and
+# drafts.json's `rows` (per-head top-k accuracy).
+
+def _mb(x) -> str:
+  return '-' if x is None else f'{x / 1e6:.3f}'
+
+
+def spector_table(spec: Mapping) -> str:
+  """Spector & Re Table 1's form per task and temperature: autoregressive, plain speculation and
+  the other chains at their best gamma, and every tree: tokens per target call, tokens/s, speedup
+  over autoregressive and over plain speculation, parameter bytes read per generated token."""
+  body = []
+  for job in spec.get('jobs', []):
+    if 'drafts_rows' not in job:
+      continue
+    for temp, ar in sorted(job['autoregressive'].items(), key=lambda kv: float(kv[0])):
+      t = float(temp)
+      best: Dict[str, Mapping] = {}
+      for r in job['drafts_rows']:
+        if r['temperature'] == t and (r['draft'] not in best or
+                                      r['speedup_measured'] > best[r['draft']]['speedup_measured']):
+          best[r['draft']] = r
+      plain = best.get('draft model')
+      ar_tps = ar['tokens'] / ar['seconds']
+      body.append([job['task'], _fmt(t, 0), 'autoregressive', '1.00', f'{ar_tps:.1f}', '1.00x',
+                   '-' if plain is None else f"{1 / plain['speedup_measured']:.2f}x",
+                   _mb(ar['target_bytes_per_token']), '-', '-'])
+      methods = [(f"chain {name} (gamma={r['gamma']})", r) for name, r in best.items()]
+      methods += [(r['draft'], r) for r in job['tree_rows'] if r['temperature'] == t]
+      for label, r in methods:
+        eq = r['tokens_equal_autoregressive']
+        body.append([job['task'], _fmt(t, 0), label, f"{r['tokens_per_call']:.2f}",
+                     f"{r['tokens'] / r['seconds']:.1f}", f"{r['speedup_measured']:.2f}x",
+                     '-' if plain is None else
+                     f"{r['speedup_measured'] / plain['speedup_measured']:.2f}x",
+                     _mb(r['target_bytes_per_token']), _mb(r['draft_bytes_per_token']),
+                     '-' if eq is None else str(eq)])
+  return markdown_table(['Task', 'Temp', 'Method', 'tokens/call', 'tokens/s', 'vs AR',
+                         'vs plain spec', 'target MB/token', 'draft MB/token', '= AR (greedy)'],
+                        body)
+
+
+_SPEC_NAME = {'independent': 'draft model', 'distilled': 'distilled', 'chimera': 'chimera'}
+
+
+def chimera_table(draft_rows: Sequence[Mapping], spec: Mapping) -> str:
+  """Chimera Table 5's form: per draft and head, top-1..top-5 accuracy against the target's greedy
+  outputs on validation inputs, with the greedy chain's mean accepted length (accepted draft tokens
+  per target call) and alpha at the largest gamma measured."""
+  chains = spec.get('drafts_rows', [])
+  body = []
+  for d in sorted(draft_rows, key=lambda r: (r['task'], r['draft'])):
+    runs = [r for r in chains if r['task'] == d['task'] and r['draft'] == _SPEC_NAME[d['draft']]
+            and r['temperature'] == 0]
+    run = max(runs, key=lambda r: r['gamma']) if runs else None
+    for i, h in enumerate(d['head_accuracy']):
+      first = i == 0 and run is not None
+      body.append([d['task'], d['draft'], str(h['head'])] + [h[f'top{k}'] for k in range(1, 6)]
+                  + [f"{run['accepted'] / run['target_calls']:.2f} (gamma={run['gamma']})"
+                     if first else '', run['alpha'] if first else ''])
+  return markdown_table(['Task', 'Draft', 'Head', 'top-1', 'top-2', 'top-3', 'top-4', 'top-5',
+                         'mean accepted (T=0)', 'alpha (T=0)'], body)

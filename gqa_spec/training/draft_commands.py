@@ -40,7 +40,7 @@ def train_draft(*, kind: str, target_checkpoint: str, model_dir: str, train_data
                 chimera_overrides: Optional[dict] = None, optimizer=None, learning_rate_fn=None,
                 label_source: str = 'target', z_loss: float = 1e-4, mse_weight: float = 1.0,
                 kl_weight: float = 0.0, checkpoint_cfg=None, log_period: int = 50,
-                random_seed: int = 0) -> Any:
+                random_seed: int = 0, initial_checkpoint_path: Optional[str] = None) -> Any:
   """Trains (or resumes) a draft against the frozen target at `target_checkpoint`.
 
   Args:
@@ -59,6 +59,9 @@ def train_draft(*, kind: str, target_checkpoint: str, model_dir: str, train_data
     checkpoint_cfg: `trainer.CheckpointConfig`.
     log_period: steps between logged metrics.
     random_seed: draft initialisation seed.
+    initial_checkpoint_path: kind 'model': start from this checkpoint of the draft (e.g. the
+      independently trained draft; fresh optimizer state, step 0) instead of a random draft; a
+      run that has checkpoints of its own resumes from them instead.
 
   Returns:
     The trainer's `TrainResult`.
@@ -86,7 +89,9 @@ def train_draft(*, kind: str, target_checkpoint: str, model_dir: str, train_data
   result = trainer.train(model_dir=model_dir, model_config=draft_config,
                          train_dataset_cfg=train_dataset_cfg, total_steps=total_steps,
                          checkpoint_cfg=checkpoint_cfg or trainer.CheckpointConfig(),
-                         log_period=log_period, random_seed=random_seed, step_fn=step)
+                         log_period=log_period, random_seed=random_seed, step_fn=step,
+                         initial_checkpoint_path=initial_checkpoint_path,
+                         initial_step=0 if initial_checkpoint_path else None)
   if kind == 'model':
     config, params, _ = initial.load(model_dir)
     native.save_checkpoint(os.path.join(model_dir, EXPORT_DIR), config, params, overwrite=True)

@@ -41,7 +41,7 @@ from gqa_spec.models.t5 import Transformer
 from gqa_spec.training import losses
 from gqa_spec.training.optimizer import LearningRateFn
 from gqa_spec.training.partitioning import Partitioner, create_mesh, logical_axis_rules
-from gqa_spec.training.train_step import TrainState, init_params as t5_init_params
+from gqa_spec.training.train_step import TrainState, TrainStep, init_params as t5_init_params
 
 PyTree = Any
 KINDS = ('chimera', 'model')
@@ -195,8 +195,12 @@ class DraftTrainStep:
     return jax.jit(self._fresh_state, out_shardings=self.state_shardings())(rng, jnp.int32(step))
 
   def from_params(self, params: PyTree, step: int = 0) -> TrainState:
-    raise UserError('draft training starts from scratch or resumes its own MODEL_DIR; '
-                    'initial_checkpoint_path is not supported')
+    """A model draft's state around given parameters (e.g. an independently trained draft's)."""
+    if self.kind != 'model':
+      raise UserError('a Chimera draft starts from the target (its heads from the target\'s logits '
+                      'layer) or resumes its own MODEL_DIR; initial_checkpoint_path is for '
+                      '--kind model')
+    return TrainStep.from_params(self, params, step)  # the same checks and placement
 
   def loss(self, params: PyTree, target_params: PyTree,
            batch: Mapping[str, jax.Array]) -> Tuple[jax.Array, dict]:
@@ -283,30 +287,40 @@ def load_chimera(run_dir: str) -> Tuple[chimera.ChimeraConfig, PyTree, str]:
   return config, params, record['target']
 
 
+def _hits(logits: jax.Array, targets: jax.Array, max_k: int) -> Tuple[jax.Array, jax.Array]:
+  """`[b, L, H, V]` logits, `[b, L, H]` labels -> (`[H, k]` top-1..k hits, `[H]` labels)."""
+  _, top = jax.lax.top_k(logits, max_k)  # [b, L, H, k]
+  hit = jnp.cumsum(top == targets[..., None], axis=-1) > 0  # [b, L, H, k]: within the top-k
+  valid = targets > 0  # [b, L, H]
+  return jnp.sum(hit & valid[..., None], axis=(0, 1)), jnp.sum(valid, axis=(0, 1))
+
+
 @functools.partial(jax.jit, static_argnames=('config', 'target_config', 'max_k'))
 def _topk_counts(params, target_params, batch, *, config, target_config, max_k):
   target = Transformer(target_config)
   labels = target_labels(target, target_params, batch, 'target')  # [b, L]
   inputs, _, hidden = target_forward(target, target_params, batch['encoder_input_tokens'], labels)
+  if isinstance(config, T5Config):  # a model draft, teacher-forced on the target's outputs
+    logits = Transformer(config).apply({'params': params}, batch['encoder_input_tokens'], inputs,
+                                       labels, enable_dropout=False)  # [b, L, V]
+    return _hits(logits[:, :, None], labels[..., None], max_k)
   batch_size, length = inputs.shape
   qpos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None], (batch_size, length))
   _, logits = chimera.Chimera(config).apply(
       {'params': params}, target_params['token_embedder']['embedding'], inputs, hidden,
       qpos)  # [b, L, H, V]
-  targets = head_labels(labels, config.num_draft_heads)  # [b, L, H]
-  _, top = jax.lax.top_k(logits, max_k)  # [b, L, H, k]
-  hit = jnp.cumsum(top == targets[..., None], axis=-1) > 0  # [b, L, H, k]: within the top-k
-  valid = targets > 0  # [b, L, H]
-  return jnp.sum(hit & valid[..., None], axis=(0, 1)), jnp.sum(valid, axis=(0, 1))  # [H, k], [H]
+  return _hits(logits, head_labels(labels, config.num_draft_heads), max_k)  # [H, k], [H]
 
 
-def head_topk_accuracy(config: chimera.ChimeraConfig, params: PyTree, target_config: T5Config,
+def head_topk_accuracy(config: Any, params: PyTree, target_config: T5Config,
                        target_params: PyTree, batches, max_k: int = 5) -> list:
   """Chimera Table 5's form: per head, top-1..max_k accuracy against the target's greedy outputs.
 
   Head i (1-based; the paper's head i - 1) at position j is counted correct at top-k when the
   target's greedy token s_{j+i} is among its k largest logits, over every (row, j) where s_{j+i}
-  exists.
+  exists. A model draft (`config` a `T5Config`) has one "head": its next-token logits,
+  teacher-forced on the target's greedy outputs (what Chimera's head 1 predicts; its later tokens
+  are conditioned on its own guesses, so heads 2.. have no teacher-forced counterpart).
 
   Returns:
     `[{'head': i, 'labels': n, 'top1': ..., 'top5': ...}, ...]`.
@@ -318,4 +332,4 @@ def head_topk_accuracy(config: chimera.ChimeraConfig, params: PyTree, target_con
     hits, counts = hits + jax.device_get(h), counts + jax.device_get(c)
   return [dict({'head': i + 1, 'labels': int(counts[i])},
                **{f'top{k + 1}': float(hits[i][k]) / max(int(counts[i]), 1) for k in range(max_k)})
-          for i in range(config.num_draft_heads)]
+          for i in range(len(counts))]

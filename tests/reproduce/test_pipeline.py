@@ -29,7 +29,7 @@ def test_every_stage_wrote_its_results(smoke_run):
     assert record['command'] == f'gqa-spec reproduce --preset smoke --stages {stage}'
   report = open(os.path.join(out_dir, 'report.md')).read()
   for heading in ('## Claims', 'GQA Table 1', 'Figure 4', 'Figure 5', 'Figure 6', 'Leviathan Table 2 form',
-                  'Leviathan Table 3 form'):
+                  'Leviathan Table 3 form', 'Spector & Re Table 1 form', 'Chimera Table 5 form'):
     assert heading in report
   for figure in _stage(out_dir, 'report')['figures']:
     with open(os.path.join(out_dir, figure), 'rb') as f:
@@ -90,6 +90,61 @@ def test_speculative_grid_is_exact_at_temperature_zero(smoke_run):
       assert r['tokens_equal_autoregressive'] is True, r
 
 
+def test_drafts_stage_trains_chimera_and_distilled_drafts_per_task(smoke_run):
+  out_dir, work_dir = smoke_run
+  rows = _stage(out_dir, 'drafts')['rows']
+  assert sorted((r['task'], r['draft']) for r in rows) == sorted(
+      (t, d) for t in SMOKE.finetune_lengths for d in ('chimera', 'distilled', 'independent'))
+  for r in rows:
+    heads = max(SMOKE.gammas) if r['draft'] == 'chimera' else 1
+    assert [h['head'] for h in r['head_accuracy']] == list(range(1, heads + 1))
+    for h in r['head_accuracy']:
+      assert h['labels'] > 0
+      tops = [h[f'top{k}'] for k in range(1, 6)]
+      assert 0.0 <= tops[0] and tops == sorted(tops) and tops[-1] <= 1.0, h
+    if r['draft'] != 'independent':
+      steps = SMOKE.chimera_steps if r['draft'] == 'chimera' else SMOKE.distill_steps
+      assert r['step'] == steps and math.isfinite(r['train_metrics']['loss'])
+      assert os.path.isfile(os.path.join(work_dir, r['run_dir'], 'draft.json'))
+  finetuned = {(r['task'], r['name']): r['best_checkpoint']
+               for r in _stage(out_dir, 'finetune')['rows']}
+  for r in rows:  # the distilled draft starts from the fine-tuned draft, against the MHA target
+    assert r['target'] == finetuned[(r['task'], SMOKE.variants()[0].name)]
+    if r['draft'] == 'distilled':
+      assert r['initial_checkpoint'] == finetuned[(r['task'], 'draft')]
+
+
+def test_trees_staged_and_trained_drafts_rows_are_exact_at_temperature_zero(smoke_run):
+  out_dir, _ = smoke_run
+  spec = _stage(out_dir, 'speculative')
+  staged = f'staged (bigram {SMOKE.stage2_gamma}/call)'
+  chains = spec['drafts_rows']
+  assert sorted((r['task'], r['draft'], r['temperature'], r['gamma']) for r in chains) == sorted(
+      (t, d, temp, g) for t in SMOKE.finetune_lengths
+      for d in ('draft model', 'distilled', 'chimera', staged)
+      for temp in SMOKE.temperatures for g in SMOKE.draft_gammas)
+  trees = spec['tree_rows']
+  names = [f'draft model tree {s}' for s in SMOKE.tree_shapes] + [
+      f'chimera tree {SMOKE.chimera_tree}']
+  assert sorted((r['task'], r['draft'], r['temperature']) for r in trees) == sorted(
+      (t, n, temp) for t in SMOKE.finetune_lengths for n in names for temp in SMOKE.temperatures)
+  for r in chains + trees:
+    depth = r['gamma'] if 'gamma' in r else r['depth']
+    assert 1.0 <= r['tokens_per_call'] <= depth + 1, r
+    assert 0 <= r['accepted'] <= r['target_calls'] * depth
+    assert r['speedup_measured'] > 0 and r['target_bytes_per_token'] > 0
+    if r['draft'] == staged:
+      assert r['draft_bytes_per_token'] is None  # its draft's calls vary
+    else:
+      assert r['draft_bytes_per_token'] > 0
+    if r['temperature'] == 0:  # greedy output == greedy autoregressive output
+      assert r['tokens_equal_autoregressive'] is True, r
+  for r in trees:
+    assert sum(r['accept_histogram']) == r['target_calls']
+  report = open(os.path.join(out_dir, 'report.md')).read()
+  assert f'chimera tree {SMOKE.chimera_tree}' in report and staged in report
+
+
 def test_second_run_skips_finished_stages_and_rerun_of_one_job_resumes(smoke_run, tmp_path):
   out_dir, work_dir = smoke_run
   mtimes = {s: os.path.getmtime(os.path.join(out_dir, f'{s}.json')) for s in pipeline.STAGES}
@@ -109,6 +164,23 @@ def test_second_run_skips_finished_stages_and_rerun_of_one_job_resumes(smoke_run
   after = _stage(out_dir, 'timing')['rows']
   assert [(r['setting'], r['kv_heads']) for r in after] == [
       (r['setting'], r['kv_heads']) for r in before]
+
+  # Forget a finished draft-training job: its re-run resumes the run directory's last checkpoint
+  # (no step trained again) and the other drafts jobs are skipped.
+  jobs = os.path.join(work_dir, 'jobs', 'drafts')
+  task = next(iter(SMOKE.finetune_lengths))
+  forgotten = f'{task}.distilled.json'
+  kept = {n: os.path.getmtime(os.path.join(jobs, n)) for n in os.listdir(jobs) if n != forgotten}
+  before = json.load(open(os.path.join(jobs, forgotten)))
+  log = os.path.join(work_dir, before['run_dir'], 'train_log.jsonl')
+  logged = open(log).read()
+  os.remove(os.path.join(jobs, forgotten))
+  pipeline.run('smoke', out_dir, work_dir, stages=['drafts'], force=True, progress_bar=False)
+  assert kept == {n: os.path.getmtime(os.path.join(jobs, n)) for n in kept}
+  assert open(log).read() == logged  # nothing trained (or logged) again
+  after = json.load(open(os.path.join(jobs, forgotten)))
+  assert after['step'] == before['step'] == SMOKE.distill_steps
+  assert after['head_accuracy'] == before['head_accuracy']  # the same parameters
 
 
 def test_bad_preset_and_stage_names_are_clear_errors(tmp_path):

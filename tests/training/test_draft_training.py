@@ -113,6 +113,14 @@ def test_cli_trains_saves_and_resumes_exactly(target_dir, tmp_path):
     factory.make_draft(f'chimera:{reference}', TARGET, 3, 8)
   with pytest.raises(UserError, match='chimera:RUN_DIR'):
     factory.check_spec('chimera:/nonexistent')
+  # ... and as a tree proposer (`generate --tree`, the evaluator's TREE).
+  from gqa_spec.decoding.drafts import ChimeraTreeDraft  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.tree import TreeShape  # pylint: disable=g-import-not-at-top
+  draft, init, description = factory.make_tree_draft(f'chimera:{reference}', TARGET,
+                                                     TreeShape.topk(2, 2), 8)
+  assert isinstance(draft, ChimeraTreeDraft) and 'tree topk:2,2' in description
+  with pytest.raises(UserError, match='tree depth 3: the Chimera draft has 2 heads'):
+    factory.make_tree_draft(f'chimera:{reference}', TARGET, TreeShape.topk(1, 1, 1), 8)
 
 
 def test_head_topk_accuracy_of_untrained_heads(target_dir):
@@ -134,3 +142,43 @@ def test_head_topk_accuracy_of_untrained_heads(target_dir):
     assert row['labels'] == valid.sum()
     assert row['top1'] >= same.sum() / valid.sum() - 1e-9
     assert row['top1'] <= row['top2'] <= row['top3'] <= 1.0
+
+
+def test_model_draft_starts_from_an_initial_checkpoint_and_a_chimera_cannot(target_dir, tmp_path):
+  small = TARGET.replace(emb_dim=16, num_heads=2, num_kv_heads=2, mlp_dim=32)
+  start = str(tmp_path / 'independent')
+  start_params = init_params(small, jax.random.PRNGKey(7))
+  native.save_checkpoint(start, small, start_params)
+  ckpt = trainer.CheckpointConfig(save_period=100, keep=1, asynchronous=False)
+  run = str(tmp_path / 'distilled')
+  # One step at learning rate 0 leaves the initial parameters exactly (a random start would not).
+  draft_commands.train_draft(kind='model', target_checkpoint=target_dir, model_dir=run,
+                             train_dataset_cfg=DATA, total_steps=1, draft_model_config=small,
+                             checkpoint_cfg=ckpt, initial_checkpoint_path=start,
+                             learning_rate_fn=optimizer.constant(0.0))
+  _, exported, _ = native.load_checkpoint(os.path.join(run, draft_commands.EXPORT_DIR))
+  jax.tree_util.tree_map(np.testing.assert_array_equal, exported, start_params)
+  # The run resumes from its own step-1 checkpoint and trains on.
+  result = draft_commands.train_draft(
+      kind='model', target_checkpoint=target_dir, model_dir=run, train_dataset_cfg=DATA,
+      total_steps=3, draft_model_config=small, checkpoint_cfg=ckpt, initial_checkpoint_path=start)
+  assert result.step == 3
+  _, trained, _ = native.load_checkpoint(os.path.join(run, draft_commands.EXPORT_DIR))
+  assert any(jax.tree_util.tree_leaves(jax.tree_util.tree_map(
+      lambda a, b: bool(np.any(np.asarray(a) != b)), trained, start_params)))
+  with pytest.raises(UserError, match='initial_checkpoint_path is for --kind model'):
+    draft_commands.train_draft(kind='chimera', target_checkpoint=target_dir,
+                               model_dir=str(tmp_path / 'chimera'), train_dataset_cfg=DATA,
+                               total_steps=1, checkpoint_cfg=ckpt, initial_checkpoint_path=start)
+
+
+def test_a_model_drafts_topk_accuracy_is_its_teacher_forced_next_token_accuracy(target_dir):
+  # The target as its own "model draft": teacher-forced on its greedy outputs, its argmax is the
+  # label at every position, so top-1 accuracy is exactly 1 (one head).
+  _, params, _ = initial.load(target_dir)
+  rows = draft_training.head_topk_accuracy(TARGET, params, TARGET, params, [_batch()], max_k=2)
+  assert len(rows) == 1 and rows[0]['head'] == 1 and rows[0]['labels'] > 0
+  assert rows[0]['top1'] == 1.0 and rows[0]['top2'] == 1.0
+  other = init_params(TARGET, jax.random.PRNGKey(11))
+  rows = draft_training.head_topk_accuracy(TARGET, other, TARGET, params, [_batch()], max_k=2)
+  assert rows[0]['top1'] < 0.5  # a random draft mostly disagrees

@@ -1,4 +1,5 @@
-"""Chimera as a chain draft: heads 1..gamma of one draft forward propose the next gamma tokens.
+"""Chimera as a draft: heads 1..gamma of one draft forward propose the next gamma tokens (a chain),
+or the top-k tokens of head d the children of every depth d - 1 node (a token tree).
 
 The draft reads the target's final hidden states, which the speculative loop hands it from each
 verification call (`reads_target_hidden`: the loop calls `target.tokens_to_logits_and_hidden` and
@@ -13,6 +14,13 @@ Proposal at position N: head i gives q_i over s_{N+i} (i = 1..gamma), the tokens
 the q_i independently (argmax at temperature 0): each q_i is conditioned on the accepted prefix
 only, which the verification rule allows. The first iteration has no target hidden state yet
 (N = 0): h_{-1} = 0, as in training.
+
+Tree proposer (`ChimeraTreeDraft`, Medusa's tree over Chimera's heads): one draft forward at N gives
+q_1..q_H; the children of every node at depth d - 1 are drawn from q_d (top-k at temperature 0, a
+Gumbel top-k draw without replacement otherwise, `tree.grow`), the same q_d for every parent. A
+node's q depends on the accepted prefix only, so `tree.verify`'s multi-candidate rule stays
+lossless. The tree loop hands `observe` the hidden states of the root and of the accepted path's
+nodes (`tree_speculative.decode`), which land at slots n..n + a as in the chain.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from gqa_spec.decoding import sampling
+from gqa_spec.decoding import sampling, tree as tree_lib
 from gqa_spec.models.chimera import Chimera, ChimeraConfig
 
 PyTree = Any
@@ -51,17 +59,26 @@ class ChimeraDraft:
     return ChimeraDraftState(params=params, embedding=jnp.asarray(embedding, jnp.float32),
                              hidden=jnp.zeros((batch, width, self.config.emb_dim), jnp.float32))
 
-  def propose(self, state, sequences, lengths, rng, gamma, config):
+  def _check_depth(self, gamma: int) -> None:
     if not 1 <= gamma <= self.config.num_draft_heads:
       raise ValueError(f'gamma {gamma} needs 1..{self.config.num_draft_heads} Chimera heads '
                        f'(the draft was trained with {self.config.num_draft_heads})')
+
+  def head_logits(self, state: ChimeraDraftState, sequences: jax.Array,
+                  lengths: jax.Array) -> jax.Array:
+    """`[b, H, V]`: head i's logits for s_{N+i} at each row's position N = `lengths`."""
     width = state.hidden.shape[1]
     # The loop's buffer is narrower (2 + max_decode_len + gamma); slots past a row's length are
     # never read, so padding (or cropping a wider caller's buffer) changes nothing.
     tokens = jnp.pad(sequences, ((0, 0), (0, max(0, width - sequences.shape[1]))))[:, :width]
     _, logits = Chimera(self.config).apply({'params': state.params}, state.embedding, tokens,
                                            state.hidden, lengths[:, None])  # [b, 1, H, V]
-    tokens, q = sampling.choose(rng, logits[:, 0, :gamma], config)  # [b, gamma], [b, gamma, V]
+    return logits[:, 0]
+
+  def propose(self, state, sequences, lengths, rng, gamma, config):
+    self._check_depth(gamma)
+    logits = self.head_logits(state, sequences, lengths)  # [b, H, V]
+    tokens, q = sampling.choose(rng, logits[:, :gamma], config)  # [b, gamma], [b, gamma, V]
     return tokens, q, state
 
   def observe(self, state: ChimeraDraftState, hidden: jax.Array,
@@ -73,4 +90,24 @@ class ChimeraDraft:
 
   def commit(self, state, sequences, lengths):
     del sequences, lengths  # the buffer is read below each row's length only
+    return state
+
+
+@dataclasses.dataclass(frozen=True)
+class ChimeraTreeDraft(ChimeraDraft):
+  """Chimera as a tree draft (`propose_tree` / `commit_tree`): depth d's children from head d."""
+
+  def propose_tree(self, state, sequences, lengths, rng, shape, config):
+    self._check_depth(shape.depth)
+    logits = self.head_logits(state, sequences, lengths)  # [b, H, V]
+
+    def feed(carry, tokens, parent, d):  # the children of depth-d nodes: head d + 1, any parent
+      del parent
+      return jnp.broadcast_to(logits[:, None, d], tokens.shape + logits.shape[-1:]), carry
+
+    tree, _, _ = tree_lib.grow(shape, rng, logits[:, 0], feed, None, config)  # [b, N] nodes
+    return tree, state
+
+  def commit_tree(self, state, sequences, lengths, path):
+    del sequences, lengths, path  # as `commit`: the buffer is read below each row's length only
     return state

@@ -81,8 +81,9 @@ def make_draft(spec: str, target_config, gamma: int, max_decode_len: int,
   return draft, lambda enc: draft.init(params, enc, max_decode_len, gamma), f'model ({spec})'
 
 
-def _chimera(run_dir: str, target_config, gamma: int, max_decode_len: int):
-  from gqa_spec.decoding.drafts.chimera import ChimeraDraft  # pylint: disable=g-import-not-at-top
+def _chimera(run_dir: str, target_config, gamma: int, max_decode_len: int, tree: bool = False):
+  """A Chimera chain draft (gamma tokens) or, with `tree`, tree proposer of depth `gamma`."""
+  from gqa_spec.decoding.drafts.chimera import ChimeraDraft, ChimeraTreeDraft  # pylint: disable=g-import-not-at-top
   from gqa_spec.training import draft_training, initial  # pylint: disable=g-import-not-at-top
   config, params, target_path = draft_training.load_chimera(run_dir)
   try:
@@ -93,20 +94,26 @@ def _chimera(run_dir: str, target_config, gamma: int, max_decode_len: int):
     raise UserError(f'{run_dir}: the target it was trained against ({target_path}) is gone; its '
                     'token embedding is part of the draft')
   embedding = initial.load(target_path)[1]['token_embedder']['embedding']  # [V, D]
-  draft = ChimeraDraft(config)
+  draft = ChimeraTreeDraft(config) if tree else ChimeraDraft(config)
   if not 1 <= gamma <= config.num_draft_heads:
-    raise UserError(f'gamma {gamma}: the Chimera draft has {config.num_draft_heads} heads')
+    raise UserError(f'{"tree depth" if tree else "gamma"} {gamma}: the Chimera draft has '
+                    f'{config.num_draft_heads} heads')
   return (draft, lambda enc: draft.init(params, embedding, enc.shape[0], max_decode_len),
           f'chimera ({run_dir}, {config.num_draft_heads} heads)')
 def make_tree_draft(spec: str, target_config, shape,
                     max_decode_len: int) -> Tuple[Any, Callable[[Any], PyTree], str]:
   """Builds the tree draft a spec names (`make_draft`'s contract; `shape` a `tree.TreeShape`).
 
-  Model drafts (a checkpoint directory) and `bigram:PATH` (top-k successors, deterministic) grow
-  trees; other specs raise `UserError`.
+  Model drafts (a checkpoint directory), `bigram:PATH` (top-k successors, deterministic) and
+  `chimera:DIR` (head d's top-k at depth d; depth <= its heads) grow trees; other specs raise
+  `UserError`.
   """
   from gqa_spec.decoding.drafts.tree_model import TreeModelDraft  # pylint: disable=g-import-not-at-top
   check_spec(spec)
+  if spec.startswith('chimera:'):
+    draft, init, description = _chimera(spec.split(':', 1)[1], target_config, shape.depth,
+                                         max_decode_len, tree=True)
+    return draft, init, f'{description}, tree {shape.describe()}'
   if spec.startswith('bigram:'):
     from gqa_spec.decoding.drafts.ngram import load_ngram  # pylint: disable=g-import-not-at-top
     from gqa_spec.decoding.drafts.ngram_tree import NgramTreeDraft  # pylint: disable=g-import-not-at-top
@@ -120,8 +127,8 @@ def make_tree_draft(spec: str, target_config, shape,
     state = draft.init(model, shape)
     return draft, lambda enc: state, f'bigram tree ({path}, {shape.describe()})'
   if not os.path.isdir(spec):
-    raise UserError(f'token trees need a model draft (a checkpoint directory) or bigram:PATH; '
-                    f'{spec!r} is neither')
+    raise UserError(f'token trees need a model draft (a checkpoint directory), bigram:PATH or '
+                    f'chimera:DIR; {spec!r} is none of these')
   from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top  (slow imports)
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
   config, params, _ = native.load_checkpoint(spec)

@@ -1,0 +1,128 @@
+"""The reproduction's `drafts` stage: drafts trained against the frozen fine-tuned MHA target.
+
+Per task (jobs `<task>.chimera`, `<task>.distilled`, `<task>.independent`):
+  chimera      a Chimera draft with max(gammas) heads (`train-draft --kind chimera`): trigram
+               encoder + one full-context block + residual heads over the target's hidden states;
+  distilled    the preset's draft architecture started from the fine-tuned (independent) draft and
+               trained on the target's greedy outputs for the task's training inputs
+               (`train-draft --kind model`, sequence-level knowledge distillation);
+  independent  the fine-tuned draft itself, not trained here (its accuracy for the comparison).
+Each records Chimera Table 5's form on `validation_examples` validation inputs: per head, top-1..5
+accuracy against the target's greedy continuation (a model draft has one "head", its
+teacher-forced next token; `draft_training.head_topk_accuracy`). Mean accepted lengths come from
+the speculative stage, which decodes with these drafts.
+
+Resumable as every stage: finished jobs are skipped, a killed training job resumes from its
+run directory's last checkpoint (`trainer.train`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+
+from gqa_spec.errors import UserError
+
+
+def chimera_heads(preset) -> int:
+  """Heads of the stage's Chimera drafts: enough for every gamma and the Chimera tree's depth."""
+  from gqa_spec.decoding.tree import TreeShape  # pylint: disable=g-import-not-at-top
+  heads = max(preset.gammas)
+  depth = TreeShape.parse(preset.chimera_tree).depth
+  if depth > heads:
+    raise UserError(f'chimera_tree {preset.chimera_tree!r} has depth {depth}; the Chimera drafts '
+                    f'have max(gammas) = {heads} heads')
+  if not preset.draft_gammas or max(preset.draft_gammas) > heads or min(preset.draft_gammas) < 1:
+    raise UserError(f'draft_gammas {preset.draft_gammas} must be in 1..max(gammas) = {heads} (the '
+                    'Chimera heads)')
+  return heads
+
+
+def _validation_batches(task: str, lengths, preset):
+  from gqa_spec.training.data import DatasetConfig, get_batches  # pylint: disable=g-import-not-at-top
+  cfg = DatasetConfig(task, {'inputs': lengths[0], 'targets': lengths[1]}, split='validation',
+                      batch_size=preset.eval_batch, shuffle=False, pack=False)
+  count = math.ceil(preset.validation_examples / preset.eval_batch)
+  return list(itertools.islice(get_batches(cfg, num_epochs=1), count))
+
+
+def _accuracy(config, params, target_path: str, task: str, lengths, preset) -> list:
+  from gqa_spec.training import draft_training, initial  # pylint: disable=g-import-not-at-top
+  target_config, target_params, _ = initial.load(target_path)
+  return draft_training.head_topk_accuracy(config, params, target_config, target_params,
+                                           _validation_batches(task, lengths, preset))
+
+
+def _train(ctx, kind: str, task: str, lengths, target_path: str, initial_path=None) -> dict:
+  from gqa_spec.training import draft_commands, trainer  # pylint: disable=g-import-not-at-top
+  from gqa_spec.training.data import DatasetConfig  # pylint: disable=g-import-not-at-top
+  from gqa_spec.training.optimizer import constant  # pylint: disable=g-import-not-at-top
+  p = ctx.preset
+  name = 'chimera' if kind == 'chimera' else 'distilled'
+  steps, batch, lr = ((p.chimera_steps, p.chimera_batch, p.chimera_learning_rate)
+                      if kind == 'chimera' else
+                      (p.distill_steps, p.distill_batch, p.distill_learning_rate))
+  run_dir = ctx.model_dir('drafts', task, name)
+  data = DatasetConfig(task, {'inputs': lengths[0], 'targets': lengths[1]}, batch_size=batch,
+                       pack=False)
+  result = draft_commands.train_draft(
+      kind=kind, target_checkpoint=target_path, model_dir=run_dir, train_dataset_cfg=data,
+      total_steps=steps, draft_model_config=p.draft if kind == 'model' else None,
+      num_draft_heads=chimera_heads(p), learning_rate_fn=constant(lr),
+      checkpoint_cfg=trainer.CheckpointConfig(save_period=max(10, steps // 5), keep=1,
+                                              asynchronous=False),
+      log_period=max(1, min(50, steps // 4)), initial_checkpoint_path=initial_path)
+  return {'task': task, 'draft': name, 'kind': kind, 'step': result.step,
+          'steps': steps, 'batch_size': batch, 'learning_rate': lr,
+          'train_metrics': {k: float(v) for k, v in result.train_metrics.items()},
+          'run_dir': ctx.relative(run_dir), 'target': ctx.relative(target_path),
+          'initial_checkpoint': None if initial_path is None else ctx.relative(initial_path)}
+
+
+def _chimera_job(ctx, task: str, lengths, target_path: str) -> dict:
+  from gqa_spec.training import draft_training  # pylint: disable=g-import-not-at-top
+  record = _train(ctx, 'chimera', task, lengths, target_path)
+  config, params, _ = draft_training.load_chimera(ctx.path(record['run_dir']))
+  return dict(record, num_draft_heads=config.num_draft_heads,
+              head_accuracy=_accuracy(config, params, target_path, task, lengths, ctx.preset))
+
+
+def _distilled_job(ctx, task: str, lengths, target_path: str, independent: str) -> dict:
+  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
+  from gqa_spec.training import draft_commands  # pylint: disable=g-import-not-at-top
+  record = _train(ctx, 'model', task, lengths, target_path, initial_path=independent)
+  checkpoint = os.path.join(ctx.path(record['run_dir']), draft_commands.EXPORT_DIR)
+  config, params, _ = native.load_checkpoint(checkpoint)
+  return dict(record, checkpoint=ctx.relative(checkpoint),
+              head_accuracy=_accuracy(config, params, target_path, task, lengths, ctx.preset))
+
+
+def _independent_job(ctx, task: str, lengths, target_path: str, independent: str) -> dict:
+  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
+  config, params, _ = native.load_checkpoint(independent)
+  return {'task': task, 'draft': 'independent', 'kind': 'model', 'step': None,
+          'checkpoint': ctx.relative(independent), 'target': ctx.relative(target_path),
+          'head_accuracy': _accuracy(config, params, target_path, task, lengths, ctx.preset)}
+
+
+def stage_drafts(ctx) -> dict:
+  """Chimera and distilled drafts per task against the fine-tuned MHA target (module docstring)."""
+  from gqa_spec.reproduce import pipeline  # pylint: disable=g-import-not-at-top  (pipeline imports this)
+  pipeline._register_tasks(ctx)  # pylint: disable=protected-access
+  p = ctx.preset
+  chimera_heads(p)  # a bad preset fails before any training
+  finetuned = {(r['task'], r['name']): ctx.path(r['best_checkpoint'])
+               for r in ctx.read_stage('finetune')['rows']}
+  mha = p.variants()[0].name
+  jobs = []
+  for task, lengths in p.finetune_lengths.items():
+    target, independent = finetuned[(task, mha)], finetuned[(task, 'draft')]
+    jobs += [
+        (f'{task}.chimera', lambda t=task, l=lengths, tp=target: _chimera_job(ctx, t, l, tp)),
+        (f'{task}.distilled', lambda t=task, l=lengths, tp=target, i=independent:
+         _distilled_job(ctx, t, l, tp, i)),
+        (f'{task}.independent', lambda t=task, l=lengths, tp=target, i=independent:
+         _independent_job(ctx, t, l, tp, i)),
+    ]
+  return {'rows': pipeline._run_jobs(ctx, 'drafts', jobs), 'target': mha}  # pylint: disable=protected-access

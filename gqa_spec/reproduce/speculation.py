@@ -1,0 +1,187 @@
+"""The reproduction's `speculative` stage: chains, token trees, staged and trained drafts.
+
+Jobs (each skipped once finished):
+  <task>.<target>        Leviathan Tables 2-3 at CPU scale, for the fine-tuned MHA and GQA targets:
+                         the fine-tuned draft model, a bigram fitted on the task's training targets
+                         and copy (prompt lookup) drafts over temperatures and gammas: alpha,
+                         tokens per call, c(gamma), measured speedup, Theorem 8 (`rows`).
+  <task>.<mha>.drafts    Spector & Re and Chimera beside plain speculation, for the MHA target the
+                         `drafts` stage trained against, all in one job on the same batches
+                         (speedups relative to the job's own autoregressive timing):
+                           chains (`drafts_rows`): the fine-tuned draft ('draft model', plain
+                             speculation), the distilled draft, Chimera (heads 1..gamma) and staged
+                             (the fine-tuned draft speculated by the task's bigram,
+                             `stage2_gamma` tokens per draft call), over `draft_gammas` and
+                             temperatures;
+                           trees (`tree_rows`): the fine-tuned draft growing each of
+                             `tree_shapes`, and Chimera as a tree proposer (`chimera_tree`,
+                             top-k per head);
+                         each with parameter bytes read per generated token (Spector Table 1's
+                         form: a decode call reads its model's parameters once per batch; K/V not
+                         counted; staged: its draft's calls vary, not counted) and, at
+                         temperature 0, whether the output equals greedy autoregressive decoding.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+
+
+def _test_inputs(task: str, lengths, n: int):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from gqa_spec.data import pipeline as data_pipeline  # pylint: disable=g-import-not-at-top
+  ds = data_pipeline.get_dataset(task, 'test', {'inputs': lengths[0], 'targets': lengths[1]},
+                                 pack=False)
+  rows = [ex['encoder_input_tokens'] for ex in ds.take(n).as_numpy_iterator()]
+  return np.stack(rows).astype(np.int32)  # [n, inputs]
+
+
+def _batches(task: str, lengths, preset):
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  inputs = _test_inputs(task, lengths, preset.speculative_examples)
+  return [jnp.asarray(inputs[i:i + preset.speculative_batch])
+          for i in range(0, len(inputs), preset.speculative_batch)]
+
+
+def param_bytes(params) -> int:
+  return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params))
+
+
+def _without_outputs(grid: dict) -> dict:
+  return {t: {k: v for k, v in a.items() if k != 'outputs'}
+          for t, a in grid['autoregressive'].items()}
+
+
+def _chain_job(ctx, task: str, lengths, target_name: str, finetuned: dict) -> dict:
+  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding import speedup  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.drafts import CopyDraft, ModelDraft, NgramDraft  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.drafts.ngram import fit_ngram_on_task  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
+  from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  p = ctx.preset
+  config, params, _ = native.load_checkpoint(finetuned[(task, target_name)])
+  dconfig, dparams, _ = native.load_checkpoint(finetuned[(task, 'draft')])
+  max_len = lengths[1]
+  model_draft = ModelDraft.t5(Transformer(dconfig))
+  ngram = NgramDraft(config.vocab_size)
+  table = ngram.init(fit_ngram_on_task(task, p.ngram_order))
+  drafts = {
+      'draft model': (model_draft, lambda enc: model_draft.init(dparams, enc, max_len, max(p.gammas))),
+      'bigram': (ngram, lambda enc: table),
+      'copy': (CopyDraft(config.vocab_size), lambda enc: enc),
+  }
+  grid = speedup.measure_grid(T5Decoder(Transformer(config)), params, drafts,
+                              _batches(task, lengths, p), max_decode_len=max_len, gammas=p.gammas,
+                              temperatures=p.temperatures, repeats=p.speculative_repeats)
+  rows = [dict(r, task=task, target=target_name) for r in grid['rows']]
+  return {'rows': rows, 'target_step_seconds': grid['target_step_seconds'],
+          'autoregressive': _without_outputs(grid)}
+
+
+def _bytes_per_token(row: dict, target_bytes: int, draft_bytes: int,
+                     draft_calls_per_iteration: Optional[int]) -> dict:
+  draft = (None if draft_calls_per_iteration is None else
+           draft_bytes * draft_calls_per_iteration * row['loop_iterations'] / row['tokens'])
+  return dict(row, target_bytes_per_token=target_bytes * row['loop_iterations'] / row['tokens'],
+              draft_bytes_per_token=draft)
+
+
+def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
+                trained: dict) -> dict:
+  """Plain, distilled, Chimera and staged chains and the trees, side by side (module docstring)."""
+  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding import speedup  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding import drafts as d  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.drafts.ngram import fit_ngram_on_task  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.tree import TreeShape  # pylint: disable=g-import-not-at-top
+  from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  from gqa_spec.training import draft_training  # pylint: disable=g-import-not-at-top
+  p = ctx.preset
+  L, gmax = lengths[1], max(p.gammas)
+  config, params, _ = native.load_checkpoint(finetuned[(task, target_name)])
+  dconfig, dparams, _ = native.load_checkpoint(finetuned[(task, 'draft')])
+  kconfig, kparams, _ = native.load_checkpoint(ctx.path(trained[(task, 'distilled')]['checkpoint']))
+  cconfig, cparams, _ = draft_training.load_chimera(ctx.path(trained[(task, 'chimera')]['run_dir']))
+  emb = params['token_embedder']['embedding']  # [V, D] the frozen target's, Chimera's input
+  plain, distilled = d.ModelDraft.t5(Transformer(dconfig)), d.ModelDraft.t5(Transformer(kconfig))
+  staged, chimera = d.StagedDraft.t5(Transformer(dconfig), p.stage2_gamma), d.ChimeraDraft(cconfig)
+  successor = fit_ngram_on_task(task, 2).successor()  # [V] the bigram's next token
+  chains = {
+      'draft model': (plain, lambda enc: plain.init(dparams, enc, L, gmax)),
+      'distilled': (distilled, lambda enc: distilled.init(kparams, enc, L, gmax)),
+      'chimera': (chimera, lambda enc: chimera.init(cparams, emb, enc.shape[0], L)),
+      f'staged (bigram {p.stage2_gamma}/call)': (
+          staged, lambda enc: staged.init(dparams, enc, L, gmax, successor)),
+  }
+  tree_model = d.TreeModelDraft.t5(Transformer(dconfig))
+  chimera_tree = d.ChimeraTreeDraft(cconfig)
+  trees = {f'draft model tree {s}': (tree_model, TreeShape.parse(s),
+                                     lambda enc, s=s: tree_model.init(dparams, enc, L,
+                                                                      TreeShape.parse(s)))
+           for s in p.tree_shapes}
+  trees[f'chimera tree {p.chimera_tree}'] = (
+      chimera_tree, TreeShape.parse(p.chimera_tree),
+      lambda enc: chimera_tree.init(cparams, emb, enc.shape[0], L))
+  target = T5Decoder(Transformer(config))
+  batches = _batches(task, lengths, p)
+  grid = speedup.measure_grid(target, params, chains, batches, max_decode_len=L,
+                              gammas=p.draft_gammas, temperatures=p.temperatures,
+                              repeats=p.speculative_repeats)
+  tree_rows = speedup.measure_trees(target, params, trees, batches, max_decode_len=L,
+                                    autoregressive_runs=grid['autoregressive'],
+                                    repeats=p.speculative_repeats)
+  t_bytes = param_bytes(params)
+  draft_bytes = {'draft model': param_bytes(dparams), 'distilled': param_bytes(kparams),
+                 'chimera': param_bytes(cparams)}
+  rows = []
+  for r in grid['rows']:
+    calls = {'draft model': r['gamma'], 'distilled': r['gamma'], 'chimera': 1}.get(r['draft'])
+    rows.append(_bytes_per_token(dict(r, task=task, target=target_name), t_bytes,
+                                 draft_bytes.get(r['draft'], 0), calls))
+  out_trees = []
+  for r in tree_rows:  # the draft model runs once per level (root included), Chimera once
+    is_chimera = r['draft'].startswith('chimera')
+    out_trees.append(_bytes_per_token(
+        dict(r, task=task, target=target_name), t_bytes,
+        draft_bytes['chimera' if is_chimera else 'draft model'], 1 if is_chimera else r['depth']))
+  ar = {}
+  for temp, a in grid['autoregressive'].items():
+    steps = sum(max(min(len(o) + 1, L) for o in a['outputs'][i:i + p.speculative_batch])
+                for i in range(0, len(a['outputs']), p.speculative_batch))  # longest row per batch
+    ar[temp] = dict({k: v for k, v in a.items() if k != 'outputs'},
+                    target_bytes_per_token=t_bytes * steps / a['tokens'])
+  return {'task': task, 'target': target_name, 'drafts_rows': rows, 'tree_rows': out_trees,
+          'autoregressive': ar,
+          'target_step_seconds': grid['target_step_seconds'],
+          'param_bytes': dict(draft_bytes, target=t_bytes)}
+
+
+def stage_speculative(ctx) -> dict:
+  """Chains for the MHA and GQA targets; trees, staged and trained drafts for MHA (module docstring)."""
+  from gqa_spec.reproduce import pipeline  # pylint: disable=g-import-not-at-top  (pipeline imports this)
+  pipeline._register_tasks(ctx)  # pylint: disable=protected-access
+  p = ctx.preset
+  finetuned = {(r['task'], r['name']): ctx.path(r['best_checkpoint'])
+               for r in ctx.read_stage('finetune')['rows']}
+  trained = {(r['task'], r['draft']): r for r in ctx.read_stage('drafts')['rows']}
+  mha = p.variants()[0].name
+  jobs = []
+  for task, lengths in p.finetune_lengths.items():
+    for target_name in p.speculative_targets():
+      jobs.append((f'{task}.{target_name}', lambda t=task, l=lengths, n=target_name:
+                   _chain_job(ctx, t, l, n, finetuned)))
+    jobs.append((f'{task}.{mha}.drafts', lambda t=task, l=lengths:
+                 _drafts_job(ctx, t, l, mha, finetuned, trained)))
+  records = pipeline._run_jobs(ctx, 'speculative', jobs)  # pylint: disable=protected-access
+  chain = [r for r in records if 'rows' in r]
+  extra = [r for r in records if 'drafts_rows' in r]
+  return {'rows': [r for rec in chain for r in rec['rows']],
+          'drafts_rows': [r for rec in extra for r in rec['drafts_rows']],
+          'tree_rows': [r for rec in extra for r in rec['tree_rows']],
+          'jobs': records, 'batch_size': p.speculative_batch,
+          'examples': p.speculative_examples}
+
