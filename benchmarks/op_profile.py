@@ -12,7 +12,8 @@ one category by what its optimised HLO contains (`categorize`):
                bias gradients summed over the batch), YNNPACK fusions of reductions included;
   copy         data movement only: copy / transpose / (dynamic-)slice / dynamic-update-slice /
                concatenate / pad / gather / broadcast / bitcast;
-  control      while / conditional / call (their bodies' instructions are counted separately);
+  control      while / conditional (their bodies' instructions are counted separately; a `call`,
+               e.g. XLA:CPU's expansion of `rng-bit-generator`, is categorised by its body);
   elementwise  everything else (fusions of arithmetic).
 Durations are per-thunk wall times on the XLA thread; with intra-op threads they can overlap, so
 shares are of the summed thunk time, not of the step's wall time (both are reported).
@@ -64,7 +65,7 @@ def _called(rest: str) -> List[str]:
 
 def categorize(opcode: str, typ: str, rest: str, comps) -> str:
   """One instruction's category (see the module docstring)."""
-  if opcode in ('while', 'conditional', 'call'):
+  if opcode in ('while', 'conditional'):
     return 'control'
   if opcode == 'custom-call' and re.search(r'custom_call_target="[^"]*(matmul|conv|gemm)', rest,
                                            re.IGNORECASE):
@@ -134,7 +135,8 @@ def profile(fn: Callable, args: Sequence[Any], repeats: int = 5) -> Dict[str, An
   by_cat = {c: sum(r['us'] for r in leaf if r['category'] == c) for c in CATEGORIES if c != 'control'}
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  return {'wall_ms': wall * 1e3, 'thunk_total_ms': total / 1e3,
+  control = sum(r['us'] for r in rows if r['category'] == 'control')
+  return {'wall_ms': wall * 1e3, 'thunk_total_ms': total / 1e3, 'control_ms': control / 1e3,
           'by_category_ms': {c: v / 1e3 for c, v in by_cat.items()},
           'by_category_share': {c: v / total for c, v in by_cat.items()} if total else {},
           'xla_flops': cost.get('flops'), 'xla_bytes_accessed': cost.get('bytes accessed'),
@@ -148,12 +150,19 @@ def markdown(title: str, command: str, result: Dict[str, Any], note: str = '') -
     lines += [note, '']
   lines += [f'Wall time per run: {result["wall_ms"]:.2f} ms; summed thunk time '
             f'{result["thunk_total_ms"]:.2f} ms (thunks on the XLA threads; see '
-            '`benchmarks/op_profile.py` for the categories).', '',
+            '`benchmarks/op_profile.py` for the categories), besides '
+            f'{result["control_ms"]:.2f} ms of while/conditional thunks that contain listed ones.',
+            '',
             '| category | ms | share |', '|---|---|---|']
   for c, v in sorted(result['by_category_ms'].items(), key=lambda kv: -kv[1]):
     lines.append(f'| {c} | {v:.2f} | {result["by_category_share"].get(c, 0):.1%} |')
   lines += ['', '| op | opcode | category | us | calls/run | output |', '|---|---|---|---|---|---|']
-  for r in result['top_ops'][:25]:
-    lines.append(f'| {r["op"]} | {r["opcode"]} | {r["category"]} | {r["us"]:.0f} | {r["calls"]} '
-                 f'| `{r["shape"]}` |')
+  def row(r):
+    return (f'| {r["op"]} | {r["opcode"]} | {r["category"]} | {r["us"]:.0f} | {r["calls"]} '
+            f'| `{r["shape"]}` |')
+  lines += [row(r) for r in result['top_ops'][:20]]
+  lines += ['', 'Largest non-matmul ops (control instructions excluded: their bodies are listed):',
+            '', '| op | opcode | category | us | calls/run | output |', '|---|---|---|---|---|---|']
+  lines += [row(r) for r in result['top_ops']
+            if r['category'] not in ('matmul', 'control')][:20]
   return lines
