@@ -13,11 +13,13 @@ and per gamma:
   propose_ms       one `ModelDraft.propose` of gamma tokens plus its `commit`
                    (`speedup.propose_time`: a 2-token call, then gamma - 1 1-token calls, sampling);
   iteration_ms     wall time of `speculative.decode` (greedy, EOS never produced: every row runs
-                   to max_decode_len) / its loop iterations (median of repeats);
+                   to max_decode_len) minus its init calls, / its loop iterations (least disturbed
+                   of --repeats runs, like the step times);
   overhead_ms      iteration - propose - verify: what the loop itself adds (verification, appends,
                    rollbacks, statistics, the while-loop's bookkeeping), also in target steps.
 `--baseline REF` measures the library at git REF beside the working tree's in alternating child
-processes (`ab.py`) and reports both.
+processes (`ab.py`) and reports both. `--profile B,GAMMA` instead writes the per-op profile
+(`op_profile.py`) of one `speculative.decode` call at batch B and that gamma to `<out>_profile.*`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ab  # pylint: disable=g-import-not-at-top,wrong-import-position
+import op_profile  # pylint: disable=g-import-not-at-top,wrong-import-position
 from speculative import machine  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from gqa_spec.decoding import speculative, speedup  # pylint: disable=wrong-import-position
@@ -77,11 +80,13 @@ def measure(args) -> list:
                                   draft.init(dparams, enc, length, gamma), jax.random.PRNGKey(1),
                                   gamma=gamma, max_decode_len=length, eos_id=-1)
       iterations = int(run().loop_iterations)
-      # The init calls (encoder passes) are timed apart and subtracted.
-      init_secs = speedup.median_time(lambda gamma=gamma: (target.init(tparams, enc, slots),
-                                                           draft.init(dparams, enc, length, gamma)),
-                                      args.repeats)
-      loop_secs = speedup.median_time(run, args.repeats) - init_secs
+      # The init calls (encoder passes) are timed apart and subtracted. Least disturbed runs, as
+      # for the step times (`speedup.step_time` / `propose_time`), so the difference compares like
+      # with like on a loaded machine.
+      init_secs = speedup.min_time(lambda gamma=gamma: (target.init(tparams, enc, slots),
+                                                        draft.init(dparams, enc, length, gamma)),
+                                   args.repeats)
+      loop_secs = speedup.min_time(run, args.repeats) - init_secs
       t_iter = loop_secs / iterations
       row = {'batch': batch, 'gamma': gamma, 'input_length': args.input_length,
              'max_decode_len': length, 'loop_iterations': iterations,
@@ -95,6 +100,42 @@ def measure(args) -> list:
       print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}),
             flush=True)
   return rows
+
+
+def profile_loop(args) -> None:
+  """Writes the per-op profile of one speculative.decode call (see `--profile`)."""
+  batch, gamma = (int(x) for x in args.profile.split(','))
+  target_model, draft_model = Transformer(preset('mini')), Transformer(preset('nano'))
+  target, draft = T5Decoder(target_model), ModelDraft.t5(draft_model)
+  tparams, dparams = _params(target_model), _params(draft_model)
+  rng = np.random.default_rng(0)
+  enc = jnp.asarray(rng.integers(2, 8000, size=(batch, args.input_length)), jnp.int32)  # [b, S]
+  length = args.max_decode_len
+  tstate = target.init(tparams, enc, speculative.target_cache_length(length, gamma))
+  dstate = draft.init(dparams, enc, length, gamma)
+  load_before = os.getloadavg()
+  result = op_profile.profile(
+      lambda t, d: speculative.decode(target, t, draft, d, jax.random.PRNGKey(1), gamma=gamma,
+                                      max_decode_len=length, eos_id=-1), (tstate, dstate),
+      args.repeats)
+  command = ' '.join(['python'] + sys.argv)
+  load = [load_before, os.getloadavg()]
+  result.update({'command': command, 'batch': batch, 'gamma': gamma, 'loadavg_before_after': load})
+  out = args.out + '_profile'
+  os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
+  with open(out + '.json', 'w') as f:
+    json.dump(result, f, indent=2)
+  note = (f'One `speculative.decode` call: random-init mini target, nano draft, batch {batch}, '
+          f'gamma {gamma}, input length {args.input_length}, {length} tokens per row (greedy, no '
+          f'EOS; the random draft is almost never accepted, so about {length} loop iterations: '
+          f'"calls/run" {length} = once per iteration, {length * (gamma - 1)} = once per draft '
+          f'scan step). Load average before/after {load[0][0]:.1f} / {load[1][0]:.1f} on '
+          f'{os.cpu_count()} cores' + (' (shared machine: per-thunk times of small ops include '
+                                       'preemption; shares of the large ones are what to read).'
+                                       if max(load[0][0], load[1][0]) > 1.5 else '.'))
+  with open(out + '.md', 'w') as f:
+    f.write('\n'.join(op_profile.markdown('Speculative loop: per-op profile', command, result,
+                                          note)) + '\n')
 
 
 def _child_argv(argv):
@@ -113,9 +154,13 @@ def main(argv=None):
   p.add_argument('--repeats', type=int, default=3)
   p.add_argument('--baseline', default=None, help='git ref of the library to compare against')
   p.add_argument('--rounds', type=int, default=3)
+  p.add_argument('--profile', default=None, help='B,GAMMA: write the loop\'s per-op profile')
   p.add_argument('--child-out', default=None, help=argparse.SUPPRESS)
   p.add_argument('--out', default='results/benchmarks/speculative_costs')
   args = p.parse_args(argv)
+  if args.profile:
+    profile_loop(args)
+    return
   if args.child_out:
     with open(args.child_out, 'w') as f:
       json.dump(measure(args), f)
