@@ -140,7 +140,7 @@ def profile(fn: Callable, args: Sequence[Any], repeats: int = 5) -> Dict[str, An
           'by_category_ms': {c: v / 1e3 for c, v in by_cat.items()},
           'by_category_share': {c: v / total for c, v in by_cat.items()} if total else {},
           'xla_flops': cost.get('flops'), 'xla_bytes_accessed': cost.get('bytes accessed'),
-          'top_ops': rows}
+          'num_ops': len(rows), 'top_ops': rows[:300]}
 
 
 def markdown(title: str, command: str, result: Dict[str, Any], note: str = '') -> List[str]:
