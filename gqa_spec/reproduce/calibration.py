@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import math
 import os
 import shutil
 import time
@@ -222,7 +221,8 @@ def run_point(preset: Preset, work_dir: str, plan_: Plan, sweep: Sweep, point: P
   model_dir = os.path.join(work_dir, 'calibration', sweep.name, point.label)
   shutil.rmtree(model_dir, ignore_errors=True)  # an interrupted point restarts: one clean curve
   if sweep.stage == 'pretrain':
-    lr_fn = rsqrt_decay(point.lr * math.sqrt(point.warmup), point.warmup)
+    sized = dataclasses.replace(preset, pretrain_peak_lr=point.lr, warmup_steps=point.warmup)
+    lr_fn = rsqrt_decay(*sized.pretrain_schedule())  # the study's schedule at this peak
     init = None
   else:
     config = config.replace(dropout_rate=0.1)

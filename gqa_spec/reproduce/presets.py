@@ -12,6 +12,7 @@ what was run. The study design follows the papers:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Dict, Optional, Tuple
 
 from gqa_spec.errors import UserError
@@ -76,6 +77,25 @@ class Preset:
   temperatures: Tuple[float, ...]
   speculative_repeats: int
   ngram_order: int = 2
+  # Peak of the rsqrt pre-training schedule (`peak * sqrt(warmup) / sqrt(max(step, warmup))`);
+  # None: T5's 1 / sqrt(warmup_steps). Uptraining continues the target's schedule.
+  pretrain_peak_lr: Optional[float] = None
+  draft_pretrain_peak_lr: Optional[float] = None  # None: the target's schedule
+  draft_finetune_learning_rate: Optional[float] = None  # None: finetune_learning_rate
+
+  def pretrain_schedule(self, role: str = 'target') -> Tuple[float, int]:
+    """`(base, warmup_steps)` of `optimizer.rsqrt_decay` for the target's or the draft's pre-training."""
+    peak = self.draft_pretrain_peak_lr if role == 'draft' else None
+    peak = peak if peak is not None else self.pretrain_peak_lr
+    if peak is None:
+      return 1.0, self.warmup_steps
+    return peak * math.sqrt(self.warmup_steps), self.warmup_steps
+
+  def finetune_lr(self, role: str = 'target') -> float:
+    """The constant fine-tuning lr of the target (every variant) or the draft."""
+    if role == 'draft' and self.draft_finetune_learning_rate is not None:
+      return self.draft_finetune_learning_rate
+    return self.finetune_learning_rate
 
   def variants(self) -> Tuple[Variant, ...]:
     """MHA, then every (groups, alpha) with mean pooling, then the first/random ablations."""
@@ -149,7 +169,7 @@ def get(name: str) -> Preset:
 # Fields `--set` can change, by type; model configs and per-task dicts are not scalar knobs.
 _SETTABLE = {f.name: f.type for f in dataclasses.fields(Preset)
              if f.type in ('int', 'float', 'bool', 'Tuple[int, ...]', 'Tuple[float, ...]',
-                           'Tuple[int, int]')}
+                           'Tuple[int, int]', 'Optional[float]')}
 
 
 def _parse(key: str, text: str, kind: str):
@@ -169,7 +189,7 @@ def _parse(key: str, text: str, kind: str):
     if kind == 'Tuple[int, int]' and len(values) != 2:
       raise UserError(f'--set {key}={text}: expected two comma-separated integers')
     return values
-  return one(text, float if kind == 'float' else int)
+  return one(text, float if 'float' in kind else int)
 
 
 def override(preset: Preset, assignments) -> Preset:
