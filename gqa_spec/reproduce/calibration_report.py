@@ -13,7 +13,7 @@ MARKERS = ('o', 's', '^', 'D', 'v', 'P', 'X', '*')
 
 
 def write(out_dir: str, record: Mapping) -> None:
-  tmp = os.path.join(out_dir, 'calibration.json.tmp')
+  tmp = os.path.join(out_dir, f'calibration.json.{os.getpid()}.tmp')  # two runs may share out_dir
   with open(tmp, 'w') as f:
     json.dump(record, f, indent=1, sort_keys=True)
     f.write('\n')

@@ -55,9 +55,8 @@ def _calibrate(args: argparse.Namespace) -> int:
   from gqa_spec import console  # pylint: disable=g-import-not-at-top
   from gqa_spec.reproduce import calibration  # pylint: disable=g-import-not-at-top
   console.configure_logging(getattr(args, 'verbose', False), library_level=logging.ERROR)
+  # The record holds every sweep, so its command is the one that runs (or resumes) them all.
   command = f'gqa-spec calibrate --preset {args.preset}'
-  if args.sweeps:
-    command += ' --sweeps ' + ' '.join(args.sweeps)
   if args.work_dir:
     command += f' --work-dir {shlex.quote(args.work_dir)}'
   record = calibration.calibrate(args.preset, args.out, args.work_dir, args.sweeps, command)
