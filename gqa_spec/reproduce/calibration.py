@@ -101,7 +101,8 @@ def plan(preset: Preset) -> Plan:
       # log-spaced x3 around the last study's 0.045 (its mini target stalled at train loss 5.3
       # while the nano draft reached 4.5 at the same rate: the direction is not known a priori)
       Sweep('pretrain', 'target', PRETRAIN, (tpre(0.045), tpre(0.015), tpre(0.13)), 25),
-      Sweep('pretrain', 'draft', PRETRAIN, (dpre(0.045), dpre(0.13), dpre(0.4)), 50),
+      Sweep('pretrain', 'draft', PRETRAIN, (dpre(0.045), dpre(0.13), dpre(0.4), dpre(0.015)),
+            50),
       Sweep('finetune', 'target', TRANSLATE, (tft(0.01), tft(0.03), tft(0.003)), 20),
       Sweep('finetune', 'draft', TRANSLATE, (tft(0.01, steps=60), tft(0.03, steps=60),
                                              tft(0.1, steps=60)), 20),
