@@ -261,8 +261,12 @@ def run_point(preset: Preset, work_dir: str, plan_: Plan, sweep: Sweep, point: P
 
 
 def calibrate(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str] = None,
-              sweeps: Sequence[str] = (), command: Optional[str] = None) -> dict:
-  """Runs (or resumes) the preset's sweeps; returns the calibration record (also written)."""
+              sweeps: Sequence[str] = (), command: Optional[str] = None,
+              train: bool = True) -> dict:
+  """Runs (or resumes) the preset's sweeps; returns the calibration record (also written).
+
+  `train=False` only rewrites the files from the points finished so far.
+  """
   from gqa_spec.reproduce import pipeline  # pylint: disable=g-import-not-at-top
   preset = presets_lib.get(preset_name)
   plan_ = plan(preset)
@@ -274,14 +278,16 @@ def calibrate(preset_name: str, out_dir: Optional[str] = None, work_dir: Optiona
   work_dir = work_dir or os.path.join('runs', preset_name)
   command = command or f'gqa-spec calibrate --preset {preset_name}'
   os.makedirs(out_dir, exist_ok=True)
-  ctx = pipeline.Context(preset, out_dir, work_dir)
-  pipeline._enable_compilation_cache(work_dir)  # pylint: disable=protected-access
-  if not os.path.exists(os.path.join(ctx.data_dir, 'stats.json')):
-    progress.info('preparing the corpus in %s', ctx.data_dir)
-    pipeline.stage_corpus(ctx)
-  from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top
-  tasks.register_ddtp_tasks(ctx.data_dir)
-  todo = [(s, p) for s in plan_.sweeps if not sweeps or s.name in sweeps for p in s.points]
+  todo = [(s, p) for s in plan_.sweeps if not sweeps or s.name in sweeps for p in s.points
+          if train]
+  if todo:
+    ctx = pipeline.Context(preset, out_dir, work_dir)
+    pipeline._enable_compilation_cache(work_dir)  # pylint: disable=protected-access
+    if not os.path.exists(os.path.join(ctx.data_dir, 'stats.json')):
+      progress.info('preparing the corpus in %s', ctx.data_dir)
+      pipeline.stage_corpus(ctx)
+    from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top
+    tasks.register_ddtp_tasks(ctx.data_dir)
   for i, (sweep, point) in enumerate(todo, 1):
     path = _point_path(work_dir, sweep, point)
     if _read(path, point) is None:

@@ -30,7 +30,8 @@ def _metric_keys(points: Sequence[Mapping]) -> list:
 
 
 def plot(path: str, record: Mapping) -> None:
-  """One row per sweep: val loss vs step, val loss vs wall seconds, task metric vs step."""
+  """One row per sweep: val loss vs step, vs wall seconds, and task metric vs step (fine-tuning)
+  or val loss vs this process's CPU seconds (pre-training: less sensitive to the machine's load)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -47,6 +48,8 @@ def plot(path: str, record: Mapping) -> None:
       loss = [row['val_loss'] for row in p['curve']]
       axes[r, 0].plot(steps, loss, **style)
       axes[r, 1].plot([row['wall_seconds'] for row in p['curve']], loss, **style)
+      if not metrics:
+        axes[r, 2].plot([row['cpu_seconds'] for row in p['curve']], loss, **style)
       for j, m in enumerate(metrics):
         axes[r, 2].plot(steps, [row.get(m) for row in p['curve']],
                         **dict(style, ls=('-', '--', ':')[j % 3],
@@ -59,9 +62,10 @@ def plot(path: str, record: Mapping) -> None:
                      title=f"{sweep['name']}: validation slice ({record['metric_examples']} ex.)")
       axes[r, 2].legend(loc='upper left', bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)
     else:
-      axes[r, 2].set_axis_off()
-      axes[r, 1].legend(loc='upper left', bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)
-    for ax in axes[r, :2]:
+      axes[r, 2].set(xlabel='CPU seconds training (this process)', ylabel='validation loss',
+                     title=f"{sweep['name']}: loss vs CPU time")
+      axes[r, 2].legend(loc='upper left', bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)
+    for ax in axes[r]:
       ax.grid(alpha=0.3)
   if not sweeps:
     axes[0, 0].text(0.5, 0.5, 'no finished points yet', ha='center')

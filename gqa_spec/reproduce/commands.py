@@ -47,6 +47,8 @@ def _register_calibrate(subparsers) -> None:
                       help='models, data and caches (default runs/<preset>; not for git)')
   parser.add_argument('--sweeps', nargs='+', default=(), metavar='SWEEP',
                       help='run only these sweeps (e.g. pretrain.target finetune.target.translate)')
+  parser.add_argument('--report-only', action='store_true',
+                      help='rewrite calibration.{json,png,md} from the finished points; train nothing')
   parser.set_defaults(func=_calibrate)
 
 
@@ -59,7 +61,8 @@ def _calibrate(args: argparse.Namespace) -> int:
   command = f'gqa-spec calibrate --preset {args.preset}'
   if args.work_dir:
     command += f' --work-dir {shlex.quote(args.work_dir)}'
-  record = calibration.calibrate(args.preset, args.out, args.work_dir, args.sweeps, command)
+  record = calibration.calibrate(args.preset, args.out, args.work_dir, args.sweeps, command,
+                                 train=not args.report_only)
   out = args.out or f'results/{args.preset}'
   print(f'calibrate --preset {args.preset}: {record["status"]} ({record["pending_points"]} point(s) '
         f'pending); results in {out}/calibration.md')

@@ -62,6 +62,9 @@ def test_finished_points_are_skipped(calibrated):
   again = calibration.calibrate('smoke', out_dir, work_dir, sweeps=['pretrain.target'],
                                 command='CMD')
   assert again == record  # nothing re-trained: the same curves, wall seconds included
+  os.remove(os.path.join(out_dir, 'calibration.png'))
+  assert calibration.calibrate('smoke', out_dir, work_dir, command='CMD', train=False) == record
+  assert os.path.exists(os.path.join(out_dir, 'calibration.png'))
 
 
 def test_unknown_sweep_is_named():
