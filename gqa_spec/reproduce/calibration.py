@@ -101,6 +101,8 @@ def plan(preset: Preset) -> Plan:
       # log-spaced x3 around the last study's 0.045 (its mini target stalled at train loss 5.3
       # while the nano draft reached 4.5 at the same rate: the direction is not known a priori)
       Sweep('pretrain', 'target', PRETRAIN, (tpre(0.045), tpre(0.015), tpre(0.13)), 25),
+      # added once 0.015 beat 0.045: is the optimum lower still?
+      Sweep('pretrain', 'target', PRETRAIN, (tpre(0.005),), 25, tag='low'),
       Sweep('pretrain', 'draft', PRETRAIN, (dpre(0.045), dpre(0.13), dpre(0.4), dpre(0.015)),
             50),
       Sweep('finetune', 'target', TRANSLATE, (tft(0.01), tft(0.03), tft(0.003)), 20),
