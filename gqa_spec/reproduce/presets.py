@@ -58,7 +58,7 @@ class Preset:
   finetune_steps: int
   # Constant fine-tuning lr. The GQA paper's 1e-3 is for thousands of steps at batch 128; in the
   # cpu preset's 150 steps at batch 16 it left the mini target at train loss 6.6 and test BLEU 0.03
-  # (measured), so `cpu` uses 1e-2 (below the pre-training rsqrt lr of 0.026 at step 1500).
+  # (measured), so `cpu` uses 1e-2 (kept by `gqa-spec calibrate`, see `_cpu`).
   finetune_learning_rate: float
   finetune_batch: int
   finetune_lengths: Dict[str, Tuple[int, int]]
@@ -137,24 +137,41 @@ def _smoke() -> Preset:
 
 
 def _cpu() -> Preset:
-  """Sized from step times measured on this 2-core machine with nothing else running (mini: 0.81 s
-  per train step at batch 16 x 128/32 tokens, 0.65 s at 64/64; nano: 0.09 s). Measured run
-  (`results/cpu/report.md`): 1 h 41 min of stage wall time (pre-training 27 min, uptraining 10,
-  fine-tuning 44, evaluation 2, timing 7.5, speculative 9).
+  """Sizing from `results/cpu/calibration.{json,md,png}` (`gqa-spec calibrate --preset cpu
+  --work-dir /work/runs/cpu`; PARTIAL, run at load average 8-13 on the 2 shared cores, one seed,
+  validation loss on 4 batches, BLEU on 32 validation examples).
+
+  Measured (short sweeps, so they choose rates, not steps):
+    target peak lr (100 steps, b16, 128/32, constant peak): 0.015 beats 0.045 at every evaluation
+      (val loss 5.72 vs 5.86 at step 100); 0.13 and 0.005: see calibration.md. The last study's
+      stall at 0.045 points to a rate too high for `mini`, not too low -> 0.015.
+    draft peak lr (200 steps): 0.045 best (5.51; 0.015: 5.70, 0.13: 6.15, 0.4: 6.55) -> 0.045,
+      the target's old rate, now the draft's own.
+    draft fine-tuning lr (translate, 60 steps): 0.03 and 0.1 tie (val 6.05 / 6.01, BLEU 1.5),
+      0.01 worse (6.32) -> 0.03.
+    target fine-tuning lr: 1e-2 kept (its translate sweep point is in calibration.md if it ran).
+  Not measured (kept or taken from arithmetic): warm-up (500), batch (16), steps, multi-task.
+
+  Budget (quiet all-in seconds per step from the last study's stage records: target pre-training
+  0.94, draft 0.14, uptraining 0.97, target fine-tuning 0.95 incl. its evaluations):
+    corpus 50 + pretrain 3000 x (0.94 + 0.14) = 3240 + uptrain 0.4 x 3000 x 0.97 = 1164
+    + finetune 18 x 250 x 0.95 + 2 draft jobs ~100 = 4375 + evaluate/timing/speculative ~1500
+    (the last study's 1140 plus batch-1 rows; an allowance, not a measurement) = 10,329 s = 2 h 52.
   """
   mini, nano = model_preset('mini'), model_preset('nano')
   return Preset(
       name='cpu', use_sample_corpus=False, vocab_pieces=8000, target=mini, draft=nano,
-      pretrain_steps=1500, pretrain_batch=16, pretrain_lengths=(128, 32), warmup_steps=500,
+      pretrain_steps=3000, pretrain_batch=16, pretrain_lengths=(128, 32), warmup_steps=500,
       kv_heads=(1, 2), alphas=(0.0, 0.05, 0.1), method_ablation_alpha=0.05,
       method_ablation_kv_heads=1,
-      finetune_steps=150, finetune_batch=16, finetune_learning_rate=1e-2,
-      finetune_lengths={TRANSLATE: (64, 64), SUMMARIZE: (128, 32)}, eval_period=75,
+      finetune_steps=250, finetune_batch=16, finetune_learning_rate=1e-2,
+      finetune_lengths={TRANSLATE: (64, 64), SUMMARIZE: (128, 32)}, eval_period=125,
       validation_examples=64, test_examples=256, eval_batch=64, timing_repeats=3, timing_batch=16,
       timing_groups=(1, 2, 4, 8), long_timing=(2048, 512),
       long_timing_config=mini.replace(num_encoder_layers=2),
       speculative_examples=32, speculative_batch=8, gammas=(1, 3, 5),
-      temperatures=(0.0, 1.0), speculative_repeats=3)
+      temperatures=(0.0, 1.0), speculative_repeats=3,
+      pretrain_peak_lr=0.015, draft_pretrain_peak_lr=0.045, draft_finetune_learning_rate=0.03)
 
 
 PRESETS = {'smoke': _smoke, 'cpu': _cpu}
