@@ -15,6 +15,7 @@ Tasks (name: default feature lengths {inputs, targets}, metrics):
   ddtp_summarize         512/64   rouge         English long description -> synopsis
   ddtp_span_corruption   512/114  -             en+de text; its 'train' split is the train records only
   ddtp_mixture           -                      the three above, rates by example count (stats.json)
+  ddtp_translate_summarize -                    translate + summarize, 1:1 (multi-task fine-tuning)
   cnn_dailymail          512/256  rouge         cnn_dailymail:3.4.0
   arxiv, pubmed          2048/512 rouge         scientific_papers/{arxiv,pubmed}:1.1.1
   multi_news             2048/512 rouge         multi_news:2.1.0
@@ -45,12 +46,14 @@ from gqa_spec.errors import UserError
 
 DDTP_TASKS = ('ddtp_translate_en_de', 'ddtp_summarize', 'ddtp_span_corruption')
 DDTP_MIXTURE = 'ddtp_mixture'
+DDTP_FINETUNE_MIXTURE = 'ddtp_translate_summarize'
 
 _FEATURE_LENGTHS: Dict[str, Mapping[str, int]] = {
     'ddtp_translate_en_de': {'inputs': 256, 'targets': 256},
     'ddtp_summarize': {'inputs': 512, 'targets': 64},
     'ddtp_span_corruption': {'inputs': 512, 'targets': 114},
     'ddtp_mixture': {'inputs': 512, 'targets': 256},
+    'ddtp_translate_summarize': {'inputs': 512, 'targets': 256},
     'cnn_dailymail': {'inputs': 512, 'targets': 256},
     'wmt14_en_de': {'inputs': 512, 'targets': 256},
     'arxiv': {'inputs': 2048, 'targets': 512},
@@ -177,6 +180,9 @@ def register_ddtp_tasks(data_dir: Optional[str] = None, vocab_path: Optional[str
       ('ddtp_span_corruption', _stats_rate(data_dir, 'pretraining_documents')),
       ('ddtp_translate_en_de', _stats_rate(data_dir, 'translate_en_de_pairs')),
       ('ddtp_summarize', _stats_rate(data_dir, 'summarize_examples'))])
+  seqio.MixtureRegistry.remove(DDTP_FINETUNE_MIXTURE)
+  seqio.MixtureRegistry.add(DDTP_FINETUNE_MIXTURE, [('ddtp_translate_en_de', 1.0),
+                                                    ('ddtp_summarize', 1.0)])
 
 
 def register_paper_tasks(vocab_path: Optional[str] = None, mediasum_dir: Optional[str] = None):

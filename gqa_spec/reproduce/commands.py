@@ -1,5 +1,6 @@
 """`gqa-spec reproduce --preset {smoke,cpu} [--out DIR] [--work-dir DIR] [--stages ...]
-[--set KEY=VALUE ...]`."""
+[--set KEY=VALUE ...]` and `gqa-spec calibrate --preset {smoke,cpu} [--out DIR] [--work-dir DIR]
+[--sweeps ...]`."""
 
 from __future__ import annotations
 
@@ -30,6 +31,42 @@ def register(subparsers) -> None:
   parser.add_argument('--verbose', action='store_true', default=argparse.SUPPRESS,
                       help="show the libraries' logs (as `gqa-spec --verbose`)")
   parser.set_defaults(func=_reproduce)
+  _register_calibrate(subparsers)
+
+
+def _register_calibrate(subparsers) -> None:
+  parser = subparsers.add_parser(
+      'calibrate', help='short learning-curve sweeps (lr, warm-up, batch) that size a preset',
+      description='Pre-training and fine-tuning sweeps of the target and the draft, recording '
+                  'validation loss (and BLEU / ROUGE-1 for fine-tuning) against step and wall '
+                  'seconds; writes calibration.{json,png,md} to results/<preset>/. Finished '
+                  'points are skipped; an interrupted point restarts.')
+  parser.add_argument('--preset', default='cpu', choices=('smoke', 'cpu'))
+  parser.add_argument('--out', default=None, help='results directory (default results/<preset>)')
+  parser.add_argument('--work-dir', default=None,
+                      help='models, data and caches (default runs/<preset>; not for git)')
+  parser.add_argument('--sweeps', nargs='+', default=(), metavar='SWEEP',
+                      help='run only these sweeps (e.g. pretrain.target finetune.target.translate)')
+  parser.add_argument('--report-only', action='store_true',
+                      help='rewrite calibration.{json,png,md} from the finished points; train nothing')
+  parser.set_defaults(func=_calibrate)
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+  import shlex  # pylint: disable=g-import-not-at-top
+  from gqa_spec import console  # pylint: disable=g-import-not-at-top
+  from gqa_spec.reproduce import calibration  # pylint: disable=g-import-not-at-top
+  console.configure_logging(getattr(args, 'verbose', False), library_level=logging.ERROR)
+  # The record holds every sweep, so its command is the one that runs (or resumes) them all.
+  command = f'gqa-spec calibrate --preset {args.preset}'
+  if args.work_dir:
+    command += f' --work-dir {shlex.quote(args.work_dir)}'
+  record = calibration.calibrate(args.preset, args.out, args.work_dir, args.sweeps, command,
+                                 train=not args.report_only)
+  out = args.out or f'results/{args.preset}'
+  print(f'calibrate --preset {args.preset}: {record["status"]} ({record["pending_points"]} point(s) '
+        f'pending); results in {out}/calibration.md')
+  return 0
 
 
 def _reproduce(args: argparse.Namespace) -> int:

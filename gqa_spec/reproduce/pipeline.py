@@ -177,7 +177,7 @@ def stage_pretrain(ctx: Context) -> dict:
   for role, config in (('target', p.target), ('draft', p.draft)):
     jobs.append((role, lambda config=config, role=role: _train(
         ctx.model_dir('pretrain', role), config, PRETRAIN, p.pretrain_lengths, p.pretrain_batch,
-        p.pretrain_steps, learning_rate_fn=rsqrt_decay(1.0, p.warmup_steps),
+        p.pretrain_steps, learning_rate_fn=rsqrt_decay(*p.pretrain_schedule(role)),
         save_period=max(10, p.pretrain_steps // 5), work_dir=ctx.work_dir)))
   target, draft = _run_jobs(ctx, 'pretrain', jobs)
   return {'target': target, 'draft': draft, 'steps': p.pretrain_steps}
@@ -206,7 +206,7 @@ def stage_uptrain(ctx: Context) -> dict:
       def train_fn(**kwargs):
         return _train(kwargs['model_dir'], kwargs['model_config'], PRETRAIN, p.pretrain_lengths,
                       p.pretrain_batch, kwargs['total_steps'],
-                      learning_rate_fn=rsqrt_decay(1.0, p.warmup_steps),
+                      learning_rate_fn=rsqrt_decay(*p.pretrain_schedule('target')),
                       initial_checkpoint_path=kwargs['initial_checkpoint_path'],
                       initial_step=kwargs['initial_step'], work_dir=ctx.work_dir)
       trained = uptrain.uptrain(model_dir=model_dir, model_config=config,
@@ -250,7 +250,9 @@ def stage_finetune(ctx: Context) -> dict:
             task, config, 'validation', {'inputs': lengths[0], 'targets': lengths[1]},
             batch_size=p.eval_batch, num_examples=p.validation_examples)
         record = _train(ctx.model_dir('finetune', task, name), config, task, lengths,
-                        p.finetune_batch, p.finetune_steps, learning_rate_fn=constant(p.finetune_learning_rate),
+                        p.finetune_batch, p.finetune_steps,
+                        learning_rate_fn=constant(p.finetune_lr('draft' if variant is None
+                                                                else 'target')),
                         initial_checkpoint_path=source, initial_step=0, evaluator=evaluator,
                         eval_period=p.eval_period, best_metric=TASK_METRIC[task],
                         save_period=p.eval_period, work_dir=ctx.work_dir)

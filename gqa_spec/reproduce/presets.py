@@ -14,6 +14,7 @@ what was run. The study design follows the papers:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Dict, Optional, Tuple
 
 from gqa_spec.errors import UserError
@@ -59,7 +60,7 @@ class Preset:
   finetune_steps: int
   # Constant fine-tuning lr. The GQA paper's 1e-3 is for thousands of steps at batch 128; in the
   # cpu preset's 150 steps at batch 16 it left the mini target at train loss 6.6 and test BLEU 0.03
-  # (measured), so `cpu` uses 1e-2 (below the pre-training rsqrt lr of 0.026 at step 1500).
+  # (measured); `cpu` takes its rate from `gqa-spec calibrate` (see `_cpu`).
   finetune_learning_rate: float
   finetune_batch: int
   finetune_lengths: Dict[str, Tuple[int, int]]
@@ -94,6 +95,25 @@ class Preset:
   chimera_tree: str
   stage2_gamma: int
   ngram_order: int = 2
+  # Peak of the rsqrt pre-training schedule (`peak * sqrt(warmup) / sqrt(max(step, warmup))`);
+  # None: T5's 1 / sqrt(warmup_steps). Uptraining continues the target's schedule.
+  pretrain_peak_lr: Optional[float] = None
+  draft_pretrain_peak_lr: Optional[float] = None  # None: the target's schedule
+  draft_finetune_learning_rate: Optional[float] = None  # None: finetune_learning_rate
+
+  def pretrain_schedule(self, role: str = 'target') -> Tuple[float, int]:
+    """`(base, warmup_steps)` of `optimizer.rsqrt_decay` for the target's or the draft's pre-training."""
+    peak = self.draft_pretrain_peak_lr if role == 'draft' else None
+    peak = peak if peak is not None else self.pretrain_peak_lr
+    if peak is None:
+      return 1.0, self.warmup_steps
+    return peak * math.sqrt(self.warmup_steps), self.warmup_steps
+
+  def finetune_lr(self, role: str = 'target') -> float:
+    """The constant fine-tuning lr of the target (every variant) or the draft."""
+    if role == 'draft' and self.draft_finetune_learning_rate is not None:
+      return self.draft_finetune_learning_rate
+    return self.finetune_learning_rate
 
   def variants(self) -> Tuple[Variant, ...]:
     """MHA, then every (groups, alpha) with mean pooling, then the first/random ablations."""
@@ -151,19 +171,40 @@ def _smoke() -> Preset:
 
 
 def _cpu() -> Preset:
-  """Sized from step times measured on this 2-core machine with nothing else running (mini: 0.81 s
-  per train step at batch 16 x 128/32 tokens, 0.65 s at 64/64; nano: 0.09 s). Measured run
-  (`results/cpu/report.md`): 1 h 41 min of stage wall time (pre-training 27 min, uptraining 10,
-  fine-tuning 44, evaluation 2, timing 7.5, speculative 9).
+  """Sizing from `results/cpu/calibration.{json,md,png}` (`gqa-spec calibrate --preset cpu
+  --work-dir /work/runs/cpu`; PARTIAL, run at load average 8-13 on the 2 shared cores, one seed,
+  validation loss on 4 batches, BLEU on 32 validation examples).
+
+  Measured (short sweeps, so they choose rates, not steps):
+    target peak lr (100 steps, b16, 128/32, constant peak), val loss at step 100: 0.005: 5.78,
+      0.015: 5.72, 0.045: 5.86, 0.13: 6.28 (0.015 lowest at every evaluation). The last study's
+      stall at 0.045 points to a rate too high for `mini`, not too low -> 0.015.
+    draft peak lr (200 steps): 0.045 best (5.51; 0.015: 5.70, 0.13: 6.15, 0.4: 6.55) -> 0.045,
+      the target's old rate, now the draft's own.
+    draft fine-tuning lr (translate, 60 steps): 0.03 and 0.1 tie (val 6.05 / 6.01, BLEU 1.5),
+      0.01 worse (6.32) -> 0.03.
+    target fine-tuning lr (translate, 40 steps from the 0.015 point): val loss 0.003: 6.69,
+      0.01: 6.38, 0.03: 6.16 (BLEU 1.2-1.5 on 32 examples: noise at this level) -> 0.03 for both
+      models; higher rates and whether 0.03 stays best over 250 steps are not measured.
+      Summarize (40 steps) is mixed: val loss 6.62 (0.01) vs 6.59 (0.03), ROUGE-1 11.5 vs 4.2.
+  Not measured (kept or taken from arithmetic): warm-up (500), batch (16), steps, multi-task.
+
+  Budget (quiet all-in seconds per step from the last study's stage records: target pre-training
+  0.94, draft 0.14, uptraining 0.97, target fine-tuning 0.95 incl. its evaluations):
+    corpus 50 + pretrain 3000 x (0.94 + 0.14) = 3240 + uptrain 0.4 x 3000 x 0.97 = 1164
+    + finetune 18 x 250 x 0.95 + 2 draft jobs ~100 = 4375 + evaluate/timing/speculative ~1500
+    (the last study's 1140 plus batch-1 rows; an allowance, not a measurement) = 10,329 s = 2 h 52.
+  The `drafts` stage (Chimera + distilled drafts, ~25 min estimated, unmeasured) is NOT in this sum:
+  with it the study passes 3 h, so the re-run must cut elsewhere (e.g. the variant grid) first.
   """
   mini, nano = model_preset('mini'), model_preset('nano')
   return Preset(
       name='cpu', use_sample_corpus=False, vocab_pieces=8000, target=mini, draft=nano,
-      pretrain_steps=1500, pretrain_batch=16, pretrain_lengths=(128, 32), warmup_steps=500,
+      pretrain_steps=3000, pretrain_batch=16, pretrain_lengths=(128, 32), warmup_steps=500,
       kv_heads=(1, 2), alphas=(0.0, 0.05, 0.1), method_ablation_alpha=0.05,
       method_ablation_kv_heads=1,
-      finetune_steps=150, finetune_batch=16, finetune_learning_rate=1e-2,
-      finetune_lengths={TRANSLATE: (64, 64), SUMMARIZE: (128, 32)}, eval_period=75,
+      finetune_steps=250, finetune_batch=16, finetune_learning_rate=0.03,
+      finetune_lengths={TRANSLATE: (64, 64), SUMMARIZE: (128, 32)}, eval_period=125,
       validation_examples=64, test_examples=256, eval_batch=64, timing_repeats=3, timing_batch=16,
       timing_groups=(1, 2, 4, 8), long_timing=(2048, 512),
       long_timing_config=mini.replace(num_encoder_layers=2),
@@ -177,7 +218,8 @@ def _cpu() -> Preset:
       chimera_steps=200, chimera_batch=16, chimera_learning_rate=1e-3, distill_steps=200,
       distill_batch=16, distill_learning_rate=1e-3, draft_gammas=(1, 3, 5),
       tree_shapes=('topk:4,2,2', 'best:16,depth:4'),
-      chimera_tree='topk:4,2,2', stage2_gamma=3)
+      chimera_tree='topk:4,2,2', stage2_gamma=3,
+      pretrain_peak_lr=0.015, draft_pretrain_peak_lr=0.045)
 
 
 PRESETS = {'smoke': _smoke, 'cpu': _cpu}
@@ -192,7 +234,7 @@ def get(name: str) -> Preset:
 # Fields `--set` can change, by type; model configs and per-task dicts are not scalar knobs.
 _SETTABLE = {f.name: f.type for f in dataclasses.fields(Preset)
              if f.type in ('int', 'float', 'bool', 'Tuple[int, ...]', 'Tuple[float, ...]',
-                           'Tuple[int, int]')}
+                           'Tuple[int, int]', 'Optional[float]')}
 
 
 def _parse(key: str, text: str, kind: str):
@@ -212,7 +254,7 @@ def _parse(key: str, text: str, kind: str):
     if kind == 'Tuple[int, int]' and len(values) != 2:
       raise UserError(f'--set {key}={text}: expected two comma-separated integers')
     return values
-  return one(text, float if kind == 'float' else int)
+  return one(text, float if 'float' in kind else int)
 
 
 def override(preset: Preset, assignments) -> Preset:

@@ -24,6 +24,23 @@ def test_overrides_are_parsed_by_field_type():
   assert presets.override(base, []) == base
 
 
+def test_learning_rate_schedules_per_role():
+  smoke = presets.get('smoke')  # no peak set: T5's 1 / sqrt(warmup) for both, one fine-tuning lr
+  assert smoke.pretrain_schedule('target') == smoke.pretrain_schedule('draft') == (
+      1.0, smoke.warmup_steps)
+  assert smoke.finetune_lr('draft') == smoke.finetune_lr('target') == smoke.finetune_learning_rate
+  p = presets.override(smoke, ['pretrain_peak_lr=0.05', 'warmup_steps=400',
+                               'draft_pretrain_peak_lr=0.2', 'draft_finetune_learning_rate=0.03'])
+  base, warmup = p.pretrain_schedule('target')
+  assert warmup == 400 and base / warmup ** 0.5 == pytest.approx(0.05)  # the peak
+  base, _ = p.pretrain_schedule('draft')
+  assert base / 400 ** 0.5 == pytest.approx(0.2)
+  assert p.finetune_lr('draft') == pytest.approx(0.03)
+  assert p.finetune_lr('target') == smoke.finetune_learning_rate
+  with pytest.raises(UserError, match="'fast' is not a number"):
+    presets.override(smoke, ['pretrain_peak_lr=fast'])
+
+
 @pytest.mark.parametrize('assignment, message', [
     ('warmup_steps', 'expected KEY=VALUE'),
     ('target=mini', 'not a settable preset field'),
