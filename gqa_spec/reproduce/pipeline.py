@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from gqa_spec import progress, status
 from gqa_spec.errors import UserError
-from gqa_spec.reproduce import drafts, speculation
+from gqa_spec.reproduce import bootstrap, drafts, speculation
 from gqa_spec.reproduce import presets as presets_lib
 from gqa_spec.reproduce.presets import PRETRAIN, SUMMARIZE, TRANSLATE, Preset, Variant
 
@@ -294,7 +294,8 @@ def stage_evaluate(ctx: Context) -> dict:
               'model': 'draft' if row['name'] == 'draft' else 'target',
               'metric': TASK_METRIC[row['task']], 'score': metrics[TASK_METRIC[row['task']]],
               'time_per_sample_s': metrics['timing/seconds_per_sample_median'],
-              'batch_size': p.eval_batch, 'examples': p.test_examples,
+              'batch_size': p.eval_batch,
+              'examples': len(bootstrap.decode(TASK_METRIC[row['task']], per_example)),
               'best_step': row['best']['step'] if row['best'] else None}
     jobs.append((f"{row['task']}.{row['name']}", job))
   return {'rows': _run_jobs(ctx, 'evaluate', jobs), 'baselines': _baselines(ctx)}
@@ -311,7 +312,6 @@ def _baselines(ctx: Context) -> List[dict]:
 
 def _per_example_scores(eval_dir: str, task: str) -> dict:
   """The test predictions' per-example scores (`bootstrap.encode`), for paired bootstrap."""
-  from gqa_spec.reproduce import bootstrap  # pylint: disable=g-import-not-at-top
   with open(os.path.join(eval_dir, f'predictions-{task}.jsonl')) as f:
     rows = [json.loads(line) for line in f]
   return bootstrap.encode(TASK_METRIC[task], [r['target'] for r in rows],
