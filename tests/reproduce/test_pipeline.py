@@ -12,8 +12,11 @@ from gqa_spec.reproduce import bootstrap, pipeline, presets
 SMOKE = presets.get('smoke')
 # What smoke's models must reach; the models of the previous smoke preset (20 pre-training and 6
 # fine-tuning steps) scored 0.0 everywhere. Measured (2026-11-22, this preset): test BLEU 2.05-3.60
-# for the targets and 1.77 for the draft; ROUGE-1 4.99-22.8 for the targets.
-BLEU_FLOOR, ROUGE1_FLOOR, DRAFT_ALPHA_FLOOR = 1.0, 3.0, 0.2
+# for the targets and 1.77 for the draft; ROUGE-1 4.99-22.8 for the targets with threefry dropout
+# keys, and BLEU 1.66-2.72, ROUGE-1 2.38-8.72 after the switch to rbg dropout keys (the fresh-clone
+# .ci/run): ROUGE-1 on 12 test summaries swings with the dropout bits, so the floors detect "learnt
+# something" (> 0), not a level.
+BLEU_FLOOR, ROUGE1_FLOOR, DRAFT_ALPHA_FLOOR = 1.0, 1.0, 0.2
 
 
 def _stage(out_dir, stage):
