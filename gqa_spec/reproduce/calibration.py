@@ -21,6 +21,7 @@ Writes `<out>/calibration.json`, `calibration.png` and `calibration.md` after ev
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -282,25 +283,25 @@ def calibrate(preset_name: str, out_dir: Optional[str] = None, work_dir: Optiona
   os.makedirs(out_dir, exist_ok=True)
   todo = [(s, p) for s in plan_.sweeps if not sweeps or s.name in sweeps for p in s.points
           if train]
-  if todo:
-    ctx = pipeline.Context(preset, out_dir, work_dir)
-    pipeline._enable_compilation_cache(work_dir)  # pylint: disable=protected-access
-    if not os.path.exists(os.path.join(ctx.data_dir, 'stats.json')):
-      progress.info('preparing the corpus in %s', ctx.data_dir)
-      pipeline.stage_corpus(ctx)
-    from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top
-    tasks.register_ddtp_tasks(ctx.data_dir)
-  for i, (sweep, point) in enumerate(todo, 1):
-    path = _point_path(work_dir, sweep, point)
-    if _read(path, point) is None:
-      with progress.scope(f'calibrate {preset_name}', f'point {i}/{len(todo)}',
-                          f'{sweep.name} {point.label}'):
-        progress.info('started')
-        record = run_point(preset, work_dir, plan_, sweep, point)
-        progress.info('done: val loss %.3f', record['final_val_loss'])
-      _write(path, record)
-    record = _collect(preset, plan_, work_dir, command)
-    calibration_report.write(out_dir, record)
+  with pipeline.compilation_cache(work_dir) if todo else contextlib.nullcontext():
+    if todo:
+      ctx = pipeline.Context(preset, out_dir, work_dir)
+      if not os.path.exists(os.path.join(ctx.data_dir, 'stats.json')):
+        progress.info('preparing the corpus in %s', ctx.data_dir)
+        pipeline.stage_corpus(ctx)
+      from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top
+      tasks.register_ddtp_tasks(ctx.data_dir)
+    for i, (sweep, point) in enumerate(todo, 1):
+      path = _point_path(work_dir, sweep, point)
+      if _read(path, point) is None:
+        with progress.scope(f'calibrate {preset_name}', f'point {i}/{len(todo)}',
+                            f'{sweep.name} {point.label}'):
+          progress.info('started')
+          record = run_point(preset, work_dir, plan_, sweep, point)
+          progress.info('done: val loss %.3f', record['final_val_loss'])
+        _write(path, record)
+      record = _collect(preset, plan_, work_dir, command)
+      calibration_report.write(out_dir, record)
   if not todo:
     calibration_report.write(out_dir, _collect(preset, plan_, work_dir, command))
   return _collect(preset, plan_, work_dir, command)

@@ -23,6 +23,7 @@ from its last checkpoint (the trainer's own resume).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -495,7 +496,6 @@ def run(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str]
                 work_dir or os.path.join('runs', preset_name), overrides=tuple(overrides))
   os.makedirs(ctx.out_dir, exist_ok=True)
   os.makedirs(ctx.work_dir, exist_ok=True)
-  _enable_compilation_cache(ctx.work_dir)
   _write_json(os.path.join(ctx.out_dir, 'preset.json'),
               dict(json.loads(json.dumps(dataclasses.asdict(preset), default=str)),
                    work_dir=os.path.relpath(ctx.work_dir, ctx.out_dir),  # preset.json's dir
@@ -504,7 +504,8 @@ def run(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str]
   if progress_bar is None:
     progress_bar = sys.stderr.isatty()
   with tqdm(total=len(todo), desc=f'reproduce {preset_name}', unit='stage',
-            disable=not progress_bar) as bar, status.running(ctx.out_dir):
+            disable=not progress_bar) as bar, status.running(ctx.out_dir), \
+       compilation_cache(ctx.work_dir):
     ctx.progress = bar
     for n, stage in enumerate(todo, 1):
       bar.set_postfix_str(stage)
@@ -525,12 +526,27 @@ def run(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str]
   return records
 
 
-def _enable_compilation_cache(work_dir: str) -> None:
-  """Persistent XLA cache: the many same-shaped train steps and decoders compile once.
+@contextlib.contextmanager
+def compilation_cache(work_dir: str):
+  """Persistent XLA cache under `work_dir` while the block runs: the many same-shaped train steps
+  and decoders compile once.
 
-  A cache directory the user configured (JAX_COMPILATION_CACHE_DIR) is left as it is.
+  A cache directory the user configured (JAX_COMPILATION_CACHE_DIR) is left as it is. Otherwise the
+  previous settings are restored and JAX's cache reset on exit, so a caller's process (a notebook,
+  the test suite) does not go on writing executables into this run's work dir.
   """
   import jax  # pylint: disable=g-import-not-at-top
-  if not jax.config.jax_compilation_cache_dir:
-    jax.config.update('jax_compilation_cache_dir', os.path.join(work_dir, 'xla_cache'))
-    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
+  from jax.experimental.compilation_cache import compilation_cache as cc  # pylint: disable=g-import-not-at-top
+  if jax.config.jax_compilation_cache_dir:
+    yield
+    return
+  before = jax.config.jax_persistent_cache_min_compile_time_secs
+  jax.config.update('jax_compilation_cache_dir', os.path.join(work_dir, 'xla_cache'))
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
+  cc.reset_cache()
+  try:
+    yield
+  finally:
+    jax.config.update('jax_compilation_cache_dir', None)
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', before)
+    cc.reset_cache()

@@ -70,3 +70,11 @@ def test_finished_points_are_skipped(calibrated):
 def test_unknown_sweep_is_named():
   with pytest.raises(UserError, match='finetune.nope'):
     calibration.calibrate('smoke', sweeps=['finetune.nope'])
+
+
+def test_the_persistent_compilation_cache_ends_with_the_call(calibrated):
+  """calibrate / reproduce use an XLA cache under their work dir only while they run: the caller's
+  process (the suite, a notebook) is left without one (a leaked cache once had later tests
+  writing executables into a fixture's directory, and the suite crashed inside that write)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  assert not jax.config.jax_compilation_cache_dir
