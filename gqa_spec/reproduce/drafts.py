@@ -19,6 +19,7 @@ run directory's last checkpoint (`trainer.train`).
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 
@@ -75,7 +76,8 @@ def _train(ctx, kind: str, task: str, lengths, target_path: str, initial_path=No
       log_period=max(1, min(50, steps // 4)), initial_checkpoint_path=initial_path)
   return {'task': task, 'draft': name, 'kind': kind, 'step': result.step,
           'steps': steps, 'batch_size': batch, 'learning_rate': lr,
-          'train_metrics': {k: float(v) for k, v in result.train_metrics.items()},
+          'train_metrics': ({k: float(v) for k, v in result.train_metrics.items()}
+                            or _last_logged_train_metrics(run_dir)),
           'run_dir': ctx.relative(run_dir), 'target': ctx.relative(target_path),
           'initial_checkpoint': None if initial_path is None else ctx.relative(initial_path)}
 
@@ -126,3 +128,17 @@ def stage_drafts(ctx) -> dict:
          _independent_job(ctx, t, l, tp, i)),
     ]
   return {'rows': pipeline._run_jobs(ctx, 'drafts', jobs), 'target': mha}  # pylint: disable=protected-access
+
+
+def _last_logged_train_metrics(run_dir: str) -> dict:
+  """The last train record of `run_dir`'s train_log.jsonl: a run found already complete trains
+  nothing, so its job record takes the metrics the run logged when it did train."""
+  path = os.path.join(run_dir, 'train_log.jsonl')
+  last = {}
+  if os.path.exists(path):
+    with open(path) as f:
+      for line in f:
+        record = json.loads(line)
+        if record.get('split') == 'train':
+          last = record
+  return {k: float(v) for k, v in last.items() if k not in ('step', 'split')}

@@ -186,6 +186,7 @@ def test_second_run_skips_finished_stages_and_rerun_of_one_job_resumes(smoke_run
   after = json.load(open(os.path.join(jobs, forgotten)))
   assert after['step'] == before['step'] == SMOKE.distill_steps
   assert after['head_accuracy'] == before['head_accuracy']  # the same parameters
+  assert after['train_metrics']['loss'] == pytest.approx(before['train_metrics']['loss'])
 
 
 def test_bad_preset_and_stage_names_are_clear_errors(tmp_path):
