@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from speculative import machine  # pylint: disable=g-import-not-at-top,wrong-import-position
+from speculative import machine, write_markdown  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from gqa_spec.models.attention import grouped_attention  # pylint: disable=wrong-import-position
 
@@ -93,10 +93,7 @@ def main(argv=None):
   for r in rows:
     lines.append(f'| {r["kv_heads"]} | {r["kv_mib"]:.0f} | {r["library_ms"]:.2f} | '
                  f'{r["former_ms"]:.2f} | {r["speedup"]:.2f} |')
-  lines += ['', '## Machine', '', '```', *results['machine']['lscpu_head'], '```',
-            results['machine']['note']]
-  with open(args.out + '.md', 'w') as f:
-    f.write('\n'.join(lines) + '\n')
+  write_markdown(args.out + '.md', lines, results['machine'])
 
 
 if __name__ == '__main__':

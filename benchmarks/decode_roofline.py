@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ab  # pylint: disable=g-import-not-at-top,wrong-import-position
-from speculative import machine  # pylint: disable=g-import-not-at-top,wrong-import-position
+from speculative import machine, write_markdown  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from gqa_spec.decoding import autoregressive  # pylint: disable=wrong-import-position
 from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=wrong-import-position
@@ -171,11 +171,8 @@ def main(argv=None):
                  f'{r["decoder_param_mib"]:.2f} | {r["self_kv_mib"]:.3f} | {r["cross_kv_mib"]:.3f} |')
   lines += ['', 'Caveat: parameters and caches of a few MiB (nano) stay in the CPU caches, so a '
             'DRAM-bandwidth bound understates what is achievable for them; the bound is meaningful '
-            'for weights well beyond the last-level cache.',
-            '', '## Machine', '', '```', *results['machine']['lscpu_head'], '```',
-            results['machine']['note']]
-  with open(args.out + '.md', 'w') as f:
-    f.write('\n'.join(lines) + '\n')
+            'for weights well beyond the last-level cache.']
+  write_markdown(args.out + '.md', lines, results['machine'])
 
 
 if __name__ == '__main__':

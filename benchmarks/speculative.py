@@ -216,6 +216,14 @@ def machine() -> Dict[str, Any]:
           'note': 'CPU shared with other processes; timings are noisy'}
 
 
+def write_markdown(path: str, lines: List[str], machine_info: Dict[str, Any]) -> None:
+  """Writes a benchmark's markdown `lines` to `path`, ending with the machine section."""
+  lines = lines + ['', '## Machine', '', '```', *machine_info['lscpu_head'], '```',
+                   machine_info['note']]
+  with open(path, 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+
+
 def write(results: Dict[str, Any], out: str) -> None:
   os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
   with open(out + '.json', 'w') as f:
@@ -247,10 +255,7 @@ def write(results: Dict[str, Any], out: str) -> None:
                    f'{h["hf_assisted"]["tokens_equal_ours"]}')
     lines.append(f'- HF prompt lookup (4 tokens): {h["hf_prompt_lookup"]["seconds"]:.3f} s, tokens '
                  f'equal: {h["hf_prompt_lookup"]["tokens_equal_ours"]}')
-  lines += ['', '## Machine', '', '```', *results['machine']['lscpu_head'], '```',
-            results['machine']['note']]
-  with open(out + '.md', 'w') as f:
-    f.write('\n'.join(lines) + '\n')
+  write_markdown(out + '.md', lines, results['machine'])
 
 
 if __name__ == '__main__':

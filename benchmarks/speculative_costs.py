@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +36,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ab  # pylint: disable=g-import-not-at-top,wrong-import-position
 import op_profile  # pylint: disable=g-import-not-at-top,wrong-import-position
-from speculative import machine  # pylint: disable=g-import-not-at-top,wrong-import-position
+from speculative import machine, write_markdown  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from gqa_spec.decoding import speculative, speedup  # pylint: disable=wrong-import-position
 from gqa_spec.decoding.drafts import ModelDraft  # pylint: disable=wrong-import-position
@@ -211,10 +210,7 @@ def write(results, args) -> None:
                  f'{r["draft_step_ms"]:.3f} | {r["c"]:.3f} | {r["verify_ms"]:.3f} | {r["v"]:.2f} | '
                  f'{r["propose_ms"]:.3f} | {r["iteration_ms"]:.3f} |{extra} '
                  f'{r["overhead_ms"]:.3f} | {r["overhead_target_steps"]:.2f} |')
-  lines += ['', '## Machine', '', '```', *results['machine']['lscpu_head'], '```',
-            results['machine']['note']]
-  with open(args.out + '.md', 'w') as f:
-    f.write('\n'.join(lines) + '\n')
+  write_markdown(args.out + '.md', lines, results['machine'])
 
 
 if __name__ == '__main__':

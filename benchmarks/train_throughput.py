@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ab  # pylint: disable=g-import-not-at-top,wrong-import-position
-from speculative import machine  # pylint: disable=g-import-not-at-top,wrong-import-position
+from speculative import machine, write_markdown  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from gqa_spec.models.config import preset  # pylint: disable=wrong-import-position
 from gqa_spec.training import optimizer  # pylint: disable=wrong-import-position
@@ -187,10 +187,7 @@ def main(argv=None):
                  f'{r["targets_length"]} | {r["dropout"]} | {r["step_s"]:.3f} |{b} '
                  f'{r["tokens_per_s"]:.0f} | {r["stated_gflop"]:.1f} / {xla} | '
                  f'{r["achieved_gflop_s"]:.1f} | {peak:.1f} | {r["fraction_of_peak"]:.0%} |')
-  lines += ['', '## Machine', '', '```', *results['machine']['lscpu_head'], '```',
-            results['machine']['note']]
-  with open(args.out + '.md', 'w') as f:
-    f.write('\n'.join(lines) + '\n')
+  write_markdown(args.out + '.md', lines, results['machine'])
 
 
 if __name__ == '__main__':

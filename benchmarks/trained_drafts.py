@@ -24,9 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # pylint: disable=g-import-not-at-top
-import jax.numpy as jnp
-import numpy as np
+import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
 from benchmarks.speculative import machine  # pylint: disable=g-import-not-at-top
 
@@ -50,7 +48,6 @@ def main(argv=None):
   if not os.path.isdir(os.path.join(os.environ['GQA_SPEC_DATA_DIR'], 'vocab')):
     corpus.prepare(corpus.SAMPLE_LISTS_DIR, os.environ['GQA_SPEC_DATA_DIR'], vocab_size=300,
                    fractions=corpus.SAMPLE_FRACTIONS)
-  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding import speedup  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.drafts import ChimeraDraft, ModelDraft  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
