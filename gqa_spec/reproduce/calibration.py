@@ -37,6 +37,7 @@ from gqa_spec.reproduce import presets as presets_lib
 from gqa_spec.reproduce.presets import PRETRAIN, SUMMARIZE, TRANSLATE, Preset
 
 MULTITASK = 'ddtp_translate_summarize'  # gqa_spec.data.tasks.DDTP_FINETUNE_MIXTURE
+MIXTURE = 'ddtp_mixture'  # gqa_spec.data.tasks.DDTP_MIXTURE: span corruption + both tasks
 METRIC = {TRANSLATE: 'bleu', SUMMARIZE: 'rouge1'}
 
 
@@ -61,15 +62,25 @@ class Sweep:
 
   stage: str  # 'pretrain' | 'finetune'
   role: str  # 'target' | 'draft'
-  task: str  # PRETRAIN, TRANSLATE, SUMMARIZE or MULTITASK
+  task: str  # PRETRAIN, MIXTURE, TRANSLATE, SUMMARIZE or MULTITASK
   points: Tuple[Point, ...]
   eval_period: int
   tag: str = ''  # tells apart two sweeps of the same stage, role and task
+  # fine-tuning: the pre-training sweep to start from (its point of lowest final val loss);
+  # None: every span-corruption pre-training sweep of the role
+  init_sweep: Optional[str] = None
+
+  @property
+  def supervised_tasks(self) -> Tuple[str, ...]:
+    """The tasks with a metric (BLEU / ROUGE-1) this sweep evaluates."""
+    if self.task in (MULTITASK, MIXTURE):
+      return (TRANSLATE, SUMMARIZE)
+    return () if self.task == PRETRAIN else (self.task,)
 
   @property
   def name(self) -> str:
-    task = {PRETRAIN: '', TRANSLATE: '.translate', SUMMARIZE: '.summarize',
-            MULTITASK: '.multitask'}[self.task]
+    task = {PRETRAIN: '', MIXTURE: '.mixture', TRANSLATE: '.translate',
+            SUMMARIZE: '.summarize', MULTITASK: '.multitask'}[self.task]
     return f'{self.stage}.{self.role}{task}' + (f'.{self.tag}' if self.tag else '')
 
 
@@ -90,6 +101,9 @@ def plan(preset: Preset) -> Plan:
     return Plan((
         Sweep('pretrain', 'target', PRETRAIN, (pre(0.05), pre(0.2)), 8),
         Sweep('finetune', 'target', TRANSLATE, (Point(0.01, fb, 8),), 4),
+        Sweep('pretrain', 'target', MIXTURE, (pre(0.05),), 8),
+        Sweep('finetune', 'target', MULTITASK, (Point(0.01, fb, 8),), 4, tag='from_mixture',
+              init_sweep='pretrain.target.mixture'),
     ), val_batches=2, metric_examples=4)
   if preset.name != 'cpu':
     raise UserError(f'no calibration plan for preset {preset.name!r}; known: smoke, cpu')
@@ -113,14 +127,21 @@ def plan(preset: Preset) -> Plan:
       Sweep('finetune', 'target', MULTITASK, (tft(0.01, steps=80),), 40),
       Sweep('finetune', 'target', TRANSLATE, (tft(0.01, 32),), 20, tag='batch'),
       Sweep('pretrain', 'target', PRETRAIN, (tpre(0.13, 50),), 25, tag='warmup'),  # decays
+      # T5's multi-task pre-training (span corruption + both tasks at example-proportional
+      # rates): does a long target run reach the quality bar, and where does the curve flatten?
+      # Then how much a short multi-task fine-tuning adds from it.
+      Sweep('pretrain', 'target', MIXTURE, (Point(0.015, b, 1500, warmup=500),), 250),
+      Sweep('finetune', 'target', MULTITASK, (tft(0.01, steps=300),), 100, tag='from_mixture',
+            init_sweep='pretrain.target.mixture'),
   ), val_batches=4, metric_examples=32)
 
 
 def _lengths(preset: Preset, task: str) -> Tuple[int, int]:
   if task == PRETRAIN:
     return preset.pretrain_lengths
-  if task == MULTITASK:
-    ls = list(preset.finetune_lengths.values())
+  if task in (MULTITASK, MIXTURE):
+    ls = list(preset.finetune_lengths.values()) + (
+        [preset.pretrain_lengths] if task == MIXTURE else [])
     return max(l[0] for l in ls), max(l[1] for l in ls)
   return preset.finetune_lengths[task]
 
@@ -136,7 +157,8 @@ class Curve:
     from gqa_spec.training.data import DatasetConfig, get_batches  # pylint: disable=g-import-not-at-top
     from gqa_spec.training.evaluation import InferenceEvaluator  # pylint: disable=g-import-not-at-top
     from gqa_spec.training.train_step import loss_and_metrics  # pylint: disable=g-import-not-at-top
-    tasks = (TRANSLATE, SUMMARIZE) if sweep.task == MULTITASK else (sweep.task,)
+    tasks = (PRETRAIN,) if sweep.task == MIXTURE else ()
+    tasks += sweep.supervised_tasks or (sweep.task,)
     self.val = {}  # task -> list of validation batches
     for task in tasks:
       inputs, targets = _lengths(preset, task)
@@ -146,12 +168,11 @@ class Curve:
       if not self.val[task]:
         raise UserError(f'{task}: the validation split has fewer than {point.batch} examples')
     self.inference = {}
-    if sweep.stage == 'finetune':
-      for task in tasks:
-        inputs, targets = _lengths(preset, task)
-        self.inference[task] = InferenceEvaluator(
-            task, config, 'validation', {'inputs': inputs, 'targets': targets},
-            batch_size=plan_.metric_examples, num_examples=plan_.metric_examples)
+    for task in sweep.supervised_tasks:
+      inputs, targets = _lengths(preset, task)
+      self.inference[task] = InferenceEvaluator(
+          task, config, 'validation', {'inputs': inputs, 'targets': targets},
+          batch_size=plan_.metric_examples, num_examples=plan_.metric_examples)
     self._loss = jax.jit(lambda params, batch: loss_and_metrics(params, batch, config, None, 0.0,
                                                                  None)[1])
     self.rows: List[dict] = []
@@ -207,12 +228,16 @@ def _write(path: str, obj) -> None:
   os.replace(tmp, path)
 
 
-def _best_pretrained(work_dir: str, plan_: Plan, role: str) -> str:
-  """The model dir of the finished pre-training point of `role` with the lowest final val loss."""
-  done = [r for s in plan_.sweeps if s.stage == 'pretrain' and s.role == role for p in s.points
-          for r in [_read(_point_path(work_dir, s, p), p)] if r]
+def _best_pretrained(work_dir: str, plan_: Plan, sweep: Sweep) -> str:
+  """The model dir of the finished pre-training point `sweep` starts from (lowest final val loss
+  among `sweep.init_sweep`'s points, or among the role's span-corruption pre-training points)."""
+  role = sweep.role
+  done = [r for s in plan_.sweeps if s.stage == 'pretrain' and s.role == role
+          and (s.name == sweep.init_sweep if sweep.init_sweep else s.task == PRETRAIN)
+          for p in s.points for r in [_read(_point_path(work_dir, s, p), p)] if r]
   if not done:
-    raise UserError(f'fine-tuning the {role} needs a finished pre-training point of the {role}')
+    raise UserError(f'{sweep.name} needs a finished pre-training point of '
+                    f'{sweep.init_sweep or "the " + role}')
   return os.path.join(work_dir, min(done, key=lambda r: r['final_val_loss'])['model_dir'])
 
 
@@ -231,7 +256,7 @@ def run_point(preset: Preset, work_dir: str, plan_: Plan, sweep: Sweep, point: P
   else:
     config = config.replace(dropout_rate=0.1)
     lr_fn = constant(point.lr)
-    init = _best_pretrained(work_dir, plan_, sweep.role)
+    init = _best_pretrained(work_dir, plan_, sweep)
   inputs, targets = _lengths(preset, sweep.task)
   curve = Curve(config, preset, sweep, point, plan_)
   curve.start()

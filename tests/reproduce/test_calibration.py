@@ -46,7 +46,7 @@ def test_curves_are_real(calibrated):
   """Pre-training loss falls on the excerpt; fine-tuning starts from the best pre-trained point
   and records its task metric."""
   _, _, record = calibrated
-  pretrain, finetune = record['sweeps']
+  pretrain, finetune, mixture, multitask = record['sweeps']
   for p in pretrain['points']:
     first, last = p['curve'][0]['val_loss'], p['curve'][-1]['val_loss']
     assert last < first - 0.1, (p['label'], first, last)
@@ -55,6 +55,14 @@ def test_curves_are_real(calibrated):
   assert ft['initial_checkpoint'] == best['model_dir']
   assert all(0.0 <= row['bleu'] <= 100.0 for row in ft['curve'])
   assert ft['curve'][-1]['val_loss'] < ft['curve'][0]['val_loss']
+  # multi-task pre-training evaluates both tasks' metrics along its curve; the multi-task
+  # fine-tuning named it as its start, not the span-corruption point of lower val loss
+  (mix,) = mixture['points']
+  assert {'bleu/ddtp_translate_en_de', 'rouge1/ddtp_summarize',
+          'val_loss/ddtp_span_corruption'} <= set(mix['curve'][-1])
+  assert mix['curve'][-1]['val_loss'] < mix['curve'][0]['val_loss']
+  (mt,) = multitask['points']
+  assert mt['initial_checkpoint'] == mix['model_dir'] != best['model_dir']
 
 
 def test_finished_points_are_skipped(calibrated):
