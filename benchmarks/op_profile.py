@@ -27,6 +27,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 from typing import Any, Callable, Dict, List, Sequence
@@ -105,14 +106,17 @@ def profile(fn: Callable, args: Sequence[Any], repeats: int = 5) -> Dict[str, An
   comps, owner = parse_hlo(text)
   jax.block_until_ready(compiled(*args))
   logdir = tempfile.mkdtemp(prefix='op_profile_')
-  t0 = time.perf_counter()
-  with jax.profiler.trace(logdir):
-    for _ in range(repeats):
-      jax.block_until_ready(compiled(*args))
-  wall = (time.perf_counter() - t0) / repeats
-  path = glob.glob(os.path.join(logdir, 'plugins', 'profile', '*', '*.trace.json.gz'))[0]
-  with gzip.open(path) as f:
-    events = json.load(f)['traceEvents']
+  try:
+    t0 = time.perf_counter()
+    with jax.profiler.trace(logdir):
+      for _ in range(repeats):
+        jax.block_until_ready(compiled(*args))
+    wall = (time.perf_counter() - t0) / repeats
+    path = glob.glob(os.path.join(logdir, 'plugins', 'profile', '*', '*.trace.json.gz'))[0]
+    with gzip.open(path) as f:
+      events = json.load(f)['traceEvents']
+  finally:  # the trace is read: leave no directory behind
+    shutil.rmtree(logdir, ignore_errors=True)
   per_op: Dict[str, float] = collections.defaultdict(float)
   counts: Dict[str, int] = collections.defaultdict(int)
   for e in events:

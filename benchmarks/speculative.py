@@ -213,7 +213,10 @@ def machine() -> Dict[str, Any]:
     lscpu = ''
   return {'lscpu_head': lscpu.splitlines()[:12], 'python': platform.python_version(),
           'jax': jax.__version__, 'devices': [str(d) for d in jax.devices()],
-          'note': 'CPU shared with other processes; timings are noisy'}
+          'note': 'Load average (1 / 5 / 15 min) when written: %.1f / %.1f / %.1f on %d cores%s.'
+                  % (*os.getloadavg(), os.cpu_count(),
+                     ' (other jobs were running: timings are noisy)'
+                     if os.getloadavg()[1] > 2.5 else '')}
 
 
 def write_markdown(path: str, lines: List[str], machine_info: Dict[str, Any]) -> None:

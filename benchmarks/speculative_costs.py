@@ -131,7 +131,7 @@ def profile_loop(args) -> None:
           f'scan step). Load average before/after {load[0][0]:.1f} / {load[1][0]:.1f} on '
           f'{os.cpu_count()} cores' + (' (shared machine: per-thunk times of small ops include '
                                        'preemption; shares of the large ones are what to read).'
-                                       if max(load[0][0], load[1][0]) > 1.5 else '.'))
+                                       if load[0][0] > 2.5 else ' (no other jobs).'))
   with open(out + '.md', 'w') as f:
     f.write('\n'.join(op_profile.markdown('Speculative loop: per-op profile', command, result,
                                           note)) + '\n')
@@ -199,7 +199,7 @@ def write(results, args) -> None:
            'verify call / target step; overhead = loop iteration - propose - verify (in ms and in '
            f'target steps).{ab_note} Load average before/after: {load[0][0]:.1f} / {load[1][0]:.1f}'
            f' on {os.cpu_count()} cores' + (' (shared machine: absolute ms are contaminated).'
-                                             if max(load[0][0], load[1][0]) > 1.5 else '.'), '']
+                                             if load[0][0] > 2.5 else ' (no other jobs).'), '']
   base = bool(args.baseline)
   lines += ['| batch | gamma | target ms | draft ms | c | verify ms | v | propose ms | iter ms |'
             + (' base iter ms | iter speedup |' if base else '') + ' overhead ms | overhead / target step |',

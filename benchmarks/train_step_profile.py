@@ -76,7 +76,7 @@ def main(argv=None):
           f'{(result["xla_bytes_accessed"] or 0) / 2 ** 30:.2f} GiB accessed. Load average '
           f'before/after {load[0][0]:.1f} / {load[1][0]:.1f} on {os.cpu_count()} cores'
           + (' (shared machine: absolute ms are contaminated, shares less so).'
-             if max(load[0][0], load[1][0]) > 1.5 else '.'))
+             if load[0][0] > 2.5 else ' (no other jobs; the load is this sequence of benchmarks).'))
   lines = op_profile.markdown('Train step: per-op profile', result['command'], result, note)
   with open(args.out + '.md', 'w') as f:
     f.write('\n'.join(lines) + '\n')

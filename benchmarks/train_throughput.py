@@ -173,9 +173,10 @@ def main(argv=None):
               f'at `{base}` ("baseline")' if base else '') + '. Stated FLOPs: 6 x matmul params x '
            'tokens + 3 x attention matmuls (see `benchmarks/train_throughput.py`); peak: measured '
            'float32 matmul rate in the same runs (best of square 1024^3 and model-shaped). '
-           f'Load average before/after: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f} on 2 cores '
-           '(the machine was shared with other jobs, so absolute rates are low; compare the '
-           'columns side by side).', '',
+           f'Load average before/after: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f} on '
+           f'{os.cpu_count()} cores'
+           + (' (the machine was shared with other jobs, so absolute rates are low; compare the '
+              'columns side by side).' if load_before[0] > 2.5 else ' (no other jobs).'), '',
            '| setting | kv | batch x in/out | dropout | step s |' + (' baseline s | speedup |' if base else '')
            + ' tokens/s | GFLOP (stated / XLA) | GFLOP/s | matmul peak GFLOP/s | of peak |',
            '|---|---|---|---|---|' + ('---|---|' if base else '') + '---|---|---|---|---|']
