@@ -24,6 +24,15 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def child_argv(argv: Sequence[str]) -> List[str]:
+  """A benchmark's own arguments minus the A/B ones (`--baseline`, `--rounds`, `--out`, with their
+  values, as `--flag value` or `--flag=value`): what every child gets."""
+  drop = {'--baseline', '--rounds', '--out'}
+  return [a for i, a in enumerate(argv)
+          if a not in drop and (i == 0 or argv[i - 1] not in drop)
+          and not any(a.startswith(d + '=') for d in drop)]
+
+
 def checkout(ref: str) -> str:
   """Unpacks `gqa_spec/` at git `ref` into a new temporary directory; returns that directory."""
   sha = subprocess.run(['git', 'rev-parse', '--short', ref], cwd=REPO, check=True,

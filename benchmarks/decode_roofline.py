@@ -125,12 +125,9 @@ def main(argv=None):
     return
   load_before = os.getloadavg()
   if args.baseline:
-    child_argv = [a for a in (argv if argv is not None else sys.argv[1:])]
-    drop = {'--baseline', '--rounds', '--out'}
-    child_argv = [a for i, a in enumerate(child_argv)
-                  if a not in drop and (i == 0 or child_argv[i - 1] not in drop)
-                  and not any(a.startswith(d + '=') for d in drop)]
-    ab_result = ab.alternate(os.path.abspath(__file__), args.baseline, child_argv, args.rounds,
+    ab_result = ab.alternate(os.path.abspath(__file__), args.baseline,
+                             ab.child_argv(list(argv if argv is not None else sys.argv[1:])),
+                             args.rounds,
                              key=lambda r: (r['preset'], r['kv_heads'], r['input_length'],
                                             r['batch']),
                              timed=('step_ms', 'bandwidth_gb_s', 'loadavg'))

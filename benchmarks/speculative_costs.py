@@ -137,13 +137,6 @@ def profile_loop(args) -> None:
                                           note)) + '\n')
 
 
-def _child_argv(argv):
-  drop = {'--baseline', '--rounds', '--out'}
-  return [a for i, a in enumerate(argv)
-          if a not in drop and (i == 0 or argv[i - 1] not in drop)
-          and not any(a.startswith(d + '=') for d in drop)]
-
-
 def main(argv=None):
   p = argparse.ArgumentParser()
   p.add_argument('--batch', default='1,8')
@@ -167,7 +160,7 @@ def main(argv=None):
   load_before = os.getloadavg()
   if args.baseline:
     res = ab.alternate(os.path.abspath(__file__), args.baseline,
-                       _child_argv(list(argv if argv is not None else sys.argv[1:])), args.rounds,
+                       ab.child_argv(list(argv if argv is not None else sys.argv[1:])), args.rounds,
                        key=lambda r: (r['batch'], r['gamma']), timed=TIMED + ('loadavg',))
     rows = res['rows']
     for r in rows:

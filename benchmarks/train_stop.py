@@ -113,7 +113,7 @@ def main():
   os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
   with open(args.out + '.json', 'w') as f:
     json.dump(out, f, indent=1)
-  lines = [f'# Train loop: stop latency and throughput, bounded vs unbounded dispatch', '',
+  lines = ['# Train loop: stop latency and throughput, bounded vs unbounded dispatch', '',
            f'Command: `{out["command"]}`', '', f'Machine: {out["machine"]}; load average '
            f'{loads[0][0]:.1f} -> {loads[-1][0]:.1f}'
            + (' (the machine was shared with other jobs).' if loads[0][0] > 2.5 else '.'), '',

@@ -147,10 +147,8 @@ def main(argv=None):
     return
   load_before = os.getloadavg()
   if args.baseline:
-    raw = list(argv if argv is not None else sys.argv[1:])
-    drop = {'--baseline', '--rounds', '--out'}
-    child_argv = [a for i, a in enumerate(raw) if a not in drop and (i == 0 or raw[i - 1] not in drop)]
-    rows = ab.alternate(os.path.abspath(__file__), args.baseline, child_argv, args.rounds,
+    rows = ab.alternate(os.path.abspath(__file__), args.baseline,
+                        ab.child_argv(list(argv if argv is not None else sys.argv[1:])), args.rounds,
                         key=lambda r: (r['setting'], r['kv_heads']),
                         timed=('step_s', 'tokens_per_s', 'achieved_gflop_s', 'matmul_peak_gflop_s',
                                'matmul_peak_model_shape_gflop_s', 'loadavg'))['rows']

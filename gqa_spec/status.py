@@ -22,7 +22,7 @@ import json
 import os
 import socket
 import time
-from typing import Iterator, List, Optional
+from typing import Iterator, List
 
 from gqa_spec.errors import UserError
 

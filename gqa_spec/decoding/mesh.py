@@ -202,7 +202,7 @@ def beam(decoder: MeshT5Decoder, state: T5State, *, beam_size: int, max_decode_l
   when `data` divides b; the per-step beam reorder then gathers within the shard's rows, but XLA
   sees a general gather over a data-sharded axis and may move rows between devices.
   """
-  part, rows = decoder.partitioner, decoder.index(state).shape[0]
+  part = decoder.partitioner
   fn = functools.partial(_beam, decoder, beam_size, max_decode_len, alpha, eos_id)
   return _run(('beam', decoder, beam_size, max_decode_len, alpha, eos_id), fn,
               (decoder.state_shardings(state),),
