@@ -130,8 +130,8 @@ def plan(preset: Preset) -> Plan:
       # T5's multi-task pre-training (span corruption + both tasks at example-proportional
       # rates): does a long target run reach the quality bar, and where does the curve flatten?
       # Then how much a short multi-task fine-tuning adds from it.
-      Sweep('pretrain', 'target', MIXTURE, (Point(0.015, b, 1500, warmup=500),), 250),
-      Sweep('finetune', 'target', MULTITASK, (tft(0.01, steps=300),), 100, tag='from_mixture',
+      Sweep('pretrain', 'target', MIXTURE, (Point(0.015, b, 1000, warmup=500),), 250),
+      Sweep('finetune', 'target', MULTITASK, (tft(0.01, steps=200),), 50, tag='from_mixture',
             init_sweep='pretrain.target.mixture'),
   ), val_batches=4, metric_examples=32)
 
