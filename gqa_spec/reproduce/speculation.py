@@ -16,7 +16,7 @@ Jobs (each skipped once finished):
                            trees (`tree_rows`): the fine-tuned draft growing each of
                              `tree_shapes`, the staged tree (the fine-tuned draft growing
                              `topk:k_1,1,...,1`, the first of `tree_shapes` with single children
-                             below depth 1, with `stage2_gamma` bigram tokens fed after each
+                             below depth 1 (depth >= 3), with `stage2_gamma` bigram tokens fed after each
                              expanded node, skipping a level when the bigram guessed all of its
                              nodes: only single-child levels can be), and Chimera as a tree
                              proposer (`chimera_tree`, top-k per head);
@@ -176,9 +176,10 @@ def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
 
 
 def staged_tree_spec(preset) -> str:
-  """`topk:k_1,1,...,1` of the depth of the preset's first tree (`tree_shapes[0]`)."""
+  """`topk:k_1,1,...,1`: k_1 and the depth of the preset's first tree (`tree_shapes[0]`), depth
+  at least 3 (level 1 is always fed, so a depth-2 tree has no level to skip)."""
   first = TreeShape.parse(preset.tree_shapes[0])
-  return TreeShape.topk(first.branching[0], *(1,) * (first.depth - 1)).describe()
+  return TreeShape.topk(first.branching[0], *(1,) * (max(first.depth, 3) - 1)).describe()
 
 
 def staged_tree_name(preset) -> str:
