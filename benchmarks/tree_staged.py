@@ -2,16 +2,22 @@
 
   python benchmarks/tree_staged.py [--target CKPT --draft CKPT] [--batch-sizes 1,8] \
       [--temperatures 0,1] [--gamma 4] [--trees 'topk:4,2,2;best:16,depth:4'] [--stage2-gamma 3] \
+      [--staged-trees 'topk:4,1,1'] \
       [--num-examples 8] [--max-decode-len 32] [--repeats 3] [--out results/benchmarks/tree_staged]
 
 For every (temperature, batch size) the methods run interleaved on the same batches (one repeat
 of each in turn, medians over repeats, after one untimed compiling run): autoregressive, chain
-speculation with gamma, each tree, and staged speculation (chain gamma; a bigram fitted on the
-draft's own greedy outputs for other inputs speculates the draft, `--stage2-gamma` per draft call).
+speculation with gamma, each tree, staged speculation (chain gamma; a bigram fitted on the
+draft's own greedy outputs for other inputs speculates the draft, `--stage2-gamma` per draft call)
+and each of `--staged-trees` plain and staged (the tree draft feeds `--stage2-gamma` bigram tokens
+after every expanded node and skips a level whose nodes, in every row, the bigram guessed: the same
+trees as the plain row in fewer draft calls; only single-child levels can be skipped, hence
+`topk:4,1,1` rather than `topk:4,2,2`).
 Reported: tokens per target call, tokens/s, speedup over autoregressive and over the chain, token
 identity with autoregressive at temperature 0, and parameter bytes read per generated token
 (Spector & Re Table 1's form: each decode call reads its model's parameters once per batch;
-K/V and activations not counted), with Theorem 8's prediction for the chain row.
+K/V and activations not counted; staged rows count their measured draft calls, `draft_calls`),
+with Theorem 8's prediction for the chain row.
 
 Without --target the pair is the built-in UNTRAINED demo of `benchmarks/speculative.py`: a random
 mini target and its weights + noise as the draft (same size: c ~ 1, so no wall-time speedup is
@@ -58,6 +64,7 @@ def main(argv=None):
   p.add_argument('--gamma', type=int, default=4)
   p.add_argument('--trees', default='topk:4,2,2;best:16,depth:4')
   p.add_argument('--stage2-gamma', type=int, default=3)
+  p.add_argument('--staged-trees', default='topk:4,1,1')
   p.add_argument('--perturb', type=float, default=0.05)
   p.add_argument('--repeats', type=int, default=3)
   p.add_argument('--out', default='results/benchmarks/tree_staged')
@@ -85,13 +92,16 @@ def main(argv=None):
                               jax.random.PRNGKey(0), max_decode_len=L)
   successor = fit_ngram(autoregressive.strip(own.sequences, own.lengths), 2,
                         cfg.vocab_size).successor()
+  staged_shapes = [TreeShape.parse(s) for s in args.staged_trees.split(';') if s]
   shapes = [TreeShape.parse(s) for s in args.trees.split(';')]
+  shapes += [s for s in staged_shapes if s not in shapes]
   chain, staged = ModelDraft.t5(draft_model), StagedDraft.t5(draft_model, g2)
-  tree_draft = TreeModelDraft.t5(draft_model)
+  tree_draft, staged_tree = TreeModelDraft.t5(draft_model), TreeModelDraft.t5(draft_model, g2)
   bytes_t, bytes_d = param_bytes(params), param_bytes(dparams)
 
   def methods(config):
-    """name -> (run(enc) -> result, draft calls per loop iteration or None)."""
+    """name -> (run(enc) -> result, draft calls per loop iteration; None: the result counts them
+    (`draft_calls`) or there is no draft)."""
     out = {'autoregressive': (lambda enc: autoregressive.decode(
         target, target.init(params, enc, L + 1), jax.random.PRNGKey(1), max_decode_len=L,
         config=config), None)}
@@ -104,6 +114,12 @@ def main(argv=None):
           target, target.init(params, enc, tree_speculative.target_cache_length(L, shape)),
           tree_draft, tree_draft.init(dparams, enc, L, shape), jax.random.PRNGKey(1),
           shape=shape, max_decode_len=L, config=config), shape.depth)
+    for shape in staged_shapes:
+      out[f'staged tree {shape.describe()}, bigram {g2}/node'] = (
+          lambda enc, shape=shape: tree_speculative.decode(
+              target, target.init(params, enc, tree_speculative.target_cache_length(L, shape)),
+              staged_tree, staged_tree.init(dparams, enc, L, shape, successor),
+              jax.random.PRNGKey(1), shape=shape, max_decode_len=L, config=config), None)
     out[f'staged gamma={gamma}, bigram {g2}/call'] = (lambda enc: speculative.decode(
         target, target.init(params, enc, slots), staged,
         staged.init(dparams, enc, L, gamma, successor), jax.random.PRNGKey(1), gamma=gamma,
@@ -133,12 +149,17 @@ def main(argv=None):
         iters = sum(int(r.loop_iterations) for r in res)  # batched target calls
         calls = sum(int(r.target_calls.sum()) for r in res)  # per row, active rows only
         per_iter = ms[name][1]
-        draft_bytes = None if per_iter is None else bytes_d * per_iter * iters / tokens
+        draft_calls = (sum(int(r.draft_calls) for r in res)  # batched draft calls, if counted
+                       if getattr(res[0], 'draft_calls', None) is not None else None)
+        if per_iter is not None:
+          draft_calls = per_iter * iters
+        draft_bytes = None if draft_calls is None else bytes_d * draft_calls / tokens
         row = {'method': name, 'temperature': temp, 'batch_size': batch, 'tokens': tokens,
                'target_calls_per_row_sum': calls, 'tokens_per_target_call': tokens / calls,
                'seconds': secs, 'tokens_per_second': tokens / secs,
                'target_param_bytes_per_token': bytes_t * iters / tokens,
                'draft_param_bytes_per_token': 0 if name == 'autoregressive' else draft_bytes,
+               'draft_calls': draft_calls, 'loop_iterations': iters,
                'tokens_equal_autoregressive': (sum((autoregressive.strip(r.sequences, r.lengths)
                                                     for r in res), []) == ar_lists)
                                               if temp == 0 else None}
@@ -178,17 +199,20 @@ def write(results: Dict[str, Any], out: str) -> None:
            'methods interleaved in one run, median of repeats. The CPU was SHARED with other '
            f'jobs (load average after the run: {results["loadavg_after"]}); timings are noisy. '
            'Bytes: parameters read per generated token (Spector & Re Table 1\'s form; K/V not '
-           'counted; staged: draft calls vary, not counted).', '',
+           'counted; draft calls: batched draft decode calls, measured for staged rows).', '',
            '| method | T | batch | tok/call | tok/s | vs AR | vs chain | target MB/tok | '
-           'draft MB/tok | = AR | Thm 8 |', '|---|---|---|---|---|---|---|---|---|---|---|']
+           'draft MB/tok | draft calls / iteration | = AR | Thm 8 |',
+           '|---|---|---|---|---|---|---|---|---|---|---|---|']
   mb = lambda x: '-' if x is None else f'{x / 1e6:.2f}'
   for r in results['rows']:
     thm = f'{r["speedup_thm8"]:.2f}x (alpha {r["alpha"]:.2f}, c {r["c"]:.2f})' if 'alpha' in r else ''
+    calls = ('-' if r.get('draft_calls') is None
+             else f'{r["draft_calls"] / max(r["loop_iterations"], 1):.2f}')
     lines.append(f'| {r["method"]} | {r["temperature"]:g} | {r["batch_size"]} | '
                  f'{r["tokens_per_target_call"]:.2f} | {r["tokens_per_second"]:.1f} | '
                  f'{r["speedup_over_autoregressive"]:.2f}x | {r["speedup_over_chain"]:.2f}x | '
                  f'{mb(r["target_param_bytes_per_token"])} | {mb(r["draft_param_bytes_per_token"])} '
-                 f'| {r["tokens_equal_autoregressive"]} | {thm} |')
+                 f'| {calls} | {r["tokens_equal_autoregressive"]} | {thm} |')
   with open(out + '.md', 'w') as f:
     f.write('\n'.join(lines) + '\n')
 

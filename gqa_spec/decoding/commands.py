@@ -2,7 +2,7 @@
 
   gqa-spec generate --model CKPT --inputs IN.jsonl --out OUT.jsonl [--stats STATS.json]
       [--max-decode-len N] [--batch-size B] [--draft {none,CKPT_DIR,unigram:PATH,bigram:PATH,copy}]
-      [--gamma G] [--tree {topk:K1,K2,...|best:N,depth:D[,width:W]}]
+      [--gamma G] [--tree {topk:K1,K2,...|best:N,depth:D[,width:W]}[,replace]]
       [--stage2 bigram:PATH [--stage2-gamma G2]] [--temperature T]
       [--top-k K] [--top-p P] [--lenience L] [--seed S] [--model-parallel N]
   gqa-spec ngram fit --task TASK --order {1,2} --out PATH [--split train] [--max-examples N]
@@ -46,11 +46,14 @@ def register(subparsers) -> None:
   p.add_argument('--tree', default=None,
                  help='verify a token tree instead of a chain (model, bigram or chimera drafts): '
                       'topk:K1,K2,... (K_d children per node at depth d) or best:N,depth:D[,width:W] '
-                      '(best-first, N nodes); replaces --gamma')
+                      '(best-first, N nodes), either with ,replace for SpecInfer\'s sampling with '
+                      'replacement; replaces --gamma')
   p.add_argument('--stage2', default=None,
-                 help='staged speculation: bigram:PATH speculates the model draft\'s own tokens')
+                 help='staged speculation: bigram:PATH speculates the model draft\'s own tokens '
+                      '(a chain, or with --tree the tree draft\'s levels)')
   p.add_argument('--stage2-gamma', type=int, default=3,
-                 help='bigram tokens the draft verifies per draft call (with --stage2)')
+                 help='bigram tokens the draft verifies per draft call (with --stage2; with '
+                      '--tree: chain tokens fed after each expanded node)')
   p.add_argument('--temperature', type=float, default=0.0, help='0 = greedy')
   p.add_argument('--top-k', type=int, default=0, help='0 = off')
   p.add_argument('--top-p', type=float, default=1.0, help='1 = off')
@@ -142,8 +145,6 @@ def generate(args: argparse.Namespace) -> int:
   if args.stage2 is not None:
     if draft_spec == 'none':
       raise UserError('--stage2 needs a model --draft')
-    if shape is not None:
-      raise UserError('--stage2 with --tree is not supported (the second stage drives chain drafts)')
   target_config, params, vocab_path = _load(args.model, 'model')
   vocab = None
   if vocab_path:
@@ -181,12 +182,12 @@ def generate(args: argparse.Namespace) -> int:
   draft = None
   if partitioner is not None and (shape is not None or args.stage2 is not None):
     raise UserError('--tree and --stage2 run on one device for now; drop --model-parallel')
-  if shape is not None:
+  if args.stage2 is not None:  # a chain StagedDraft, or a tree draft with a second stage
+    draft, draft_init, draft_desc = factory.make_staged_draft(
+        draft_spec, args.stage2, target_config, gamma, args.stage2_gamma, max_len, shape=shape)
+  elif shape is not None:
     draft, draft_init, draft_desc = factory.make_tree_draft(draft_spec, target_config, shape,
                                                             max_len)
-  elif args.stage2 is not None:
-    draft, draft_init, draft_desc = factory.make_staged_draft(
-        draft_spec, args.stage2, target_config, gamma, args.stage2_gamma, max_len)
   elif draft_spec != 'none':
     draft, draft_init, draft_desc = factory.make_draft(
         draft_spec, target_config, gamma, max_len,
@@ -269,7 +270,10 @@ def _stats(results, speculative_run: bool, seconds: float, compile_seconds: floa
   proposed = accepted = 0
   per_position = histogram = None
   beta_sum = beta_count = 0.0
+  draft_calls = None
   for r, n in results:
+    if r.draft_calls is not None:  # batched draft decode calls (staged drafts count them)
+      draft_calls = (draft_calls or 0) + int(r.draft_calls)
     # Dummy rows of the last batch start done: the loop leaves them out of every count.
     proposed += int(np.sum(np.asarray(r.proposed)[:n]))
     accepted += int(np.sum(np.asarray(r.accepted)[:n]))
@@ -283,7 +287,7 @@ def _stats(results, speculative_run: bool, seconds: float, compile_seconds: floa
              accepted_per_position=[int(x) for x in per_position],
              accept_histogram=[int(x) for x in histogram],
              proposed=proposed, accepted=accepted,
-             alpha=beta_sum / beta_count if beta_count else None)
+             alpha=beta_sum / beta_count if beta_count else None, draft_calls=draft_calls)
   return out
 
 

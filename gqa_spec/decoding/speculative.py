@@ -52,6 +52,8 @@ class SpeculativeResult:
     accept_histogram: `[gamma + 1]` how often k = 0..gamma tokens were accepted.
     beta_sum, beta_count: `[]` sum and number of tried positions' beta (alpha = sum / count).
     loop_iterations: `[]`.
+    draft_calls: `[]` decode calls of a draft that counts them (`StagedDraft`, `TreeModelDraft`),
+      all rows together; None for other drafts.
   """
 
   sequences: jax.Array
@@ -64,6 +66,7 @@ class SpeculativeResult:
   beta_sum: jax.Array
   beta_count: jax.Array
   loop_iterations: jax.Array
+  draft_calls: Optional[jax.Array] = None
 
 
 @flax.struct.dataclass
@@ -198,8 +201,15 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
         loop_iterations=r.loop_iterations + 1)
     return LoopState(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
 
-  final = jax.lax.while_loop(cond, body, init).result
-  return final.replace(sequences=finish(final.sequences, final.lengths))
+  final = jax.lax.while_loop(cond, body, init)
+  return with_draft_calls(final)
+
+
+def with_draft_calls(final: LoopState) -> SpeculativeResult:
+  """The loop's result, sequences finished, with the draft's call count where it keeps one."""
+  r = final.result
+  return r.replace(sequences=finish(r.sequences, r.lengths),
+                   draft_calls=getattr(final.draft_state, 'draft_calls', None))
 
 
 def summarize(result: SpeculativeResult) -> Dict[str, Any]:
@@ -224,4 +234,5 @@ def summarize(result: SpeculativeResult) -> Dict[str, Any]:
       'accepted_per_position': [int(x) for x in r.accepted_per_position],
       'accept_histogram': [int(x) for x in r.accept_histogram],
       'alpha': float(r.beta_sum / r.beta_count) if r.beta_count else None,
+      'draft_calls': None if r.draft_calls is None else int(r.draft_calls),
   }

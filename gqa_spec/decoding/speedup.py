@@ -180,7 +180,9 @@ def measure_trees(target: T5Decoder, params: Any, drafts: TreeDrafts,
   Returns:
     Rows `{draft, tree, depth, nodes, temperature, tokens, target_calls, tokens_per_call,
     accepted, loop_iterations, seconds, ar_seconds, ar_tokens, speedup_measured,
-    tokens_equal_autoregressive, accept_histogram}` per (temperature, draft).
+    tokens_equal_autoregressive, accept_histogram, draft_calls}` per (temperature, draft);
+    draft_calls: batched draft decode calls where the draft counts them (`TreeModelDraft`), else
+    None.
   """
   L = max_decode_len
   rows = []
@@ -207,5 +209,7 @@ def measure_trees(target: T5Decoder, params: Any, drafts: TreeDrafts,
           'ar_seconds': ar['seconds'], 'ar_tokens': ar['tokens'],
           'speedup_measured': ar['seconds_per_token'] / (secs / tokens),
           'tokens_equal_autoregressive': (outputs == ar['outputs']) if config.greedy else None,
-          'accept_histogram': [int(x) for x in sum(r.accept_histogram for r in res)]})
+          'accept_histogram': [int(x) for x in sum(r.accept_histogram for r in res)],
+          'draft_calls': (None if res[0].draft_calls is None
+                          else sum(int(r.draft_calls) for r in res))})
   return rows

@@ -12,10 +12,15 @@ from given its earlier siblings (verification needs exactly that one). Two shape
                         nodes of highest cumulative draft probability with W children each, and the
                         tree keeps the N candidates of highest cumulative probability (W = 4).
 
+Either spec may end in `,replace` (SpecInfer's variant): under sampling, children are drawn i.i.d.
+WITH replacement from q (siblings may repeat) and every child's q is its parent's q unchanged. At
+temperature 0 (and for deterministic drafts) children are the top-k tokens either way: the option
+only changes sampling.
+
 The draft runs once per level on all the frontier nodes of that level (the point of Spector &
 Re's batching), `grow` below, never on the last level. Children of a node are the top-k tokens of
 the draft's logits at temperature 0 and a Gumbel top-k draw (k draws without replacement) from the
-adjusted q otherwise.
+adjusted q otherwise (k i.i.d. draws with `,replace`).
 
 Best-first under sampling ranks a node by the *sorted* q of its parent at its rank (the probability
 of the rank-th most likely token), not by q of the token it drew: a node's existence then never
@@ -27,7 +32,10 @@ current node, its children are tried in order; child x (drawn from q_x) is accep
 min(1, p(x) / q_x(x)); on rejection p <- norm(max(0, p - q_x)); when all children are rejected (or
 a leaf is accepted) the next token is drawn from the current p. Given its earlier siblings, each
 child is an ordinary speculative sample of the current p, so by induction the emitted token is
-distributed exactly as p. At temperature 0 a child is accepted iff it is the target's argmax.
+distributed exactly as p. With replacement (SpecInfer's multi-step speculative sampling) the same
+rule runs with q_x = q for every sibling: each child is an independent draw from q, so given the
+earlier rejections it is again an ordinary speculative sample of the current residual p. At
+temperature 0 a child is accepted iff it is the target's argmax.
 """
 
 from __future__ import annotations
@@ -56,11 +64,14 @@ class TreeShape:
     branching: `(k_1, ..., k_D)` children per expanded node at each depth.
     frontier: nodes expanded per level (best-first); None = all of them (top-k trees).
     budget: nodes kept (best-first); None = all candidates (top-k trees).
+    replace: under sampling, draw children i.i.d. with replacement, each with its parent's q
+      (SpecInfer); greedy and deterministic drafts are unaffected (top-k children either way).
   """
 
   branching: Tuple[int, ...]
   frontier: Optional[int] = None
   budget: Optional[int] = None
+  replace: bool = False
 
   def __post_init__(self):
     if not self.branching or any(int(k) != k or k < 1 for k in self.branching):
@@ -73,14 +84,14 @@ class TreeShape:
                       f'[1, {self.num_candidates}]')
 
   @classmethod
-  def topk(cls, *branching: int) -> 'TreeShape':
-    return cls(tuple(branching))
+  def topk(cls, *branching: int, replace: bool = False) -> 'TreeShape':
+    return cls(tuple(branching), replace=replace)
 
   @classmethod
-  def best(cls, nodes: int, depth: int, width: int = 4) -> 'TreeShape':
+  def best(cls, nodes: int, depth: int, width: int = 4, replace: bool = False) -> 'TreeShape':
     if depth < 1 or width < 1:
       raise UserError(f'best-first trees need depth >= 1 and width >= 1, got {depth}, {width}')
-    return cls((width,) * depth, frontier=width, budget=nodes)
+    return cls((width,) * depth, frontier=width, budget=nodes, replace=replace)
 
   @classmethod
   def chain(cls, gamma: int) -> 'TreeShape':
@@ -89,14 +100,16 @@ class TreeShape:
 
   @classmethod
   def parse(cls, spec: str) -> 'TreeShape':
-    """`topk:4,2,2` or `best:32,depth:6[,width:4]` (the CLI's `--tree`)."""
-    m = re.fullmatch(r'topk:(\d+(?:,\d+)*)', spec)
+    """`topk:4,2,2[,replace]` or `best:32,depth:6[,width:4][,replace]` (the CLI's `--tree`)."""
+    m = re.fullmatch(r'topk:(\d+(?:,\d+)*)(,replace)?', spec)
     if m:
-      return cls.topk(*(int(k) for k in m.group(1).split(',')))
-    m = re.fullmatch(r'best:(\d+),depth:(\d+)(?:,width:(\d+))?', spec)
+      return cls.topk(*(int(k) for k in m.group(1).split(',')), replace=bool(m.group(2)))
+    m = re.fullmatch(r'best:(\d+),depth:(\d+)(?:,width:(\d+))?(,replace)?', spec)
     if m:
-      return cls.best(int(m.group(1)), int(m.group(2)), int(m.group(3) or 4))
-    raise UserError(f'tree must be topk:K1,K2,... or best:N,depth:D[,width:W]; got {spec!r}')
+      return cls.best(int(m.group(1)), int(m.group(2)), int(m.group(3) or 4),
+                      replace=bool(m.group(4)))
+    raise UserError(f'tree must be topk:K1,K2,...[,replace] or best:N,depth:D[,width:W][,replace]; '
+                    f'got {spec!r}')
 
   @property
   def depth(self) -> int:
@@ -126,9 +139,10 @@ class TreeShape:
     return sum(f for _, f in self.level_sizes()[:-1])
 
   def describe(self) -> str:
+    suffix = ',replace' if self.replace else ''
     if self.budget is None:
-      return 'topk:' + ','.join(str(k) for k in self.branching)
-    return f'best:{self.budget},depth:{self.depth},width:{self.frontier}'
+      return 'topk:' + ','.join(str(k) for k in self.branching) + suffix
+    return f'best:{self.budget},depth:{self.depth},width:{self.frontier}{suffix}'
 
 
 @flax.struct.dataclass
@@ -140,6 +154,7 @@ class Tree:
   depths: jax.Array  # [b, N] int32 in 1..D
   valid: jax.Array  # [b, N] bool: a real draw (False: q had no mass left, or an invalid ancestor)
   q: jax.Array  # [b, N, V] float32: each node's proposal distribution given its earlier siblings
+  # (with replacement: its parent's q)
 
 
 def attention_mask(parents: jax.Array, depth: int) -> jax.Array:
@@ -156,10 +171,15 @@ def attention_mask(parents: jax.Array, depth: int) -> jax.Array:
 
 
 def _children(rng: jax.Array, logits: jax.Array, dist: jax.Array, k: int,
-              config: SamplingConfig) -> jax.Array:
-  """`[b, F, V]` -> `[b, F, k]` children tokens: top-k (greedy) or a Gumbel top-k draw from dist."""
+              config: SamplingConfig, replace: bool = False) -> jax.Array:
+  """`[b, F, V]` -> `[b, F, k]` children tokens: top-k (greedy), a Gumbel top-k draw from dist
+  (without replacement) or, with `replace`, k i.i.d. draws from dist."""
   if config.greedy:
     return jax.lax.top_k(logits, k)[1].astype(jnp.int32)
+  if replace:
+    keys = jnp.log(dist)[..., None, :] + jax.random.gumbel(
+        rng, dist.shape[:-1] + (k, dist.shape[-1]))  # [b, F, k, V]
+    return jnp.argmax(keys, axis=-1).astype(jnp.int32)
   keys = jnp.log(dist) + jax.random.gumbel(rng, dist.shape)  # [b, F, V]; -inf off the support
   return jax.lax.top_k(keys, k)[1].astype(jnp.int32)
 
@@ -203,7 +223,8 @@ def grow(shape: TreeShape, rng: jax.Array, root_logits: jax.Array, feed: FeedFn,
             else sampling.adjust_logits(logits, config))  # [b, F, V]
     num_parents = dist.shape[1]
     dists.append(dist)
-    token = _children(draw_rng, logits, dist, k, sampling.GREEDY if top else config)  # [b, F, k]
+    token = _children(draw_rng, logits, dist, k, sampling.GREEDY if top else config,
+                      shape.replace)  # [b, F, k]
     rank_prob = jax.lax.top_k(dist, k)[0]  # [b, F, k] sorted q: the ranking (module docstring)
     drawn = jnp.take_along_axis(dist, token, axis=-1)  # [b, F, k]
     valid = f_valid[..., None] & (top | (drawn > 0))  # [b, F, k]
@@ -251,7 +272,8 @@ def grow(shape: TreeShape, rng: jax.Array, root_logits: jax.Array, feed: FeedFn,
   all_dists = jnp.concatenate(dists, axis=1)  # [b, sum F, V]
   q = jnp.take_along_axis(all_dists, pick(c['dist'])[..., None], axis=1)  # [b, N, V]
   vocab = jnp.arange(q.shape[-1], dtype=jnp.int32)
-  for j in range(max(shape.branching) - 1):  # draws without replacement: drop earlier siblings
+  for j in range(0 if shape.replace else max(shape.branching) - 1):  # without replacement:
+    # drop earlier siblings (with replacement, a child's q is its parent's)
     sibling = jnp.take_along_axis(c['token'], jnp.maximum(sel - rank + j, 0), axis=1)  # [b, N]
     q = jnp.where((j < rank)[..., None] & (vocab == sibling[..., None]), 0.0, q)
   mass = jnp.sum(q, axis=-1, keepdims=True)  # [b, N, 1]

@@ -21,8 +21,9 @@ A tree draft (`drafts/tree_model.py`, `drafts/ngram_tree.py`, `drafts/chimera.py
       root and the accepted path (junk past it) of the verification call, at positions start + j.
 
 Statistics reuse `SpeculativeResult`: `proposed` counts valid tree nodes, `accepted_per_position`
-is per depth, `accept_histogram` counts accepted path lengths 0..D, and the alpha fields stay 0
-(alpha is a chain quantity).
+is per depth, `accept_histogram` counts accepted path lengths 0..D, the alpha fields stay 0
+(alpha is a chain quantity), and `draft_calls` is the draft's batched decode calls where it counts
+them (`TreeModelDraft`: D per tree, fewer with a second stage).
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ import jax
 import jax.numpy as jnp
 
 from gqa_spec.decoding import sampling, tree as tree_lib
-from gqa_spec.decoding.autoregressive import EOS, finish
+from gqa_spec.decoding.autoregressive import EOS
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.speculative import LoopState, SpeculativeResult, append_accepted, init_loop
+from gqa_spec.decoding.speculative import (LoopState, SpeculativeResult, append_accepted, init_loop,
+                                           with_draft_calls)
 from gqa_spec.decoding.targets import Decoder
 from gqa_spec.decoding.tree import TreeShape
 
@@ -141,5 +143,4 @@ def decode(target: Decoder, target_state: PyTree, draft: TreeDraft, draft_state:
         loop_iterations=r.loop_iterations + 1)
     return LoopState(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
 
-  final = jax.lax.while_loop(cond, body, init).result
-  return final.replace(sequences=finish(final.sequences, final.lengths))
+  return with_draft_calls(jax.lax.while_loop(cond, body, init))

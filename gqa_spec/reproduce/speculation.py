@@ -14,11 +14,16 @@ Jobs (each skipped once finished):
                              `stage2_gamma` tokens per draft call), over `draft_gammas` and
                              temperatures;
                            trees (`tree_rows`): the fine-tuned draft growing each of
-                             `tree_shapes`, and Chimera as a tree proposer (`chimera_tree`,
-                             top-k per head);
+                             `tree_shapes`, the staged tree (the fine-tuned draft growing
+                             `topk:k_1,1,...,1`, the first of `tree_shapes` with single children
+                             below depth 1 (depth >= 3), with `stage2_gamma` bigram tokens fed after each
+                             expanded node, skipping a level when the bigram guessed all of its
+                             nodes: only single-child levels can be), and Chimera as a tree
+                             proposer (`chimera_tree`, top-k per head);
                          each with parameter bytes read per generated token (Spector Table 1's
                          form: a decode call reads its model's parameters once per batch; K/V not
-                         counted; staged: its draft's calls vary, not counted) and, at
+                         counted; the staged chain's draft calls vary, not counted; the staged
+                         tree's are counted, `draft_calls`) and, at
                          temperature 0, whether the output equals greedy autoregressive decoding.
 """
 
@@ -27,6 +32,8 @@ from __future__ import annotations
 from typing import Optional
 
 import jax
+
+from gqa_spec.decoding.tree import TreeShape
 
 
 def _test_inputs(task: str, lengths, n: int):
@@ -123,6 +130,11 @@ def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
                                      lambda enc, s=s: tree_model.init(dparams, enc, L,
                                                                       TreeShape.parse(s)))
            for s in p.tree_shapes}
+  staged_shape = TreeShape.parse(staged_tree_spec(p))
+  staged_tree = d.TreeModelDraft.t5(Transformer(dconfig), p.stage2_gamma)
+  trees[staged_tree_name(p)] = (
+      staged_tree, staged_shape,
+      lambda enc: staged_tree.init(dparams, enc, L, staged_shape, successor))
   trees[f'chimera tree {p.chimera_tree}'] = (
       chimera_tree, TreeShape.parse(p.chimera_tree),
       lambda enc: chimera_tree.init(cparams, emb, enc.shape[0], L))
@@ -143,11 +155,14 @@ def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
     rows.append(_bytes_per_token(dict(r, task=task, target=target_name), t_bytes,
                                  draft_bytes.get(r['draft'], 0), calls))
   out_trees = []
-  for r in tree_rows:  # the draft model runs once per level (root included), Chimera once
+  for r in tree_rows:  # the draft model runs once per level (root included), Chimera once; the
+    # staged tree's calls are counted (`draft_calls`, batched: per loop iteration on average)
     is_chimera = r['draft'].startswith('chimera')
+    calls = (1 if is_chimera else r['depth'] if r['draft_calls'] is None
+             else r['draft_calls'] / r['loop_iterations'])
     out_trees.append(_bytes_per_token(
         dict(r, task=task, target=target_name), t_bytes,
-        draft_bytes['chimera' if is_chimera else 'draft model'], 1 if is_chimera else r['depth']))
+        draft_bytes['chimera' if is_chimera else 'draft model'], calls))
   ar = {}
   for temp, a in grid['autoregressive'].items():
     steps = sum(max(min(len(o) + 1, L) for o in a['outputs'][i:i + p.speculative_batch])
@@ -158,6 +173,18 @@ def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
           'autoregressive': ar,
           'target_step_seconds': grid['target_step_seconds'],
           'param_bytes': dict(draft_bytes, target=t_bytes)}
+
+
+def staged_tree_spec(preset) -> str:
+  """`topk:k_1,1,...,1`: k_1 and the depth of the preset's first tree (`tree_shapes[0]`), depth
+  at least 3 (level 1 is always fed, so a depth-2 tree has no level to skip)."""
+  first = TreeShape.parse(preset.tree_shapes[0])
+  return TreeShape.topk(first.branching[0], *(1,) * (max(first.depth, 3) - 1)).describe()
+
+
+def staged_tree_name(preset) -> str:
+  """The staged tree row's name (`tree_rows`)."""
+  return f'staged draft model tree {staged_tree_spec(preset)} (bigram {preset.stage2_gamma}/node)'
 
 
 def stage_speculative(ctx) -> dict:

@@ -30,7 +30,13 @@ def test_shapes_parse_and_count_nodes():
   assert b.num_candidates == 4 + 5 * 16
   assert TreeShape.parse('best:5,depth:2,width:3').describe() == 'best:5,depth:2,width:3'
   assert TreeShape.chain(3) == TreeShape.parse('topk:1,1,1')
-  for bad in ['topk:', 'topk:2,0', 'best:32', 'best:100,depth:2,width:2', 'chain:3']:
+  for spec in ('topk:4,2,2,replace', 'best:5,depth:2,width:3,replace'):
+    shape = TreeShape.parse(spec)
+    assert shape.replace and shape.describe() == spec
+    assert shape.num_nodes == TreeShape.parse(spec[:-len(',replace')]).num_nodes
+  assert not TreeShape.parse('topk:4,2').replace
+  for bad in ['topk:', 'topk:2,0', 'best:32', 'best:100,depth:2,width:2', 'chain:3',
+              'topk:2,replace,2', 'best:5,replace,depth:2', 'topk:2,replaced']:
     with pytest.raises(UserError):
       TreeShape.parse(bad)
 
@@ -142,6 +148,8 @@ def _first_token_counts(shape, config, n=30_000, seed=0):
     ('topk:3,2', SamplingConfig(temperature=1.0)),
     ('topk:4', SamplingConfig(temperature=0.8, top_k=3)),  # more children than q's support
     ('best:5,depth:2,width:3', SamplingConfig(temperature=1.0, top_p=0.9)),
+    ('topk:4,2,replace', SamplingConfig(temperature=1.0)),  # SpecInfer: i.i.d. siblings
+    ('best:5,depth:2,width:3,replace', SamplingConfig(temperature=0.8, top_k=3)),
 ])
 def test_multi_candidate_rejection_emits_the_target_distribution(spec, config):
   counts, exact, count = _first_token_counts(TreeShape.parse(spec), config)
@@ -164,3 +172,21 @@ def test_tree_children_are_distinct_draws_without_replacement():
   assert np.allclose(q.sum(-1), 1.0, atol=1e-5)
   for i, j in itertools.combinations(range(4), 2):
     assert (q[np.arange(500), j, tokens[:, i]] == 0).all()
+
+
+def test_with_replacement_siblings_repeat_share_the_parent_q_and_greedy_is_unchanged():
+  config, n = SamplingConfig(temperature=1.0), 500
+  root = np.broadcast_to(_table()[0], (n, V))
+  tree, _, _ = _grow(TreeShape.parse('topk:4,2,replace'), root, _table(), config)
+  tokens, parents, q = np.asarray(tree.tokens), np.asarray(tree.parents), np.asarray(tree.q)
+  first = tokens[:, :4]  # the root's 4 children
+  assert (np.array([len(set(row)) for row in first]) < 4).mean() > 0.2  # repeats happen
+  np.testing.assert_allclose(q[:, :4], np.broadcast_to(q[:, :1], q[:, :4].shape))  # parent's q
+  exact = np.asarray(sampling.adjust_logits(jnp.asarray(_table()[0]), config))
+  np.testing.assert_allclose(q[0, 0], exact, atol=1e-6)
+  assert (parents[:, 4:] >= 0).all() and np.asarray(tree.valid).all()
+  for spec in ('topk:3,2', 'best:5,depth:2,width:3'):  # temperature 0: the top-k either way
+    plain = _grow(TreeShape.parse(spec), _table()[0][None], _table())[0]
+    replaced = _grow(TreeShape.parse(spec + ',replace'), _table()[0][None], _table())[0]
+    for field in ('tokens', 'parents', 'depths', 'valid'):
+      np.testing.assert_array_equal(getattr(replaced, field), getattr(plain, field))

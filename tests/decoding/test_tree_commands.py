@@ -50,8 +50,22 @@ def test_staged_draft_gives_the_autoregressive_outputs(workdir):  # pylint: disa
   assert stats['acceptance_rate'] == 1.0  # the target is its own draft
 
 
+def test_staged_tree_gives_the_autoregressive_outputs(workdir):  # pylint: disable=redefined-outer-name
+  ref, _ = _generate(workdir, 'ar_staged_tree_ref')
+  out, stats = _generate(workdir, 'staged_tree', '--draft', str(workdir / 'ckpt'), '--tree',
+                         'topk:2,1,1', '--stage2', 'bigram:' + str(workdir / 'bigram.npz'),
+                         '--stage2-gamma', '2')
+  assert out == ref
+  assert stats['tree'] == 'topk:2,1,1' and stats['stage2_gamma'] == 2
+  assert stats['draft'].startswith('staged tree')
+  assert stats['accepted_per_position'] == [stats['target_calls']] * 3  # self draft: all
+  assert 0 < stats['draft_calls']
+
+
 @pytest.mark.parametrize('extra, message', [
     (['--stage2', 'bigram:x.npz'], 'needs a model --draft'),
+    (['--stage2', 'bigram:x.npz', '--tree', 'topk:2', '--draft', 'copy'], 'model draft'),
+    (['--stage2', 'bigram:x.npz', '--tree', 'topk:2', '--draft', 'chimera:.'], 'model draft'),
     (['--stage2', 'bigram:x.npz', '--draft', 'copy'], 'model draft'),
     (['--stage2', 'unigram:x.npz', '--draft', '.'], '--stage2 must be bigram'),
 ])

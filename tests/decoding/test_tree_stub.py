@@ -36,6 +36,9 @@ def _run(p_table, q_table, config, shape, max_len=3, batch=N, seed=0):
     ('topk:3,2', SamplingConfig(temperature=1.0)),
     ('topk:2,2,2', SamplingConfig(temperature=0.7, top_k=3)),
     ('best:6,depth:3,width:2', SamplingConfig(temperature=1.0, top_p=0.8)),
+    # SpecInfer's with-replacement variant: siblings i.i.d. from the parent's q.
+    ('topk:3,2,replace', SamplingConfig(temperature=1.0)),
+    ('best:6,depth:3,width:2,replace', SamplingConfig(temperature=0.8, top_k=4, top_p=0.9)),
 ])
 def test_first_three_tokens_follow_the_target_distribution(spec, config):
   p, q = _tables()

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from gqa_spec.errors import UserError
-from gqa_spec.reproduce import bootstrap, pipeline, presets
+from gqa_spec.reproduce import bootstrap, pipeline, presets, speculation
 
 SMOKE = presets.get('smoke')
 # What smoke's models must reach; the models of the previous smoke preset (20 pre-training and 6
@@ -130,7 +130,7 @@ def test_trees_staged_and_trained_drafts_rows_are_exact_at_temperature_zero(smok
       for temp in SMOKE.temperatures for g in SMOKE.draft_gammas)
   trees = spec['tree_rows']
   names = [f'draft model tree {s}' for s in SMOKE.tree_shapes] + [
-      f'chimera tree {SMOKE.chimera_tree}']
+      f'chimera tree {SMOKE.chimera_tree}', speculation.staged_tree_name(SMOKE)]
   assert sorted((r['task'], r['draft'], r['temperature']) for r in trees) == sorted(
       (t, n, temp) for t in SMOKE.finetune_lengths for n in names for temp in SMOKE.temperatures)
   for r in chains + trees:
@@ -146,6 +146,9 @@ def test_trees_staged_and_trained_drafts_rows_are_exact_at_temperature_zero(smok
       assert r['tokens_equal_autoregressive'] is True, r
   for r in trees:
     assert sum(r['accept_histogram']) == r['target_calls']
+    if r['draft'] == speculation.staged_tree_name(SMOKE):  # never more calls than the levels
+      assert r['tree'] == speculation.staged_tree_spec(SMOKE)
+      assert 0 < r['draft_calls'] <= r['depth'] * r['loop_iterations']
   report = open(os.path.join(out_dir, 'report.md')).read()
   assert f'chimera tree {SMOKE.chimera_tree}' in report and staged in report
 

@@ -100,6 +100,8 @@ def _chimera(run_dir: str, target_config, gamma: int, max_decode_len: int, tree:
                     f'{config.num_draft_heads} heads')
   return (draft, lambda enc: draft.init(params, embedding, enc.shape[0], max_decode_len),
           f'chimera ({run_dir}, {config.num_draft_heads} heads)')
+
+
 def make_tree_draft(spec: str, target_config, shape,
                     max_decode_len: int) -> Tuple[Any, Callable[[Any], PyTree], str]:
   """Builds the tree draft a spec names (`make_draft`'s contract; `shape` a `tree.TreeShape`).
@@ -141,11 +143,14 @@ def make_tree_draft(spec: str, target_config, shape,
 
 
 def make_staged_draft(spec: str, stage2: str, target_config, gamma: int, inner_gamma: int,
-                      max_decode_len: int) -> Tuple[Any, Callable[[Any], PyTree], str]:
+                      max_decode_len: int, shape=None) -> Tuple[Any, Callable[[Any], PyTree], str]:
   """A model draft (checkpoint `spec`) whose generation a bigram (`stage2` = `bigram:PATH`)
-  speculates, `inner_gamma` bigram tokens per draft call (`make_draft`'s contract)."""
+  speculates, `inner_gamma` bigram tokens per draft call (`make_draft`'s contract): a chain
+  `StagedDraft` of gamma tokens or, with `shape` (a `tree.TreeShape`), a `TreeModelDraft` growing
+  that tree with `inner_gamma` chain tokens after each expanded node."""
   from gqa_spec.decoding.drafts.ngram import load_ngram  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.drafts.staged import StagedDraft  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.drafts.tree_model import TreeModelDraft  # pylint: disable=g-import-not-at-top
   check_spec(spec)
   if not os.path.isdir(spec):
     raise UserError(f'a second stage needs a model draft (a checkpoint directory); {spec!r} is not '
@@ -167,7 +172,12 @@ def make_staged_draft(spec: str, stage2: str, target_config, gamma: int, inner_g
   if config.vocab_size != target_config.vocab_size:
     raise UserError(f'draft vocabulary {config.vocab_size} != target vocabulary '
                     f'{target_config.vocab_size}')
-  draft = StagedDraft.t5(Transformer(config), inner_gamma)
   successor = ngram.successor()
+  if shape is not None:
+    tree = TreeModelDraft.t5(Transformer(config), inner_gamma)
+    return (tree, lambda enc: tree.init(params, enc, max_decode_len, shape, successor),
+            f'staged tree (model {spec} <- bigram {path}, {shape.describe()}, {inner_gamma} chain '
+            'tokens per expanded node)')
+  draft = StagedDraft.t5(Transformer(config), inner_gamma)
   return (draft, lambda enc: draft.init(params, enc, max_decode_len, gamma, successor),
           f'staged (model {spec} <- bigram {path}, {inner_gamma} per draft call)')
