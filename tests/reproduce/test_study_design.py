@@ -16,8 +16,13 @@ MEAN = 'mean_bleu_rouge1'
 # uptrained for 1 step on the mixture, its first / random conversions without uptraining) + draft.
 OVERRIDES = ['pretrain_task=ddtp_mixture', 'finetune_multitask=true', 'pretrain_steps=4',
              'warmup_steps=2', 'pretrain_batch=8', 'alphas=0.25', 'method_ablation_alpha=0',
-             'finetune_steps=4', 'finetune_batch=8', 'eval_period=2', 'validation_examples=8',
+             'finetune_steps=6', 'finetune_batch=8', 'eval_period=2', 'validation_examples=8',
              'test_examples=8', 'eval_batch=8']
+# Models this small score 0 at every evaluation (measured), so the run's validation scores are
+# shifted by these offsets per step: the mean of the two is highest at step 4, BLEU alone at step
+# 2 and ROUGE-1 alone at step 6, so only selection by the mean keeps step 4.
+OFFSETS = {TRANSLATE: {2: 60.0, 4: 45.0, 6: 0.0}, SUMMARIZE: {2: 0.0, 4: 45.0, 6: 70.0}}
+BEST_STEP = 4
 STAGES = ['corpus', 'pretrain', 'uptrain', 'finetune', 'evaluate']
 
 
@@ -84,8 +89,21 @@ def test_design_note_states_the_design_and_any_deviation():
 def multitask_run(tmp_path_factory):
   root = tmp_path_factory.mktemp('multitask_run')
   out_dir, work_dir = str(root / 'results'), str(root / 'work')
-  pipeline.run('smoke', out_dir, work_dir, stages=STAGES, progress_bar=False,
-               overrides=OVERRIDES)
+  real = finetune._evaluator  # pylint: disable=protected-access
+
+  def shifted(ctx, task, config):
+    evaluator, key = real(ctx, task, config), f'{task}/{pipeline.TASK_METRIC[task]}'
+
+    def evaluate(params, step):
+      metrics = dict(evaluator(params, step))
+      metrics[key] += OFFSETS[task][step]
+      return metrics
+    return evaluate
+
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(finetune, '_evaluator', shifted)
+    pipeline.run('smoke', out_dir, work_dir, stages=STAGES, progress_bar=False,
+                 overrides=OVERRIDES)
   return out_dir, work_dir
 
 
@@ -152,11 +170,13 @@ def test_multitask_finetuning_is_one_job_per_model_with_rows_per_task(multitask_
     # both tasks were scored at every evaluation, and the kept step has the highest mean
     with open(os.path.join(work_dir, translate['model_dir'], 'train_log.jsonl')) as f:
       evals = [json.loads(l) for l in f if json.loads(l)['split'] == 'eval']
-    assert [e['step'] for e in evals] == [2, 4]
+    assert [e['step'] for e in evals] == [2, 4, 6]
     for e in evals:
       assert e[MEAN] == pytest.approx((e[f'{TRANSLATE}/bleu'] + e[f'{SUMMARIZE}/rouge1']) / 2)
-    top = max(e[MEAN] for e in evals)
-    assert best['step'] == next(e['step'] for e in evals if e[MEAN] == top)
+    assert best['step'] == BEST_STEP, [(e['step'], e[MEAN]) for e in evals]
+    logged = next(e for e in evals if e['step'] == BEST_STEP)
+    assert best['metrics'] == pytest.approx(
+        {k: v for k, v in logged.items() if k not in ('step', 'split')})
     assert os.path.isdir(os.path.join(work_dir, translate['best_checkpoint']))
 
 
@@ -169,5 +189,5 @@ def test_evaluate_scores_each_task_from_the_shared_checkpoint(multitask_run):
       (m, t) for m in best_step for t in preset.finetune_lengths)
   for r in rows:
     assert r['metric'] == pipeline.TASK_METRIC[r['task']] and 0.0 <= r['score'] <= 100.0
-    assert r['best_step'] == best_step[r['variant']]
+    assert r['best_step'] == best_step[r['variant']] == BEST_STEP
     assert 0 < r['examples'] <= preset.test_examples
