@@ -2,11 +2,13 @@
 
 Stages (in order; each writes `results/<preset>/<stage>.json` and is skipped when that exists):
   corpus       DDTP splits + SentencePiece vocabulary (the packaged excerpt for `smoke`)
-  pretrain     MHA target and MHA draft on ddtp_span_corruption (rsqrt schedule, T5 Adafactor)
+  pretrain     MHA target and MHA draft on the preset's `pretrain_task` (ddtp_span_corruption, or
+               the ddtp_mixture of T5's multi-task pre-training; rsqrt schedule, T5 Adafactor)
   uptrain      convert the target (mean / first / random, G groups) and continue pre-training for
-               alpha x the pre-training steps, continuing the original schedule
-  finetune     every variant and the draft on each task (constant lr, dropout 0.1),
-               best validation checkpoint kept
+               alpha x the pre-training steps on `pretrain_task`, continuing the original schedule
+  finetune     every variant and the draft on each task, or once on translate + summarize
+               (`finetune_multitask`); constant lr, dropout 0.1, best validation checkpoint kept
+               (`finetune.py`); one row per (model, task) either way
   drafts       per task, a Chimera and a distilled draft trained against the frozen fine-tuned MHA
                target; per-head top-k accuracy (`drafts.py`)
   evaluate     test-set quality (greedy) and time per sample of every fine-tuned variant, with
@@ -33,9 +35,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from gqa_spec import progress, status
 from gqa_spec.errors import UserError
-from gqa_spec.reproduce import bootstrap, drafts, speculation
+from gqa_spec.reproduce import bootstrap, drafts, finetune, speculation
 from gqa_spec.reproduce import presets as presets_lib
-from gqa_spec.reproduce.presets import PRETRAIN, SUMMARIZE, TRANSLATE, Preset, Variant
+from gqa_spec.reproduce.presets import SUMMARIZE, TRANSLATE, Preset, Variant
 
 STAGES = ('corpus', 'pretrain', 'uptrain', 'finetune', 'drafts', 'evaluate', 'timing',
           'speculative', 'report')
@@ -166,6 +168,7 @@ def _train(model_dir: str, config, task: str, lengths, batch: int, total_steps: 
                                               asynchronous=False),
       random_seed=seed, progress_bar=False)
   return {'model_dir': os.path.relpath(model_dir, work_dir), 'step': result.step,
+          'train_task': task, 'train_lengths': list(lengths),
           'train_metrics': {k: float(v) for k, v in result.train_metrics.items()},
           'best': result.best}
 
@@ -177,11 +180,12 @@ def stage_pretrain(ctx: Context) -> dict:
   jobs = []
   for role, config in (('target', p.target), ('draft', p.draft)):
     jobs.append((role, lambda config=config, role=role: _train(
-        ctx.model_dir('pretrain', role), config, PRETRAIN, p.pretrain_lengths, p.pretrain_batch,
-        p.pretrain_steps, learning_rate_fn=rsqrt_decay(*p.pretrain_schedule(role)),
+        ctx.model_dir('pretrain', role), config, p.pretrain_task, p.pretrain_lengths,
+        p.pretrain_batch, p.pretrain_steps,
+        learning_rate_fn=rsqrt_decay(*p.pretrain_schedule(role)),
         save_period=max(10, p.pretrain_steps // 5), work_dir=ctx.work_dir)))
   target, draft = _run_jobs(ctx, 'pretrain', jobs)
-  return {'target': target, 'draft': draft, 'steps': p.pretrain_steps}
+  return {'target': target, 'draft': draft, 'steps': p.pretrain_steps, 'design': p.design()}
 
 
 def stage_uptrain(ctx: Context) -> dict:
@@ -205,8 +209,8 @@ def stage_uptrain(ctx: Context) -> dict:
               'conversion': record}
     if v.alpha > 0:
       def train_fn(**kwargs):
-        return _train(kwargs['model_dir'], kwargs['model_config'], PRETRAIN, p.pretrain_lengths,
-                      p.pretrain_batch, kwargs['total_steps'],
+        return _train(kwargs['model_dir'], kwargs['model_config'], p.pretrain_task,
+                      p.pretrain_lengths, p.pretrain_batch, kwargs['total_steps'],
                       learning_rate_fn=rsqrt_decay(*p.pretrain_schedule('target')),
                       initial_checkpoint_path=kwargs['initial_checkpoint_path'],
                       initial_step=kwargs['initial_step'], work_dir=ctx.work_dir)
@@ -218,50 +222,7 @@ def stage_uptrain(ctx: Context) -> dict:
     return result
 
   jobs = [(v.name, lambda v=v: job(v)) for v in p.variants() if v.method is not None]
-  return {'rows': _run_jobs(ctx, 'uptrain', jobs)}
-
-
-def _finetune_sources(ctx: Context) -> List[tuple]:
-  """`(name, config, initial checkpoint, variant or None)` of every model to fine-tune."""
-  p = ctx.preset
-  uptrained = {r['variant_name']: ctx.path(r['checkpoint']) for r in
-               ({**r, 'variant_name': Variant(**r['variant']).name}
-                for r in ctx.read_stage('uptrain')['rows'])}
-  out = []
-  for v in p.variants():
-    source = ctx.model_dir('pretrain', 'target') if v.method is None else uptrained[v.name]
-    out.append((v.name, p.target.replace(num_kv_heads=v.kv_heads), source, v))
-  out.append(('draft', p.draft, ctx.model_dir('pretrain', 'draft'), None))
-  return out
-
-
-def stage_finetune(ctx: Context) -> dict:
-  """Constant lr (the preset's), dropout 0.1; the checkpoint with the best validation metric is kept."""
-  from gqa_spec.training.evaluation import InferenceEvaluator  # pylint: disable=g-import-not-at-top
-  from gqa_spec.training.optimizer import constant  # pylint: disable=g-import-not-at-top
-  _register_tasks(ctx)
-  p = ctx.preset
-  jobs = []
-  for name, config, source, variant in _finetune_sources(ctx):
-    config = config.replace(dropout_rate=0.1)
-    for task, lengths in p.finetune_lengths.items():
-      def job(name=name, config=config, source=source, variant=variant, task=task,
-              lengths=lengths):
-        evaluator = InferenceEvaluator(
-            task, config, 'validation', {'inputs': lengths[0], 'targets': lengths[1]},
-            batch_size=p.eval_batch, num_examples=p.validation_examples)
-        record = _train(ctx.model_dir('finetune', task, name), config, task, lengths,
-                        p.finetune_batch, p.finetune_steps,
-                        learning_rate_fn=constant(p.finetune_lr('draft' if variant is None
-                                                                else 'target')),
-                        initial_checkpoint_path=source, initial_step=0, evaluator=evaluator,
-                        eval_period=p.eval_period, best_metric=TASK_METRIC[task],
-                        save_period=p.eval_period, work_dir=ctx.work_dir)
-        return dict(record, name=name, task=task, kv_heads=config.num_kv_heads,
-                    variant=None if variant is None else dataclasses.asdict(variant),
-                    best_checkpoint=os.path.join(record['model_dir'], 'best'))
-      jobs.append((f'{task}.{name}', job))
-  return {'rows': _run_jobs(ctx, 'finetune', jobs)}
+  return {'rows': _run_jobs(ctx, 'uptrain', jobs), 'design': p.design()}
 
 
 def _label(ctx: Context, row: dict) -> str:
@@ -388,6 +349,9 @@ def stage_report(ctx: Context) -> dict:
       f'Command: `{_command(ctx)}`', '',
       f'Machine: {_machine()}', '',
       *([_smoke_note(ctx), ''] if p.name == 'smoke' else []),
+      '## Study design', '',
+      report.design_note(p, finetune.multitask_metric(
+          {t: TASK_METRIC[t] for t in p.finetune_lengths})), '',
       '## Claims', '', claims_md, '',
       '## GQA Table 1: quality and time per sample (test split, greedy)', '',
       report.table1(evaluate, evaluate_stage.get('baselines', ())), '',
@@ -414,7 +378,8 @@ def stage_report(ctx: Context) -> dict:
                                   [[s, w] for s, w in walls.items()]), '']
   with open(os.path.join(ctx.out_dir, 'report.md'), 'w') as f:
     f.write('\n'.join(lines))
-  return {'figures': figures, 'report': 'report.md', 'stage_wall_seconds': walls}
+  return {'figures': figures, 'report': 'report.md', 'stage_wall_seconds': walls,
+          'design': p.design()}
 
 
 def _figures_and_claims(ctx: Context) -> Tuple[List[str], str]:
@@ -462,7 +427,7 @@ def _machine() -> str:
 
 
 STAGE_FNS = {'corpus': stage_corpus, 'pretrain': stage_pretrain, 'uptrain': stage_uptrain,
-             'finetune': stage_finetune, 'drafts': drafts.stage_drafts,
+             'finetune': finetune.stage_finetune, 'drafts': drafts.stage_drafts,
              'evaluate': stage_evaluate, 'timing': stage_timing,
              'speculative': speculation.stage_speculative, 'report': stage_report}
 

@@ -5,6 +5,9 @@ what was run. The study design follows the papers:
   GQA (Ainslie et al. 2023): MHA target -> MQA and GQA-G by mean / first / random conversion,
     uptrained for alpha in {0, 0.05, 0.10} of the pre-training steps, fine-tuned (constant lr,
     dropout 0.1, best validation checkpoint; the paper's lr is 1e-3, see `finetune_learning_rate`), evaluated with greedy decoding; time per sample.
+    Two deviations a preset may choose for budget (`pretrain_task`, `finetune_multitask`): T5's
+    multi-task pre-training mixture in place of span corruption, and one fine-tuning job per
+    model on translate + summarize in place of one per task.
   Speculative decoding (Leviathan et al. 2023): a small draft (nano) and trivial drafts (bigram,
     copy) for the fine-tuned MHA and GQA targets at temperature 0 and 1 over a gamma grid.
   Staged speculation (Spector & Re 2023): token trees and a draft speculated by a bigram;
@@ -23,6 +26,9 @@ from gqa_spec.models.config import T5Config, preset as model_preset
 TRANSLATE = 'ddtp_translate_en_de'
 SUMMARIZE = 'ddtp_summarize'
 PRETRAIN = 'ddtp_span_corruption'
+PRETRAIN_MIXTURE = 'ddtp_mixture'  # span corruption + translate + summarize, example-proportional
+PRETRAIN_TASKS = (PRETRAIN, PRETRAIN_MIXTURE)
+MULTITASK = 'ddtp_translate_summarize'  # translate + summarize 1:1 (`finetune_multitask`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +106,39 @@ class Preset:
   pretrain_peak_lr: Optional[float] = None
   draft_pretrain_peak_lr: Optional[float] = None  # None: the target's schedule
   draft_finetune_learning_rate: Optional[float] = None  # None: finetune_learning_rate
+  # The study design. `pretrain_task`: the task of the target's and the draft's pre-training and of
+  # every variant's uptraining (the GQA paper uptrains with the pre-training recipe), at
+  # `pretrain_lengths`: span corruption (the paper's), or T5's multi-task pre-training mixture
+  # (Raffel et al. 2020, sec. 3.5.3), which teaches the tasks while pre-training so that a short
+  # fine-tuning suffices.
+  pretrain_task: str = PRETRAIN
+  # False: one fine-tuning job per model per task (the paper's). True: one job per model on
+  # MULTITASK at (max inputs, max targets) over `finetune_lengths`, the best checkpoint chosen by
+  # the mean of the tasks' validation metrics; each task is still evaluated at its own lengths.
+  finetune_multitask: bool = False
+
+  def __post_init__(self):
+    if self.pretrain_task not in PRETRAIN_TASKS:
+      raise UserError(f'pretrain_task {self.pretrain_task!r} is not one of '
+                      f'{", ".join(PRETRAIN_TASKS)}')
+    if not isinstance(self.finetune_multitask, bool):
+      raise UserError(f'finetune_multitask must be true or false, got {self.finetune_multitask!r}')
+    if self.finetune_multitask and set(self.finetune_lengths) != {TRANSLATE, SUMMARIZE}:
+      raise UserError(f'finetune_multitask fine-tunes on {MULTITASK} ({TRANSLATE} + {SUMMARIZE}); '
+                      f'finetune_lengths has {sorted(self.finetune_lengths)}')
+
+  def design(self) -> Dict[str, object]:
+    """The study design, as stage records state it."""
+    return {'pretrain_task': self.pretrain_task,
+            'finetune': f'multi-task ({MULTITASK})' if self.finetune_multitask else 'per task',
+            'finetune_lengths': ({MULTITASK: list(self.multitask_lengths())}
+                                 if self.finetune_multitask else
+                                 {t: list(l) for t, l in self.finetune_lengths.items()})}
+
+  def multitask_lengths(self) -> Tuple[int, int]:
+    """(inputs, targets) of multi-task fine-tuning: the longest of each over `finetune_lengths`."""
+    lengths = self.finetune_lengths.values()
+    return max(i for i, _ in lengths), max(t for _, t in lengths)
 
   def pretrain_schedule(self, role: str = 'target') -> Tuple[float, int]:
     """`(base, warmup_steps)` of `optimizer.rsqrt_decay` for the target's or the draft's pre-training."""
@@ -235,6 +274,9 @@ def get(name: str) -> Preset:
 _SETTABLE = {f.name: f.type for f in dataclasses.fields(Preset)
              if f.type in ('int', 'float', 'bool', 'Tuple[int, ...]', 'Tuple[float, ...]',
                            'Tuple[int, int]', 'Optional[float]')}
+# String fields `--set` can change, with their allowed values (`name` is not one: it is the preset).
+_CHOICES = {'pretrain_task': PRETRAIN_TASKS}
+_SETTABLE.update({name: 'str' for name in _CHOICES})
 
 
 def _parse(key: str, text: str, kind: str):
@@ -244,6 +286,10 @@ def _parse(key: str, text: str, kind: str):
     except ValueError:
       kind_name = 'an integer' if cast is int else 'a number'
       raise UserError(f'--set {key}={text}: {x!r} is not {kind_name}') from None
+  if kind == 'str':
+    if text not in _CHOICES[key]:
+      raise UserError(f'--set {key}={text}: expected one of {", ".join(_CHOICES[key])}')
+    return text
   if kind == 'bool':
     if text.lower() not in ('true', 'false', '1', '0'):
       raise UserError(f'--set {key}={text}: expected true or false')

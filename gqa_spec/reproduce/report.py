@@ -61,6 +61,48 @@ def _by_variant(rows: Sequence[Mapping]) -> Dict[str, Dict[str, Mapping]]:
   return out
 
 
+def design_note(preset, best_metric: str) -> str:
+  """The study design in words: the pre-training (and uptraining) task, the fine-tuning jobs and,
+  where the preset deviates from the GQA paper's recipe, that it does and why.
+
+  Args:
+    preset: the run's `presets.Preset`.
+    best_metric: the multi-task selection metric's name (`finetune.multitask_metric`).
+  """
+  from gqa_spec.reproduce.presets import MULTITASK, PRETRAIN  # pylint: disable=g-import-not-at-top
+  if preset.pretrain_task == PRETRAIN:
+    pre = f'`{PRETRAIN}` (span corruption, the GQA paper\'s recipe)'
+  else:
+    pre = (f'`{preset.pretrain_task}` (span corruption + translation + summarization at '
+           'example-proportional rates: T5\'s multi-task pre-training, Raffel et al. 2020, '
+           'sec. 3.5.3)')
+  lines = [f'Pre-training of the target and the draft, and every variant\'s uptraining: {pre}, '
+           f'inputs / targets {preset.pretrain_lengths[0]} / {preset.pretrain_lengths[1]} tokens.']
+  if preset.finetune_multitask:
+    inputs, targets = preset.multitask_lengths()
+    lines.append(f'Fine-tuning: multi-task, one job per model on `{MULTITASK}` (translation and '
+                 f'summarization 1:1, {inputs} / {targets} tokens); the checkpoint kept is the '
+                 f'one with the best `{best_metric}`, the mean of validation BLEU and ROUGE-1 '
+                 '(each task scored on its own validation split at its own lengths); every task '
+                 'is tested at its own lengths.')
+  else:
+    lines.append('Fine-tuning: per task, one job per model and task (the GQA paper\'s); the '
+                 'checkpoint kept is the one with the best validation metric of its task.')
+  changes = ((['pre-trains on the multi-task mixture instead of span corruption alone']
+              if preset.pretrain_task != PRETRAIN else []) +
+             (['fine-tunes each model once on both tasks instead of once per task']
+              if preset.finetune_multitask else []))
+  if changes:
+    lines.append('This deviates from the GQA paper, which fine-tunes each model on each task '
+                 f'after span-corruption pre-training: this study {" and ".join(changes)}. The '
+                 'reason is budget: a study of a few hours on 2 CPU cores cannot both pre-train '
+                 'the target well on span corruption and fine-tune every model on every task '
+                 'for long' + ('; multi-task pre-training teaches the tasks during pre-training '
+                               'so that fine-tuning can be short.'
+                               if preset.pretrain_task != PRETRAIN else '.'))
+  return ' '.join(lines)
+
+
 def quality_rows(evaluate_rows: Sequence[Mapping]) -> List[dict]:
   """One row per variant: per-task scores, their average and the mean time per sample."""
   tasks = sorted({r['task'] for r in evaluate_rows})

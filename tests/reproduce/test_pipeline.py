@@ -31,7 +31,8 @@ def test_every_stage_wrote_its_results(smoke_run):
     assert record['wall_seconds'] >= 0
     assert record['command'] == f'gqa-spec reproduce --preset smoke --stages {stage}'
   report = open(os.path.join(out_dir, 'report.md')).read()
-  for heading in ('## Claims', 'GQA Table 1', 'Figure 4', 'Figure 5', 'Figure 6', 'Leviathan Table 2 form',
+  assert 'Fine-tuning: per task' in report and 'deviates' not in report  # smoke: paper's design
+  for heading in ('## Study design', '## Claims', 'GQA Table 1', 'Figure 4', 'Figure 5', 'Figure 6', 'Leviathan Table 2 form',
                   'Leviathan Table 3 form', 'Spector & Re Table 1 form', 'Chimera Table 5 form'):
     assert heading in report
   for figure in _stage(out_dir, 'report')['figures']:

@@ -14,11 +14,15 @@ def test_overrides_are_parsed_by_field_type():
   base = presets.get('cpu')
   p = presets.override(base, ['warmup_steps=10000', 'finetune_learning_rate=3e-3',
                               'gammas=1,3,7', 'temperatures=0,0.5', 'long_timing=512, 128',
-                              'use_sample_corpus=true'])
+                              'use_sample_corpus=true', 'pretrain_task=ddtp_mixture',
+                              'finetune_multitask=true'])
   assert p.warmup_steps == 10000 and isinstance(p.warmup_steps, int)
   assert p.finetune_learning_rate == pytest.approx(3e-3)
   assert p.gammas == (1, 3, 7) and p.temperatures == (0.0, 0.5)
   assert p.long_timing == (512, 128) and p.use_sample_corpus is True
+  assert p.pretrain_task == 'ddtp_mixture' and p.finetune_multitask is True
+  # the defaults are the paper's design (span corruption, per-task fine-tuning)
+  assert (base.pretrain_task, base.finetune_multitask) == ('ddtp_span_corruption', False)
   # everything else is the preset's
   assert p.target == base.target and p.pretrain_steps == base.pretrain_steps
   assert presets.override(base, []) == base
@@ -50,6 +54,10 @@ def test_learning_rate_schedules_per_role():
     ('gammas=1,x', "'x' is not an integer"),
     ('long_timing=2048', 'expected two comma-separated integers'),
     ('use_sample_corpus=maybe', 'expected true or false'),
+    ('pretrain_task=wikipedia', 'expected one of ddtp_span_corruption, ddtp_mixture'),
+    ('pretrain_task=ddtp_translate_summarize', 'expected one of ddtp_span_corruption'),
+    ('finetune_multitask=maybe', 'expected true or false'),
+    ('name=cpu', 'not a settable preset field'),
 ])
 def test_bad_overrides_name_the_problem(assignment, message):
   with pytest.raises(UserError, match=message):
@@ -65,16 +73,21 @@ def test_overrides_need_their_own_out_and_work_dirs(tmp_path):
 def test_cli_records_overrides_and_the_exact_command(tmp_path, monkeypatch):
   out, work = str(tmp_path / 'r'), str(tmp_path / 'w')
   monkeypatch.setenv('HOME', str(tmp_path))  # nothing outside tmp
+  sets = ['vocab_pieces=250', 'gammas=1,2', 'pretrain_task=ddtp_mixture',
+          'finetune_multitask=true']
   rc = cli.main(['reproduce', '--preset', 'smoke', '--stages', 'corpus', '--out', out,
-                 '--work-dir', work, '--set', 'vocab_pieces=250', '--set', 'gammas=1,2'])
+                 '--work-dir', work] + [a for s in sets for a in ('--set', s)])
   assert rc == 0
   with open(os.path.join(out, 'preset.json')) as f:
     recorded = json.load(f)
   assert recorded['vocab_pieces'] == 250 and recorded['gammas'] == [1, 2]
-  assert recorded['overrides'] == ['vocab_pieces=250', 'gammas=1,2']
+  assert recorded['pretrain_task'] == 'ddtp_mixture' and recorded['finetune_multitask'] is True
+  assert recorded['overrides'] == sets
   assert recorded['work_dir'] == os.path.join('..', 'w')  # relative to preset.json's directory
   with open(os.path.join(out, 'corpus.json')) as f:
     corpus = json.load(f)
   assert corpus['command'] == (f'gqa-spec reproduce --preset smoke --set vocab_pieces=250 '
-                               f'--set gammas=1,2 --out {out} --work-dir {work} --stages corpus')
+                               f'--set gammas=1,2 --set pretrain_task=ddtp_mixture '
+                               f'--set finetune_multitask=true --out {out} --work-dir {work} '
+                               '--stages corpus')
   assert cli.main(['reproduce', '--preset', 'smoke', '--set', 'gammas=1,x']) == 2
