@@ -34,11 +34,9 @@ from gqa_spec import progress
 from gqa_spec.errors import UserError
 from gqa_spec.reproduce import calibration_report
 from gqa_spec.reproduce import presets as presets_lib
-from gqa_spec.reproduce.presets import PRETRAIN, SUMMARIZE, TRANSLATE, Preset
+from gqa_spec.reproduce.presets import (MULTITASK, PRETRAIN, PRETRAIN_MIXTURE, SUMMARIZE, TASK_METRIC,
+                                        TRANSLATE, Preset)
 
-MULTITASK = 'ddtp_translate_summarize'  # gqa_spec.data.tasks.DDTP_FINETUNE_MIXTURE
-MIXTURE = 'ddtp_mixture'  # gqa_spec.data.tasks.DDTP_MIXTURE: span corruption + both tasks
-METRIC = {TRANSLATE: 'bleu', SUMMARIZE: 'rouge1'}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +60,7 @@ class Sweep:
 
   stage: str  # 'pretrain' | 'finetune'
   role: str  # 'target' | 'draft'
-  task: str  # PRETRAIN, MIXTURE, TRANSLATE, SUMMARIZE or MULTITASK
+  task: str  # PRETRAIN, PRETRAIN_MIXTURE, TRANSLATE, SUMMARIZE or MULTITASK
   points: Tuple[Point, ...]
   eval_period: int
   tag: str = ''  # tells apart two sweeps of the same stage, role and task
@@ -73,13 +71,13 @@ class Sweep:
   @property
   def supervised_tasks(self) -> Tuple[str, ...]:
     """The tasks with a metric (BLEU / ROUGE-1) this sweep evaluates."""
-    if self.task in (MULTITASK, MIXTURE):
+    if self.task in (MULTITASK, PRETRAIN_MIXTURE):
       return (TRANSLATE, SUMMARIZE)
     return () if self.task == PRETRAIN else (self.task,)
 
   @property
   def name(self) -> str:
-    task = {PRETRAIN: '', MIXTURE: '.mixture', TRANSLATE: '.translate',
+    task = {PRETRAIN: '', PRETRAIN_MIXTURE: '.mixture', TRANSLATE: '.translate',
             SUMMARIZE: '.summarize', MULTITASK: '.multitask'}[self.task]
     return f'{self.stage}.{self.role}{task}' + (f'.{self.tag}' if self.tag else '')
 
@@ -101,7 +99,7 @@ def plan(preset: Preset) -> Plan:
     return Plan((
         Sweep('pretrain', 'target', PRETRAIN, (pre(0.05), pre(0.2)), 8),
         Sweep('finetune', 'target', TRANSLATE, (Point(0.01, fb, 8),), 4),
-        Sweep('pretrain', 'target', MIXTURE, (pre(0.05),), 8),
+        Sweep('pretrain', 'target', PRETRAIN_MIXTURE, (pre(0.05),), 8),
         Sweep('finetune', 'target', MULTITASK, (Point(0.01, fb, 8),), 4, tag='from_mixture',
               init_sweep='pretrain.target.mixture'),
     ), val_batches=2, metric_examples=4)
@@ -130,7 +128,7 @@ def plan(preset: Preset) -> Plan:
       # T5's multi-task pre-training (span corruption + both tasks at example-proportional
       # rates): does a long target run reach the quality bar, and where does the curve flatten?
       # Then how much a short multi-task fine-tuning adds from it.
-      Sweep('pretrain', 'target', MIXTURE, (Point(0.015, b, 1000, warmup=500),), 250),
+      Sweep('pretrain', 'target', PRETRAIN_MIXTURE, (Point(0.015, b, 1000, warmup=500),), 250),
       Sweep('finetune', 'target', MULTITASK, (tft(0.01, steps=200),), 50, tag='from_mixture',
             init_sweep='pretrain.target.mixture'),
   ), val_batches=4, metric_examples=32)
@@ -139,9 +137,9 @@ def plan(preset: Preset) -> Plan:
 def _lengths(preset: Preset, task: str) -> Tuple[int, int]:
   if task == PRETRAIN:
     return preset.pretrain_lengths
-  if task in (MULTITASK, MIXTURE):
+  if task in (MULTITASK, PRETRAIN_MIXTURE):
     ls = list(preset.finetune_lengths.values()) + (
-        [preset.pretrain_lengths] if task == MIXTURE else [])
+        [preset.pretrain_lengths] if task == PRETRAIN_MIXTURE else [])
     return max(l[0] for l in ls), max(l[1] for l in ls)
   return preset.finetune_lengths[task]
 
@@ -157,7 +155,7 @@ class Curve:
     from gqa_spec.training.data import DatasetConfig, get_batches  # pylint: disable=g-import-not-at-top
     from gqa_spec.training.evaluation import InferenceEvaluator  # pylint: disable=g-import-not-at-top
     from gqa_spec.training.train_step import loss_and_metrics  # pylint: disable=g-import-not-at-top
-    tasks = (PRETRAIN,) if sweep.task == MIXTURE else ()
+    tasks = (PRETRAIN,) if sweep.task == PRETRAIN_MIXTURE else ()
     tasks += sweep.supervised_tasks or (sweep.task,)
     self.val = {}  # task -> list of validation batches
     for task in tasks:
@@ -196,8 +194,8 @@ class Curve:
     if len(losses) > 1:
       row.update({f'val_loss/{k}': v for k, v in losses.items()})
     for task, evaluator in self.inference.items():
-      row[METRIC[task] if len(self.inference) == 1 else f'{METRIC[task]}/{task}'] = float(
-          evaluator(params, step)[METRIC[task]])
+      row[TASK_METRIC[task] if len(self.inference) == 1 else f'{TASK_METRIC[task]}/{task}'] = float(
+          evaluator(params, step)[TASK_METRIC[task]])
     self.rows.append(row)
     self._eval_wall += time.time() - t
     self._eval_cpu += time.process_time() - cpu

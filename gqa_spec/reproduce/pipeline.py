@@ -37,11 +37,10 @@ from gqa_spec import progress, status
 from gqa_spec.errors import UserError
 from gqa_spec.reproduce import bootstrap, drafts, finetune, speculation
 from gqa_spec.reproduce import presets as presets_lib
-from gqa_spec.reproduce.presets import SUMMARIZE, TRANSLATE, Preset, Variant
+from gqa_spec.reproduce.presets import TASK_METRIC, TRANSLATE, Preset, Variant
 
 STAGES = ('corpus', 'pretrain', 'uptrain', 'finetune', 'drafts', 'evaluate', 'timing',
           'speculative', 'report')
-TASK_METRIC = {TRANSLATE: 'bleu', SUMMARIZE: 'rouge1'}
 
 
 @dataclasses.dataclass

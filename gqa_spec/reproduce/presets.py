@@ -29,6 +29,7 @@ PRETRAIN = 'ddtp_span_corruption'
 PRETRAIN_MIXTURE = 'ddtp_mixture'  # span corruption + translate + summarize, example-proportional
 PRETRAIN_TASKS = (PRETRAIN, PRETRAIN_MIXTURE)
 MULTITASK = 'ddtp_translate_summarize'  # translate + summarize 1:1 (`finetune_multitask`)
+TASK_METRIC = {TRANSLATE: 'bleu', SUMMARIZE: 'rouge1'}  # the metric each task is judged by
 
 
 @dataclasses.dataclass(frozen=True)
