@@ -14,15 +14,18 @@ def test_overrides_are_parsed_by_field_type():
   base = presets.get('cpu')
   p = presets.override(base, ['warmup_steps=10000', 'finetune_learning_rate=3e-3',
                               'gammas=1,3,7', 'temperatures=0,0.5', 'long_timing=512, 128',
-                              'use_sample_corpus=true', 'pretrain_task=ddtp_mixture',
-                              'finetune_multitask=true'])
+                              'use_sample_corpus=true', 'pretrain_task=ddtp_span_corruption',
+                              'finetune_multitask=false'])
   assert p.warmup_steps == 10000 and isinstance(p.warmup_steps, int)
   assert p.finetune_learning_rate == pytest.approx(3e-3)
   assert p.gammas == (1, 3, 7) and p.temperatures == (0.0, 0.5)
   assert p.long_timing == (512, 128) and p.use_sample_corpus is True
-  assert p.pretrain_task == 'ddtp_mixture' and p.finetune_multitask is True
-  # the defaults are the paper's design (span corruption, per-task fine-tuning)
-  assert (base.pretrain_task, base.finetune_multitask) == ('ddtp_span_corruption', False)
+  assert p.pretrain_task == 'ddtp_span_corruption' and p.finetune_multitask is False
+  # cpu takes the budget's design (multi-task pre-training and fine-tuning); smoke keeps the
+  # paper's (span corruption, per-task fine-tuning)
+  assert (base.pretrain_task, base.finetune_multitask) == ('ddtp_mixture', True)
+  smoke = presets.get('smoke')
+  assert (smoke.pretrain_task, smoke.finetune_multitask) == ('ddtp_span_corruption', False)
   # everything else is the preset's
   assert p.target == base.target and p.pretrain_steps == base.pretrain_steps
   assert presets.override(base, []) == base

@@ -42,9 +42,10 @@ def test_multitask_lengths_are_the_longest_over_the_tasks():
   cpu = presets.get('cpu')  # translate (64, 64), summarize (128, 32)
   assert cpu.finetune_lengths == {TRANSLATE: (64, 64), SUMMARIZE: (128, 32)}
   assert cpu.multitask_lengths() == (128, 64)
-  design = presets.override(cpu, ['finetune_multitask=true']).design()
-  assert design['finetune_lengths'] == {MULTITASK: [128, 64]}
-  assert cpu.design()['finetune'] == 'per task'
+  assert cpu.design()['finetune_lengths'] == {MULTITASK: [128, 64]}
+  per_task = presets.override(cpu, ['finetune_multitask=false']).design()
+  assert per_task['finetune'] == 'per task'
+  assert per_task['finetune_lengths'] == {TRANSLATE: [64, 64], SUMMARIZE: [128, 32]}
 
 
 def test_task_mean_evaluator_averages_the_tasks_selection_metrics():
