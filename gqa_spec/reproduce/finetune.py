@@ -21,7 +21,7 @@ import dataclasses
 import os
 from typing import Dict, List, Mapping
 
-from gqa_spec.reproduce.presets import MULTITASK, Variant
+from gqa_spec.reproduce.presets import MULTITASK, TASK_METRIC, Variant
 
 
 def multitask_metric(task_metrics: Mapping[str, str]) -> str:
@@ -90,7 +90,7 @@ def stage_finetune(ctx) -> dict:
   from gqa_spec.training.optimizer import constant  # pylint: disable=g-import-not-at-top
   pipeline._register_tasks(ctx)  # pylint: disable=protected-access
   p = ctx.preset
-  task_metrics = {task: pipeline.TASK_METRIC[task] for task in p.finetune_lengths}
+  task_metrics = {task: TASK_METRIC[task] for task in p.finetune_lengths}
   mean_name = multitask_metric(task_metrics)
 
   def train(name, config, source, variant, task, lengths, evaluator, best_metric):
