@@ -38,3 +38,20 @@ def tiny_data_dir(tmp_path_factory):
   corpus.prepare(corpus.SAMPLE_LISTS_DIR, data_dir, vocab_size=300,
                  fractions=corpus.SAMPLE_FRACTIONS)
   return data_dir
+
+
+@pytest.fixture(scope='module', autouse=True)
+def _release_compiled_executables():
+  """Drops JAX's compiled executables after every test module.
+
+  XLA:CPU maps each executable's code and data into its own memory regions (3 per compiled
+  module), and JAX's caches keep every executable alive for the life of the process. The whole
+  suite compiles tens of thousands of them; one process then passes Linux's default
+  `vm.max_map_count` (65530) about half-way through the suite and segfaults inside the next
+  compilation. Clearing the caches between modules keeps the count to what one module compiles.
+  """
+  yield
+  import gc  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.clear_caches()
+  gc.collect()
