@@ -64,6 +64,8 @@ class Sweep:
   points: Tuple[Point, ...]
   eval_period: int
   tag: str = ''  # tells apart two sweeps of the same stage, role and task
+  # a model preset (`gqa_spec.models.config.PRESETS`) instead of the preset's model of `role`
+  model: str = ''
   # fine-tuning: the pre-training sweep to start from (its point of lowest final val loss);
   # None: every span-corruption pre-training sweep of the role
   init_sweep: Optional[str] = None
@@ -91,6 +93,12 @@ class Plan:
   metric_examples: int  # BLEU / ROUGE validation examples
 
 
+# micro's train step took 0.47x mini's at 16 x 128/32 (1.10-1.14 s vs 2.33-2.42 s, alternating,
+# `benchmarks/train_throughput.py --preset {micro,mini} --settings pretrain --steps 4`, load ~2.7):
+# 1000 mini steps buy ~2100 micro steps.
+MICRO_STEPS = 2000
+
+
 def plan(preset: Preset) -> Plan:
   """The sweeps of a preset, most important first (a partial run has the target's curves)."""
   b, fb = preset.pretrain_batch, preset.finetune_batch
@@ -102,6 +110,9 @@ def plan(preset: Preset) -> Plan:
         Sweep('pretrain', 'target', PRETRAIN_MIXTURE, (pre(0.05),), 8),
         Sweep('finetune', 'target', MULTITASK, (Point(0.01, fb, 8),), 4, tag='from_mixture',
               init_sweep='pretrain.target.mixture'),
+        # a named model preset in place of the target (at the preset's vocabulary), as cpu's
+        # target-size sweep
+        Sweep('pretrain', 'target', PRETRAIN, (pre(0.05),), 8, tag='nano', model='nano'),
     ), val_batches=2, metric_examples=4)
   if preset.name != 'cpu':
     raise UserError(f'no calibration plan for preset {preset.name!r}; known: smoke, cpu')
@@ -131,6 +142,12 @@ def plan(preset: Preset) -> Plan:
       Sweep('pretrain', 'target', PRETRAIN_MIXTURE, (Point(0.015, b, 1000, warmup=500),), 250),
       Sweep('finetune', 'target', MULTITASK, (tft(0.01, steps=200),), 50, tag='from_mixture',
             init_sweep='pretrain.target.mixture'),
+      # Target size at equal training time: mini saw ~6M tokens in the mixture sweep above, far
+      # fewer than a model of its size needs, so a narrower target may reach a lower loss in the
+      # same seconds. `micro` (mini at half width, ~1/4 of its non-embedding FLOPs), at the same
+      # rate and warm-up, for the steps its measured step time buys in mini's 1000-step seconds.
+      Sweep('pretrain', 'target', PRETRAIN_MIXTURE, (Point(0.015, b, MICRO_STEPS, warmup=500),),
+            MICRO_STEPS // 4, tag='micro', model='micro'),
   ), val_batches=4, metric_examples=32)
 
 
@@ -245,6 +262,9 @@ def run_point(preset: Preset, work_dir: str, plan_: Plan, sweep: Sweep, point: P
   from gqa_spec.training.data import DatasetConfig  # pylint: disable=g-import-not-at-top
   from gqa_spec.training.optimizer import constant, rsqrt_decay  # pylint: disable=g-import-not-at-top
   config = preset.target if sweep.role == 'target' else preset.draft
+  if sweep.model:
+    from gqa_spec.models.config import preset as model_preset  # pylint: disable=g-import-not-at-top
+    config = model_preset(sweep.model, vocab_size=config.vocab_size)
   model_dir = os.path.join(work_dir, 'calibration', sweep.name, point.label)
   shutil.rmtree(model_dir, ignore_errors=True)  # an interrupted point restarts: one clean curve
   if sweep.stage == 'pretrain':
@@ -274,6 +294,7 @@ def run_point(preset: Preset, work_dir: str, plan_: Plan, sweep: Sweep, point: P
   steady = rows[-1]['step'] - rows[0]['step']
   return {
       'sweep': sweep.name, 'label': point.label, **dataclasses.asdict(point),
+      'model': sweep.model or sweep.role,
       'lengths': [inputs, targets], 'model_dir': os.path.relpath(model_dir, work_dir),
       'initial_checkpoint': os.path.relpath(init, work_dir) if init else None,
       'curve': rows, 'final_val_loss': rows[-1]['val_loss'],
