@@ -75,7 +75,7 @@ def test_a_sweep_can_name_another_model_preset(calibrated):
   by_name = {s['name']: s for s in record['sweeps']}
   (p,) = by_name['pretrain.target.nano']['points']
   (q,) = by_name['pretrain.target']['points'][:1]
-  assert (p['model'], q['model']) == ('nano', 'target')
+  assert (p['model'], q['model']) == ('nano', 'smoke target')
   smoke = presets.get('smoke').target
   config = native.load_config(os.path.join(work_dir, p['model_dir']))
   assert config == model_preset('nano', vocab_size=smoke.vocab_size) != smoke
