@@ -137,6 +137,11 @@ PRESETS = {
                      num_encoder_layers=2, num_decoder_layers=2),
     'mini': T5Config(vocab_size=CPU_VOCAB_SIZE, emb_dim=256, num_heads=8, head_dim=32, mlp_dim=1024,
                      num_encoder_layers=4, num_decoder_layers=4),
+    # Between the two: mini's 8 heads and 4 + 4 layers (so every GQA grouping of the study exists)
+    # at half its width, ~1/4 of its non-embedding FLOPs. The calibration's target-size sweep
+    # compares it with mini at equal training time.
+    'micro': T5Config(vocab_size=CPU_VOCAB_SIZE, emb_dim=128, num_heads=8, head_dim=16, mlp_dim=512,
+                      num_encoder_layers=4, num_decoder_layers=4),
     # The public T5.1.1 sizes (t5x/examples/t5/t5_1_1/*.gin).
     'small': T5Config(emb_dim=512, num_heads=6, head_dim=64, mlp_dim=1024,
                       num_encoder_layers=8, num_decoder_layers=8),

@@ -64,6 +64,8 @@ class Sweep:
   points: Tuple[Point, ...]
   eval_period: int
   tag: str = ''  # tells apart two sweeps of the same stage, role and task
+  # a model preset (`gqa_spec.models.config.PRESETS`) instead of the preset's model of `role`
+  model: str = ''
   # fine-tuning: the pre-training sweep to start from (its point of lowest final val loss);
   # None: every span-corruption pre-training sweep of the role
   init_sweep: Optional[str] = None
@@ -91,6 +93,15 @@ class Plan:
   metric_examples: int  # BLEU / ROUGE validation examples
 
 
+# micro's train step took 0.47x mini's at 16 x 128/32 (1.10-1.14 s vs 2.33-2.42 s, alternating,
+# `benchmarks/train_throughput.py --preset {micro,mini} --settings pretrain --steps 4`, load ~2.7):
+# 1000 mini steps buy ~2100 micro steps.
+MICRO_STEPS = 2000
+# The cpu plan's target sweeps before the size sweep trained `mini` (the preset's target then):
+# they name it, so the command reproduces its record whatever the preset's target is now.
+TARGET_SWEEP_MODEL = 'mini'
+
+
 def plan(preset: Preset) -> Plan:
   """The sweeps of a preset, most important first (a partial run has the target's curves)."""
   b, fb = preset.pretrain_batch, preset.finetune_batch
@@ -102,36 +113,60 @@ def plan(preset: Preset) -> Plan:
         Sweep('pretrain', 'target', PRETRAIN_MIXTURE, (pre(0.05),), 8),
         Sweep('finetune', 'target', MULTITASK, (Point(0.01, fb, 8),), 4, tag='from_mixture',
               init_sweep='pretrain.target.mixture'),
+        # a named model preset in place of the target (at the preset's vocabulary), as cpu's
+        # target-size sweep
+        Sweep('pretrain', 'target', PRETRAIN, (pre(0.05),), 8, tag='nano', model='nano'),
     ), val_batches=2, metric_examples=4)
   if preset.name != 'cpu':
     raise UserError(f'no calibration plan for preset {preset.name!r}; known: smoke, cpu')
   # Sized for a machine shared with other jobs (load ~10 on 2 cores, ~5 s per target step): the
   # target's and the draft's peak lr first, then the target's fine-tuning lr, then the rest.
+  mini = {'model': TARGET_SWEEP_MODEL}
   tpre = lambda lr, w=500: Point(lr, b, 100, warmup=w)
   dpre = lambda lr: Point(lr, b, 200, warmup=500)
   tft = lambda lr, batch=fb, steps=40: Point(lr, batch, steps)
   return Plan((
       # log-spaced x3 around the last study's 0.045 (its mini target stalled at train loss 5.3
       # while the nano draft reached 4.5 at the same rate: the direction is not known a priori)
-      Sweep('pretrain', 'target', PRETRAIN, (tpre(0.045), tpre(0.015), tpre(0.13)), 25),
+      Sweep('pretrain', 'target', PRETRAIN, (tpre(0.045), tpre(0.015), tpre(0.13)), 25, **mini),
       # added once 0.015 beat 0.045: is the optimum lower still?
-      Sweep('pretrain', 'target', PRETRAIN, (tpre(0.005),), 25, tag='low'),
+      Sweep('pretrain', 'target', PRETRAIN, (tpre(0.005),), 25, tag='low', **mini),
       Sweep('pretrain', 'draft', PRETRAIN, (dpre(0.045), dpre(0.13), dpre(0.4), dpre(0.015)),
             50),
-      Sweep('finetune', 'target', TRANSLATE, (tft(0.01), tft(0.03), tft(0.003)), 20),
+      Sweep('finetune', 'target', TRANSLATE, (tft(0.01), tft(0.03), tft(0.003)), 20, **mini),
       Sweep('finetune', 'draft', TRANSLATE, (tft(0.01, steps=60), tft(0.03, steps=60),
                                              tft(0.1, steps=60)), 20),
-      Sweep('finetune', 'target', SUMMARIZE, (tft(0.01), tft(0.03)), 20),
-      Sweep('finetune', 'target', MULTITASK, (tft(0.01, steps=80),), 40),
-      Sweep('finetune', 'target', TRANSLATE, (tft(0.01, 32),), 20, tag='batch'),
-      Sweep('pretrain', 'target', PRETRAIN, (tpre(0.13, 50),), 25, tag='warmup'),  # decays
+      Sweep('finetune', 'target', SUMMARIZE, (tft(0.01), tft(0.03)), 20, **mini),
+      Sweep('finetune', 'target', MULTITASK, (tft(0.01, steps=80),), 40, **mini),
+      Sweep('finetune', 'target', TRANSLATE, (tft(0.01, 32),), 20, tag='batch', **mini),
+      Sweep('pretrain', 'target', PRETRAIN, (tpre(0.13, 50),), 25, tag='warmup', **mini),  # decays
       # T5's multi-task pre-training (span corruption + both tasks at example-proportional
       # rates): does a long target run reach the quality bar, and where does the curve flatten?
       # Then how much a short multi-task fine-tuning adds from it.
-      Sweep('pretrain', 'target', PRETRAIN_MIXTURE, (Point(0.015, b, 1000, warmup=500),), 250),
+      Sweep('pretrain', 'target', PRETRAIN_MIXTURE, (Point(0.015, b, 1000, warmup=500),), 250,
+            **mini),
       Sweep('finetune', 'target', MULTITASK, (tft(0.01, steps=200),), 50, tag='from_mixture',
-            init_sweep='pretrain.target.mixture'),
+            init_sweep='pretrain.target.mixture', **mini),
+      # Target size at equal training time: mini saw ~6M tokens in the mixture sweep above, far
+      # fewer than a model of its size needs, so a narrower target may reach a lower loss in the
+      # same seconds. `micro` (mini at half width, ~1/4 of its non-embedding FLOPs), at the same
+      # rate and warm-up, for the steps its measured step time buys in mini's 1000-step seconds.
+      Sweep('pretrain', 'target', PRETRAIN_MIXTURE, (Point(0.015, b, MICRO_STEPS, warmup=500),),
+            MICRO_STEPS // 4, tag='micro', model='micro'),
   ), val_batches=4, metric_examples=32)
+
+
+def model_name(preset: Preset, sweep: Sweep) -> str:
+  """The model preset a sweep trains: `sweep.model`, else the one the preset's model of the role
+  matches (width, heads, layers), else '<preset> <role>'."""
+  if sweep.model:
+    return sweep.model
+  from gqa_spec.models.config import PRESETS  # pylint: disable=g-import-not-at-top
+  config = preset.target if sweep.role == 'target' else preset.draft
+  shape = lambda c: (c.emb_dim, c.num_heads, c.head_dim, c.mlp_dim, c.num_encoder_layers,
+                     c.num_decoder_layers)
+  return next((n for n, c in PRESETS.items() if shape(c) == shape(config)),
+              f'{preset.name} {sweep.role}')
 
 
 def _lengths(preset: Preset, task: str) -> Tuple[int, int]:
@@ -245,6 +280,9 @@ def run_point(preset: Preset, work_dir: str, plan_: Plan, sweep: Sweep, point: P
   from gqa_spec.training.data import DatasetConfig  # pylint: disable=g-import-not-at-top
   from gqa_spec.training.optimizer import constant, rsqrt_decay  # pylint: disable=g-import-not-at-top
   config = preset.target if sweep.role == 'target' else preset.draft
+  if sweep.model:
+    from gqa_spec.models.config import preset as model_preset  # pylint: disable=g-import-not-at-top
+    config = model_preset(sweep.model, vocab_size=config.vocab_size)
   model_dir = os.path.join(work_dir, 'calibration', sweep.name, point.label)
   shutil.rmtree(model_dir, ignore_errors=True)  # an interrupted point restarts: one clean curve
   if sweep.stage == 'pretrain':
@@ -274,6 +312,7 @@ def run_point(preset: Preset, work_dir: str, plan_: Plan, sweep: Sweep, point: P
   steady = rows[-1]['step'] - rows[0]['step']
   return {
       'sweep': sweep.name, 'label': point.label, **dataclasses.asdict(point),
+      'model': model_name(preset, sweep),
       'lengths': [inputs, targets], 'model_dir': os.path.relpath(model_dir, work_dir),
       'initial_checkpoint': os.path.relpath(init, work_dir) if init else None,
       'curve': rows, 'final_val_loss': rows[-1]['val_loss'],
@@ -335,6 +374,8 @@ def _collect(preset: Preset, plan_: Plan, work_dir: str, command: str) -> dict:
   out, pending = [], 0
   for s in plan_.sweeps:
     points = [_read(_point_path(work_dir, s, p), p) for p in s.points]
+    # (points recorded before `model` was: the plan names what they trained)
+    points = [r and {'model': model_name(preset, s), **r} for r in points]
     pending += sum(p is None for p in points)
     out.append({'name': s.name, 'stage': s.stage, 'role': s.role, 'task': s.task,
                 'eval_period': s.eval_period, 'points': [p for p in points if p],

@@ -29,14 +29,52 @@ def _metric_keys(points: Sequence[Mapping]) -> list:
                  if k not in skip and not k.startswith('val_loss/')})
 
 
+def size_comparisons(record: Mapping) -> list:
+  """[(title, [(sweep name, point), ...])]: pre-training points of one role and task that trained
+  different models (the target-size sweep), to compare at equal CPU time."""
+  groups = {}
+  for s in record['sweeps']:
+    if s['stage'] == 'pretrain':
+      groups.setdefault((s['role'], s['task']), []).extend((s['name'], p) for p in s['points'])
+  return [(f'{role} size on {task}: at equal CPU time', points)
+          for (role, task), points in groups.items()
+          if len({p.get('model') for _, p in points}) > 1]
+
+
+def _plot_sizes(axes, title: str, points, colors) -> None:
+  """Val loss, the per-task val losses and the task metrics, each vs CPU seconds."""
+  for i, (name, p) in enumerate(points):
+    style = dict(color=colors[i % len(colors)], marker=MARKERS[i % len(MARKERS)], ms=4)
+    cpu = [row['cpu_seconds'] for row in p['curve']]
+    label = f"{p.get('model')} ({name} {p['label']})"
+    axes[0].plot(cpu, [row['val_loss'] for row in p['curve']], label=label, **style)
+    tasks = sorted(k for k in p['curve'][-1] if k.startswith('val_loss/'))
+    for j, k in enumerate(tasks):
+      axes[1].plot(cpu, [row.get(k) for row in p['curve']], ls=('-', '--', ':')[j % 3],
+                   label=f"{p.get('model')} {k.split('/')[1]}", **style)
+    for j, m in enumerate(_metric_keys([p])):
+      axes[2].plot(cpu, [row.get(m) for row in p['curve']], ls=('-', '--', ':')[j % 3],
+                   label=f"{p.get('model')} {m}", **style)
+  axes[0].set(xlabel='CPU seconds training (this process)', ylabel='validation loss', title=title)
+  axes[1].set(xlabel='CPU seconds training (this process)', ylabel='validation loss per task',
+              title='per task')
+  axes[2].set(xlabel='CPU seconds training (this process)', ylabel='bleu / rouge1',
+              title='validation slice')
+  for ax in axes:
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6, frameon=False)
+
+
 def plot(path: str, record: Mapping) -> None:
   """One row per sweep: val loss vs step, vs wall seconds, and task metric vs step (fine-tuning)
-  or val loss vs this process's CPU seconds (pre-training: less sensitive to the machine's load)."""
+  or val loss vs this process's CPU seconds (pre-training: less sensitive to the machine's load);
+  then one row per `size_comparisons` group."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   sweeps = [s for s in record['sweeps'] if s['points']]
-  rows = max(1, len(sweeps))
+  sizes = size_comparisons(record)
+  rows = max(1, len(sweeps) + len(sizes))
   fig, axes = plt.subplots(rows, 3, figsize=(15, 2.9 * rows), squeeze=False)
   colors = plt.get_cmap('tab10').colors
   for r, sweep in enumerate(sweeps):
@@ -67,6 +105,8 @@ def plot(path: str, record: Mapping) -> None:
       axes[r, 2].legend(loc='upper left', bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)
     for ax in axes[r]:
       ax.grid(alpha=0.3)
+  for r, (title, points) in enumerate(sizes, len(sweeps)):
+    _plot_sizes(axes[r], title, points, colors)
   if not sweeps:
     axes[0, 0].text(0.5, 0.5, 'no finished points yet', ha='center')
   status = record['status'] + (f" ({record['pending_points']} point(s) pending)"
@@ -97,14 +137,23 @@ def markdown(record: Mapping) -> str:
     for p in sweep['points']:
       last = p['curve'][-1]
       loads = [row['load1'] for row in p['curve']]
-      rows.append([p['label'], p['steps'], p['batch'], _fmt(p['final_val_loss']),
-                   _fmt(p['final_train_loss'])] + [_fmt(last.get(m), 2) for m in metrics] +
+      rows.append([p['label'], p.get('model', '-'), p['steps'], p['batch'],
+                   _fmt(p['final_val_loss']), _fmt(p['final_train_loss'])] + [_fmt(last.get(m), 2) for m in metrics] +
                   [_fmt(p['seconds_per_step'], 2), _fmt(p['cpu_seconds_per_step'], 2),
                    _fmt(last['wall_seconds'], 0), f'{min(loads):.1f}-{max(loads):.1f}'])
     lines.append(markdown_table(
-        ['point', 'steps', 'batch', 'val loss', 'train loss'] + metrics +
+        ['point', 'model', 'steps', 'batch', 'val loss', 'train loss'] + metrics +
         ['s/step', 'CPU s/step', 'train wall s', 'load1'], rows))
     if sweep['pending']:
       lines += ['', f"Not run yet: {', '.join(sweep['pending'])}"]
     lines.append('')
+  for title, points in size_comparisons(record):
+    keys = sorted({k for _, p in points for row in p['curve'] for k in row
+                   if k.startswith('val_loss/')}) + _metric_keys([p for _, p in points])
+    rows = [[p.get('model', '-'), row['step'], _fmt(row['cpu_seconds'], 0),
+             _fmt(row['val_loss'])] + [_fmt(row.get(k), 2) for k in keys]
+            for _, p in points for row in p['curve']]
+    lines += [f'## {title[0].upper()}{title[1:]}', '',
+              markdown_table(['model', 'step', 'CPU s', 'val loss'] + keys,
+                             sorted(rows, key=lambda r: float(r[2]))), '']
   return '\n'.join(lines)

@@ -182,7 +182,8 @@ def stage_pretrain(ctx: Context) -> dict:
         ctx.model_dir('pretrain', role), config, p.pretrain_task, p.pretrain_lengths,
         p.pretrain_batch, p.pretrain_steps,
         learning_rate_fn=rsqrt_decay(*p.pretrain_schedule(role)),
-        save_period=max(10, p.pretrain_steps // 5), work_dir=ctx.work_dir)))
+        # a kill loses at most 250 steps
+        save_period=max(10, min(p.pretrain_steps // 5, 250)), work_dir=ctx.work_dir)))
   target, draft = _run_jobs(ctx, 'pretrain', jobs)
   return {'target': target, 'draft': draft, 'steps': p.pretrain_steps, 'design': p.design()}
 

@@ -222,43 +222,48 @@ def _cpu() -> Preset:
     multi-task pre-training of `mini` (peak lr 0.015, warm-up 500, batch 16, 128/64): validation
       translate loss 5.99 / 5.54 / 5.20 / 4.98 at steps 250 / 500 / 750 / 1000, BLEU 1.4 -> 2.6,
       ROUGE-1 6-11; still falling ~0.2 per 250 steps, so pre-training steps buy the quality.
-    multi-task fine-tuning from that point (lr 0.01, batch 16): BLEU 3.9 / 3.7 / 3.4 / 3.0 and
-      ROUGE-1 11.4 / 11.3 / 11.8 / 10.6 at steps 50 / 100 / 150 / 200, translate loss 4.98 -> 4.90:
-      it adds a little early and then nothing -> 100 steps, best of the evaluations every 50.
+    the target's size at equal training time (the same schedule): `micro` (mini at half width, 8
+      heads, 4 + 4 layers) takes 0.4-0.47x mini's step time, and at every CPU time measured its
+      validation loss is lower: 5.29 vs 5.56 at ~1700 CPU s, 4.92 vs 5.14 at ~3500 (translate
+      4.65 vs 4.98, BLEU 3.4 vs 2.6). With ~6M tokens mini is far too large for its data; the
+      target is `micro`.
+    multi-task fine-tuning from that point (mini; lr 0.01, batch 16): BLEU 3.9 / 3.7 / 3.4 / 3.0
+      and ROUGE-1 11.4 / 11.3 / 11.8 / 10.6 at steps 50 / 100 / 150 / 200, translate loss 4.98 ->
+      4.90: it adds a little early and then nothing -> 100 steps, best of the evaluations every 50.
     the per-task span-corruption sweeps chose the peak rates: target 0.015 (of 0.005-0.13 at 100
-      steps), draft 0.045 (of 0.015-0.4 at 200 steps); draft fine-tuning 0.03 (of 0.01-0.1).
-  The quality bar of issue 17 (BLEU >= 15, ROUGE-1 >= 30) is out of reach for `mini` within the
-  budget: ~2400 pre-training steps is what 3 h allows, and the curve above is at BLEU ~3 after
-  1000. A smaller target trained for more steps may reach higher quality in the same time (not
-  measured yet: the next calibration is a target-size sweep at equal wall time).
+      steps, mini), draft 0.045 (of 0.015-0.4 at 200 steps); draft fine-tuning 0.03 (of 0.01-0.1).
+      Not re-swept for micro.
+  The quality bar of issue 17 (BLEU >= 15, ROUGE-1 >= 30) is out of reach within the budget: the
+  curves above reach BLEU ~3 after an hour of training and gain ~0.2 nats per doubling of it.
 
-  Budget (quiet seconds per step on this 2-core AMD EPYC machine, 2026-11-22: `mini` train step
-  1.21 s at 16 x 128/32 (`results/benchmarks/train_throughput.md`), ~1.6 s at 128/64 from the
-  calibration's 3.3 CPU s per step over 2 threads; `nano` ~0.2 s):
-    corpus 50 + pretrain 2400 x (1.6 + 0.2) = 4320 + uptrain 0.4 x 2400 x 1.6 = 1536
-    + finetune 9 targets x 100 x 1.6 + draft 20 + evaluations ~400 = 1860
-    + drafts stage 4 jobs x 100 steps x ~2 s = 800 + evaluate / timing / speculative ~2100
-    (an allowance, not a measurement) + report 70 = 10,736 s = 2 h 59.
+  Budget (seconds per step on this 2-core AMD EPYC machine: micro ~0.93 s at 16 x 128/64 from the
+  size sweep's 1.85 CPU s per step over 2 threads, nano ~0.2 s):
+    corpus 50 + pretrain 4000 x (0.93 + 0.2) = 4520 + uptrain 0.4 x 4000 x 0.93 = 1490
+    + finetune 9 targets x 100 x 0.93 + draft 20 + evaluations ~400 = 1260
+    + drafts stage 4 jobs x 100 steps x ~1.2 s = 480 + evaluate / timing / speculative ~2400
+    (an allowance, not a measurement) + report 70 = 10,270 s = 2 h 51.
+  Speculative decoding is timed at batch 1 (the papers' setting), gamma 1-7 for the chains over the
+  model, bigram and copy drafts.
   """
-  mini, nano = model_preset('mini'), model_preset('nano')
+  micro, nano = model_preset('micro'), model_preset('nano')
   return Preset(
-      name='cpu', use_sample_corpus=False, vocab_pieces=8000, target=mini, draft=nano,
-      pretrain_steps=2400, pretrain_batch=16, pretrain_lengths=(128, 64), warmup_steps=500,
+      name='cpu', use_sample_corpus=False, vocab_pieces=8000, target=micro, draft=nano,
+      pretrain_steps=4000, pretrain_batch=16, pretrain_lengths=(128, 64), warmup_steps=500,
       kv_heads=(1, 2), alphas=(0.0, 0.05, 0.1), method_ablation_alpha=0.05,
       method_ablation_kv_heads=1,
       finetune_steps=100, finetune_batch=16, finetune_learning_rate=0.01,
       finetune_lengths={TRANSLATE: (64, 64), SUMMARIZE: (128, 32)}, eval_period=50,
       validation_examples=64, test_examples=256, eval_batch=64, timing_repeats=3, timing_batch=16,
       timing_groups=(1, 2, 4, 8), long_timing=(2048, 512),
-      long_timing_config=mini.replace(num_encoder_layers=2),
-      speculative_examples=32, speculative_batch=8, gammas=(1, 3, 5),
+      long_timing_config=micro.replace(num_encoder_layers=2),
+      speculative_examples=24, speculative_batch=1, gammas=(1, 3, 5, 7),
       temperatures=(0.0, 1.0), speculative_repeats=3,
       # Not measured yet: a draft-training step is a small model's train step plus the frozen
-      # target's greedy decoding of the batch and its teacher-forced pass, ~2 s estimated, so
-      # 100 steps ~ 3-4 min per job, 4 jobs. Batch 16 as fine-tuning; lr 1e-3, `train-draft`'s
+      # target's greedy decoding of the batch and its teacher-forced pass, ~1.2 s estimated, so
+      # 100 steps ~ 2 min per job, 4 jobs. Batch 16 as fine-tuning; lr 1e-3, `train-draft`'s
       # Adam default (the benchmarks/trained_drafts.py setting).
       chimera_steps=100, chimera_batch=16, chimera_learning_rate=1e-3, distill_steps=100,
-      distill_batch=16, distill_learning_rate=1e-3, draft_gammas=(1, 3, 5),
+      distill_batch=16, distill_learning_rate=1e-3, draft_gammas=(3, 5),
       tree_shapes=('topk:4,2,2', 'best:16,depth:4'),
       chimera_tree='topk:4,2,2', stage2_gamma=3,
       pretrain_peak_lr=0.015, draft_pretrain_peak_lr=0.045, draft_finetune_learning_rate=0.03,

@@ -46,7 +46,7 @@ def test_curves_are_real(calibrated):
   """Pre-training loss falls on the excerpt; fine-tuning starts from the best pre-trained point
   and records its task metric."""
   _, _, record = calibrated
-  pretrain, finetune, mixture, multitask = record['sweeps']
+  pretrain, finetune, mixture, multitask, nano = record['sweeps']
   for p in pretrain['points']:
     first, last = p['curve'][0]['val_loss'], p['curve'][-1]['val_loss']
     assert last < first - 0.1, (p['label'], first, last)
@@ -63,6 +63,23 @@ def test_curves_are_real(calibrated):
   assert mix['curve'][-1]['val_loss'] < mix['curve'][0]['val_loss']
   (mt,) = multitask['points']
   assert mt['initial_checkpoint'] == mix['model_dir'] != best['model_dir']
+
+
+
+def test_a_sweep_can_name_another_model_preset(calibrated):
+  """`Sweep.model` trains that model preset (here `nano`) at the preset's vocabulary; the
+  preset's own target is used otherwise."""
+  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
+  from gqa_spec.models.config import preset as model_preset  # pylint: disable=g-import-not-at-top
+  _, work_dir, record = calibrated
+  by_name = {s['name']: s for s in record['sweeps']}
+  (p,) = by_name['pretrain.target.nano']['points']
+  (q,) = by_name['pretrain.target']['points'][:1]
+  assert (p['model'], q['model']) == ('nano', 'smoke target')
+  smoke = presets.get('smoke').target
+  config = native.load_config(os.path.join(work_dir, p['model_dir']))
+  assert config == model_preset('nano', vocab_size=smoke.vocab_size) != smoke
+  assert p['curve'][-1]['val_loss'] < p['curve'][0]['val_loss']
 
 
 def test_finished_points_are_skipped(calibrated):
