@@ -62,7 +62,8 @@ def _plot_sizes(axes, title: str, points, colors) -> None:
               title='validation slice')
   for ax in axes:
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6, frameon=False)
+    if ax.get_legend_handles_labels()[0]:  # (span corruption has no task metrics)
+      ax.legend(fontsize=6, frameon=False)
 
 
 def plot(path: str, record: Mapping) -> None:
