@@ -236,12 +236,12 @@ def _cpu() -> Preset:
   The quality bar of issue 17 (BLEU >= 15, ROUGE-1 >= 30) is out of reach within the budget: the
   curves above reach BLEU ~3 after an hour of training and gain ~0.2 nats per doubling of it.
 
-  Budget (seconds per step on this 2-core AMD EPYC machine: micro ~0.93 s at 16 x 128/64 from the
-  size sweep's 1.85 CPU s per step over 2 threads, nano ~0.2 s):
-    corpus 50 + pretrain 4000 x (0.93 + 0.2) = 4520 + uptrain 0.4 x 4000 x 0.93 = 1490
-    + finetune 9 targets x 100 x 0.93 + draft 20 + evaluations ~400 = 1260
+  Budget (seconds per step on this 2-core AMD EPYC machine: micro ~1.0 s at 16 x 128/64, the size
+  sweep's wall time from step 1000 to 2000 at load ~2 (0.99-1.08 s; 1.8-1.9 CPU s); nano ~0.2 s):
+    corpus 50 + pretrain 4000 x (1.0 + 0.2) = 4800 + uptrain 0.4 x 4000 x 1.0 = 1600
+    + finetune 9 targets x 100 x 1.0 + draft 20 + evaluations ~400 = 1320
     + drafts stage 4 jobs x 100 steps x ~1.2 s = 480 + evaluate / timing / speculative ~2400
-    (an allowance, not a measurement) + report 70 = 10,270 s = 2 h 51.
+    (an allowance, not a measurement) + report 70 = 10,720 s = 2 h 59.
   Speculative decoding is timed at batch 1 (the papers' setting), gamma 1-7 for the chains over the
   model, bigram and copy drafts.
   """
