@@ -156,13 +156,23 @@ def plan(preset: Preset) -> Plan:
   ), val_batches=4, metric_examples=32)
 
 
+def _config(preset: Preset, sweep: Sweep):
+  """The model config a sweep trains: `sweep.model` at the preset's vocabulary, else the preset's
+  model of the role."""
+  config = preset.target if sweep.role == 'target' else preset.draft
+  if sweep.model:
+    from gqa_spec.models.config import preset as model_preset  # pylint: disable=g-import-not-at-top
+    config = model_preset(sweep.model, vocab_size=config.vocab_size)
+  return config
+
+
 def model_name(preset: Preset, sweep: Sweep) -> str:
   """The model preset a sweep trains: `sweep.model`, else the one the preset's model of the role
   matches (width, heads, layers), else '<preset> <role>'."""
   if sweep.model:
     return sweep.model
   from gqa_spec.models.config import PRESETS  # pylint: disable=g-import-not-at-top
-  config = preset.target if sweep.role == 'target' else preset.draft
+  config = _config(preset, sweep)
   shape = lambda c: (c.emb_dim, c.num_heads, c.head_dim, c.mlp_dim, c.num_encoder_layers,
                      c.num_decoder_layers)
   return next((n for n, c in PRESETS.items() if shape(c) == shape(config)),
@@ -279,10 +289,7 @@ def run_point(preset: Preset, work_dir: str, plan_: Plan, sweep: Sweep, point: P
   from gqa_spec.training import trainer  # pylint: disable=g-import-not-at-top
   from gqa_spec.training.data import DatasetConfig  # pylint: disable=g-import-not-at-top
   from gqa_spec.training.optimizer import constant, rsqrt_decay  # pylint: disable=g-import-not-at-top
-  config = preset.target if sweep.role == 'target' else preset.draft
-  if sweep.model:
-    from gqa_spec.models.config import preset as model_preset  # pylint: disable=g-import-not-at-top
-    config = model_preset(sweep.model, vocab_size=config.vocab_size)
+  config = _config(preset, sweep)
   model_dir = os.path.join(work_dir, 'calibration', sweep.name, point.label)
   shutil.rmtree(model_dir, ignore_errors=True)  # an interrupted point restarts: one clean curve
   if sweep.stage == 'pretrain':

@@ -139,7 +139,8 @@ def markdown(record: Mapping) -> str:
       last = p['curve'][-1]
       loads = [row['load1'] for row in p['curve']]
       rows.append([p['label'], p.get('model', '-'), p['steps'], p['batch'],
-                   _fmt(p['final_val_loss']), _fmt(p['final_train_loss'])] + [_fmt(last.get(m), 2) for m in metrics] +
+                   _fmt(p['final_val_loss']), _fmt(p['final_train_loss'])] +
+                  [_fmt(last.get(m), 2) for m in metrics] +
                   [_fmt(p['seconds_per_step'], 2), _fmt(p['cpu_seconds_per_step'], 2),
                    _fmt(last['wall_seconds'], 0), f'{min(loads):.1f}-{max(loads):.1f}'])
     lines.append(markdown_table(
