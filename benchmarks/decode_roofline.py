@@ -11,7 +11,7 @@ Bound per step = bytes read per decode step / measured bandwidth, where the byte
 decoder's parameters (the logits kernel included; the encoder is not read while decoding) plus the
 self-attention K/V cache (this implementation attends over the whole allocated cache, masked, so
 all of it is read) plus the cached cross-attention K/V; bandwidth is measured here by a jitted
-reduction over a 256 MiB float32 array. Step time = wall time of a jitted while-loop decode of
+reduction over a float32 array of 256 MiB (2 GiB on an accelerator). Step time = wall time of a jitted while-loop decode of
 `--steps` tokens / steps (EOS suppressed by decoding to max length, random-init weights). Every row
 of the batch holds the same input, encoded once and copied (the decode step does not care, and a
 2048-token encoder pass at batch 16 would need GiBs of attention logits).
@@ -40,7 +40,15 @@ from gqa_spec.models.config import preset  # pylint: disable=wrong-import-positi
 from gqa_spec.models.t5 import Transformer  # pylint: disable=wrong-import-position
 
 
-def bandwidth(mib: int = 256, repeats: int = 5) -> float:
+def bandwidth_mib() -> int:
+  """Size of the bandwidth probe: 256 MiB on CPU, 2 GiB on an accelerator (so that the read and not
+  the dispatch dominates the timing)."""
+  return 256 if jax.default_backend() == 'cpu' else 2048
+
+
+def bandwidth(mib: int = 0, repeats: int = 5) -> float:
+  """Bytes/s of a jitted sum over `mib` MiB of float32 (default `bandwidth_mib()`)."""
+  mib = mib or bandwidth_mib()
   x = jnp.ones((mib * 2 ** 20 // 4,), jnp.float32)
   f = jax.jit(lambda a: jnp.sum(a))
   f(x).block_until_ready()
@@ -75,7 +83,7 @@ def measure(args) -> list:
     for kv in args.kv.split(','):
       base = preset(name)
       groups = {'mha': base.num_heads, 'mqa': 1}.get(kv) or int(kv[3:])
-      config = base.replace(num_kv_heads=groups)
+      config = base.replace(num_kv_heads=groups, dtype=args.dtype)
       model = Transformer(config)
       dummy = jnp.ones((1, 8), jnp.int32)
       params = jax.jit(lambda r: model.init(r, dummy, dummy, dummy, enable_dropout=False)['params'])(
@@ -96,6 +104,7 @@ def measure(args) -> list:
           cross_kv = cross_kv_bytes(state.cache)
           bound = (param_bytes + self_kv + cross_kv) / bw
           row = {'preset': name, 'kv_heads': groups, 'input_length': length, 'batch': batch,
+                 'dtype': args.dtype,
                  'step_ms': step * 1e3, 'bound_ms': bound * 1e3, 'ratio_to_bound': step / bound,
                  'bandwidth_gb_s': bw / 1e9, 'decoder_param_mib': param_bytes / 2 ** 20,
                  'self_kv_mib': self_kv / 2 ** 20, 'cross_kv_mib': cross_kv / 2 ** 20,
@@ -113,6 +122,8 @@ def main(argv=None):
   p.add_argument('--batch', default='1,8')
   p.add_argument('--input-length', default='64')
   p.add_argument('--steps', type=int, default=64)
+  p.add_argument('--dtype', default='float32', choices=('float32', 'bfloat16'),
+                 help='activation (and so K/V cache) dtype; parameters stay float32, as in t5x')
   p.add_argument('--repeats', type=int, default=5)
   p.add_argument('--baseline', default=None, help='git ref of the library to compare against')
   p.add_argument('--rounds', type=int, default=3)
@@ -149,7 +160,8 @@ def main(argv=None):
   base_cols = ' baseline ms | speedup |' if args.baseline else ''
   lines = ['# Autoregressive decode step vs memory-bandwidth bound', '',
            f'Command: `{results["command"]}`', '',
-           f'Measured bandwidth (jitted sum over 256 MiB, median over runs): {bw:.2f} GB/s. '
+           f'Measured bandwidth (jitted sum over {bandwidth_mib()} MiB, median over runs): '
+           f'{bw:.2f} GB/s. '
            'Bound = (decoder params + self K/V cache (whole allocation) + cross K/V) / bandwidth. '
            f'Random-init weights, {args.steps} decode steps, median of {args.repeats} per run'
            + (f', then median over {args.rounds} rounds alternating this code with the library at '
@@ -163,12 +175,15 @@ def main(argv=None):
   for r in rows:
     base = (f' {r["baseline_step_ms"]:.3f} | {r["speedup_vs_baseline"]:.2f} |'
             if args.baseline else '')
-    lines.append(f'| {r["preset"]} | {r["kv_heads"]} | {r["input_length"]} | {r["batch"]} | '
+    dtype = '' if r.get('dtype', 'float32') == 'float32' else f' ({r["dtype"]})'
+    lines.append(f'| {r["preset"]}{dtype} | {r["kv_heads"]} | {r["input_length"]} | {r["batch"]} | '
                  f'{r["step_ms"]:.3f} |{base} {r["bound_ms"]:.3f} | {r["ratio_to_bound"]:.1f} | '
                  f'{r["decoder_param_mib"]:.2f} | {r["self_kv_mib"]:.3f} | {r["cross_kv_mib"]:.3f} |')
-  lines += ['', 'Caveat: parameters and caches of a few MiB (nano) stay in the CPU caches, so a '
-            'DRAM-bandwidth bound understates what is achievable for them; the bound is meaningful '
-            'for weights well beyond the last-level cache.']
+  cache = ('the CPU caches' if jax.default_backend() == 'cpu'
+           else "the GPU's L2 (50 MB on an H100)")
+  lines += ['', f'Caveat: parameters and caches that fit in {cache} are not '
+            're-read from DRAM every step, so a DRAM-bandwidth bound understates what is achievable '
+            'for them; the bound is meaningful for weights well beyond the last-level cache.']
   write_markdown(args.out + '.md', lines, results['machine'])
 
 

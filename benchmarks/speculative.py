@@ -213,6 +213,7 @@ def machine() -> Dict[str, Any]:
     lscpu = ''
   return {'lscpu_head': lscpu.splitlines()[:12], 'python': platform.python_version(),
           'jax': jax.__version__, 'devices': [str(d) for d in jax.devices()],
+          'device_kind': jax.devices()[0].device_kind,
           'note': 'Load average (1 / 5 / 15 min) when written: %.1f / %.1f / %.1f on %d cores%s.'
                   % (*os.getloadavg(), os.cpu_count(),
                      ' (other jobs were running: timings are noisy)'
@@ -221,8 +222,10 @@ def machine() -> Dict[str, Any]:
 
 def write_markdown(path: str, lines: List[str], machine_info: Dict[str, Any]) -> None:
   """Writes a benchmark's markdown `lines` to `path`, ending with the machine section."""
-  lines = lines + ['', '## Machine', '', '```', *machine_info['lscpu_head'], '```',
-                   machine_info['note']]
+  lines = lines + ['', '## Machine', '',
+                   f'JAX {machine_info["jax"]} on {", ".join(machine_info["devices"])} '
+                   f'({machine_info.get("device_kind", "?")}).', '',
+                   '```', *machine_info['lscpu_head'], '```', machine_info['note']]
   with open(path, 'w') as f:
     f.write('\n'.join(lines) + '\n')
 

@@ -4,7 +4,8 @@
       [--input-length 64] [--max-decode-len 64] [--baseline REF --rounds 3] \
       [--out results/benchmarks/speculative_costs]
 
-Random-init `mini` target and `nano` draft (costs do not depend on the weights). Per batch size:
+Random-init `mini` target and `nano` draft by default (`--target-preset`, `--draft-preset`; costs do
+not depend on the weights). Per batch size:
   target_step_ms   one 1-token target decode call at cache fill max_decode_len / 2
                    (`speedup.step_time`: a jitted loop of calls, rolled back, least disturbed run);
   draft_step_ms    the same for the draft; c = draft_step / target_step;
@@ -54,9 +55,15 @@ def _params(model: Transformer):
       jax.random.PRNGKey(0))
 
 
+def _models(args):
+  """The random-init target and draft named by `--target-preset` / `--draft-preset`, in `--dtype`."""
+  return tuple(Transformer(preset(name, dtype=args.dtype))
+               for name in (args.target_preset, args.draft_preset))
+
+
 def measure(args) -> list:
   """One row per (batch, gamma)."""
-  target_model, draft_model = Transformer(preset('mini')), Transformer(preset('nano'))
+  target_model, draft_model = _models(args)
   tparams, dparams = _params(target_model), _params(draft_model)
   target, draft = T5Decoder(target_model), ModelDraft.t5(draft_model)
   gammas = [int(g) for g in args.gammas.split(',')]
@@ -88,6 +95,7 @@ def measure(args) -> list:
       loop_secs = speedup.min_time(run, args.repeats) - init_secs
       t_iter = loop_secs / iterations
       row = {'batch': batch, 'gamma': gamma, 'input_length': args.input_length,
+             'target': args.target_preset, 'draft': args.draft_preset, 'dtype': args.dtype,
              'max_decode_len': length, 'loop_iterations': iterations,
              'target_step_ms': t_target * 1e3, 'draft_step_ms': t_draft * 1e3,
              'verify_ms': t_verify * 1e3, 'propose_ms': t_propose * 1e3,
@@ -104,7 +112,7 @@ def measure(args) -> list:
 def profile_loop(args) -> None:
   """Writes the per-op profile of one speculative.decode call (see `--profile`)."""
   batch, gamma = (int(x) for x in args.profile.split(','))
-  target_model, draft_model = Transformer(preset('mini')), Transformer(preset('nano'))
+  target_model, draft_model = _models(args)
   target, draft = T5Decoder(target_model), ModelDraft.t5(draft_model)
   tparams, dparams = _params(target_model), _params(draft_model)
   rng = np.random.default_rng(0)
@@ -144,6 +152,10 @@ def main(argv=None):
   p.add_argument('--input-length', type=int, default=64)
   p.add_argument('--max-decode-len', type=int, default=64)
   p.add_argument('--repeats', type=int, default=3)
+  p.add_argument('--target-preset', default='mini')
+  p.add_argument('--draft-preset', default='nano')
+  p.add_argument('--dtype', default='float32', choices=('float32', 'bfloat16'),
+                 help='activation (and K/V cache) dtype; parameters stay float32')
   p.add_argument('--baseline', default=None, help='git ref of the library to compare against')
   p.add_argument('--rounds', type=int, default=3)
   p.add_argument('--profile', default=None, help='B,GAMMA: write the loop\'s per-op profile')
@@ -186,7 +198,8 @@ def write(results, args) -> None:
              if args.baseline else '')
   lines = ['# Speculative loop fixed costs: c, v(gamma), per-iteration overhead', '',
            f'Command: `{results["command"]}`', '',
-           f'Random-init mini target, nano draft, input length {args.input_length}, '
+           f'Random-init {args.target_preset} target, {args.draft_preset} draft ({args.dtype} '
+           f'activations), input length {args.input_length}, '
            f'{args.max_decode_len} generated tokens per row (greedy, no EOS), step times at cache '
            f'fill {args.max_decode_len // 2}. c = draft step / target step; v = (gamma + 1)-token '
            'verify call / target step; overhead = loop iteration - propose - verify (in ms and in '

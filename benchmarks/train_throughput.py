@@ -16,8 +16,9 @@ encoder layers x encoder tokens, decoder layers and the logits kernel x decoder 
 embedding lookup is not a matmul) + 3 x the attention matmuls (2 x 2 x q x k x heads x head_dim per
 row for QK^T and AV; encoder self, decoder self and cross), counting every position of the padded
 batch. XLA's own count (`cost_analysis()['flops']` of the lowered step) is reported beside it.
-The matmul rate is measured in the same child process: jitted float32 `[1024, 1024] x [1024, 1024]`
-and the model-shaped `[2048, 256] x [256, 1024]`, best of 5.
+The matmul rate is measured in the same child process, in the activation dtype (`--dtype`): a
+jitted square product (1024^3 on CPU; 8192^3 on an accelerator, where a small one measures dispatch)
+and the model-shaped `[batch x length, emb] x [emb, mlp]`, best of 5.
 
 `--baseline REF` measures the library at git REF (e.g. the parent commit) in child processes that
 alternate with the working tree's (`ab.py`), so before and after share the machine's load.
@@ -67,8 +68,9 @@ def model_flops(config, batch: int, enc_len: int, dec_len: int) -> float:
   return 6 * dense + 3 * attn
 
 
-def _peak(m: int, k: int, n: int, repeats: int = 5) -> float:
-  a, b = jnp.ones((m, k), jnp.float32), jnp.ones((k, n), jnp.float32)
+def _peak(m: int, k: int, n: int, repeats: int = 5, dtype=jnp.float32) -> float:
+  ka, kb = jax.random.split(jax.random.PRNGKey(m + k + n))
+  a, b = jax.random.normal(ka, (m, k), dtype), jax.random.normal(kb, (k, n), dtype)  # not zeros/ones
   f = jax.jit(lambda x, y: x @ y)
   f(a, b).block_until_ready()
   best = float('inf')
@@ -83,10 +85,11 @@ def measure(args) -> list:
   rows = []
   for name in args.settings.split(','):
     batch, enc_len, dec_len, dropout, pretrain = SETTINGS[name]
+    batch = args.batch or batch
     for kv in args.kv.split(','):
       base = preset(args.preset)
       groups = {'mha': base.num_heads, 'mqa': 1}.get(kv) or int(kv[3:])
-      config = base.replace(num_kv_heads=groups, dropout_rate=dropout)
+      config = base.replace(num_kv_heads=groups, dropout_rate=dropout, dtype=args.dtype)
       lr = optimizer.rsqrt_decay(warmup_steps=500) if pretrain else optimizer.constant(1e-2)
       step_fn = TrainStep(config, optimizer.adafactor(), lr, Partitioner.create(config))
       state = step_fn.init(jax.random.PRNGKey(0))
@@ -113,9 +116,12 @@ def measure(args) -> list:
           xla_flops = float(cost.get('flops', 0.0))
         except Exception:  # pylint: disable=broad-except
           xla_flops = None
-      peak = _peak(1024, 1024, 1024)
-      peak_model = _peak(batch * max(enc_len, dec_len), config.emb_dim, config.mlp_dim)
+      square = 1024 if jax.default_backend() == 'cpu' else 8192  # dispatch-free on a GPU
+      peak = _peak(square, square, square, dtype=config.activation_dtype)
+      peak_model = _peak(batch * max(enc_len, dec_len), config.emb_dim, config.mlp_dim,
+                         dtype=config.activation_dtype)
       row = {'setting': name, 'preset': args.preset, 'kv_heads': groups, 'batch': batch,
+             'dtype': args.dtype,
              'inputs_length': enc_len, 'targets_length': dec_len, 'dropout': dropout,
              'step_s': step_s, 'step_s_min': float(min(times)), 'compile_s': compile_s,
              'tokens_per_s': batch * (enc_len + dec_len) / step_s,
@@ -136,6 +142,10 @@ def main(argv=None):
   p.add_argument('--preset', default='mini')
   p.add_argument('--kv', default='mha')
   p.add_argument('--steps', type=int, default=6)
+  p.add_argument('--batch', type=int, default=0, help='override the settings\' batch size')
+  p.add_argument('--dtype', default='float32', choices=('float32', 'bfloat16'),
+                 help='activation dtype (parameters stay float32, as in t5x); the matmul peak is '
+                      'measured in it')
   p.add_argument('--baseline', default=None, help='git ref of the library to compare against')
   p.add_argument('--rounds', type=int, default=3)
   p.add_argument('--child-out', default=None, help=argparse.SUPPRESS)
@@ -170,7 +180,7 @@ def main(argv=None):
            + (f', then the median over {args.rounds} rounds alternating this code with the library '
               f'at `{base}` ("baseline")' if base else '') + '. Stated FLOPs: 6 x matmul params x '
            'tokens + 3 x attention matmuls (see `benchmarks/train_throughput.py`); peak: measured '
-           'float32 matmul rate in the same runs (best of square 1024^3 and model-shaped). '
+           f'{args.dtype} matmul rate in the same runs (best of square and model-shaped). '
            f'Load average before/after: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f} on '
            f'{os.cpu_count()} cores'
            + (' (the machine was shared with other jobs, so absolute rates are low; compare the '
@@ -182,7 +192,8 @@ def main(argv=None):
     b = f' {r["baseline_step_s"]:.3f} | {r["speedup_vs_baseline"]:.2f} |' if base else ''
     xla = '-' if r['xla_gflop'] is None else f'{r["xla_gflop"]:.1f}'
     peak = max(r['matmul_peak_gflop_s'], r['matmul_peak_model_shape_gflop_s'])
-    lines.append(f'| {r["setting"]} | {r["kv_heads"]} | {r["batch"]} x {r["inputs_length"]}/'
+    what = r.get('preset', 'mini') + ('' if r.get('dtype', 'float32') == 'float32' else ', bf16')
+    lines.append(f'| {r["setting"]} ({what}) | {r["kv_heads"]} | {r["batch"]} x {r["inputs_length"]}/'
                  f'{r["targets_length"]} | {r["dropout"]} | {r["step_s"]:.3f} |{b} '
                  f'{r["tokens_per_s"]:.0f} | {r["stated_gflop"]:.1f} / {xla} | '
                  f'{r["achieved_gflop_s"]:.1f} | {peak:.1f} | {r["fraction_of_peak"]:.0%} |')
