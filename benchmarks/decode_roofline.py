@@ -3,6 +3,9 @@
   python benchmarks/decode_roofline.py [--presets nano,mini] [--kv mha,gqa2,mqa] [--batch 1,8] \
       [--input-length 64] [--baseline REF --rounds 3] [--out results/benchmarks/decode_roofline]
 
+`--profile mini:2:1:2048,mini:4:1:2048` instead writes per-op profiles of those decode loops
+(`op_profile.py`) side by side to `<out>_profile.{json,md}`.
+
 `--input-length` takes a list (e.g. `64,2048`: the long-input setting). `--baseline REF` also
 measures the library at git REF (e.g. HEAD~1) in alternating child processes (`ab.py`) and reports
 both step times side by side.
@@ -31,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ab  # pylint: disable=g-import-not-at-top,wrong-import-position
+import op_profile  # pylint: disable=g-import-not-at-top,wrong-import-position
 from speculative import machine, write_markdown  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from gqa_spec.decoding import autoregressive  # pylint: disable=wrong-import-position
@@ -115,6 +119,44 @@ def measure(args) -> list:
   return rows
 
 
+def profile_steps(args) -> None:
+  """Per-op profiles of the decode loop, one per `--profile PRESET:G:BATCH:LENGTH` entry (comma
+  separated), written side by side to `<out>_profile.{json,md}`."""
+  results, lines = [], ['# Autoregressive decode: per-op profiles', '',
+                        f'Command: `{" ".join(["python"] + sys.argv)}`', '']
+  load_before = os.getloadavg()
+  for entry in args.profile.split(','):
+    name, groups, batch, length = entry.split(':')
+    groups, batch, length = int(groups), int(batch), int(length)
+    config = preset(name).replace(num_kv_heads=groups, dtype=args.dtype)
+    model = Transformer(config)
+    dummy = jnp.ones((1, 8), jnp.int32)
+    params = jax.jit(lambda r, m=model: m.init(r, dummy, dummy, dummy, enable_dropout=False)[
+        'params'])(jax.random.PRNGKey(0))
+    dec = T5Decoder(model)
+    enc = jnp.full((1, length), 7, jnp.int32).at[:, -1].set(1)  # [1, length]
+    state = dec.reorder(dec.init(params, enc, args.steps + 1), jnp.zeros((batch,), jnp.int32))
+    result = op_profile.profile(
+        lambda st: autoregressive.decode(dec, st, jax.random.PRNGKey(0),
+                                         max_decode_len=args.steps, eos_id=-1), (state,),
+        args.repeats)
+    result.update({'preset': name, 'kv_heads': groups, 'batch': batch, 'input_length': length,
+                   'steps': args.steps, 'step_ms': result['wall_ms'] / args.steps})
+    results.append(result)
+    lines += op_profile.markdown(
+        f'{name}, G = {groups}, batch {batch}, {length} input tokens', '', result,
+        f'{args.steps} decode steps per run: {result["step_ms"]:.3f} ms per step.')[4:] + ['']
+  load = [load_before, os.getloadavg()]
+  lines.insert(4, f'Load average before/after: {load[0][0]:.1f} / {load[1][0]:.1f} on '
+               f'{os.cpu_count()} cores.\n')
+  out = args.out + '_profile'
+  os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
+  with open(out + '.json', 'w') as f:
+    json.dump({'command': ' '.join(['python'] + sys.argv), 'loadavg_before_after': load,
+               'profiles': results, 'machine': machine()}, f, indent=2)
+  write_markdown(out + '.md', lines, machine())
+
+
 def main(argv=None):
   p = argparse.ArgumentParser()
   p.add_argument('--presets', default='nano,mini')
@@ -127,9 +169,14 @@ def main(argv=None):
   p.add_argument('--repeats', type=int, default=5)
   p.add_argument('--baseline', default=None, help='git ref of the library to compare against')
   p.add_argument('--rounds', type=int, default=3)
+  p.add_argument('--profile', default=None,
+                 help='PRESET:G:BATCH:LENGTH[,...]: write per-op profiles of the decode loop instead')
   p.add_argument('--child-out', default=None, help=argparse.SUPPRESS)
   p.add_argument('--out', default='results/benchmarks/decode_roofline')
   args = p.parse_args(argv)
+  if args.profile:
+    profile_steps(args)
+    return
   if args.child_out:
     with open(args.child_out, 'w') as f:
       json.dump(measure(args), f)
