@@ -50,9 +50,9 @@ def bandwidth_mib() -> int:
   return 256 if jax.default_backend() == 'cpu' else 2048
 
 
-def bandwidth(mib: int = 0, repeats: int = 5) -> float:
-  """Bytes/s of a jitted sum over `mib` MiB of float32 (default `bandwidth_mib()`)."""
-  mib = mib or bandwidth_mib()
+def bandwidth(repeats: int = 5) -> float:
+  """Bytes/s of a jitted sum over `bandwidth_mib()` MiB of float32."""
+  mib = bandwidth_mib()
   x = jnp.ones((mib * 2 ** 20 // 4,), jnp.float32)
   f = jax.jit(lambda a: jnp.sum(a))
   f(x).block_until_ready()
@@ -78,6 +78,21 @@ def cross_kv_bytes(cache) -> int:
   return total
 
 
+def random_decoder(name: str, groups: int, dtype: str):
+  """(T5Decoder, random-init params) of preset `name` with `groups` K/V heads, `dtype` activations."""
+  model = Transformer(preset(name).replace(num_kv_heads=groups, dtype=dtype))
+  dummy = jnp.ones((1, 8), jnp.int32)
+  params = jax.jit(lambda r: model.init(r, dummy, dummy, dummy, enable_dropout=False)['params'])(
+      jax.random.PRNGKey(0))
+  return T5Decoder(model), params
+
+
+def decode_state(dec, params, length: int, batch: int, steps: int):
+  """The state after encoding one `length`-token input, copied to `batch` rows."""
+  enc = jnp.full((1, length), 7, jnp.int32).at[:, -1].set(1)  # [1, length]
+  return dec.reorder(dec.init(params, enc, steps + 1), jnp.zeros((batch,), jnp.int32))
+
+
 def measure(args) -> list:
   """Rows of step time and bound for every (preset, G, input length, batch)."""
   bw = bandwidth()
@@ -87,17 +102,10 @@ def measure(args) -> list:
     for kv in args.kv.split(','):
       base = preset(name)
       groups = {'mha': base.num_heads, 'mqa': 1}.get(kv) or int(kv[3:])
-      config = base.replace(num_kv_heads=groups, dtype=args.dtype)
-      model = Transformer(config)
-      dummy = jnp.ones((1, 8), jnp.int32)
-      params = jax.jit(lambda r: model.init(r, dummy, dummy, dummy, enable_dropout=False)['params'])(
-          jax.random.PRNGKey(0))
-      dec = T5Decoder(model)
+      dec, params = random_decoder(name, groups, args.dtype)
       for length in (int(n) for n in args.input_length.split(',')):
-        enc = jnp.full((1, length), 7, jnp.int32).at[:, -1].set(1)
-        one = dec.init(params, enc, args.steps + 1)
         for batch in (int(b) for b in args.batch.split(',')):
-          state = dec.reorder(one, jnp.zeros((batch,), jnp.int32))
+          state = decode_state(dec, params, length, batch, args.steps)
           run = lambda: autoregressive.decode(dec, state, jax.random.PRNGKey(0),
                                               max_decode_len=args.steps, eos_id=-1)
           jax.block_until_ready(run())
@@ -127,14 +135,8 @@ def profile_steps(args) -> None:
   for entry in args.profile.split(','):
     name, groups, batch, length = entry.split(':')
     groups, batch, length = int(groups), int(batch), int(length)
-    config = preset(name).replace(num_kv_heads=groups, dtype=args.dtype)
-    model = Transformer(config)
-    dummy = jnp.ones((1, 8), jnp.int32)
-    params = jax.jit(lambda r, m=model: m.init(r, dummy, dummy, dummy, enable_dropout=False)[
-        'params'])(jax.random.PRNGKey(0))
-    dec = T5Decoder(model)
-    enc = jnp.full((1, length), 7, jnp.int32).at[:, -1].set(1)  # [1, length]
-    state = dec.reorder(dec.init(params, enc, args.steps + 1), jnp.zeros((batch,), jnp.int32))
+    dec, params = random_decoder(name, groups, args.dtype)
+    state = decode_state(dec, params, length, batch, args.steps)
     result = op_profile.profile(
         lambda st: autoregressive.decode(dec, st, jax.random.PRNGKey(0),
                                          max_decode_len=args.steps, eos_id=-1), (state,),
