@@ -69,6 +69,23 @@ def test_reproduce_jobs_log_their_stage_job_and_eta(caplog, tmp_path):
   assert 'stage ETA 0s (0 job(s) left' in lines[1]
 
 
+def test_reproduce_jobs_release_their_compiled_executables(tmp_path):
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  ctx = pipeline.Context(preset=None, out_dir=str(tmp_path / 'out'), work_dir=str(tmp_path))
+  step = jax.jit(lambda x: x + 1)
+  sizes = []
+
+  def job():
+    step(jnp.ones(3))
+    sizes.append(step._cache_size())  # pylint: disable=protected-access
+    return {}
+
+  pipeline._run_jobs(ctx, 'timing', [('a', job), ('b', job)])
+  assert sizes == [1, 1]  # each job compiled it: the first job's executable was dropped
+  assert step._cache_size() == 0  # pylint: disable=protected-access
+
+
 def test_coarse_progress_writes_only_every_t_seconds(caplog, monkeypatch):
   now = [0.0]
   monkeypatch.setattr(progress.time, 'time', lambda: now[0])

@@ -101,6 +101,20 @@ def _finish_job(ctx: Context, stage: str, key: str, record: dict) -> dict:
   return record
 
 
+def _release_compiled() -> None:
+  """Drops every compiled executable after a job (the next job recompiles what it needs).
+
+  XLA:CPU maps each executable's code into the process; a stage of many jobs each compiling
+  its own loops (the cpu study's speculative stage: a while loop per draft, gamma and
+  temperature) kept them all and crossed Linux's default `vm.max_map_count` (65,530) after ~20
+  minutes ("LLVM compilation error: Cannot allocate memory", then a segfault).
+  """
+  import gc  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.clear_caches()
+  gc.collect()
+
+
 def _run_jobs(ctx: Context, stage: str, jobs: Sequence[tuple]) -> List[dict]:
   """Runs `(key, fn)` jobs of a stage, skipping finished ones; returns their records in order."""
   records, walls = [], []
@@ -115,6 +129,7 @@ def _run_jobs(ctx: Context, stage: str, jobs: Sequence[tuple]) -> List[dict]:
           record = fn()
         record['wall_seconds'] = round(time.time() - t0, 2)
         walls.append(record['wall_seconds'])
+        _release_compiled()
         remaining = sum(1 for k, _ in jobs[i:] if _job_done(ctx, stage, k) is None)
         progress.info('done in %s; stage ETA %s (%d job(s) left at this pace)',
                       progress.format_seconds(walls[-1]),
