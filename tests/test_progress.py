@@ -1,5 +1,6 @@
 """Progress lines when no terminal shows a bar: cadence, content, scopes; reproduce's job lines."""
 
+import json
 import logging
 import re
 
@@ -67,6 +68,16 @@ def test_reproduce_jobs_log_their_stage_job_and_eta(caplog, tmp_path):
                       r'\d+s \(1 job\(s\) left at this pace\)', lines[0]), lines[0]
   assert lines[1].startswith('[reproduce smoke stage 6/8 timing job 3/3 c] done in ')
   assert 'stage ETA 0s (0 job(s) left' in lines[1]
+
+
+def test_stage_job_seconds_sum_the_jobs_of_every_invocation(tmp_path):
+  ctx = pipeline.Context(preset=None, out_dir=str(tmp_path / 'out'), work_dir=str(tmp_path))
+  assert pipeline._job_seconds(ctx, 'timing') is None  # a stage without jobs
+  pipeline._finish_job(ctx, 'timing', 'a', {'wall_seconds': 10.5})  # an earlier, killed run's
+  pipeline._run_jobs(ctx, 'timing', [('a', lambda: {}), ('b', lambda: {'x': 1})])
+  with open(tmp_path / 'jobs' / 'timing' / 'b.json') as f:
+    b = json.load(f)['wall_seconds']
+  assert pipeline._job_seconds(ctx, 'timing') == round(10.5 + b, 1)
 
 
 def test_reproduce_jobs_release_their_compiled_executables(tmp_path):

@@ -101,6 +101,19 @@ def _finish_job(ctx: Context, stage: str, key: str, record: dict) -> dict:
   return record
 
 
+def _job_seconds(ctx: Context, stage: str) -> Optional[float]:
+  """The sum of a stage's finished jobs' own wall times, whichever invocation ran them."""
+  folder = os.path.join(ctx.work_dir, 'jobs', stage)
+  if not os.path.isdir(folder):
+    return None
+  total = 0.0
+  for name in sorted(os.listdir(folder)):
+    if name.endswith('.json'):
+      with open(os.path.join(folder, name)) as f:
+        total += float(json.load(f).get('wall_seconds') or 0.0)
+  return round(total, 1)
+
+
 def _release_compiled() -> None:
   """Drops every compiled executable after a job (the next job recompiles what it needs).
 
@@ -359,6 +372,7 @@ def stage_report(ctx: Context) -> dict:
   spec = spec_record['rows']
   figures, claims_md = _figures_and_claims(ctx)
   walls = {s: ctx.read_stage(s).get('wall_seconds') for s in STAGES[:-1]}
+  job_walls = {s: _job_seconds(ctx, s) for s in STAGES[:-1]}
   lines = [
       f'# Reproduction: preset `{p.name}`', '',
       f'Command: `{_command(ctx)}`', '',
@@ -389,11 +403,18 @@ def stage_report(ctx: Context) -> dict:
             'retraining or re-timing).', '']
   lines += [f'![{f}]({f})' for f in figures]
   lines += ['', '## Wall time per stage (seconds)', '',
-            report.markdown_table(['Stage', 'Seconds'],
-                                  [[s, w] for s, w in walls.items()]), '']
+            'All stages ran on the machine named above. "Last run" is the invocation that '
+            'finished the stage; a stage resumed after a kill also ran jobs in earlier '
+            'invocations, which "jobs" sums (each finished job\'s own time, from '
+            '`<work dir>/jobs/<stage>/`; set-up between jobs and '
+            'work lost to a kill are left out; "-" for stages without jobs).', '',
+            report.markdown_table(['Stage', 'Last run', 'Jobs'],
+                                  [[s, w, '-' if job_walls[s] is None else job_walls[s]]
+                                   for s, w in walls.items()]), '']
   with open(os.path.join(ctx.out_dir, 'report.md'), 'w') as f:
     f.write('\n'.join(lines))
   return {'figures': figures, 'report': 'report.md', 'stage_wall_seconds': walls,
+          'stage_job_seconds': job_walls,
           'design': p.design()}
 
 

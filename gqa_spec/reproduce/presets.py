@@ -242,6 +242,10 @@ def _cpu() -> Preset:
     + finetune 9 targets x 100 x 1.0 + draft 20 + evaluations ~400 = 1320
     + drafts stage 4 jobs x 100 steps x ~1.2 s = 480 + evaluate / timing / speculative ~2400
     (an allowance, not a measurement) + report 70 = 10,720 s = 2 h 59.
+  Measured in the committed run (`results/cpu/report.md`, jobs summed over resumes): 11,886 s =
+  3 h 18: pretrain 5049 (the draft 0.59 s per step, not 0.2), uptrain 3251 (~1.8 s per step on
+  shared cores), finetune 1306, drafts 413 (Chimera 104-213 s per task, distilled 41-50 s),
+  evaluate 113, timing 237, speculative 1476.
   Speculative decoding is timed at batch 1 (the papers' setting), gamma 1-7 for the chains over the
   model, bigram and copy drafts.
   """
@@ -258,10 +262,10 @@ def _cpu() -> Preset:
       long_timing_config=micro.replace(num_encoder_layers=2),
       speculative_examples=24, speculative_batch=1, gammas=(1, 3, 5, 7),
       temperatures=(0.0, 1.0), speculative_repeats=3,
-      # Not measured yet: a draft-training step is a small model's train step plus the frozen
-      # target's greedy decoding of the batch and its teacher-forced pass, ~1.2 s estimated, so
-      # 100 steps ~ 2 min per job, 4 jobs. Batch 16 as fine-tuning; lr 1e-3, `train-draft`'s
-      # Adam default (the benchmarks/trained_drafts.py setting).
+      # A draft-training step is a small model's train step plus the frozen target's greedy
+      # decoding of the batch and its teacher-forced pass: measured 1.0-2.1 s (Chimera,
+      # compile included) and 0.4-0.5 s (distilled) per step. Batch 16 as fine-tuning; lr 1e-3,
+      # `train-draft`'s Adam default (the benchmarks/trained_drafts.py setting).
       chimera_steps=100, chimera_batch=16, chimera_learning_rate=1e-3, distill_steps=100,
       distill_batch=16, distill_learning_rate=1e-3, draft_gammas=(3, 5),
       tree_shapes=('topk:4,2,2', 'best:16,depth:4'),
