@@ -4,6 +4,8 @@ import json
 import logging
 import re
 
+import pytest
+
 from gqa_spec import progress
 from gqa_spec.reproduce import pipeline
 
@@ -80,9 +82,13 @@ def test_stage_job_seconds_sum_the_jobs_of_every_invocation(tmp_path):
   assert pipeline._job_seconds(ctx, 'timing') == round(10.5 + b, 1)
 
 
-def test_reproduce_jobs_release_their_compiled_executables(tmp_path):
+@pytest.mark.parametrize('threshold,kept', [(0, False), (10**9, True)])
+def test_reproduce_jobs_release_compiled_executables_past_the_map_threshold(
+    tmp_path, monkeypatch, threshold, kept):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  assert pipeline._memory_maps() > 0  # Linux: the count the threshold is compared with
+  monkeypatch.setattr(pipeline, 'MAPS_BEFORE_RELEASE', threshold)
   ctx = pipeline.Context(preset=None, out_dir=str(tmp_path / 'out'), work_dir=str(tmp_path))
   step = jax.jit(lambda x: x + 1)
   sizes = []
@@ -93,8 +99,9 @@ def test_reproduce_jobs_release_their_compiled_executables(tmp_path):
     return {}
 
   pipeline._run_jobs(ctx, 'timing', [('a', job), ('b', job)])
-  assert sizes == [1, 1]  # each job compiled it: the first job's executable was dropped
-  assert step._cache_size() == 0  # pylint: disable=protected-access
+  assert sizes == [1, 1]
+  # Past the threshold the first job's executable is dropped after it; below it, it is kept.
+  assert step._cache_size() == (1 if kept else 0)  # pylint: disable=protected-access
 
 
 def test_coarse_progress_writes_only_every_t_seconds(caplog, monkeypatch):

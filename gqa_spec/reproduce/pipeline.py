@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import sys
 import time
@@ -114,18 +115,38 @@ def _job_seconds(ctx: Context, stage: str) -> Optional[float]:
   return round(total, 1)
 
 
-def _release_compiled() -> None:
-  """Drops every compiled executable after a job (the next job recompiles what it needs).
+MAPS_BEFORE_RELEASE = 16_384  # a quarter of Linux's default vm.max_map_count (65,530)
+
+
+def _memory_maps() -> Optional[int]:
+  """This process's memory mappings (Linux's /proc/self/maps), or None where there is none."""
+  try:
+    with open('/proc/self/maps') as f:
+      return sum(1 for _ in f)
+  except OSError:
+    return None
+
+
+def _release_compiled() -> bool:
+  """After a job: drops every compiled executable once the process holds many memory maps.
 
   XLA:CPU maps each executable's code into the process; a stage of many jobs each compiling
   its own loops (the cpu study's speculative stage: a while loop per draft, gamma and
-  temperature) kept them all and crossed Linux's default `vm.max_map_count` (65,530) after ~20
-  minutes ("LLVM compilation error: Cannot allocate memory", then a segfault).
+  temperature, ~6,000 maps a minute) kept them all and crossed Linux's default
+  `vm.max_map_count` (65,530) after ~20 minutes ("LLVM compilation error: Cannot allocate
+  memory", then a segfault). Below `MAPS_BEFORE_RELEASE` the executables are kept, so the
+  next job reuses what it shares (the smoke preset's jobs share most of theirs). Returns
+  whether it released them.
   """
+  maps = _memory_maps()
+  if maps is None or maps < MAPS_BEFORE_RELEASE:
+    return False
   import gc  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   jax.clear_caches()
   gc.collect()
+  logging.getLogger(__name__).info('released compiled executables (%d memory maps)', maps)
+  return True
 
 
 def _run_jobs(ctx: Context, stage: str, jobs: Sequence[tuple]) -> List[dict]:
