@@ -88,8 +88,13 @@ def _write_json(path: str, obj: Any) -> None:
   os.replace(tmp, path)  # a stage counts as done only once its JSON is complete
 
 
+def _jobs_dir(ctx: Context, stage: str) -> str:
+  """Where a stage's finished jobs keep their records (one `<key>.json` each)."""
+  return os.path.join(ctx.work_dir, 'jobs', stage)
+
+
 def _job_done(ctx: Context, stage: str, key: str) -> Optional[dict]:
-  path = os.path.join(ctx.work_dir, 'jobs', stage, f'{key}.json')
+  path = os.path.join(_jobs_dir(ctx, stage), f'{key}.json')
   if os.path.exists(path):
     with open(path) as f:
       return json.load(f)
@@ -97,14 +102,14 @@ def _job_done(ctx: Context, stage: str, key: str) -> Optional[dict]:
 
 
 def _finish_job(ctx: Context, stage: str, key: str, record: dict) -> dict:
-  os.makedirs(os.path.join(ctx.work_dir, 'jobs', stage), exist_ok=True)
-  _write_json(os.path.join(ctx.work_dir, 'jobs', stage, f'{key}.json'), record)
+  os.makedirs(_jobs_dir(ctx, stage), exist_ok=True)
+  _write_json(os.path.join(_jobs_dir(ctx, stage), f'{key}.json'), record)
   return record
 
 
 def _job_seconds(ctx: Context, stage: str) -> Optional[float]:
   """The sum of a stage's finished jobs' own wall times, whichever invocation ran them."""
-  folder = os.path.join(ctx.work_dir, 'jobs', stage)
+  folder = _jobs_dir(ctx, stage)
   if not os.path.isdir(folder):
     return None
   total = 0.0
@@ -127,7 +132,7 @@ def _memory_maps() -> Optional[int]:
     return None
 
 
-def _release_compiled() -> bool:
+def _release_compiled() -> None:
   """After a job: drops every compiled executable once the process holds many memory maps.
 
   XLA:CPU maps each executable's code into the process; a stage of many jobs each compiling
@@ -135,18 +140,16 @@ def _release_compiled() -> bool:
   temperature, ~6,000 maps a minute) kept them all and crossed Linux's default
   `vm.max_map_count` (65,530) after ~20 minutes ("LLVM compilation error: Cannot allocate
   memory", then a segfault). Below `MAPS_BEFORE_RELEASE` the executables are kept, so the
-  next job reuses what it shares (the smoke preset's jobs share most of theirs). Returns
-  whether it released them.
+  next job reuses what it shares (the smoke preset's jobs share most of theirs).
   """
   maps = _memory_maps()
   if maps is None or maps < MAPS_BEFORE_RELEASE:
-    return False
+    return
   import gc  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   jax.clear_caches()
   gc.collect()
   logging.getLogger(__name__).info('released compiled executables (%d memory maps)', maps)
-  return True
 
 
 def _run_jobs(ctx: Context, stage: str, jobs: Sequence[tuple]) -> List[dict]:
@@ -424,7 +427,8 @@ def stage_report(ctx: Context) -> dict:
             'retraining or re-timing).', '']
   lines += [f'![{f}]({f})' for f in figures]
   lines += ['', '## Wall time per stage (seconds)', '',
-            'All stages ran on the machine named above. "Last run" is the invocation that '
+            'The machine line above is the report\'s: stage records do not name where they '
+            'ran. "Last run" is the invocation that '
             'finished the stage; a stage resumed after a kill also ran jobs in earlier '
             'invocations, which "jobs" sums (each finished job\'s own time, from '
             '`<work dir>/jobs/<stage>/`; set-up between jobs and '
