@@ -68,7 +68,7 @@ def synthetic_inputs(n: int, length: int, vocab: int, seed: int) -> np.ndarray:
 
 
 def task_inputs(task: str, n: int, length: int) -> np.ndarray:
-  from gqa_spec.data import pipeline  # pylint: disable=g-import-not-at-top
+  from gqa_spec.data import batches as pipeline  # pylint: disable=g-import-not-at-top
   ds = pipeline.get_dataset(task, 'validation', {'inputs': length, 'targets': 8}, pack=False)
   rows = [ex['encoder_input_tokens'] for ex in ds.take(n).as_numpy_iterator()]
   return np.stack(rows).astype(np.int32)

@@ -21,7 +21,7 @@ from gqa_spec.models.config import preset
 from gqa_spec.training import optimizer
 from gqa_spec.training import train_step as ts
 from gqa_spec.training.data import DatasetConfig, synthetic_batches
-from gqa_spec.training.partitioning import Partitioner
+from gqa_spec.partitioning import Partitioner
 
 
 def main(argv=None):

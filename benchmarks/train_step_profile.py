@@ -29,7 +29,7 @@ from train_throughput import SETTINGS, _peak, model_flops  # pylint: disable=g-i
 from gqa_spec.models.config import preset  # pylint: disable=wrong-import-position
 from gqa_spec.training import optimizer  # pylint: disable=wrong-import-position
 from gqa_spec.training.data import DatasetConfig, synthetic_batches  # pylint: disable=wrong-import-position
-from gqa_spec.training.partitioning import Partitioner  # pylint: disable=wrong-import-position
+from gqa_spec.partitioning import Partitioner  # pylint: disable=wrong-import-position
 from gqa_spec.training import train_step as ts  # pylint: disable=wrong-import-position
 from gqa_spec.training.train_step import TrainStep  # pylint: disable=wrong-import-position
 

@@ -29,8 +29,9 @@ import time
 
 import jax
 
+from gqa_spec import rundir
 from gqa_spec.models.config import preset
-from gqa_spec.training import data, metrics, optimizer, trainer
+from gqa_spec.training import data, optimizer, summaries as metrics, trainer
 
 UNBOUNDED = 10**9
 
@@ -89,7 +90,7 @@ def main():
       trainer.MAX_IN_FLIGHT = in_flight
       with tempfile.TemporaryDirectory() as tmp:
         _run(tmp, config, dataset, args.steps, log_period=10)
-        windows = [r for r in metrics.read_records(os.path.join(tmp, metrics.JSONL_FILE))
+        windows = [r for r in metrics.read_records(os.path.join(tmp, rundir.TRAIN_LOG_FILE))
                    if r['split'] == 'train'][1:]
         rows[name]['tokens_per_second'] += [r['timing/tokens_per_second'] for r in windows]
         rows[name]['step_seconds'] += [1 / r['timing/steps_per_second'] for r in windows]

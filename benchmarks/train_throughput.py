@@ -43,7 +43,7 @@ from speculative import machine, write_markdown  # pylint: disable=g-import-not-
 from gqa_spec.models.config import preset  # pylint: disable=wrong-import-position
 from gqa_spec.training import optimizer  # pylint: disable=wrong-import-position
 from gqa_spec.training.data import DatasetConfig, synthetic_batches  # pylint: disable=wrong-import-position
-from gqa_spec.training.partitioning import Partitioner  # pylint: disable=wrong-import-position
+from gqa_spec.partitioning import Partitioner  # pylint: disable=wrong-import-position
 from gqa_spec.training.train_step import TrainStep  # pylint: disable=wrong-import-position
 
 SETTINGS = {  # name: (batch, inputs length, targets length, dropout, pre-training schedule)

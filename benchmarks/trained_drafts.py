@@ -53,7 +53,9 @@ def main(argv=None):
   from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.config import T5Config  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
-  from gqa_spec.training import draft_commands, draft_training, initial, optimizer, trainer  # pylint: disable=g-import-not-at-top
+  from gqa_spec.checkpoints import drafts as draft_records  # pylint: disable=g-import-not-at-top
+  from gqa_spec.training import draft_training, optimizer, trainer  # pylint: disable=g-import-not-at-top
+  from gqa_spec.checkpoints.load import load_any  # pylint: disable=g-import-not-at-top
   from gqa_spec.training.data import DatasetConfig, get_batches  # pylint: disable=g-import-not-at-top
 
   vocab = 512
@@ -83,20 +85,20 @@ def main(argv=None):
   indep_dir = os.path.join(args.work, 'independent')
   timed('train_independent', lambda: trainer.train(
       model_dir=indep_dir, model_config=draft_cfg, train_dataset_cfg=packed,
-      total_steps=args.draft_steps, optimizer=draft_commands.adam(),
+      total_steps=args.draft_steps, optimizer=draft_training.adam(),
       learning_rate_fn=optimizer.constant(1e-3), checkpoint_cfg=ckpt, log_period=50,
       progress_bar=False))
   kd_dir, chimera_dir = os.path.join(args.work, 'distilled'), os.path.join(args.work, 'chimera')
-  timed('train_distilled', lambda: draft_commands.train_draft(
+  timed('train_distilled', lambda: draft_training.train_draft(
       kind='model', target_checkpoint=target_dir, model_dir=kd_dir, train_dataset_cfg=unpacked,
       total_steps=args.draft_steps, draft_model_config=draft_cfg, checkpoint_cfg=ckpt))
-  timed('train_chimera', lambda: draft_commands.train_draft(
+  timed('train_chimera', lambda: draft_training.train_draft(
       kind='chimera', target_checkpoint=target_dir, model_dir=chimera_dir,
       train_dataset_cfg=unpacked, total_steps=args.draft_steps, num_draft_heads=4,
       checkpoint_cfg=ckpt))
 
-  _, params, _ = initial.load(target_dir)
-  ch_cfg, ch_params, _ = draft_training.load_chimera(chimera_dir)
+  _, params, _ = load_any(target_dir)
+  ch_cfg, ch_params, _ = draft_records.load_chimera(chimera_dir)
   valid = DatasetConfig(TASK, lengths, split='validation', batch_size=16, shuffle=False, pack=False)
   val_batches = list(get_batches(valid, num_epochs=1))
   table5 = timed('head_accuracy', lambda: draft_training.head_topk_accuracy(
@@ -112,7 +114,7 @@ def main(argv=None):
   drafts = {'chimera': (chimera_draft, lambda enc: chimera_draft.init(ch_params, emb,
                                                                       enc.shape[0], L))}
   for name, d in (('independent', indep_dir), ('distilled', os.path.join(kd_dir, 'draft'))):
-    dcfg, dparams = (initial.load(d)[:2])
+    dcfg, dparams = (load_any(d)[:2])
     model_draft = ModelDraft.t5(Transformer(dcfg))
     drafts[name] = (model_draft,
                     lambda enc, m=model_draft, p=dparams: m.init(p, enc, L, max(gammas)))

@@ -6,61 +6,19 @@ whether a process is still writing it. A reproduction's results directory (`pres
 stages done and pending, the finished jobs of the first pending stage, and whether a process is
 still running it.
 
-"Still writing" comes from the lock file the trainer and `gqa-spec reproduce` keep while they
-run (`RUNNING_FILE`: pid, host, start time; removed when they end, even by a signal): the process
-is alive when its pid exists on this host. A lock left by a SIGKILL names a dead pid: "not
-running". From another host only the lock's age can be told.
-
-  with status.running(model_dir, total_steps=1000):
-    ...  # train
+"Still writing" is read from the run directory's lock (`gqa_spec.rundir.running`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
 import time
-from typing import Iterator, List
+from typing import List
 
 from gqa_spec.errors import UserError
-
-RUNNING_FILE = 'RUNNING.json'
-CHECKPOINTS_DIR = 'checkpoints'  # `training.checkpointing`'s (not imported: it loads JAX)
-
-
-@contextlib.contextmanager
-def running(directory: str, **info) -> Iterator[None]:
-  """Marks `directory` as being written by this process for the duration of the block."""
-  path = os.path.join(directory, RUNNING_FILE)
-  with open(path, 'w') as f:
-    json.dump(dict(info, pid=os.getpid(), host=socket.gethostname(), started=time.time()), f)
-  try:
-    yield
-  finally:
-    with contextlib.suppress(FileNotFoundError):
-      os.remove(path)
-
-
-def process_state(directory: str) -> str:
-  """'running (pid N, ...)', 'not running', or what can be told of a lock from another host."""
-  path = os.path.join(directory, RUNNING_FILE)
-  try:
-    with open(path) as f:
-      lock = json.load(f)
-  except (FileNotFoundError, json.JSONDecodeError):
-    return 'not running'
-  since = time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(lock['started']))
-  if lock['host'] != socket.gethostname():
-    return f"a process on host {lock['host']} (pid {lock['pid']}) started writing at {since}"
-  try:
-    os.kill(lock['pid'], 0)
-  except ProcessLookupError:
-    return f"not running (pid {lock['pid']}, started {since}, ended without cleaning up: killed?)"
-  except PermissionError:
-    pass  # alive, another user's
-  return f"running (pid {lock['pid']}, since {since})"
+from gqa_spec.rundir import (BEST_DIR, BEST_FILE, CHECKPOINTS_DIR, RUNNING_FILE, TRAIN_LOG_FILE,
+                             process_state)
 
 
 def _metrics(record: dict) -> str:
@@ -71,7 +29,7 @@ def _metrics(record: dict) -> str:
 
 def run_status(model_dir: str) -> List[str]:
   """The status lines of a trainer run directory."""
-  from gqa_spec.training import metrics  # pylint: disable=g-import-not-at-top  (numpy only)
+  from gqa_spec.training import summaries as metrics  # pylint: disable=g-import-not-at-top  (numpy only)
   lines = [f'run {model_dir}', f'  process: {process_state(model_dir)}']
   ckpt_dir = os.path.join(model_dir, CHECKPOINTS_DIR)
   entries = os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else []
@@ -86,25 +44,25 @@ def run_status(model_dir: str) -> List[str]:
     lines.append('  latest complete checkpoint: none')
   if partial:
     lines.append(f'  incomplete (uncommitted, ignored on resume): {", ".join(partial)}')
-  records = metrics.read_records(os.path.join(model_dir, metrics.JSONL_FILE))
+  records = metrics.read_records(os.path.join(model_dir, TRAIN_LOG_FILE))
   for split in ('train', 'eval'):
     last = [r for r in records if r.get('split') == split]
     if last:
       lines.append(f"  last {split} metrics (step {last[-1]['step']}): {_metrics(last[-1])}")
-  best_path = os.path.join(model_dir, 'best.json')
+  best_path = os.path.join(model_dir, BEST_FILE)
   if os.path.exists(best_path):
     with open(best_path) as f:
       best = json.load(f)
-    lines.append(f"  best: {best['metric']} = {best['value']:.4g} at step {best['step']} (best/)")
+    lines.append(f"  best: {best['metric']} = {best['value']:.4g} at step {best['step']} ({BEST_DIR}/)")
   if records:
-    age = time.time() - os.path.getmtime(os.path.join(model_dir, metrics.JSONL_FILE))
+    age = time.time() - os.path.getmtime(os.path.join(model_dir, TRAIN_LOG_FILE))
     lines.append(f'  last log write: {age:.0f} s ago')
   return lines
 
 
 def reproduction_status(out_dir: str) -> List[str]:
   """The status lines of a `gqa-spec reproduce` results directory."""
-  from gqa_spec.reproduce.pipeline import STAGES  # pylint: disable=g-import-not-at-top
+  from gqa_spec.reproduce.stages import STAGES  # pylint: disable=g-import-not-at-top
   with open(os.path.join(out_dir, 'preset.json')) as f:
     preset = json.load(f)
   # Relative to out_dir (or absolute, as older runs recorded it).
@@ -136,7 +94,7 @@ def status(directory: str) -> List[str]:
   if os.path.exists(os.path.join(directory, 'preset.json')):
     return reproduction_status(directory)
   if any(os.path.exists(os.path.join(directory, name))
-         for name in ('checkpoints', 'train_log.jsonl', RUNNING_FILE)):
+         for name in (CHECKPOINTS_DIR, TRAIN_LOG_FILE, RUNNING_FILE)):
     return run_status(directory)
   raise UserError(f'{directory} is neither a training run directory (checkpoints/, '
                   'train_log.jsonl) nor a reproduction results directory (preset.json)')

@@ -8,7 +8,7 @@
 
 t5x's flags (--gin_file, --gin_bindings, --gin_search_paths, --gin.MACRO=VALUE); runs
 `gqa-spec infer`, which writes t5x-style INFER_OUTPUT_DIR/<task>-<mode>.jsonl-00000-of-00001
-files (see `gqa_spec.evaluation.inference`).
+files (see `gqa_spec.evaluation.infer`).
 """
 
 import os

@@ -42,16 +42,16 @@ def tiny_data_dir(tmp_path_factory):
 
 @pytest.fixture(scope='module', autouse=True)
 def _release_compiled_executables():
-  """Drops JAX's compiled executables after every test module.
+  """Drops JAX's compiled executables after a test module once the process holds many memory maps.
 
   XLA:CPU maps each executable's code and data into its own memory regions (3 per compiled
   module), and JAX's caches keep every executable alive for the life of the process. The whole
   suite compiles tens of thousands of them; one process then passes Linux's default
   `vm.max_map_count` (65530) about half-way through the suite and segfaults inside the next
-  compilation. Clearing the caches between modules keeps the count to what one module compiles.
+  compilation. Clearing after *every* module kept the count low but made later modules recompile
+  the loops and models they share with earlier ones; the reproduction's threshold
+  (`jobs.MAPS_BEFORE_RELEASE`, a quarter of the limit) keeps both.
   """
   yield
-  import gc  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  jax.clear_caches()
-  gc.collect()
+  from gqa_spec.reproduce import jobs  # pylint: disable=g-import-not-at-top
+  jobs.release_compiled()

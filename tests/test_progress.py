@@ -7,7 +7,7 @@ import re
 import pytest
 
 from gqa_spec import progress
-from gqa_spec.reproduce import pipeline
+from gqa_spec.reproduce import jobs as jobs_lib
 
 
 def _lines(caplog):
@@ -58,10 +58,10 @@ def test_disabled_progress_is_silent(caplog):
 
 def test_reproduce_jobs_log_their_stage_job_and_eta(caplog, tmp_path):
   caplog.set_level(logging.INFO, 'gqa_spec.progress')
-  ctx = pipeline.Context(preset=None, out_dir=str(tmp_path / 'out'), work_dir=str(tmp_path))
-  pipeline._finish_job(ctx, 'timing', 'b', {'done': True})  # finished earlier: skipped
+  ctx = jobs_lib.Context(preset=None, out_dir=str(tmp_path / 'out'), work_dir=str(tmp_path))
+  jobs_lib.finish_job(ctx, 'timing', 'b', {'done': True})  # finished earlier: skipped
   with progress.scope('reproduce smoke', 'stage 6/8 timing'):
-    records = pipeline._run_jobs(ctx, 'timing', [('a', lambda: {'x': 1}), ('b', lambda: {}),
+    records = jobs_lib.run_jobs(ctx, 'timing', [('a', lambda: {'x': 1}), ('b', lambda: {}),
                                                  ('c', lambda: {'x': 3})])
   assert [r.get('x') for r in records] == [1, None, 3]
   lines = _lines(caplog)
@@ -73,13 +73,13 @@ def test_reproduce_jobs_log_their_stage_job_and_eta(caplog, tmp_path):
 
 
 def test_stage_job_seconds_sum_the_jobs_of_every_invocation(tmp_path):
-  ctx = pipeline.Context(preset=None, out_dir=str(tmp_path / 'out'), work_dir=str(tmp_path))
-  assert pipeline._job_seconds(ctx, 'timing') is None  # a stage without jobs
-  pipeline._finish_job(ctx, 'timing', 'a', {'wall_seconds': 10.5})  # an earlier, killed run's
-  pipeline._run_jobs(ctx, 'timing', [('a', lambda: {}), ('b', lambda: {'x': 1})])
+  ctx = jobs_lib.Context(preset=None, out_dir=str(tmp_path / 'out'), work_dir=str(tmp_path))
+  assert jobs_lib.job_seconds(ctx, 'timing') is None  # a stage without jobs
+  jobs_lib.finish_job(ctx, 'timing', 'a', {'wall_seconds': 10.5})  # an earlier, killed run's
+  jobs_lib.run_jobs(ctx, 'timing', [('a', lambda: {}), ('b', lambda: {'x': 1})])
   with open(tmp_path / 'jobs' / 'timing' / 'b.json') as f:
     b = json.load(f)['wall_seconds']
-  assert pipeline._job_seconds(ctx, 'timing') == round(10.5 + b, 1)
+  assert jobs_lib.job_seconds(ctx, 'timing') == round(10.5 + b, 1)
 
 
 @pytest.mark.parametrize('threshold,kept', [(0, False), (10**9, True)])
@@ -87,21 +87,21 @@ def test_reproduce_jobs_release_compiled_executables_past_the_map_threshold(
     tmp_path, monkeypatch, threshold, kept):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  assert pipeline._memory_maps() > 0  # Linux: the count the threshold is compared with
-  monkeypatch.setattr(pipeline, 'MAPS_BEFORE_RELEASE', threshold)
-  ctx = pipeline.Context(preset=None, out_dir=str(tmp_path / 'out'), work_dir=str(tmp_path))
+  assert jobs_lib.memory_maps() > 0  # Linux: the count the threshold is compared with
+  monkeypatch.setattr(jobs_lib, 'MAPS_BEFORE_RELEASE', threshold)
+  ctx = jobs_lib.Context(preset=None, out_dir=str(tmp_path / 'out'), work_dir=str(tmp_path))
   step = jax.jit(lambda x: x + 1)
   sizes = []
 
   def job():
     step(jnp.ones(3))
-    sizes.append(step._cache_size())  # pylint: disable=protected-access
+    sizes.append(step._cache_size())
     return {}
 
-  pipeline._run_jobs(ctx, 'timing', [('a', job), ('b', job)])
+  jobs_lib.run_jobs(ctx, 'timing', [('a', job), ('b', job)])
   assert sizes == [1, 1]
   # Past the threshold the first job's executable is dropped after it; below it, it is kept.
-  assert step._cache_size() == (1 if kept else 0)  # pylint: disable=protected-access
+  assert step._cache_size() == (1 if kept else 0)
 
 
 def test_coarse_progress_writes_only_every_t_seconds(caplog, monkeypatch):

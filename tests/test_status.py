@@ -7,9 +7,8 @@ import sys
 
 import pytest
 
-from gqa_spec import status
+from gqa_spec import rundir, status
 from gqa_spec.errors import UserError
-from gqa_spec.training import metrics
 
 
 def _write(path, obj):
@@ -28,15 +27,15 @@ def test_run_status_reports_checkpoints_metrics_best_and_process(tmp_path):
   run = str(tmp_path)
   for d in ('checkpoints/5', 'checkpoints/10', 'checkpoints/15.orbax-checkpoint-tmp-17'):
     os.makedirs(os.path.join(run, d))
-  _write(os.path.join(run, metrics.JSONL_FILE), ''.join(json.dumps(r) + '\n' for r in [
+  _write(os.path.join(run, rundir.TRAIN_LOG_FILE), ''.join(json.dumps(r) + '\n' for r in [
       {'step': 10, 'split': 'train', 'loss': 4.5, 'accuracy': 0.25},
       {'step': 10, 'split': 'eval', 'bleu': 3.0},
       {'step': 12, 'split': 'train', 'loss': 4.25, 'accuracy': 0.3}]) + '{"step": 1')  # torn
   _write(os.path.join(run, 'best.json'), {'step': 10, 'metric': 'bleu', 'value': 3.0})
-  with status.running(run, total_steps=20):
+  with rundir.running(run, total_steps=20):
     lines = status.status(run)
     assert lines[1].startswith(f'  process: running (pid {os.getpid()}, since ')
-  assert not os.path.exists(os.path.join(run, status.RUNNING_FILE))  # removed at the end
+  assert not os.path.exists(os.path.join(run, rundir.RUNNING_FILE))  # removed at the end
   assert lines[2:7] == [
       '  latest complete checkpoint: step 10 (checkpoints/10); kept: 5, 10',
       '  incomplete (uncommitted, ignored on resume): 15.orbax-checkpoint-tmp-17',
@@ -46,7 +45,7 @@ def test_run_status_reports_checkpoints_metrics_best_and_process(tmp_path):
   assert status.status(run)[1] == '  process: not running'
   # A lock left behind by a killed process names a dead pid.
   pid = _dead_pid()
-  _write(os.path.join(run, status.RUNNING_FILE), {'pid': pid, 'host': os.uname().nodename,
+  _write(os.path.join(run, rundir.RUNNING_FILE), {'pid': pid, 'host': os.uname().nodename,
                                                   'started': 0.0})
   assert status.status(run)[1].startswith(f'  process: not running (pid {pid}, started ')
 
@@ -71,8 +70,3 @@ def test_status_of_other_directories_is_a_clear_error(tmp_path):
     status.status(str(tmp_path))
   with pytest.raises(UserError, match='is not a directory'):
     status.status(str(tmp_path / 'missing'))
-
-
-def test_checkpoint_dir_name_matches_the_trainer():
-  from gqa_spec.training import checkpointing  # pylint: disable=g-import-not-at-top
-  assert status.CHECKPOINTS_DIR == checkpointing.CHECKPOINTS_DIR

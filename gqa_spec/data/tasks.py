@@ -24,7 +24,7 @@ Tasks (name: default feature lengths {inputs, targets}, metrics):
   wmt14_en_de            512/256  bleu          wmt14_translate/de-en:1.0.0
   trivia_qa              2048/32  trivia_qa     trivia_qa/unfiltered.nocontext:1.1.0
 
-`feature_lengths(name)` gives the defaults; `gqa_spec.data.pipeline.get_dataset` applies them.
+`feature_lengths(name)` gives the defaults; `gqa_spec.data.batches.get_dataset` applies them.
 """
 
 from __future__ import annotations

@@ -170,7 +170,7 @@ def generate(args: argparse.Namespace) -> int:
   run_ar, run_spec = autoregressive.decode, speculative.decode
   target = T5Decoder(Transformer(target_config))
   if args.model_parallel is not None:
-    from gqa_spec.training.partitioning import Partitioner  # pylint: disable=g-import-not-at-top
+    from gqa_spec.partitioning import Partitioner  # pylint: disable=g-import-not-at-top
     if jax.device_count() % args.model_parallel:
       raise UserError(f'--model-parallel {args.model_parallel} does not divide the '
                       f'{jax.device_count()} devices')

@@ -33,7 +33,7 @@ from gqa_spec.checkpoints import native
 from gqa_spec.models import decode_cache
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
-from gqa_spec.training import partitioning
+from gqa_spec import partitioning
 
 _GIB = 2 ** 30
 

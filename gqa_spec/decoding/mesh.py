@@ -46,7 +46,7 @@ from gqa_spec.decoding.drafts.model import ModelDraft
 from gqa_spec.decoding.targets import T5Decoder, T5State
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
-from gqa_spec.training.partitioning import Partitioner, logical_axis_rules
+from gqa_spec.partitioning import Partitioner, logical_axis_rules
 
 PyTree = Any
 # Fields of the loops' results that hold one entry per row (rows on `data`); the rest replicate.

@@ -198,7 +198,7 @@ class Curve:
   def __init__(self, config, preset: Preset, sweep: Sweep, point: Point, plan_: Plan):
     import jax  # pylint: disable=g-import-not-at-top
     from gqa_spec.training.data import DatasetConfig, get_batches  # pylint: disable=g-import-not-at-top
-    from gqa_spec.training.evaluation import InferenceEvaluator  # pylint: disable=g-import-not-at-top
+    from gqa_spec.evaluation.evaluator import InferenceEvaluator  # pylint: disable=g-import-not-at-top
     from gqa_spec.training.train_step import loss_and_metrics  # pylint: disable=g-import-not-at-top
     tasks = (PRETRAIN,) if sweep.task == PRETRAIN_MIXTURE else ()
     tasks += sweep.supervised_tasks or (sweep.task,)
@@ -339,7 +339,7 @@ def calibrate(preset_name: str, out_dir: Optional[str] = None, work_dir: Optiona
 
   `train=False` only rewrites the files from the points finished so far.
   """
-  from gqa_spec.reproduce import pipeline  # pylint: disable=g-import-not-at-top
+  from gqa_spec.reproduce import jobs as jobs_lib, pretraining  # pylint: disable=g-import-not-at-top
   preset = presets_lib.get(preset_name)
   plan_ = plan(preset)
   names = [s.name for s in plan_.sweeps]
@@ -352,12 +352,12 @@ def calibrate(preset_name: str, out_dir: Optional[str] = None, work_dir: Optiona
   os.makedirs(out_dir, exist_ok=True)
   todo = [(s, p) for s in plan_.sweeps if not sweeps or s.name in sweeps for p in s.points
           if train]
-  with pipeline.compilation_cache(work_dir) if todo else contextlib.nullcontext():
+  with jobs_lib.compilation_cache(work_dir) if todo else contextlib.nullcontext():
     if todo:
-      ctx = pipeline.Context(preset, out_dir, work_dir)
+      ctx = jobs_lib.Context(preset, out_dir, work_dir)
       if not os.path.exists(os.path.join(ctx.data_dir, 'stats.json')):
         progress.info('preparing the corpus in %s', ctx.data_dir)
-        pipeline.stage_corpus(ctx)
+        pretraining.stage_corpus(ctx)
       from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top
       tasks.register_ddtp_tasks(ctx.data_dir)
     for i, (sweep, point) in enumerate(todo, 1):

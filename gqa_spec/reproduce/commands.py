@@ -9,7 +9,7 @@ import logging
 
 
 def register(subparsers) -> None:
-  from gqa_spec.reproduce.pipeline import STAGES  # pylint: disable=g-import-not-at-top
+  from gqa_spec.reproduce.stages import STAGES  # pylint: disable=g-import-not-at-top
   parser = subparsers.add_parser(
       'reproduce', help='run the papers\' study end to end at CPU scale (cached, resumable)',
       description='Pre-train, convert and uptrain (GQA), fine-tune, evaluate, time and run '
@@ -71,7 +71,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 def _reproduce(args: argparse.Namespace) -> int:
   from gqa_spec import console  # pylint: disable=g-import-not-at-top
-  from gqa_spec.reproduce import pipeline  # pylint: disable=g-import-not-at-top
+  from gqa_spec.reproduce import pipeline, writeup  # pylint: disable=g-import-not-at-top
   # seqio and orbax warn on every evaluation and save (uncached sources, truncation notices);
   # the stage JSON and report carry what matters. Errors and progress lines still show.
   verbose = getattr(args, 'verbose', False)
@@ -90,5 +90,5 @@ def _reproduce(args: argparse.Namespace) -> int:
         records['evaluate']['rows'], records['evaluate'].get('baselines', ())))
   if args.preset == 'smoke' and 'corpus' in records:
     splits = records['corpus']['stats']['splits']
-    print(pipeline.smoke_note(splits['train'], splits['test']).replace('**', ''))
+    print(writeup.smoke_note(splits['train'], splits['test']).replace('**', ''))
   return 0

@@ -23,7 +23,9 @@ import json
 import math
 import os
 
+from gqa_spec import rundir
 from gqa_spec.errors import UserError
+from gqa_spec.reproduce import jobs as jobs_lib
 
 
 def chimera_heads(preset) -> int:
@@ -49,14 +51,15 @@ def _validation_batches(task: str, lengths, preset):
 
 
 def _accuracy(config, params, target_path: str, task: str, lengths, preset) -> list:
-  from gqa_spec.training import draft_training, initial  # pylint: disable=g-import-not-at-top
-  target_config, target_params, _ = initial.load(target_path)
+  from gqa_spec.training import draft_training  # pylint: disable=g-import-not-at-top
+  from gqa_spec.checkpoints.load import load_any  # pylint: disable=g-import-not-at-top
+  target_config, target_params, _ = load_any(target_path)
   return draft_training.head_topk_accuracy(config, params, target_config, target_params,
                                            _validation_batches(task, lengths, preset))
 
 
 def _train(ctx, kind: str, task: str, lengths, target_path: str, initial_path=None) -> dict:
-  from gqa_spec.training import draft_commands, trainer  # pylint: disable=g-import-not-at-top
+  from gqa_spec.training import draft_training, trainer  # pylint: disable=g-import-not-at-top
   from gqa_spec.training.data import DatasetConfig  # pylint: disable=g-import-not-at-top
   from gqa_spec.training.optimizer import constant  # pylint: disable=g-import-not-at-top
   p = ctx.preset
@@ -67,7 +70,7 @@ def _train(ctx, kind: str, task: str, lengths, target_path: str, initial_path=No
   run_dir = ctx.model_dir('drafts', task, name)
   data = DatasetConfig(task, {'inputs': lengths[0], 'targets': lengths[1]}, batch_size=batch,
                        pack=False)
-  result = draft_commands.train_draft(
+  result = draft_training.train_draft(
       kind=kind, target_checkpoint=target_path, model_dir=run_dir, train_dataset_cfg=data,
       total_steps=steps, draft_model_config=p.draft if kind == 'model' else None,
       num_draft_heads=chimera_heads(p), learning_rate_fn=constant(lr),
@@ -83,18 +86,17 @@ def _train(ctx, kind: str, task: str, lengths, target_path: str, initial_path=No
 
 
 def _chimera_job(ctx, task: str, lengths, target_path: str) -> dict:
-  from gqa_spec.training import draft_training  # pylint: disable=g-import-not-at-top
+  from gqa_spec.checkpoints import drafts as draft_records  # pylint: disable=g-import-not-at-top
   record = _train(ctx, 'chimera', task, lengths, target_path)
-  config, params, _ = draft_training.load_chimera(ctx.path(record['run_dir']))
+  config, params, _ = draft_records.load_chimera(ctx.path(record['run_dir']))
   return dict(record, num_draft_heads=config.num_draft_heads,
               head_accuracy=_accuracy(config, params, target_path, task, lengths, ctx.preset))
 
 
 def _distilled_job(ctx, task: str, lengths, target_path: str, independent: str) -> dict:
   from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
-  from gqa_spec.training import draft_commands  # pylint: disable=g-import-not-at-top
   record = _train(ctx, 'model', task, lengths, target_path, initial_path=independent)
-  checkpoint = os.path.join(ctx.path(record['run_dir']), draft_commands.EXPORT_DIR)
+  checkpoint = os.path.join(ctx.path(record['run_dir']), rundir.DRAFT_EXPORT_DIR)
   config, params, _ = native.load_checkpoint(checkpoint)
   return dict(record, checkpoint=ctx.relative(checkpoint),
               head_accuracy=_accuracy(config, params, target_path, task, lengths, ctx.preset))
@@ -110,8 +112,8 @@ def _independent_job(ctx, task: str, lengths, target_path: str, independent: str
 
 def stage_drafts(ctx) -> dict:
   """Chimera and distilled drafts per task against the fine-tuned MHA target (module docstring)."""
-  from gqa_spec.reproduce import pipeline  # pylint: disable=g-import-not-at-top  (pipeline imports this)
-  pipeline._register_tasks(ctx)  # pylint: disable=protected-access
+
+  jobs_lib.register_tasks(ctx)
   p = ctx.preset
   chimera_heads(p)  # a bad preset fails before any training
   finetuned = {(r['task'], r['name']): ctx.path(r['best_checkpoint'])
@@ -127,7 +129,7 @@ def stage_drafts(ctx) -> dict:
         (f'{task}.independent', lambda t=task, l=lengths, tp=target, i=independent:
          _independent_job(ctx, t, l, tp, i)),
     ]
-  return {'rows': pipeline._run_jobs(ctx, 'drafts', jobs), 'target': mha}  # pylint: disable=protected-access
+  return {'rows': jobs_lib.run_jobs(ctx, 'drafts', jobs), 'target': mha}
 
 
 def _last_logged_train_metrics(run_dir: str) -> dict:

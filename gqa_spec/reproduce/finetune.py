@@ -21,6 +21,7 @@ import dataclasses
 import os
 from typing import Dict, List, Mapping
 
+from gqa_spec.reproduce import jobs as jobs_lib
 from gqa_spec.reproduce.presets import MULTITASK, TASK_METRIC, Variant
 
 
@@ -70,7 +71,7 @@ def _sources(ctx) -> List[tuple]:
 
 
 def _evaluator(ctx, task: str, config):
-  from gqa_spec.training.evaluation import InferenceEvaluator  # pylint: disable=g-import-not-at-top
+  from gqa_spec.evaluation.evaluator import InferenceEvaluator  # pylint: disable=g-import-not-at-top
   p = ctx.preset
   inputs, targets = p.finetune_lengths[task]
   return InferenceEvaluator(task, config, 'validation', {'inputs': inputs, 'targets': targets},
@@ -86,15 +87,15 @@ def _row(record: dict, name: str, task: str, config, variant) -> dict:
 def stage_finetune(ctx) -> dict:
   """Per-task or multi-task fine-tuning of every model (module docstring); one row per (model,
   task) either way."""
-  from gqa_spec.reproduce import pipeline  # pylint: disable=g-import-not-at-top  (pipeline imports this)
+
   from gqa_spec.training.optimizer import constant  # pylint: disable=g-import-not-at-top
-  pipeline._register_tasks(ctx)  # pylint: disable=protected-access
+  jobs_lib.register_tasks(ctx)
   p = ctx.preset
   task_metrics = {task: TASK_METRIC[task] for task in p.finetune_lengths}
   mean_name = multitask_metric(task_metrics)
 
   def train(name, config, source, variant, task, lengths, evaluator, best_metric):
-    record = pipeline._train(  # pylint: disable=protected-access
+    record = jobs_lib.train(
         ctx.model_dir('finetune', task, name), config, task, lengths, p.finetune_batch,
         p.finetune_steps, learning_rate_fn=constant(p.finetune_lr(
             'draft' if variant is None else 'target')),
@@ -122,7 +123,7 @@ def stage_finetune(ctx) -> dict:
                           _evaluator(ctx, task, config), task_metrics[task]),
                     name, task, config, variant)
       jobs.append((f'{task}.{name}', job))
-  records = pipeline._run_jobs(ctx, 'finetune', jobs)  # pylint: disable=protected-access
+  records = jobs_lib.run_jobs(ctx, 'finetune', jobs)
   if p.finetune_multitask:
     rows = [_multitask_row(records[i], name, task, config, variant, task_metrics)
             for i, name, config, variant in expand for task in task_metrics]

@@ -1,6 +1,6 @@
 """Tables and figures of the papers, drawn from the reproduction's per-stage JSON.
 
-Inputs (written by `pipeline.py`, one JSON file per stage under `results/<preset>/`):
+Inputs (written by the stages, `pipeline.run`, one JSON file per stage under `results/<preset>/`):
   evaluate.json     {'rows': [{variant, kv_heads, method, alpha, task, metric, score,
                                time_per_sample_s, batch_size, examples}, ...]}
   timing.json       {'rows': [{setting, kv_heads, time_per_sample_s, inputs, targets, batch_size}]}

@@ -34,12 +34,13 @@ from typing import Optional
 import jax
 
 from gqa_spec.decoding.tree import TreeShape
+from gqa_spec.reproduce import jobs as jobs_lib
 
 
 def _test_inputs(task: str, lengths, n: int):
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from gqa_spec.data import pipeline as data_pipeline  # pylint: disable=g-import-not-at-top
-  ds = data_pipeline.get_dataset(task, 'test', {'inputs': lengths[0], 'targets': lengths[1]},
+  from gqa_spec.data import batches  # pylint: disable=g-import-not-at-top
+  ds = batches.get_dataset(task, 'test', {'inputs': lengths[0], 'targets': lengths[1]},
                                  pack=False)
   rows = [ex['encoder_input_tokens'] for ex in ds.take(n).as_numpy_iterator()]
   return np.stack(rows).astype(np.int32)  # [n, inputs]
@@ -106,13 +107,13 @@ def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
   from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.tree import TreeShape  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
-  from gqa_spec.training import draft_training  # pylint: disable=g-import-not-at-top
+  from gqa_spec.checkpoints import drafts as draft_records  # pylint: disable=g-import-not-at-top
   p = ctx.preset
   L, gmax = lengths[1], max(p.gammas)
   config, params, _ = native.load_checkpoint(finetuned[(task, target_name)])
   dconfig, dparams, _ = native.load_checkpoint(finetuned[(task, 'draft')])
   kconfig, kparams, _ = native.load_checkpoint(ctx.path(trained[(task, 'distilled')]['checkpoint']))
-  cconfig, cparams, _ = draft_training.load_chimera(ctx.path(trained[(task, 'chimera')]['run_dir']))
+  cconfig, cparams, _ = draft_records.load_chimera(ctx.path(trained[(task, 'chimera')]['run_dir']))
   emb = params['token_embedder']['embedding']  # [V, D] the frozen target's, Chimera's input
   plain, distilled = d.ModelDraft.t5(Transformer(dconfig)), d.ModelDraft.t5(Transformer(kconfig))
   staged, chimera = d.StagedDraft.t5(Transformer(dconfig), p.stage2_gamma), d.ChimeraDraft(cconfig)
@@ -189,8 +190,8 @@ def staged_tree_name(preset) -> str:
 
 def stage_speculative(ctx) -> dict:
   """Chains for the MHA and GQA targets; trees, staged and trained drafts for MHA (module docstring)."""
-  from gqa_spec.reproduce import pipeline  # pylint: disable=g-import-not-at-top  (pipeline imports this)
-  pipeline._register_tasks(ctx)  # pylint: disable=protected-access
+
+  jobs_lib.register_tasks(ctx)
   p = ctx.preset
   finetuned = {(r['task'], r['name']): ctx.path(r['best_checkpoint'])
                for r in ctx.read_stage('finetune')['rows']}
@@ -203,7 +204,7 @@ def stage_speculative(ctx) -> dict:
                    _chain_job(ctx, t, l, n, finetuned)))
     jobs.append((f'{task}.{mha}.drafts', lambda t=task, l=lengths:
                  _drafts_job(ctx, t, l, mha, finetuned, trained)))
-  records = pipeline._run_jobs(ctx, 'speculative', jobs)  # pylint: disable=protected-access
+  records = jobs_lib.run_jobs(ctx, 'speculative', jobs)
   chain = [r for r in records if 'rows' in r]
   extra = [r for r in records if 'drafts_rows' in r]
   return {'rows': [r for rec in chain for r in rec['rows']],

@@ -119,7 +119,7 @@ def uptrain(args: argparse.Namespace) -> int:
 
 def evaluate(args: argparse.Namespace) -> int:
   _parse(args)
-  from gqa_spec.training import evaluation  # pylint: disable=g-import-not-at-top
+  from gqa_spec.evaluation import evaluator as evaluation  # pylint: disable=g-import-not-at-top
   metrics = gin_utils.call(evaluation.evaluate_checkpoint)
   for name, value in sorted(metrics.items()):
     print(f'{name}: {value:.4g}')
@@ -128,7 +128,7 @@ def evaluate(args: argparse.Namespace) -> int:
 
 def infer(args: argparse.Namespace) -> int:
   _parse(args)
-  from gqa_spec.evaluation import inference  # pylint: disable=g-import-not-at-top
+  from gqa_spec.evaluation import infer as inference  # pylint: disable=g-import-not-at-top
   for task, path in sorted(gin_utils.call(inference.infer).items()):
     print(f'{task}: {path}')
   return 0

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 from typing import Any, Mapping, Optional, Tuple
 
@@ -35,18 +34,18 @@ import optax
 from gqa_spec.decoding import autoregressive
 from gqa_spec.decoding.targets import T5Decoder
 from gqa_spec.errors import UserError
+from gqa_spec.rundir import DRAFT_EXPORT_DIR
 from gqa_spec.models import chimera
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
 from gqa_spec.training import losses
 from gqa_spec.training.optimizer import LearningRateFn
-from gqa_spec.training.partitioning import Partitioner, create_mesh, logical_axis_rules
+from gqa_spec.partitioning import Partitioner, create_mesh, logical_axis_rules
 from gqa_spec.training.train_step import TrainState, TrainStep, init_params as t5_init_params
 
 PyTree = Any
 KINDS = ('chimera', 'model')
 LABEL_SOURCES = ('target', 'data')
-DRAFT_FILE = 'draft.json'  # in the run directory: kind, target checkpoint, draft config
 
 
 def check_choice(name: str, value: str, choices) -> None:
@@ -242,49 +241,76 @@ class DraftTrainStep:
     return self._jitted(state, self.target_params, batch)
 
 
-def write_draft_file(model_dir: str, kind: str, target_path: str, draft_config: Any) -> None:
-  """Records what the run trains, so `load_chimera` and resumes can check it."""
-  record = {'kind': kind, 'target': os.path.abspath(target_path),
-            'draft_config': draft_config.to_dict()}
-  path = os.path.join(model_dir, DRAFT_FILE)
-  if os.path.isfile(path):
-    with open(path) as f:
-      old = json.load(f)
-    if old != record:
-      raise UserError(f'{path}: this MODEL_DIR trains a different draft ({old["kind"]} against '
-                      f'{old["target"]}); use a new MODEL_DIR')
-    return
-  os.makedirs(model_dir, exist_ok=True)
-  with open(path, 'w') as f:
-    json.dump(record, f, indent=2)
+def adam(b1: float = 0.9, b2: float = 0.999, clip_norm: Optional[float] = 1.0):
+  """Adam without learning rate (the trainer multiplies by its schedule), gradient-norm clipped."""
+  import optax  # pylint: disable=g-import-not-at-top
+  parts = [optax.clip_by_global_norm(clip_norm)] if clip_norm else []
+  return optax.chain(*parts, optax.scale_by_adam(b1=b1, b2=b2), optax.scale(-1.0))
 
 
-@functools.lru_cache(maxsize=8)
-def load_chimera(run_dir: str) -> Tuple[chimera.ChimeraConfig, PyTree, str]:
-  """`(config, params, target checkpoint path)` of the latest checkpoint of a Chimera run."""
-  from gqa_spec.training import checkpointing  # pylint: disable=g-import-not-at-top
-  path = os.path.join(run_dir, DRAFT_FILE)
-  if not os.path.isfile(path):
-    raise UserError(f'{run_dir}: not a draft training run (no {DRAFT_FILE})')
-  with open(path) as f:
-    record = json.load(f)
-  if record['kind'] != 'chimera':
-    raise UserError(f'{run_dir}: trains a {record["kind"]} draft, not a Chimera draft')
-  config = chimera.ChimeraConfig.from_dict(record['draft_config'])
-  ckpt = checkpointing.Checkpointer(run_dir)
-  step = ckpt.latest_step()
-  if step is None:
-    raise UserError(f'{ckpt.directory}: holds no complete checkpoint')
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  d = config.emb_dim
-  abstract = jax.eval_shape(lambda: chimera.Chimera(config).init(
-      jax.random.PRNGKey(0), jnp.zeros((config.vocab_size, d)), jnp.zeros((1, 4), jnp.int32),
-      jnp.zeros((1, 4, d)), jnp.zeros((1, 1), jnp.int32))['params'])
-  target = jax.tree_util.tree_map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract)
-  params = ckpt.restore_params(step, target)
-  ckpt.close()
-  return config, params, record['target']
+def train_draft(*, kind: str, target_checkpoint: str, model_dir: str, train_dataset_cfg,
+                total_steps: int, draft_model_config=None, num_draft_heads: int = 4,
+                chimera_overrides: Optional[dict] = None, optimizer=None, learning_rate_fn=None,
+                label_source: str = 'target', z_loss: float = 1e-4, mse_weight: float = 1.0,
+                kl_weight: float = 0.0, checkpoint_cfg=None, log_period: int = 50,
+                random_seed: int = 0, initial_checkpoint_path: Optional[str] = None) -> Any:
+  """Trains (or resumes) a draft against the frozen target at `target_checkpoint`.
+
+  Args:
+    kind: 'chimera' or 'model'.
+    target_checkpoint: native, trainer-run or HF checkpoint of the target (`checkpoints.load.load_any`).
+    model_dir: the run directory.
+    train_dataset_cfg: unpacked training examples (`data.DatasetConfig`, pack=False).
+    total_steps: absolute step to stop at.
+    draft_model_config: kind 'model': the draft's `T5Config` (same vocabulary as the target).
+    num_draft_heads: kind 'chimera': residual heads (the largest gamma it can serve).
+    chimera_overrides: kind 'chimera': other `ChimeraConfig` fields (default: sized like the
+      target's decoder layer, `ChimeraConfig.for_target`).
+    optimizer, learning_rate_fn: default `adam()` and a constant 1e-3.
+    label_source: 'target' (its greedy outputs, the default) or 'data'.
+    z_loss, mse_weight, kl_weight: loss coefficients (see `DraftTrainStep`).
+    checkpoint_cfg: `trainer.CheckpointConfig`.
+    log_period: steps between logged metrics.
+    random_seed: draft initialisation seed.
+    initial_checkpoint_path: kind 'model': start from this checkpoint of the draft (e.g. the
+      independently trained draft; fresh optimizer state, step 0) instead of a random draft; a
+      run that has checkpoints of its own resumes from them instead.
+
+  Returns:
+    The trainer's `TrainResult`.
+  """
+  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
+  from gqa_spec.models import chimera  # pylint: disable=g-import-not-at-top
+  from gqa_spec.checkpoints import drafts as draft_records  # pylint: disable=g-import-not-at-top
+  from gqa_spec.training import optimizer as opt, trainer  # pylint: disable=g-import-not-at-top
+  from gqa_spec.checkpoints.load import load_any  # pylint: disable=g-import-not-at-top
+  check_choice('kind', kind, KINDS)
+  if train_dataset_cfg.pack:
+    raise UserError('draft training needs unpacked examples: set DatasetConfig.pack = False')
+  target_config, target_params, _ = load_any(target_checkpoint)
+  if kind == 'chimera':
+    draft_config = chimera.ChimeraConfig.for_target(
+        target_config, num_draft_heads=num_draft_heads, **(chimera_overrides or {}))
+  elif draft_model_config is None:
+    raise UserError('--kind model needs the draft architecture: a model gin (e.g. '
+                    '--gin_file=models/t5_1_1/nano.gin) setting DRAFT_MODEL_CONFIG')
+  else:
+    draft_config = draft_model_config
+  draft_records.write_draft_file(model_dir, kind, target_checkpoint, draft_config)
+  step = DraftTrainStep.create(
+      kind, draft_config, target_config, target_params, optimizer or adam(),
+      learning_rate_fn or opt.constant(1e-3), label_source=label_source, z_loss=z_loss,
+      mse_weight=mse_weight, kl_weight=kl_weight)
+  result = trainer.train(model_dir=model_dir, model_config=draft_config,
+                         train_dataset_cfg=train_dataset_cfg, total_steps=total_steps,
+                         checkpoint_cfg=checkpoint_cfg or trainer.CheckpointConfig(),
+                         log_period=log_period, random_seed=random_seed, step_fn=step,
+                         initial_checkpoint_path=initial_checkpoint_path,
+                         initial_step=0 if initial_checkpoint_path else None)
+  if kind == 'model':
+    config, params, _ = load_any(model_dir)
+    native.save_checkpoint(os.path.join(model_dir, DRAFT_EXPORT_DIR), config, params, overwrite=True)
+  return result
 
 
 def _hits(logits: jax.Array, targets: jax.Array, max_k: int) -> Tuple[jax.Array, jax.Array]:

@@ -27,7 +27,7 @@ from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
 from gqa_spec.training import losses
 from gqa_spec.training.optimizer import LearningRateFn
-from gqa_spec.training.partitioning import Partitioner, path_name
+from gqa_spec.partitioning import Partitioner, path_name
 
 # The features of seqio's EncDecFeatureConverter, packed or not; all `[batch, length]` int32.
 MODEL_FEATURES = ('encoder_input_tokens', 'decoder_input_tokens', 'decoder_target_tokens',

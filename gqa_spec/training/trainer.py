@@ -4,7 +4,7 @@
 `configs/runs/*.gin`). One run directory (`model_dir`) holds everything:
 
   config.json              the model config
-  checkpoints/<step>/      orbax train-state checkpoints (keep-last-N; `checkpointing.py`)
+  checkpoints/<step>/      orbax train-state checkpoints (keep-last-N; `manager.py`)
   train_log.jsonl          one JSON object per logged step (`metrics.py`), train and eval
   train/, eval/            TensorBoard event files
   best/, best.json         native checkpoint of the best evaluation so far, and its metrics
@@ -43,20 +43,21 @@ from typing import Any, Mapping, Optional, Protocol
 import jax
 import numpy as np
 
-from gqa_spec import progress, status
+from gqa_spec.rundir import BEST_DIR, BEST_FILE
+from gqa_spec import progress, rundir
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
-from gqa_spec.training import checkpointing, initial, losses
-from gqa_spec.training import metrics as metrics_lib
+from gqa_spec.checkpoints import manager
+from gqa_spec.training import losses
+from gqa_spec.checkpoints.load import load_any
+from gqa_spec.training import summaries
 from gqa_spec.training.data import DatasetConfig, get_batches
 from gqa_spec.training.optimizer import LearningRateFn, adafactor, rsqrt_decay
-from gqa_spec.training.partitioning import Partitioner, initialize_distributed
+from gqa_spec.partitioning import Partitioner, initialize_distributed
 from gqa_spec.training.train_step import TrainState, TrainStep
 
 log = logging.getLogger(__name__)
 
-BEST_DIR = 'best'
-BEST_FILE = 'best.json'
 # Steps dispatched to the device ahead of the host. Two keep the device busy while the host
 # fetches the next batch (dispatch stays overlapped) and bound what a stop request waits for.
 MAX_IN_FLIGHT = 2
@@ -178,7 +179,7 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
                                  loss_normalizing_factor, dropout_seed=random_seed)
   is_writer = jax.process_index() == 0
   os.makedirs(model_dir, exist_ok=True)
-  ckpt = checkpointing.Checkpointer(model_dir, checkpoint_cfg.save_period, checkpoint_cfg.keep,
+  ckpt = manager.Checkpointer(model_dir, checkpoint_cfg.save_period, checkpoint_cfg.keep,
                                     checkpoint_cfg.asynchronous)
   state, data_start_step = _start(step_fn, ckpt, model_config, initial_checkpoint_path,
                                   initial_checkpoint_config or model_config, initial_step,
@@ -191,7 +192,7 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
           'dataset': dataclasses.asdict(train_dataset_cfg)}
   log.info('training %s from step %d to %d on mesh %s', model_dir, step, total_steps,
            dict(partitioner.mesh.shape))
-  writer = metrics_lib.MetricWriter(model_dir, step, is_writer)
+  writer = summaries.MetricWriter(model_dir, step, is_writer)
   bar = progress.Progress('train', total_steps, step, bar=progress_bar, enabled=is_writer)
   best = _read_best(model_dir)
   batches = get_batches(train_dataset_cfg, skip_batches=step - data_start_step)
@@ -220,12 +221,12 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
     retire(0)
     if not window:
       return
-    last_metrics = metrics_lib.summarize(window, time.time() - window_start)
+    last_metrics = summaries.summarize(window, time.time() - window_start)
     writer.write_scalars(step, last_metrics)
     window, window_start = [], time.time()
 
   stop = _StopFlag(lambda: len(in_flight))
-  lock = (status.running(model_dir, total_steps=total_steps) if is_writer
+  lock = (rundir.running(model_dir, total_steps=total_steps) if is_writer
           else contextlib.nullcontext())
   try:
     with stop.installed(), lock:
@@ -262,14 +263,14 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
   return TrainResult(step=step, train_metrics=last_metrics, best=best)
 
 
-def _start(step_fn: TrainStep, ckpt: checkpointing.Checkpointer, config: T5Config,
+def _start(step_fn: TrainStep, ckpt: manager.Checkpointer, config: T5Config,
            initial_checkpoint_path: Optional[str], t5x_config: T5Config,
            initial_step: Optional[int],
            random_seed: int):
   """(state, data_start_step) from the latest checkpoint, an initial checkpoint, or scratch."""
   latest = ckpt.latest_step()
   if latest is not None:
-    target = checkpointing.abstract_with_shardings(step_fn.abstract_state(),
+    target = manager.abstract_with_shardings(step_fn.abstract_state(),
                                                    step_fn.state_shardings())
     meta = ckpt.restore_meta(latest)
     _check_same_config(config, meta['model_config'], ckpt.directory)
@@ -277,7 +278,7 @@ def _start(step_fn: TrainStep, ckpt: checkpointing.Checkpointer, config: T5Confi
     log.info('resumed from %s/%d', ckpt.directory, latest)
     return state, int(meta['data_start_step'])
   if initial_checkpoint_path:
-    _, params, step = initial.load(initial_checkpoint_path, t5x_config)
+    _, params, step = load_any(initial_checkpoint_path, t5x_config)
     start = initial_step if initial_step is not None else (step or 0)
     state = step_fn.from_params(params, start)
     log.info('initialised from %s at step %d', initial_checkpoint_path, start)
@@ -303,7 +304,7 @@ def _read_best(model_dir: str) -> Optional[dict]:
 
 
 def _evaluate(evaluator: Evaluator, state: TrainState, step: int, config: T5Config, model_dir: str,
-              writer: metrics_lib.MetricWriter, best: Optional[dict], best_metric: Optional[str],
+              writer: summaries.MetricWriter, best: Optional[dict], best_metric: Optional[str],
               best_mode: str, is_writer: bool) -> Optional[dict]:
   """Runs the evaluator, logs its metrics, and exports the parameters when they are the best."""
   scores = {k: float(v) for k, v in evaluator(state.params, step).items()}

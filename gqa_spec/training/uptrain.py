@@ -1,6 +1,6 @@
 """Uptraining (Ainslie et al. 2023, Sec. 2.1): MHA checkpoint -> convert -> alpha more pre-training.
 
-  1. Load the multi-head checkpoint (our run dir, native, HF or T5X legacy: `initial.load`).
+  1. Load the multi-head checkpoint (our run dir, native, HF or T5X legacy: `checkpoints.load.load_any`).
   2. Convert the decoder's self- and cross-attention K/V to `model_config.num_kv_heads` heads
      (`gqa_spec.convert`: mean-pool by default, or first / random) and save the result as a native
      checkpoint in `<model_dir>/converted` (the alpha = 0 model of the paper's Fig. 5; written
@@ -30,13 +30,12 @@ from typing import Callable, Optional
 
 import jax
 
+from gqa_spec.rundir import CONVERTED_DIR, UPTRAIN_FILE
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
-from gqa_spec.training import initial
+from gqa_spec.checkpoints.load import load_any
 from gqa_spec.training import trainer
 
-CONVERTED_DIR = 'converted'
-UPTRAIN_FILE = 'uptrain.json'
 
 
 def convert_checkpoint(model_dir: str, initial_checkpoint_path: str, model_config: T5Config,
@@ -50,7 +49,7 @@ def convert_checkpoint(model_dir: str, initial_checkpoint_path: str, model_confi
   if os.path.isfile(record_path):
     with open(record_path) as f:
       return json.load(f)
-  source_config, params, step = initial.load(initial_checkpoint_path,
+  source_config, params, step = load_any(initial_checkpoint_path,
                                              model_config.replace(num_kv_heads=None))
   steps = original_train_steps if original_train_steps is not None else step
   if not steps or steps < 1:

@@ -15,7 +15,7 @@ import seqio
 import tensorflow_datasets as tfds
 
 from gqa_spec.data import mediasum
-from gqa_spec.data import pipeline
+from gqa_spec.data import batches as pipeline
 from gqa_spec.data import tasks
 from gqa_spec.data import vocabulary
 

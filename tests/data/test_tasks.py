@@ -9,7 +9,7 @@ import seqio
 
 from gqa_spec.data import commands
 from gqa_spec.data import corpus
-from gqa_spec.data import pipeline
+from gqa_spec.data import batches as pipeline
 from gqa_spec.data import tasks
 from gqa_spec.data import vocabulary
 from gqa_spec.errors import UserError

@@ -19,7 +19,7 @@ from gqa_spec.decoding.drafts import ModelDraft
 from gqa_spec.decoding.targets import T5Decoder
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
-from gqa_spec.training import partitioning
+from gqa_spec import partitioning
 from gqa_spec.training.train_step import init_params
 
 BASE = T5Config(vocab_size=128, emb_dim=32, num_heads=8, head_dim=4, mlp_dim=64,

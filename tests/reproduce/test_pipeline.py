@@ -7,7 +7,7 @@ import os
 import pytest
 
 from gqa_spec.errors import UserError
-from gqa_spec.reproduce import bootstrap, pipeline, presets, speculation
+from gqa_spec.reproduce import bootstrap, pipeline, presets, speculation, stages
 
 SMOKE = presets.get('smoke')
 # What smoke's models must reach; the models of the previous smoke preset (20 pre-training and 6
@@ -26,7 +26,7 @@ def _stage(out_dir, stage):
 
 def test_every_stage_wrote_its_results(smoke_run):
   out_dir, _ = smoke_run
-  for stage in pipeline.STAGES:
+  for stage in stages.STAGES:
     record = _stage(out_dir, stage)
     assert record['wall_seconds'] >= 0
     assert record['command'] == f'gqa-spec reproduce --preset smoke --stages {stage}'
@@ -64,7 +64,7 @@ def test_evaluation_covers_every_variant_and_task(smoke_run):
   for r in rows:
     assert 0.0 <= r['score'] <= 100.0
     assert 0.0 < r['time_per_sample_s'] < 60.0
-    assert r['metric'] == pipeline.TASK_METRIC[r['task']]
+    assert r['metric'] == presets.TASK_METRIC[r['task']]
     # per-example test scores re-score to the stage's corpus metric (paired bootstrap's input)
     data = bootstrap.decode(r['metric'], r['per_example'])
     test_size = _stage(out_dir, 'corpus')['stats']['splits']['test'][
@@ -156,10 +156,10 @@ def test_trees_staged_and_trained_drafts_rows_are_exact_at_temperature_zero(smok
 
 def test_second_run_skips_finished_stages_and_rerun_of_one_job_resumes(smoke_run, tmp_path):
   out_dir, work_dir = smoke_run
-  mtimes = {s: os.path.getmtime(os.path.join(out_dir, f'{s}.json')) for s in pipeline.STAGES}
+  mtimes = {s: os.path.getmtime(os.path.join(out_dir, f'{s}.json')) for s in stages.STAGES}
   pipeline.run('smoke', out_dir, work_dir, progress_bar=False)
   assert mtimes == {s: os.path.getmtime(os.path.join(out_dir, f'{s}.json'))
-                    for s in pipeline.STAGES}
+                    for s in stages.STAGES}
 
   # Forget one timing job: a forced re-run of the stage recomputes it and only it.
   jobs = os.path.join(work_dir, 'jobs', 'timing')
@@ -214,8 +214,8 @@ def test_smoke_models_learn_the_excerpt(smoke_run):
   ROUGE-1 0.0 on the 12 test summaries (measured)."""
   out_dir, _ = smoke_run
   rows = _stage(out_dir, 'evaluate')['rows']
-  floor = {pipeline.TASK_METRIC[presets.TRANSLATE]: BLEU_FLOOR,
-           pipeline.TASK_METRIC[presets.SUMMARIZE]: ROUGE1_FLOOR}
+  floor = {presets.TASK_METRIC[presets.TRANSLATE]: BLEU_FLOOR,
+           presets.TASK_METRIC[presets.SUMMARIZE]: ROUGE1_FLOOR}
   checked = [r for r in rows if r['model'] == 'target' or r['task'] == presets.TRANSLATE]
   assert len(checked) == len(rows) - 1
   for r in checked:

@@ -68,7 +68,7 @@ def test_task_mean_evaluator_averages_the_tasks_selection_metrics():
                  f'{SUMMARIZE}/rouge2': 9.0, MEAN: 21.0,
                  f'{TRANSLATE}/timing/seconds_per_sample_median': 0.5,
                  f'{SUMMARIZE}/timing/seconds_per_sample_median': 0.5}
-  assert finetune.multitask_metric(pipeline.TASK_METRIC) == MEAN
+  assert finetune.multitask_metric(presets.TASK_METRIC) == MEAN
 
 
 def test_design_note_states_the_design_and_any_deviation():
@@ -93,7 +93,7 @@ def multitask_run(tmp_path_factory):
   real = finetune._evaluator  # pylint: disable=protected-access
 
   def shifted(ctx, task, config):
-    evaluator, key = real(ctx, task, config), f'{task}/{pipeline.TASK_METRIC[task]}'
+    evaluator, key = real(ctx, task, config), f'{task}/{presets.TASK_METRIC[task]}'
 
     def evaluate(params, step):
       metrics = dict(evaluator(params, step))
@@ -115,8 +115,8 @@ def _stage(out_dir, stage):
 
 def _trained_on(model_dir: str) -> str:
   """The dataset the trainer itself recorded in the run's latest checkpoint."""
-  from gqa_spec.training import checkpointing  # pylint: disable=g-import-not-at-top
-  ckpt = checkpointing.Checkpointer(model_dir, 1000, None, False)
+  from gqa_spec.checkpoints import manager  # pylint: disable=g-import-not-at-top
+  ckpt = manager.Checkpointer(model_dir, 1000, None, False)
   try:
     return ckpt.restore_meta(ckpt.latest_step())['dataset']['mixture_or_task_name']
   finally:
@@ -189,6 +189,6 @@ def test_evaluate_scores_each_task_from_the_shared_checkpoint(multitask_run):
   assert sorted((r['variant'], r['task']) for r in rows) == sorted(
       (m, t) for m in best_step for t in preset.finetune_lengths)
   for r in rows:
-    assert r['metric'] == pipeline.TASK_METRIC[r['task']] and 0.0 <= r['score'] <= 100.0
+    assert r['metric'] == presets.TASK_METRIC[r['task']] and 0.0 <= r['score'] <= 100.0
     assert r['best_step'] == best_step[r['variant']] == BEST_STEP
     assert 0 < r['examples'] <= preset.test_examples

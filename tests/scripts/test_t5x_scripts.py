@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from gqa_spec.training import initial
+from gqa_spec.checkpoints.load import load_any
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHRINK = ['--gin.BATCH_SIZE=2', '--gin.WARMUP_STEPS=1',
@@ -36,18 +36,18 @@ def test_nano_ddtp_recipe_through_the_scripts(tmp_path, tiny_data_dir):
   mha, gqa, ft = (str(tmp_path / d) for d in ('mha', 'gqa', 'ft'))
   run('train.py', '--gin_file=experiments/nano_mha_pretrain_ddtp.gin', f"--gin.MODEL_DIR='{mha}'",
       '--gin.TRAIN_STEPS=2', SPAN, *SHRINK, env=env)
-  assert initial.load(mha)[2] == 2
+  assert load_any(mha)[2] == 2
   # The uptraining experiment through train.py (it configures uptrain.uptrain): alpha x 2 steps.
   out = run('train.py', '--gin_file=experiments/nano_uptrain_gqa2_ddtp.gin',
             f"--gin.MODEL_DIR='{gqa}'", f"--gin.INITIAL_CHECKPOINT_PATH='{mha}'", '--gin.ALPHA=1.0',
             SPAN, *SHRINK, env=env)
-  config, _, step = initial.load(gqa)
+  config, _, step = load_any(gqa)
   assert config.num_kv_heads == 2 and step == 4, out.stdout
   run('train.py', '--gin_file=experiments/nano_finetune_translate_ddtp.gin',
       '--gin_file=models/attention/gqa.gin', f"--gin.INITIAL_CHECKPOINT_PATH='{gqa}'",
       f"--gin.MODEL_DIR='{ft}'", '--gin.TRAIN_STEPS=6', '--gin.EVAL_PERIOD=2',
       '--gin.EVAL_EXAMPLES=2', '--gin.EVAL_BATCH_SIZE=2', TRANSLATE, *SHRINK, env=env)
-  assert initial.load(ft)[2] == 6
+  assert load_any(ft)[2] == 6
   ev = str(tmp_path / 'eval')
   run('eval.py', '--gin_file=experiments/nano_eval_translate_ddtp.gin',
       f"--gin.CHECKPOINT_PATH='{ft}'", f"--gin.EVAL_OUTPUT_DIR='{ev}'",  # t5x's macro name

@@ -13,7 +13,8 @@ import jax
 from gqa_spec import cli
 from gqa_spec.data import tasks, vocabulary
 from gqa_spec.models.config import T5Config
-from gqa_spec.training import data, evaluation, optimizer, trainer
+from gqa_spec.evaluation import evaluator as evaluation
+from gqa_spec.training import data, optimizer, trainer
 
 TASK = 'ddtp_translate_en_de'
 LENGTHS = {'inputs': 32, 'targets': 10}

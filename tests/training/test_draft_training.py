@@ -8,12 +8,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gqa_spec import rundir
+from gqa_spec.checkpoints import drafts as draft_records
 from gqa_spec.checkpoints import native
 from gqa_spec.errors import UserError
 from gqa_spec.models import chimera
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
-from gqa_spec.training import draft_commands, draft_training, initial, optimizer, trainer
+from gqa_spec.training import draft_commands, draft_training, optimizer, trainer
+from gqa_spec.checkpoints.load import load_any
 from gqa_spec.training.data import DatasetConfig, get_batches
 from gqa_spec.training.train_step import init_params
 
@@ -39,12 +42,12 @@ def _batch(i=0):
 
 @pytest.mark.parametrize('kind', ['chimera', 'model'])
 def test_target_is_bit_identical_and_the_draft_learns(target_dir, kind):
-  _, target_params, _ = initial.load(target_dir)
+  _, target_params, _ = load_any(target_dir)
   before = jax.tree_util.tree_map(np.array, target_params)
   draft_config = (chimera.ChimeraConfig.for_target(TARGET, num_draft_heads=3) if kind == 'chimera'
                   else TARGET.replace(emb_dim=16, num_heads=2, num_kv_heads=2, mlp_dim=32))
   step = draft_training.DraftTrainStep.create(
-      kind, draft_config, TARGET, target_params, draft_commands.adam(), optimizer.constant(3e-3),
+      kind, draft_config, TARGET, target_params, draft_training.adam(), optimizer.constant(3e-3),
       kl_weight=0.5 if kind == 'model' else 0.0)
   state = step.init(jax.random.PRNGKey(0))
   start = jax.tree_util.tree_map(np.array, state.params)
@@ -64,7 +67,7 @@ def test_target_is_bit_identical_and_the_draft_learns(target_dir, kind):
 def test_greedy_labels_are_the_targets_own_decoding(target_dir):
   from gqa_spec.decoding import autoregressive  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
-  _, params, _ = initial.load(target_dir)
+  _, params, _ = load_any(target_dir)
   batch = {k: jnp.asarray(v) for k, v in _batch().items()}
   labels = draft_training.target_labels(Transformer(TARGET), params, batch, 'target')
   decoder = T5Decoder(Transformer(TARGET))
@@ -97,12 +100,12 @@ def test_cli_trains_saves_and_resumes_exactly(target_dir, tmp_path):
   assert _cli(target_dir, resumed, 2) == 0
   assert _cli(target_dir, resumed, 4) == 0  # resumes at step 2
   assert os.path.isfile(os.path.join(resumed, 'config.gin'))
-  config, params_ref, target_path = draft_training.load_chimera(reference)
-  _, params_res, _ = draft_training.load_chimera(resumed)
+  config, params_ref, target_path = draft_records.load_chimera(reference)
+  _, params_res, _ = draft_records.load_chimera(resumed)
   assert config.num_draft_heads == 2 and target_path == os.path.abspath(target_dir)
   jax.tree_util.tree_map(np.testing.assert_array_equal, params_res, params_ref)
   with pytest.raises(UserError, match='trains a different draft'):
-    draft_training.write_draft_file(resumed, 'model', target_dir, TARGET)
+    draft_records.write_draft_file(resumed, 'model', target_dir, TARGET)
   # The run plugs into `generate` / the evaluator through the draft factory.
   from gqa_spec.decoding.drafts import ChimeraDraft, factory  # pylint: disable=g-import-not-at-top
   factory.check_spec(f'chimera:{reference}')
@@ -126,7 +129,7 @@ def test_cli_trains_saves_and_resumes_exactly(target_dir, tmp_path):
 def test_head_topk_accuracy_of_untrained_heads(target_dir):
   # Untrained heads all output the target's logits from h_{j-1}, i.e. its guess for s_j: head i
   # is right exactly where s_{j+i} == s_j, and top-k accuracy cannot fall as k grows.
-  _, params, _ = initial.load(target_dir)
+  _, params, _ = load_any(target_dir)
   config = chimera.ChimeraConfig.for_target(TARGET, num_draft_heads=2)
   draft = chimera.init_params(config, TARGET, params, jax.random.PRNGKey(0))
   batch = _batch()
@@ -152,22 +155,22 @@ def test_model_draft_starts_from_an_initial_checkpoint_and_a_chimera_cannot(targ
   ckpt = trainer.CheckpointConfig(save_period=100, keep=1, asynchronous=False)
   run = str(tmp_path / 'distilled')
   # One step at learning rate 0 leaves the initial parameters exactly (a random start would not).
-  draft_commands.train_draft(kind='model', target_checkpoint=target_dir, model_dir=run,
+  draft_training.train_draft(kind='model', target_checkpoint=target_dir, model_dir=run,
                              train_dataset_cfg=DATA, total_steps=1, draft_model_config=small,
                              checkpoint_cfg=ckpt, initial_checkpoint_path=start,
                              learning_rate_fn=optimizer.constant(0.0))
-  _, exported, _ = native.load_checkpoint(os.path.join(run, draft_commands.EXPORT_DIR))
+  _, exported, _ = native.load_checkpoint(os.path.join(run, rundir.DRAFT_EXPORT_DIR))
   jax.tree_util.tree_map(np.testing.assert_array_equal, exported, start_params)
   # The run resumes from its own step-1 checkpoint and trains on.
-  result = draft_commands.train_draft(
+  result = draft_training.train_draft(
       kind='model', target_checkpoint=target_dir, model_dir=run, train_dataset_cfg=DATA,
       total_steps=3, draft_model_config=small, checkpoint_cfg=ckpt, initial_checkpoint_path=start)
   assert result.step == 3
-  _, trained, _ = native.load_checkpoint(os.path.join(run, draft_commands.EXPORT_DIR))
+  _, trained, _ = native.load_checkpoint(os.path.join(run, rundir.DRAFT_EXPORT_DIR))
   assert any(jax.tree_util.tree_leaves(jax.tree_util.tree_map(
       lambda a, b: bool(np.any(np.asarray(a) != b)), trained, start_params)))
   with pytest.raises(UserError, match='initial_checkpoint_path is for --kind model'):
-    draft_commands.train_draft(kind='chimera', target_checkpoint=target_dir,
+    draft_training.train_draft(kind='chimera', target_checkpoint=target_dir,
                                model_dir=str(tmp_path / 'chimera'), train_dataset_cfg=DATA,
                                total_steps=1, checkpoint_cfg=ckpt, initial_checkpoint_path=start)
 
@@ -175,7 +178,7 @@ def test_model_draft_starts_from_an_initial_checkpoint_and_a_chimera_cannot(targ
 def test_a_model_drafts_topk_accuracy_is_its_teacher_forced_next_token_accuracy(target_dir):
   # The target as its own "model draft": teacher-forced on its greedy outputs, its argmax is the
   # label at every position, so top-1 accuracy is exactly 1 (one head).
-  _, params, _ = initial.load(target_dir)
+  _, params, _ = load_any(target_dir)
   rows = draft_training.head_topk_accuracy(TARGET, params, TARGET, params, [_batch()], max_k=2)
   assert len(rows) == 1 and rows[0]['head'] == 1 and rows[0]['labels'] > 0
   assert rows[0]['top1'] == 1.0 and rows[0]['top2'] == 1.0

@@ -14,7 +14,7 @@ from gqa_spec import cli
 from gqa_spec.checkpoints import native
 from gqa_spec.data import tasks, vocabulary
 from gqa_spec.errors import UserError
-from gqa_spec.training import evaluation
+from gqa_spec.evaluation import evaluator as evaluation
 from tests.decoding.conftest import model_and_params
 
 TASK = 'ddtp_translate_en_de'

@@ -5,7 +5,7 @@ import pytest
 from gqa_spec import cli
 from gqa_spec.checkpoints import native
 from gqa_spec.errors import UserError
-from gqa_spec.training import evaluation
+from gqa_spec.evaluation import evaluator as evaluation
 from tests.training.test_evaluation_speculative import (BATCH, EXAMPLES, LENGTHS, TASK, _quality,
                                                         _read, ckpt, greedy)  # pylint: disable=unused-import
 

@@ -7,7 +7,7 @@ from jax.sharding import PartitionSpec
 
 from gqa_spec.checkpoints.native import abstract_params
 from gqa_spec.models.config import T5Config, preset
-from gqa_spec.training import partitioning
+from gqa_spec import partitioning
 
 
 def test_every_parameter_has_logical_axes():

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from gqa_spec import status
-from gqa_spec.training import initial
+from gqa_spec.checkpoints.load import load_any
 
 TOTAL_STEPS = 60
 _GIN = """
@@ -90,7 +90,7 @@ def reference(tmp_path_factory, tiny_data_dir):
   logged = re.findall(r'INFO gqa_spec.progress: train step (\d+)/60 \(\d+%\) loss [\d.]+ '
                       r'(?:tokens/s \S+ )?elapsed \S+ ETA \S+\n', result.stderr)
   assert list(map(int, logged)) == list(range(1, 60, 6)) + [60], result.stderr[-3000:]
-  _, params, step = initial.load(model_dir)
+  _, params, step = load_any(model_dir)
   assert step == TOTAL_STEPS
   return params
 
@@ -100,7 +100,7 @@ def _resume_and_compare(tmp_path, model_dir, env, reference, resumed_from):
   result = subprocess.run(_command(tmp_path, model_dir), env=env, capture_output=True, text=True)
   assert result.returncode == 0, result.stderr[-3000:]
   assert f'resumed from {model_dir}/checkpoints/{resumed_from}\n' in result.stderr
-  _, resumed, step = initial.load(model_dir)
+  _, resumed, step = load_any(model_dir)
   assert step == TOTAL_STEPS
   jax.tree_util.tree_map(np.testing.assert_array_equal, resumed, reference)  # bitwise
   # The killed run logged steps past its checkpoint; the log keeps each step once.

@@ -17,7 +17,9 @@ _SCRIPT = textwrap.dedent('''
     import json, sys
     import jax, numpy as np
     from gqa_spec.models.config import T5Config
-    from gqa_spec.training import checkpointing, data, optimizer, partitioning, train_step
+    from gqa_spec import partitioning
+    from gqa_spec.checkpoints import manager
+    from gqa_spec.training import data, optimizer, train_step
 
     assert jax.device_count() == 8, jax.devices()
     base = T5Config(vocab_size=256, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
@@ -58,12 +60,12 @@ _SCRIPT = textwrap.dedent('''
       part = partitioning.Partitioner.create(config, *mesh)
       step = train_step.TrainStep(config, optimizer.adafactor(min_dim_size_to_factor=16),
                                   optimizer.rsqrt_decay(warmup_steps=10), part)
-      ckpt = checkpointing.Checkpointer(sys.argv[1], save_period=1, asynchronous=False)
+      ckpt = manager.Checkpointer(sys.argv[1], save_period=1, asynchronous=False)
       if not saved:
         saved['state'] = jax.device_put(initials[4], step.state_shardings())
         ckpt.save(1, saved['state'], {'data_start_step': 0})
       else:
-        target = checkpointing.abstract_with_shardings(step.abstract_state(),
+        target = manager.abstract_with_shardings(step.abstract_state(),
                                                        step.state_shardings())
         restored, _ = ckpt.restore(1, target)
         jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(restored),

@@ -9,7 +9,8 @@ import pytest
 
 from gqa_spec.checkpoints import native
 from gqa_spec.models.config import T5Config
-from gqa_spec.training import data, initial, optimizer, trainer, uptrain
+from gqa_spec.training import data, optimizer, trainer, uptrain
+from gqa_spec.checkpoints.load import load_any
 
 TINY = T5Config(vocab_size=256, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
                 num_encoder_layers=1, num_decoder_layers=1)
@@ -71,6 +72,6 @@ def test_uptrain_converts_and_continues_the_schedule(tmp_path):
   logs = [json.loads(l) for l in open(tmp_path / 'gqa' / 'train_log.jsonl')]
   assert logs[0]['step'] == 21
   np.testing.assert_allclose(logs[0]['learning_rate'], 20 ** -0.5, rtol=1e-6)  # not re-warmed
-  config, params, step = initial.load(str(tmp_path / 'gqa'))
+  config, params, step = load_any(str(tmp_path / 'gqa'))
   assert step == 25 and config.num_kv_heads == 2
   assert params['decoder']['layers_0']['self_attention']['key']['kernel'].shape == (32, 16)

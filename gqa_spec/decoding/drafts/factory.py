@@ -47,7 +47,9 @@ def make_draft(spec: str, target_config, gamma: int, max_decode_len: int,
   Raises:
     UserError: a malformed spec, a missing file or checkpoint, or a vocabulary mismatch.
   """
-  from gqa_spec.decoding.drafts import CopyDraft, ModelDraft, NgramDraft, load_ngram  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.drafts.copy import CopyDraft  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.drafts.model import ModelDraft  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.drafts.ngram import NgramDraft, load_ngram  # pylint: disable=g-import-not-at-top
   check_spec(spec)
   vocab_size = target_config.vocab_size
   if spec == 'copy':
@@ -84,8 +86,9 @@ def make_draft(spec: str, target_config, gamma: int, max_decode_len: int,
 def _chimera(run_dir: str, target_config, gamma: int, max_decode_len: int, tree: bool = False):
   """A Chimera chain draft (gamma tokens) or, with `tree`, tree proposer of depth `gamma`."""
   from gqa_spec.decoding.drafts.chimera import ChimeraDraft, ChimeraTreeDraft  # pylint: disable=g-import-not-at-top
-  from gqa_spec.training import draft_training, initial  # pylint: disable=g-import-not-at-top
-  config, params, target_path = draft_training.load_chimera(run_dir)
+  from gqa_spec.checkpoints import drafts as draft_records  # pylint: disable=g-import-not-at-top
+  from gqa_spec.checkpoints.load import load_any  # pylint: disable=g-import-not-at-top
+  config, params, target_path = draft_records.load_chimera(run_dir)
   try:
     config.check_target(target_config)
   except ValueError as e:
@@ -93,7 +96,7 @@ def _chimera(run_dir: str, target_config, gamma: int, max_decode_len: int, tree:
   if not os.path.exists(target_path):
     raise UserError(f'{run_dir}: the target it was trained against ({target_path}) is gone; its '
                     'token embedding is part of the draft')
-  embedding = initial.load(target_path)[1]['token_embedder']['embedding']  # [V, D]
+  embedding = load_any(target_path)[1]['token_embedder']['embedding']  # [V, D]
   draft = ChimeraTreeDraft(config) if tree else ChimeraDraft(config)
   if not 1 <= gamma <= config.num_draft_heads:
     raise UserError(f'{"tree depth" if tree else "gamma"} {gamma}: the Chimera draft has '

@@ -69,10 +69,10 @@ def fit_ngram(sequences: Iterable[Sequence[int]], order: int, vocab_size: int) -
 def fit_ngram_on_task(task_name: str, order: int, split: str = 'train',
                       max_examples: Optional[int] = None) -> NgramModel:
   """Fits on the target token ids of a registered seqio task's split (vocab: the task's, padded)."""
-  from gqa_spec.data import pipeline, tasks  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  from gqa_spec.data import batches, tasks  # pylint: disable=g-import-not-at-top  (TensorFlow)
   from gqa_spec.data.vocabulary import padded_vocab_size  # pylint: disable=g-import-not-at-top
   vocab_size = padded_vocab_size(tasks.get(task_name).output_features['targets'].vocabulary)
-  ds = pipeline.get_dataset(task_name, split, pack=False)
+  ds = batches.get_dataset(task_name, split, pack=False)
   if max_examples is not None:
     ds = ds.take(max_examples)
 

@@ -22,9 +22,9 @@ from typing import Any, Optional, Tuple
 import jax
 import orbax.checkpoint as ocp
 
+from gqa_spec.rundir import CHECKPOINTS_DIR
 from gqa_spec.errors import UserError
 
-CHECKPOINTS_DIR = 'checkpoints'
 # Test hook: seconds every save stalls after its data is written and before orbax commits it
 # (renames the temporary directory), announced by a `save_stall_<step>` file in the run directory,
 # so that a test can kill a process inside an asynchronous save deterministically.

@@ -22,7 +22,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-JSONL_FILE = 'train_log.jsonl'
+from gqa_spec.rundir import TRAIN_LOG_FILE
+
 
 
 def summarize(step_metrics: Sequence[Mapping[str, np.ndarray]], seconds: float) -> dict:
@@ -95,7 +96,7 @@ class MetricWriter:
     if not enabled:
       return
     os.makedirs(model_dir, exist_ok=True)
-    path = os.path.join(model_dir, JSONL_FILE)
+    path = os.path.join(model_dir, TRAIN_LOG_FILE)
     drop_records_after(path, start_step)
     self._jsonl = open(path, 'a')
 

@@ -1,6 +1,6 @@
 """Initial checkpoints: parameters (and the step, when recorded) from any checkpoint we can read.
 
-`load(path)` recognises, in this order:
+`load_any(path)` recognises, in this order:
   trainer run dir   `<path>/checkpoints/<step>/` (ours): the latest step's parameters, its config
                     and its step;
   native            `config.json` + `params/` (`gqa_spec.checkpoints.native`): no step;
@@ -25,14 +25,14 @@ from gqa_spec.models.config import T5Config
 Params = Any
 
 
-def load(path: str, t5x_config: Optional[T5Config] = None) -> Tuple[T5Config, Params, Optional[int]]:
+def load_any(path: str, t5x_config: Optional[T5Config] = None) -> Tuple[T5Config, Params, Optional[int]]:
   """`(config, params, step or None)` of the checkpoint at `path` (see the module docstring)."""
   from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top  (slow imports)
-  from gqa_spec.training import checkpointing  # pylint: disable=g-import-not-at-top
+  from gqa_spec.checkpoints import manager  # pylint: disable=g-import-not-at-top
   if not os.path.exists(path):
     raise UserError(f'{path}: initial checkpoint not found')
-  if checkpointing.has_checkpoints(path):
-    ckpt = checkpointing.Checkpointer(path)
+  if manager.has_checkpoints(path):
+    ckpt = manager.Checkpointer(path)
     step = ckpt.latest_step()
     if step is None:
       raise UserError(f'{ckpt.directory}: holds no complete checkpoint')

@@ -1,0 +1,175 @@
+"""Inference on a task or mixture split, writing t5x-style prediction files (`scripts/infer.py`).
+
+One JSON line per example, in dataset order, in `OUTPUT_DIR/<task>-<mode>.jsonl-00000-of-00001`
+(t5x's `infer` file name for one shard):
+
+  {"inputs": {"inputs_pretokenized": ..., "targets_pretokenized": ...},  # the task's raw text
+   "prediction": "...",
+   "aux": {"scores": -3.2}}                                               # mode predict_with_aux
+
+Decoding goes through `gqa_spec.decoding.t5x_compat` on gqa-spec's T5 decode cache, i.e. t5x's own
+decode functions' semantics: 'greedy' (temperature_sample at temperature 0), 'sample'
+(temperature / topk / topp), 'beam' (beam_search, the best beam), 'speculative' (speculative_sample
+with a draft; its scores are null: that loop computes no log-probabilities). Scores are the
+sequence log-probability under the model (temperature_sample's `rescale_log_probs=False`), or t5x's
+length-normalised beam score.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import Any, Dict, Mapping, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gqa_spec.errors import UserError
+
+DECODINGS = ('greedy', 'sample', 'beam', 'speculative')
+MODES = ('predict', 'predict_with_aux')
+EOS = 1
+
+
+def _tokens_to_logits(model, params):
+  from gqa_spec.models import decode_cache  # pylint: disable=g-import-not-at-top
+
+  def tokens_to_logits(state):
+    logits, cache = decode_cache.decode_tokens(model, params, state.cache, state.cur_token)
+    return (logits[:, 0] if logits.shape[1] == 1 else logits), cache  # [b, V] or [b, k, V]
+
+  return tokens_to_logits
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'cache_length'))
+def _encode_and_cache(model, params, encoder_tokens, cache_length):
+  from gqa_spec.models import decode_cache  # pylint: disable=g-import-not-at-top
+  from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  encoded = model.apply({'params': params}, encoder_tokens, method=Transformer.encode)
+  return decode_cache.init_decode_cache(model, params, encoded, encoder_tokens, cache_length)
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'length', 'decoding', 'beam_size', 'alpha',
+                                             'temperature', 'topk', 'topp'))
+def _predict(model, params, encoder_tokens, rng, *, length, decoding, beam_size, alpha,
+             temperature, topk, topp):
+  """`[b, S]` inputs -> (`[b, length]` tokens, PAD after EOS; `[b]` scores)."""
+  from gqa_spec.decoding import t5x_compat  # pylint: disable=g-import-not-at-top
+  cache = _encode_and_cache(model, params, encoder_tokens, length)
+  inputs = jnp.zeros((encoder_tokens.shape[0], length), jnp.int32)
+  fn = _tokens_to_logits(model, params)
+  if decoding == 'beam':
+    beams, scores = t5x_compat.beam_search(inputs, cache, fn, EOS, num_decodes=beam_size,
+                                           alpha=alpha)  # ascending: best last
+    return beams[:, -1], scores[:, -1]
+  decodes, scores = t5x_compat.temperature_sample(
+      inputs, cache, fn, EOS, decode_rng=rng, temperature=temperature, topk=topk, topp=topp,
+      rescale_log_probs=False)
+  return decodes[:, 0], scores[:, 0]
+
+
+def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
+          split: str = 'validation', task_feature_lengths: Optional[Mapping[str, int]] = None,
+          batch_size: int = 32, num_examples: Optional[int] = None, mode: str = 'predict',
+          decoding: str = 'greedy', beam_size: int = 4, alpha: float = 0.6,
+          temperature: float = 1.0, topk: int = 0, topp: float = 0.0, seed: int = 0,
+          draft: Optional[str] = None, gamma: int = 4) -> Dict[str, str]:
+  """Decodes every example of each task of a split and writes t5x-style prediction files.
+
+  Args:
+    checkpoint_path: a training run dir (latest step), a native or an HF checkpoint.
+    mixture_or_task_name: registered task or mixture.
+    output_dir: where the files go.
+    split: dataset split.
+    task_feature_lengths: input/target lengths (None: the task's defaults); targets bound the
+      decode length.
+    batch_size: examples per decode call (the last batch is padded).
+    num_examples: the first N examples per task (None: all).
+    mode: 'predict' or 'predict_with_aux' (adds `aux.scores`).
+    decoding: 'greedy', 'sample', 'beam' or 'speculative'.
+    beam_size, alpha: of 'beam'.
+    temperature, topk, topp, seed: of 'sample' (t5x's meanings: topk / topp 0 = off).
+    draft, gamma: of 'speculative' (draft: copy, unigram:PATH, bigram:PATH or a checkpoint dir).
+
+  Returns:
+    `{task name: file written}`.
+  """
+  if decoding not in DECODINGS:
+    raise UserError(f'unknown decoding {decoding!r}; known: {", ".join(DECODINGS)}')
+  if mode not in MODES:
+    raise UserError(f'unknown mode {mode!r}; known: {", ".join(MODES)} (score is not supported)')
+  if (decoding == 'speculative') != bool(draft):
+    raise UserError("a draft is needed by, and only used by, decoding 'speculative'")
+  if batch_size < 1:
+    raise UserError(f'batch_size must be positive, got {batch_size}')
+  import seqio  # pylint: disable=g-import-not-at-top  (TensorFlow only when inferring)
+  from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top
+  from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  from gqa_spec.checkpoints.load import load_any  # pylint: disable=g-import-not-at-top
+  tasks.get(mixture_or_task_name)
+  lengths = dict(task_feature_lengths or tasks.feature_lengths(mixture_or_task_name))
+  length = lengths['targets']
+  config, params, _ = load_any(checkpoint_path)
+  model = Transformer(config)
+  decode = functools.partial(
+      _predict, model, params, length=length, decoding=decoding, beam_size=beam_size,
+      alpha=alpha, temperature=temperature if decoding == 'sample' else 0.0,
+      topk=topk if decoding == 'sample' else 0, topp=topp if decoding == 'sample' else 0.0)
+  if decoding == 'speculative':
+    decode = _speculative(model, params, config, length, draft, gamma)
+  os.makedirs(output_dir, exist_ok=True)
+  written = {}
+  rng = jax.random.PRNGKey(seed)
+  for task in seqio.get_subtasks(seqio.get_mixture_or_task(mixture_or_task_name)):
+    ds = task.get_dataset(sequence_length=lengths, split=split, shuffle=False, num_epochs=1)
+    if num_examples is not None:
+      ds = ds.take(num_examples)
+    model_ds = seqio.EncDecFeatureConverter(pack=False)(ds, lengths)
+    vocab = task.output_features['targets'].vocabulary
+    path = os.path.join(output_dir, f'{task.name}-{mode}.jsonl-00000-of-00001')
+    with open(path, 'w') as f:
+      for raw, features in zip(ds.batch(batch_size).as_numpy_iterator(),
+                               model_ds.batch(batch_size).as_numpy_iterator()):
+        inputs = np.asarray(features['encoder_input_tokens'], np.int32)  # [n, S]
+        n = inputs.shape[0]
+        if n < batch_size:  # one compiled shape for every batch
+          inputs = np.concatenate([inputs, np.zeros((batch_size - n, inputs.shape[1]), np.int32)])
+        rng, batch_rng = jax.random.split(rng)
+        tokens, scores = jax.device_get(decode(jnp.asarray(inputs), batch_rng))
+        for i in range(n):
+          ids = [int(t) for t in tokens[i]]
+          ids = ids[:ids.index(EOS)] if EOS in ids else ids
+          line = {'inputs': {k: _json(v[i]) for k, v in raw.items()
+                             if k.endswith('_pretokenized')},
+                  'prediction': vocab.decode([t for t in ids if t != 0])}
+          if mode == 'predict_with_aux':
+            line['aux'] = {'scores': None if np.isnan(scores[i]) else float(scores[i])}
+          f.write(json.dumps(line, ensure_ascii=False) + '\n')
+    written[task.name] = path
+  return written
+
+
+def _speculative(model, params, config, length, draft_spec, gamma):
+  from gqa_spec.decoding import speculative, t5x_compat  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.drafts import factory  # pylint: disable=g-import-not-at-top
+  draft, draft_init, _ = factory.make_draft(draft_spec, config, gamma, length)
+  fn = _tokens_to_logits(model, params)
+
+  def decode(encoder_tokens, rng):
+    cache = _encode_and_cache(model, params, encoder_tokens,
+                              speculative.target_cache_length(length, gamma))
+    decodes, scores = t5x_compat.speculative_sample(
+        inputs=jnp.zeros((encoder_tokens.shape[0], length), jnp.int32), cache=cache,
+        tokens_to_logits=fn, eos_id=EOS, num_decodes=1, decode_rng=rng, cache_offset=0,
+        draft=draft, draft_state=draft_init(encoder_tokens), gamma=gamma, temperature=0.0)
+    return decodes[:, 0], scores[:, 0]
+
+  return decode
+
+
+def _json(value: Any) -> Any:
+  if isinstance(value, bytes):
+    return value.decode('utf-8')
+  return value.tolist() if isinstance(value, np.ndarray) else value

@@ -1,0 +1,207 @@
+"""The reproduction's shared job machinery: the context every stage gets, job records, training.
+
+A stage runs its work as `(key, fn)` jobs through `run_jobs`: a finished job's record is kept in
+`<work>/jobs/<stage>/<key>.json` and skipped on the next invocation, so a killed stage resumes
+where it stopped (a killed training job resumes from its own last checkpoint). Paths in records are
+relative to the work dir (`Context.relative` / `Context.path`), so a copied work dir resumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from gqa_spec import progress
+from gqa_spec.errors import UserError
+from gqa_spec.reproduce.presets import Preset
+
+
+@dataclasses.dataclass
+class Context:
+  """Where a reproduction reads and writes."""
+
+  preset: Preset
+  out_dir: str  # results/<preset>
+  work_dir: str  # models, data, caches
+  progress: Any = None
+  overrides: Tuple[str, ...] = ()  # `--set KEY=VALUE` applied to the preset
+
+  @property
+  def data_dir(self) -> str:
+    return os.path.join(self.work_dir, 'data')
+
+  def path(self, relative: str) -> str:
+    """A path recorded relative to the work dir (stage JSON stays valid if the dir moves)."""
+    return os.path.join(self.work_dir, relative)
+
+  def relative(self, path: str) -> str:
+    """`path` as recorded: relative to the work dir (`path` reads it back)."""
+    return os.path.relpath(path, self.work_dir)
+
+  def model_dir(self, *parts: str) -> str:
+    return os.path.join(self.work_dir, 'models', *parts)
+
+  def stage_path(self, stage: str) -> str:
+    return os.path.join(self.out_dir, f'{stage}.json')
+
+  def read_stage(self, stage: str) -> Dict[str, Any]:
+    path = self.stage_path(stage)
+    if not os.path.exists(path):
+      raise UserError(f'stage {stage!r} has not run yet ({path} is missing); run it first')
+    with open(path) as f:
+      return json.load(f)
+
+
+def write_json(path: str, obj: Any) -> None:
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(obj, f, indent=1, sort_keys=True)
+    f.write('\n')
+  os.replace(tmp, path)  # a stage counts as done only once its JSON is complete
+
+
+def jobs_dir(ctx: Context, stage: str) -> str:
+  """Where a stage's finished jobs keep their records (one `<key>.json` each)."""
+  return os.path.join(ctx.work_dir, 'jobs', stage)
+
+
+def job_done(ctx: Context, stage: str, key: str) -> Optional[dict]:
+  path = os.path.join(jobs_dir(ctx, stage), f'{key}.json')
+  if os.path.exists(path):
+    with open(path) as f:
+      return json.load(f)
+  return None
+
+
+def finish_job(ctx: Context, stage: str, key: str, record: dict) -> dict:
+  os.makedirs(jobs_dir(ctx, stage), exist_ok=True)
+  write_json(os.path.join(jobs_dir(ctx, stage), f'{key}.json'), record)
+  return record
+
+
+def job_seconds(ctx: Context, stage: str) -> Optional[float]:
+  """The sum of a stage's finished jobs' own wall times, whichever invocation ran them."""
+  folder = jobs_dir(ctx, stage)
+  if not os.path.isdir(folder):
+    return None
+  total = 0.0
+  for name in sorted(os.listdir(folder)):
+    if name.endswith('.json'):
+      with open(os.path.join(folder, name)) as f:
+        total += float(json.load(f).get('wall_seconds') or 0.0)
+  return round(total, 1)
+
+
+MAPS_BEFORE_RELEASE = 16_384  # a quarter of Linux's default vm.max_map_count (65,530)
+
+
+def memory_maps() -> Optional[int]:
+  """This process's memory mappings (Linux's /proc/self/maps), or None where there is none."""
+  try:
+    with open('/proc/self/maps') as f:
+      return sum(1 for _ in f)
+  except OSError:
+    return None
+
+
+def release_compiled() -> None:
+  """After a job: drops every compiled executable once the process holds many memory maps.
+
+  XLA:CPU maps each executable's code into the process; a stage of many jobs each compiling
+  its own loops (the cpu study's speculative stage: a while loop per draft, gamma and
+  temperature, ~6,000 maps a minute) kept them all and crossed Linux's default
+  `vm.max_map_count` (65,530) after ~20 minutes ("LLVM compilation error: Cannot allocate
+  memory", then a segfault). Below `MAPS_BEFORE_RELEASE` the executables are kept, so the
+  next job reuses what it shares (the smoke preset's jobs share most of theirs).
+  """
+  maps = memory_maps()
+  if maps is None or maps < MAPS_BEFORE_RELEASE:
+    return
+  import gc  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.clear_caches()
+  gc.collect()
+  logging.getLogger(__name__).info('released compiled executables (%d memory maps)', maps)
+
+
+def run_jobs(ctx: Context, stage: str, jobs: Sequence[tuple]) -> List[dict]:
+  """Runs `(key, fn)` jobs of a stage, skipping finished ones; returns their records in order."""
+  records, walls = [], []
+  for i, (key, fn) in enumerate(jobs, 1):
+    done = job_done(ctx, stage, key)
+    if done is None:
+      if ctx.progress is not None:
+        ctx.progress.set_postfix_str(f'{stage}: {key}')
+      with progress.scope(f'job {i}/{len(jobs)} {key}'):
+        t0 = time.time()
+        with progress.coarse():  # a line per job; a long job's lines every 30 s
+          record = fn()
+        record['wall_seconds'] = round(time.time() - t0, 2)
+        walls.append(record['wall_seconds'])
+        release_compiled()
+        remaining = sum(1 for k, _ in jobs[i:] if job_done(ctx, stage, k) is None)
+        progress.info('done in %s; stage ETA %s (%d job(s) left at this pace)',
+                      progress.format_seconds(walls[-1]),
+                      progress.format_seconds(remaining * sum(walls) / len(walls)), remaining)
+      done = finish_job(ctx, stage, key, record)
+    records.append(done)
+  return records
+
+
+def register_tasks(ctx: Context) -> None:
+  from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top
+  tasks.register_ddtp_tasks(ctx.data_dir)
+
+
+def train(model_dir: str, config, task: str, lengths, batch: int, total_steps: int, *,
+           learning_rate_fn, initial_checkpoint_path=None,
+           initial_step=None, evaluator=None, eval_period=None, best_metric=None,
+           save_period: int = 100, seed: int = 0, work_dir: str = '.') -> dict:
+  from gqa_spec.training import trainer  # pylint: disable=g-import-not-at-top
+  from gqa_spec.training.data import DatasetConfig  # pylint: disable=g-import-not-at-top
+  dataset = DatasetConfig(task, {'inputs': lengths[0], 'targets': lengths[1]}, batch_size=batch,
+                          seed=seed)
+  result = trainer.train(
+      model_dir=model_dir, model_config=config, train_dataset_cfg=dataset,
+      total_steps=total_steps, learning_rate_fn=learning_rate_fn,
+      initial_checkpoint_path=initial_checkpoint_path,
+      initial_step=initial_step, evaluator=evaluator, eval_period=eval_period,
+      best_metric=best_metric, log_period=max(1, min(50, total_steps // 4)),
+      checkpoint_cfg=trainer.CheckpointConfig(save_period=save_period, keep=1,
+                                              asynchronous=False),
+      random_seed=seed, progress_bar=False)
+  return {'model_dir': os.path.relpath(model_dir, work_dir), 'step': result.step,
+          'train_task': task, 'train_lengths': list(lengths),
+          'train_metrics': {k: float(v) for k, v in result.train_metrics.items()},
+          'best': result.best}
+
+
+@contextlib.contextmanager
+def compilation_cache(work_dir: str):
+  """Persistent XLA cache under `work_dir` while the block runs: the many same-shaped train steps
+  and decoders compile once.
+
+  A cache directory the user configured (JAX_COMPILATION_CACHE_DIR) is left as it is. Otherwise the
+  previous settings are restored and JAX's cache reset on exit, so a caller's process (a notebook,
+  the test suite) does not go on writing executables into this run's work dir.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.experimental.compilation_cache import compilation_cache as cc  # pylint: disable=g-import-not-at-top
+  if jax.config.jax_compilation_cache_dir:
+    yield
+    return
+  before = jax.config.jax_persistent_cache_min_compile_time_secs
+  jax.config.update('jax_compilation_cache_dir', os.path.join(work_dir, 'xla_cache'))
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
+  cc.reset_cache()
+  try:
+    yield
+  finally:
+    jax.config.update('jax_compilation_cache_dir', None)
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', before)
+    cc.reset_cache()

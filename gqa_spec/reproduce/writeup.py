@@ -1,0 +1,115 @@
+"""Stage `report`: markdown tables, the claims table, figures, commands and wall times."""
+
+from __future__ import annotations
+
+import os
+from typing import List, Tuple
+
+from gqa_spec.reproduce import finetune
+from gqa_spec.reproduce import jobs as jobs_lib
+from gqa_spec.reproduce.jobs import Context
+from gqa_spec.reproduce.presets import TASK_METRIC
+from gqa_spec.reproduce.stages import STAGES
+from gqa_spec.reproduce.timing import timing_settings
+
+def stage_report(ctx: Context) -> dict:
+  """Markdown tables in the papers' forms, the claims table, PNG figures, the commands and the wall
+  times."""
+  from gqa_spec.reproduce import report  # pylint: disable=g-import-not-at-top
+  p = ctx.preset
+  evaluate_stage = ctx.read_stage('evaluate')
+  evaluate = evaluate_stage['rows']
+  timing = ctx.read_stage('timing')['rows']
+  spec_record = ctx.read_stage('speculative')
+  spec = spec_record['rows']
+  figures, claims_md = _figures_and_claims(ctx)
+  walls = {s: ctx.read_stage(s).get('wall_seconds') for s in STAGES[:-1]}
+  job_walls = {s: jobs_lib.job_seconds(ctx, s) for s in STAGES[:-1]}
+  lines = [
+      f'# Reproduction: preset `{p.name}`', '',
+      f'Command: `{command(ctx)}`', '',
+      f'Machine: {_machine()}', '',
+      *([_smoke_note(ctx), ''] if p.name == 'smoke' else []),
+      '## Study design', '',
+      report.design_note(p, finetune.multitask_metric(
+          {t: TASK_METRIC[t] for t in p.finetune_lengths})), '',
+      '## Claims', '', claims_md, '',
+      '## GQA Table 1: quality and time per sample (test split, greedy)', '',
+      report.table1(evaluate, evaluate_stage.get('baselines', ())), '',
+      f'## GQA Figure 4: conversion methods (alpha = {p.method_ablation_alpha:g})', '',
+      report.conversion_table(evaluate, p.method_ablation_alpha), '',
+      '## GQA Figure 5: uptraining proportion (mean pooling)', '',
+      report.uptraining_table(evaluate), '',
+      '## GQA Figure 6: time per sample vs number of K/V groups', '',
+      report.timing_table(timing), '',
+      '## Speculative decoding (Leviathan Table 2 form): best gamma per draft', '',
+      report.speculative_table(spec), '',
+      '## Acceptance rate alpha per draft (Leviathan Table 3 form)', '',
+      report.alpha_table(spec), '',
+      '## Token trees and staged speculation (Spector & Re Table 1 form), MHA target', '',
+      report.spector_table(spec_record), '',
+      '## Drafts trained against the target (Chimera Table 5 form), MHA target', '',
+      report.chimera_table(ctx.read_stage('drafts')['rows'], spec_record), '',
+      '## Figures', '']
+  lines += [f'Drawn from the stage JSON by `{command(ctx)} --stages report --force` (no '
+            'retraining or re-timing).', '']
+  lines += [f'![{f}]({f})' for f in figures]
+  lines += ['', '## Wall time per stage (seconds)', '',
+            'The machine line above is the report\'s: stage records do not name where they '
+            'ran. "Last run" is the invocation that '
+            'finished the stage; a stage resumed after a kill also ran jobs in earlier '
+            'invocations, which "jobs" sums (each finished job\'s own time, from '
+            '`<work dir>/jobs/<stage>/`; set-up between jobs and '
+            'work lost to a kill are left out; "-" for stages without jobs).', '',
+            report.markdown_table(['Stage', 'Last run', 'Jobs'],
+                                  [[s, w, '-' if job_walls[s] is None else job_walls[s]]
+                                   for s, w in walls.items()]), '']
+  with open(os.path.join(ctx.out_dir, 'report.md'), 'w') as f:
+    f.write('\n'.join(lines))
+  return {'figures': figures, 'report': 'report.md', 'stage_wall_seconds': walls,
+          'stage_job_seconds': job_walls,
+          'design': p.design()}
+
+
+def _figures_and_claims(ctx: Context) -> Tuple[List[str], str]:
+  """Writes the PNG figures; returns their names and the claims section of report.md."""
+  from gqa_spec.reproduce import claims, decode_bytes, figures  # pylint: disable=g-import-not-at-top
+  p = ctx.preset
+  evaluate, timing, spec = (ctx.read_stage(s) for s in ('evaluate', 'timing', 'speculative'))
+  predicted = decode_bytes.predicted_times(
+      timing['rows'], {s: config for s, (config, _) in timing_settings(p).items()})
+  names = figures.plot_all(ctx.out_dir, evaluate['rows'], timing['rows'], spec,
+                           p.method_ablation_alpha, predicted)
+  rows = claims.all_claims(evaluate, timing, spec, p.method_ablation_alpha, predicted)
+  return names, '\n\n'.join([claims.quality_bar(evaluate), claims.markdown(rows), claims.NOTE])
+
+
+def _smoke_note(ctx: Context) -> str:
+  """What a smoke report is: a pipeline check on the packaged excerpt, not a finding."""
+  splits = ctx.read_stage('corpus')['stats']['splits']
+  return smoke_note(splits['train'], splits['test'])
+
+
+def smoke_note(train: dict, test: dict) -> str:
+  """The smoke label for the report and the terminal (split sizes from the corpus stats)."""
+  return ('**Smoke run: a pipeline check on a tiny excerpt, not findings.** Tiny models trained '
+          'for a few hundred steps on the DDTP excerpt shipped in the package '
+          f"({train['translate_en_de_pairs']} translation pairs and {train['summarize_examples']} "
+          f"summaries to train on, {test['translate_en_de_pairs']} and "
+          f"{test['summarize_examples']} to test): the numbers show that every stage learns and "
+          'measures, not whether any paper claim holds (that is `--preset cpu`).')
+
+
+def command(ctx: Context) -> str:
+  sets = ''.join(f' --set {o}' for o in ctx.overrides)
+  if not sets:
+    return f'gqa-spec reproduce --preset {ctx.preset.name}'
+  return (f'gqa-spec reproduce --preset {ctx.preset.name}{sets} --out {ctx.out_dir} '
+          f'--work-dir {ctx.work_dir}')
+
+
+def _machine() -> str:
+  import platform  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  return (f'{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, '
+          f'JAX {jax.__version__} on {jax.devices()[0].platform}')
