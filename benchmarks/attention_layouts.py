@@ -1,6 +1,6 @@
 """Decode cross-attention alone: the library's layout vs the former einsum, interleaved in one process.
 
-  python benchmarks/attention_layouts.py [--batch 16] [--queries 1] [--length 2048] [--rounds 7] \
+  python -m benchmarks.attention_layouts [--batch 16] [--queries 1] [--length 2048] [--rounds 7] \
       [--out results/benchmarks/attention_layouts]
 
 `mini`'s attention shapes (8 query heads, head_dim 32) over `--length` cached keys, for G in
@@ -14,19 +14,14 @@ median of 15 calls; bytes = K + V read per call.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from speculative import machine, write_markdown  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-from gqa_spec.models.attention import grouped_attention  # pylint: disable=wrong-import-position
+from benchmarks import common
+from gqa_spec.models.attention import grouped_attention
 
 
 def former(query, key, value, mask):
@@ -38,12 +33,8 @@ def former(query, key, value, mask):
 
 
 def _median_ms(fn, args, calls: int = 15) -> float:
-  times = []
-  for _ in range(calls):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times)) * 1e3
+  # No warm-up: both are compiled by the equality check, and the rounds alternate.
+  return common.median_seconds(lambda: fn(*args), calls, warmup=0) * 1e3
 
 
 def main(argv=None):
@@ -52,7 +43,7 @@ def main(argv=None):
   p.add_argument('--queries', type=int, default=1)
   p.add_argument('--length', type=int, default=2048)
   p.add_argument('--rounds', type=int, default=7)
-  p.add_argument('--out', default='results/benchmarks/attention_layouts')
+  common.add_out_argument(p, __file__)
   args = p.parse_args(argv)
   heads, head_dim, b, q, length = 8, 32, args.batch, args.queries, args.length
   load_before = os.getloadavg()
@@ -77,23 +68,20 @@ def main(argv=None):
            'kv_mib': 2 * key.nbytes / 2 ** 20, 'loadavg': os.getloadavg()[0]}
     row['speedup'] = row['former_ms'] / row['library_ms']
     rows.append(row)
-    print(json.dumps(row), flush=True)
-  results = {'command': ' '.join(['python'] + sys.argv), 'rows': rows,
-             'loadavg_before_after': [load_before, os.getloadavg()], 'machine': machine()}
-  os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
-  with open(args.out + '.json', 'w') as f:
-    json.dump(results, f, indent=2)
-  lines = ['# Decode attention: library layout vs the former einsum', '',
-           f'Command: `{results["command"]}`', '',
+    common.print_row(row)
+  results = common.results(__file__, argv, rows, load_before)
+  common.write_json(args.out, results)
+  lines = [*common.heading('Decode attention: library layout vs the former einsum',
+                           results['command']),
            f'8 query heads, head_dim 32, batch {b}, {q} query position(s), {length} keys; both '
            f'formulations in one process, alternating; median over {args.rounds} rounds of 15 '
-           f'calls. Load average before/after: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f} on '
-           '2 cores (the machine was shared with other jobs).', '',
+           'calls. ' + common.load_note(load_before, os.getloadavg(),
+                                        ' (the machine was shared with other jobs).'), '',
            '| K/V heads | K+V MiB | library ms | former ms | speedup |', '|---|---|---|---|---|']
   for r in rows:
     lines.append(f'| {r["kv_heads"]} | {r["kv_mib"]:.0f} | {r["library_ms"]:.2f} | '
                  f'{r["former_ms"]:.2f} | {r["speedup"]:.2f} |')
-  write_markdown(args.out + '.md', lines, results['machine'])
+  common.write_markdown(args.out + '.md', lines, results['machine'])
 
 
 if __name__ == '__main__':

@@ -1,13 +1,13 @@
 """Per-token step time of our jitted autoregressive decoding vs the memory-bandwidth bound.
 
-  python benchmarks/decode_roofline.py [--presets nano,mini] [--kv mha,gqa2,mqa] [--batch 1,8] \
+  python -m benchmarks.decode_roofline [--presets nano,mini] [--kv mha,gqa2,mqa] [--batch 1,8] \
       [--input-length 64] [--baseline REF --rounds 3] [--out results/benchmarks/decode_roofline]
 
 `--profile mini:2:1:2048,mini:4:1:2048` instead writes per-op profiles of those decode loops
 (`op_profile.py`) side by side to `<out>_profile.{json,md}`.
 
 `--input-length` takes a list (e.g. `64,2048`: the long-input setting). `--baseline REF` also
-measures the library at git REF (e.g. HEAD~1) in alternating child processes (`ab.py`) and reports
+measures the library at git REF (e.g. HEAD~1) in alternating child processes (`common.py`) and reports
 both step times side by side.
 
 Bound per step = bytes read per decode step / measured bandwidth, where the bytes are the
@@ -23,68 +23,32 @@ of the batch holds the same input, encoded once and copied (the decode step does
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ab  # pylint: disable=g-import-not-at-top,wrong-import-position
-import op_profile  # pylint: disable=g-import-not-at-top,wrong-import-position
-from speculative import machine, write_markdown  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-from gqa_spec.decoding import autoregressive  # pylint: disable=wrong-import-position
-from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=wrong-import-position
-from gqa_spec.models import decode_cache  # pylint: disable=wrong-import-position
-from gqa_spec.models.config import preset  # pylint: disable=wrong-import-position
-from gqa_spec.models.t5 import Transformer  # pylint: disable=wrong-import-position
-
-
-def bandwidth_mib() -> int:
-  """Size of the bandwidth probe: 256 MiB on CPU, 2 GiB on an accelerator (so that the read and not
-  the dispatch dominates the timing)."""
-  return 256 if jax.default_backend() == 'cpu' else 2048
-
-
-def bandwidth(repeats: int = 5) -> float:
-  """Bytes/s of a jitted sum over `bandwidth_mib()` MiB of float32."""
-  mib = bandwidth_mib()
-  x = jnp.ones((mib * 2 ** 20 // 4,), jnp.float32)
-  f = jax.jit(lambda a: jnp.sum(a))
-  f(x).block_until_ready()
-  best = min(_time(lambda: f(x)) for _ in range(repeats))
-  return x.nbytes / best
-
-
-def _time(fn) -> float:
-  t0 = time.perf_counter()
-  jax.block_until_ready(fn())
-  return time.perf_counter() - t0
-
-
-def tree_bytes(tree) -> int:
-  return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree))
+from benchmarks import common, op_profile, workloads
+from gqa_spec.decoding import autoregressive
+from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.models import decode_cache
+from gqa_spec.models.config import preset
+from gqa_spec.models.t5 import Transformer
 
 
 def cross_kv_bytes(cache) -> int:
   total = 0
   for name, layer in cache['decoder'].items():
     if name.startswith('layers_') and 'encoder_decoder_attention' in layer:
-      total += tree_bytes(layer['encoder_decoder_attention'])
+      total += workloads.tree_bytes(layer['encoder_decoder_attention'])
   return total
 
 
 def random_decoder(name: str, groups: int, dtype: str):
   """(T5Decoder, random-init params) of preset `name` with `groups` K/V heads, `dtype` activations."""
   model = Transformer(preset(name).replace(num_kv_heads=groups, dtype=dtype))
-  dummy = jnp.ones((1, 8), jnp.int32)
-  params = jax.jit(lambda r: model.init(r, dummy, dummy, dummy, enable_dropout=False)['params'])(
-      jax.random.PRNGKey(0))
-  return T5Decoder(model), params
+  return T5Decoder(model), workloads.random_params(model)
 
 
 def decode_state(dec, params, length: int, batch: int, steps: int):
@@ -95,23 +59,21 @@ def decode_state(dec, params, length: int, batch: int, steps: int):
 
 def measure(args) -> list:
   """Rows of step time and bound for every (preset, G, input length, batch)."""
-  bw = bandwidth()
+  bw = common.bandwidth()
   print(f'measured bandwidth: {bw / 1e9:.2f} GB/s', flush=True)
   rows = []
   for name in args.presets.split(','):
     for kv in args.kv.split(','):
       base = preset(name)
-      groups = {'mha': base.num_heads, 'mqa': 1}.get(kv) or int(kv[3:])
+      groups = workloads.kv_heads(base, kv)
       dec, params = random_decoder(name, groups, args.dtype)
       for length in (int(n) for n in args.input_length.split(',')):
         for batch in (int(b) for b in args.batch.split(',')):
           state = decode_state(dec, params, length, batch, args.steps)
           run = lambda: autoregressive.decode(dec, state, jax.random.PRNGKey(0),
                                               max_decode_len=args.steps, eos_id=-1)
-          jax.block_until_ready(run())
-          secs = sorted(_time(run) for _ in range(args.repeats))[args.repeats // 2]
-          step = secs / args.steps
-          param_bytes = tree_bytes(params['decoder'])
+          step = common.median_seconds(run, args.repeats) / args.steps
+          param_bytes = workloads.tree_bytes(params['decoder'])
           self_kv = decode_cache.self_attention_kv_bytes(state.cache)
           cross_kv = cross_kv_bytes(state.cache)
           bound = (param_bytes + self_kv + cross_kv) / bw
@@ -122,12 +84,11 @@ def measure(args) -> list:
                  'self_kv_mib': self_kv / 2 ** 20, 'cross_kv_mib': cross_kv / 2 ** 20,
                  'loadavg': os.getloadavg()[0]}
           rows.append(row)
-          print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}),
-                flush=True)
+          common.print_row(row)
   return rows
 
 
-def profile_steps(args) -> None:
+def profile_steps(args, argv) -> None:
   """Per-op profiles of the decode loop, one per `--profile PRESET:G:BATCH:LENGTH` entry (comma
   separated), written side by side to `<out>_profile.{json,md}`."""
   results = []
@@ -144,20 +105,18 @@ def profile_steps(args) -> None:
     result.update({'preset': name, 'kv_heads': groups, 'batch': batch, 'input_length': length,
                    'steps': args.steps, 'step_ms': result['wall_ms'] / args.steps})
     results.append(result)
-  report = {'command': ' '.join(['python'] + sys.argv),
+  report = {'command': common.command(__file__, argv),
             'loadavg_before_after': [load_before, os.getloadavg()], 'profiles': results,
-            'machine': machine()}
+            'machine': common.machine()}
   out = args.out + '_profile'
-  os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
-  with open(out + '.json', 'w') as f:
-    json.dump(report, f, indent=2)
+  common.write_json(out, report)
   write_profile_markdown(report, out + '.md')
 
 
 def write_profile_markdown(report, path: str) -> None:
   """The markdown of `profile_steps`'s JSON `report` (one section per profile)."""
   load = report['loadavg_before_after']
-  lines = ['# Autoregressive decode: per-op profiles', '', f'Command: `{report["command"]}`', '',
+  lines = [*common.heading('Autoregressive decode: per-op profiles', report['command']),
            f'Load average before/after: {load[0][0]:.1f} / {load[1][0]:.1f}. Times are taken under '
            "the profiler's trace, which slows the loop (one event per executed op): read the shares "
            'and the summed thunk times; the step times to quote come from a run without '
@@ -168,7 +127,7 @@ def write_profile_markdown(report, path: str) -> None:
                                   f'time {r["thunk_total_ms"] / r["steps"]:.3f} ms per step.')
     lines += [f'## {r["preset"]}, G = {r["kv_heads"]}, batch {r["batch"]}, '
               f'{r["input_length"]} input tokens', ''] + section[4:] + ['']
-  write_markdown(path, lines, report['machine'])
+  common.write_markdown(path, lines, report['machine'])
 
 
 def main(argv=None):
@@ -178,61 +137,45 @@ def main(argv=None):
   p.add_argument('--batch', default='1,8')
   p.add_argument('--input-length', default='64')
   p.add_argument('--steps', type=int, default=64)
-  p.add_argument('--dtype', default='float32', choices=('float32', 'bfloat16'),
-                 help='activation (and so K/V cache) dtype; parameters stay float32, as in t5x')
+  common.add_dtype_argument(p)
   p.add_argument('--repeats', type=int, default=5)
-  p.add_argument('--baseline', default=None, help='git ref of the library to compare against')
-  p.add_argument('--rounds', type=int, default=3)
+  common.add_ab_arguments(p)
   p.add_argument('--profile', default=None,
                  help='PRESET:G:BATCH:LENGTH[,...]: write per-op profiles of the decode loop instead')
-  p.add_argument('--child-out', default=None, help=argparse.SUPPRESS)
-  p.add_argument('--out', default='results/benchmarks/decode_roofline')
+  common.add_out_argument(p, __file__)
   args = p.parse_args(argv)
   if args.profile:
-    profile_steps(args)
-    return
-  if args.child_out:
-    with open(args.child_out, 'w') as f:
-      json.dump(measure(args), f)
+    profile_steps(args, argv)
     return
   load_before = os.getloadavg()
+  rows = common.rows(__file__, args, argv, measure,
+                     key=lambda r: (r['preset'], r['kv_heads'], r['input_length'], r['batch']),
+                     timed=('step_ms', 'bandwidth_gb_s', 'loadavg'))
+  if rows is None:  # an A/B child: its rows are written
+    return
   if args.baseline:
-    ab_result = ab.alternate(os.path.abspath(__file__), args.baseline,
-                             ab.child_argv(list(argv if argv is not None else sys.argv[1:])),
-                             args.rounds,
-                             key=lambda r: (r['preset'], r['kv_heads'], r['input_length'],
-                                            r['batch']),
-                             timed=('step_ms', 'bandwidth_gb_s', 'loadavg'))
-    rows = ab_result['rows']
     for r in rows:
       r['bound_ms'] = r['bound_ms'] * r['bandwidth_gb_s_rounds'][0] / r['bandwidth_gb_s']
       r['ratio_to_bound'] = r['step_ms'] / r['bound_ms']
       r['speedup_vs_baseline'] = r['baseline_step_ms'] / r['step_ms']
-  else:
-    rows = measure(args)
   bw = float(np.median([r['bandwidth_gb_s'] for r in rows]))
-  results = {'command': ' '.join(['python'] + sys.argv), 'bandwidth_gb_s': bw,
-             'steps': args.steps, 'input_lengths': args.input_length, 'rows': rows,
-             'baseline': args.baseline, 'rounds': args.rounds if args.baseline else 1,
-             'loadavg_before_after': [load_before, os.getloadavg()], 'machine': machine()}
-  os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
-  with open(args.out + '.json', 'w') as f:
-    json.dump(results, f, indent=2)
-  base_cols = ' baseline ms | speedup |' if args.baseline else ''
-  lines = ['# Autoregressive decode step vs memory-bandwidth bound', '',
-           f'Command: `{results["command"]}`', '',
-           f'Measured bandwidth (jitted sum over {bandwidth_mib()} MiB, median over runs): '
+  results = common.results(__file__, argv, rows, load_before, bandwidth_gb_s=bw, steps=args.steps,
+                           input_lengths=args.input_length, **common.ab_fields(args))
+  common.write_json(args.out, results)
+  lines = [*common.heading('Autoregressive decode step vs memory-bandwidth bound',
+                           results['command']),
+           f'Measured bandwidth (jitted sum over {common.bandwidth_mib()} MiB, median over runs): '
            f'{bw:.2f} GB/s. '
            'Bound = (decoder params + self K/V cache (whole allocation) + cross K/V) / bandwidth. '
            f'Random-init weights, {args.steps} decode steps, median of {args.repeats} per run'
            + (f', then median over {args.rounds} rounds alternating this code with the library at '
               f'`{args.baseline}` ("baseline")' if args.baseline else '') + '. '
-           f'Load average before/after: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f} on '
-           f'{os.cpu_count()} cores'
-           + (' (the machine was shared with other jobs).' if load_before[0] > 2.5 else '.'), '',
-           '| preset | kv heads | input | batch | step ms |' + base_cols
-           + ' bound ms | step/bound | dec params MiB | self KV MiB | cross KV MiB |',
-           '|---|---|---|---|---|' + ('---|---|' if args.baseline else '') + '---|---|---|---|---|']
+           + common.load_note(load_before, os.getloadavg(),
+                              ' (the machine was shared with other jobs).'), '',
+           *common.table_head(
+               ['preset', 'kv heads', 'input', 'batch', 'step ms']
+               + (['baseline ms', 'speedup'] if args.baseline else [])
+               + ['bound ms', 'step/bound', 'dec params MiB', 'self KV MiB', 'cross KV MiB'])]
   for r in rows:
     base = (f' {r["baseline_step_ms"]:.3f} | {r["speedup_vs_baseline"]:.2f} |'
             if args.baseline else '')
@@ -245,7 +188,7 @@ def main(argv=None):
   lines += ['', f'Caveat: parameters and caches that fit in {cache} are not '
             're-read from DRAM every step, so a DRAM-bandwidth bound understates what is achievable '
             'for them; the bound is meaningful for weights well beyond the last-level cache.']
-  write_markdown(args.out + '.md', lines, results['machine'])
+  common.write_markdown(args.out + '.md', lines, results['machine'])
 
 
 if __name__ == '__main__':

@@ -34,6 +34,8 @@ from typing import Any, Callable, Dict, List, Sequence
 
 import jax
 
+from benchmarks import common
+
 CATEGORIES = ('matmul', 'rng', 'scatter', 'reduction', 'copy', 'control', 'elementwise')
 _MOVE = {'copy', 'transpose', 'slice', 'dynamic-slice', 'dynamic-update-slice', 'concatenate',
          'pad', 'gather', 'broadcast', 'bitcast', 'reshape', 'parameter', 'constant', 'tuple',
@@ -149,7 +151,7 @@ def profile(fn: Callable, args: Sequence[Any], repeats: int = 5) -> Dict[str, An
 
 def markdown(title: str, command: str, result: Dict[str, Any], note: str = '') -> List[str]:
   """Markdown lines: category table and the top ops."""
-  lines = [f'# {title}', '', f'Command: `{command}`', '']
+  lines = common.heading(title, command)
   if note:
     lines += [note, '']
   lines += [f'Wall time per run: {result["wall_ms"]:.2f} ms; summed thunk time '

@@ -1,6 +1,6 @@
 """Speculative vs autoregressive decoding, measured side by side, against Leviathan et al.'s Theorem 8.
 
-  python benchmarks/speculative.py [--target CKPT --draft CKPT] [--task TASK] \
+  python -m benchmarks.speculative [--target CKPT --draft CKPT] [--task TASK] \
       [--gammas 1,2,4,8] [--temperatures 0,1] [--hf] [--out results/benchmarks/speculative]
 
 For each draft, temperature and gamma: alpha (Corollary 6, the mean acceptance probability over the
@@ -12,7 +12,7 @@ the predictions: Theorem 8 with the measured alpha and c, and Theorem 8 with ver
 v(gamma) (Theorem 8 assumes v = 1). `--hf` adds HF transformers as a peer on the same weights:
 greedy `generate` and assisted generation with the model draft (wall time, token equality).
 
-Without `--target`, the pair is built here and says so in the output: a random-init `mini` target
+Without `--target`, the pair is `workloads.demo_pair` and the output says so: a random-init `mini` target
 (MHA, so HF T5 holds the same weights) with drafts (a) the target's weights perturbed (alpha high,
 c ~ 1: no speedup expected), (b) a random-init `nano` (c small, alpha ~ 0), (c) a bigram fitted on
 the target's own greedy outputs for other inputs and (d) copy. A trained CPU-scale pair (training
@@ -24,47 +24,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import statistics
-import subprocess
-import sys
-import time
 from typing import Any, Dict, List
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gqa_spec.decoding import autoregressive, speedup
-from gqa_spec.decoding.drafts import CopyDraft, ModelDraft, NgramDraft, fit_ngram
+from benchmarks import common, workloads
+from gqa_spec.decoding import speedup
+from gqa_spec.decoding.drafts import CopyDraft, ModelDraft, NgramDraft
 from gqa_spec.decoding.targets import T5Decoder
-from gqa_spec.models.config import preset
-from gqa_spec.models.t5 import Transformer
-
-
-def default_pair(args):
-  target_model = Transformer(preset('mini'))
-  rng = jax.random.PRNGKey(0)
-  dummy = jnp.ones((1, 8), jnp.int32)
-  init = jax.jit(lambda m, r: m.init(r, dummy, dummy, dummy, enable_dropout=False)['params'],
-                 static_argnums=0)
-  params = init(target_model, rng)
-  leaves, tree = jax.tree_util.tree_flatten(params)
-  keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
-  noisy = jax.tree_util.tree_unflatten(tree, [
-      x + args.perturb * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
-  nano = Transformer(preset('nano'))
-  return target_model, params, {'perturbed': (target_model, noisy), 'nano': (nano, init(nano, rng))}
-
-
-def synthetic_inputs(n: int, length: int, vocab: int, seed: int) -> np.ndarray:
-  rng = np.random.RandomState(seed)
-  out = np.zeros((n, length), np.int32)
-  for i in range(n):
-    m = rng.randint(length // 2, length)
-    out[i, :m - 1] = rng.randint(2, min(vocab, 1000), size=m - 1)
-    out[i, m - 1] = 1
-  return out
 
 
 def task_inputs(task: str, n: int, length: int) -> np.ndarray:
@@ -101,15 +69,11 @@ def run_hf(args, target_cfg, target_params, draft_entry, inputs, ours_greedy: Li
     return res
 
   def timed(**extra):
-    generate(**extra)  # warm
-    times, res = [], None
-    for _ in range(args.repeats):
-      t0 = time.perf_counter()
-      res = generate(**extra)
-      times.append(time.perf_counter() - t0)
+    res = generate(**extra)  # warm; greedy, so every run's tokens are these
+    secs = common.median_seconds(lambda: generate(**extra), args.repeats, warmup=0)
     toks = [r[1:] for r in res]  # HF pads finished rows only in batches; batch 1 here
     toks = [t[:t.index(1)] if 1 in t else t for t in toks]
-    return statistics.median(times), toks
+    return secs, toks
 
   secs, toks = timed()
   out['hf_greedy'] = {'seconds': secs, 'tokens_equal_ours': toks == ours_greedy}
@@ -139,20 +103,17 @@ def main(argv=None):
   p.add_argument('--perturb', type=float, default=0.05, help='relative noise of the perturbed draft')
   p.add_argument('--repeats', type=int, default=3)
   p.add_argument('--hf', action='store_true')
-  p.add_argument('--out', default='results/benchmarks/speculative')
+  common.add_out_argument(p, __file__)
   args = p.parse_args(argv)
 
   if args.target:
-    from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
-    cfg, params, _ = native.load_checkpoint(args.target)
-    target_model = Transformer(cfg)
+    target_model, params = workloads.checkpoint_model(args.target)
     model_drafts = {}
     if args.draft:
-      dcfg, dparams, _ = native.load_checkpoint(args.draft)
-      model_drafts['model'] = (Transformer(dcfg), dparams)
+      model_drafts['model'] = workloads.checkpoint_model(args.draft)
     pair = f'target {args.target}, draft {args.draft}'
   else:
-    target_model, params, model_drafts = default_pair(args)
+    target_model, params, model_drafts = workloads.demo_pair(args.perturb)
     pair = (f'BUILT-IN DEMO PAIR (untrained): random-init mini target; drafts: target weights + '
             f'{args.perturb} x std Gaussian noise ("perturbed"), random-init nano ("nano"), bigram '
             'on the target\'s own greedy outputs for other inputs ("bigram"), prompt lookup ("copy")')
@@ -162,7 +123,7 @@ def main(argv=None):
   if args.task:
     inputs = task_inputs(args.task, args.num_examples, args.input_length)
   else:
-    inputs = synthetic_inputs(args.num_examples, args.input_length, cfg.vocab_size, seed=0)
+    inputs = workloads.synthetic_inputs(args.num_examples, args.input_length, cfg.vocab_size, seed=0)
   target = T5Decoder(target_model)
   L, B = args.max_decode_len, args.batch_size
   gammas = [int(g) for g in args.gammas.split(',')]
@@ -175,11 +136,8 @@ def main(argv=None):
       d = ModelDraft.t5(dm)
       drafts[name] = (d, lambda enc, d=d, dp=dp: d.init(dp, enc, L, max(gammas)))
     elif name == 'bigram':
-      other = synthetic_inputs(32, args.input_length, cfg.vocab_size, seed=1)
-      res = autoregressive.decode(target, target.init(params, jnp.asarray(other), L + 1),
-                                  jax.random.PRNGKey(0), max_decode_len=L)
-      seqs = autoregressive.strip(res.sequences, res.lengths)
-      table = NgramDraft(cfg.vocab_size).init(fit_ngram(seqs, 2, cfg.vocab_size))
+      table = NgramDraft(cfg.vocab_size).init(
+          workloads.output_bigram(target_model, params, args.input_length, L))
       drafts[name] = (NgramDraft(cfg.vocab_size), lambda enc, t=table: t)
     elif name == 'copy':
       drafts[name] = (CopyDraft(cfg.vocab_size), lambda enc: enc)
@@ -188,9 +146,8 @@ def main(argv=None):
                               temperatures=temps, repeats=args.repeats)
   ours_greedy = grid['autoregressive'].get('0.0', {}).get('outputs')
   for r in grid['rows']:
-    print(json.dumps({k: (round(x, 4) if isinstance(x, float) else x) for k, x in r.items()}),
-          flush=True)
-  results: Dict[str, Any] = {'pair': pair, 'command': ' '.join([sys.executable] + sys.argv),
+    common.print_row(r)
+  results: Dict[str, Any] = {'pair': pair, 'command': common.command(__file__, argv),
                              'batch_size': B, 'num_examples': len(inputs), 'max_decode_len': L,
                              'rows': grid['rows'],
                              'target_step_seconds': grid['target_step_seconds'],
@@ -202,38 +159,12 @@ def main(argv=None):
     results['hf']['assistant'] = 'model' if 'model' in model_drafts else 'nano'
     results['hf']['ours_greedy_seconds'] = results['autoregressive']['0.0']['seconds']
     print(json.dumps(results['hf']), flush=True)
-  results['machine'] = machine()
+  results['machine'] = common.machine()
   write(results, args.out)
 
 
-def machine() -> Dict[str, Any]:
-  try:
-    lscpu = subprocess.run(['lscpu'], capture_output=True, text=True, check=False).stdout
-  except OSError:
-    lscpu = ''
-  return {'lscpu_head': lscpu.splitlines()[:12], 'python': platform.python_version(),
-          'jax': jax.__version__, 'devices': [str(d) for d in jax.devices()],
-          'device_kind': jax.devices()[0].device_kind,
-          'note': 'Load average (1 / 5 / 15 min) when written: %.1f / %.1f / %.1f on %d cores%s.'
-                  % (*os.getloadavg(), os.cpu_count(),
-                     ' (other jobs were running: timings are noisy)'
-                     if os.getloadavg()[1] > 2.5 else '')}
-
-
-def write_markdown(path: str, lines: List[str], machine_info: Dict[str, Any]) -> None:
-  """Writes a benchmark's markdown `lines` to `path`, ending with the machine section."""
-  lines = lines + ['', '## Machine', '',
-                   f'JAX {machine_info["jax"]} on {", ".join(machine_info["devices"])} '
-                   f'({machine_info.get("device_kind", "?")}).', '',
-                   '```', *machine_info['lscpu_head'], '```', machine_info['note']]
-  with open(path, 'w') as f:
-    f.write('\n'.join(lines) + '\n')
-
-
 def write(results: Dict[str, Any], out: str) -> None:
-  os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
-  with open(out + '.json', 'w') as f:
-    json.dump(results, f, indent=2)
+  common.write_json(out, results)
   lines = ['# Speculative decoding benchmark', '', f'Pair: {results["pair"]}', '',
            f'Command: `{results["command"]}`', '',
            f'Batch {results["batch_size"]}, {results["num_examples"]} inputs, max decode length '
@@ -261,7 +192,7 @@ def write(results: Dict[str, Any], out: str) -> None:
                    f'{h["hf_assisted"]["tokens_equal_ours"]}')
     lines.append(f'- HF prompt lookup (4 tokens): {h["hf_prompt_lookup"]["seconds"]:.3f} s, tokens '
                  f'equal: {h["hf_prompt_lookup"]["tokens_equal_ours"]}')
-  write_markdown(out + '.md', lines, results['machine'])
+  common.write_markdown(out + '.md', lines, results['machine'])
 
 
 if __name__ == '__main__':

@@ -1,6 +1,6 @@
 """The speculative loop's fixed costs: c, v(gamma) and the loop's own per-iteration overhead.
 
-  python benchmarks/speculative_costs.py [--batch 1,8] [--gammas 1,2,3,4,5,6,7] \
+  python -m benchmarks.speculative_costs [--batch 1,8] [--gammas 1,2,3,4,5,6,7] \
       [--input-length 64] [--max-decode-len 64] [--baseline REF --rounds 3] \
       [--out results/benchmarks/speculative_costs]
 
@@ -19,59 +19,48 @@ and per gamma:
   overhead_ms      iteration - propose - verify: what the loop itself adds (verification, appends,
                    rollbacks, statistics, the while-loop's bookkeeping), also in target steps.
 `--baseline REF` measures the library at git REF beside the working tree's in alternating child
-processes (`ab.py`) and reports both. `--profile B,GAMMA` instead writes the per-op profile
+processes (`common.py`'s A/B protocol) and reports both. `--profile B,GAMMA` instead writes the per-op profile
 (`op_profile.py`) of one `speculative.decode` call at batch B and that gamma to `<out>_profile.*`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ab  # pylint: disable=g-import-not-at-top,wrong-import-position
-import op_profile  # pylint: disable=g-import-not-at-top,wrong-import-position
-from speculative import machine, write_markdown  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-from gqa_spec.decoding import speculative, speedup  # pylint: disable=wrong-import-position
-from gqa_spec.decoding.drafts import ModelDraft  # pylint: disable=wrong-import-position
-from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=wrong-import-position
-from gqa_spec.models.config import preset  # pylint: disable=wrong-import-position
-from gqa_spec.models.t5 import Transformer  # pylint: disable=wrong-import-position
+from benchmarks import common, op_profile, workloads
+from gqa_spec.decoding import speculative, speedup
+from gqa_spec.decoding.drafts import ModelDraft
+from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.models.config import preset
+from gqa_spec.models.t5 import Transformer
 
 TIMED = ('target_step_ms', 'draft_step_ms', 'verify_ms', 'propose_ms', 'iteration_ms',
          'overhead_ms', 'c', 'v', 'overhead_target_steps')
 
 
-def _params(model: Transformer):
-  dummy = jnp.ones((1, 8), jnp.int32)
-  return jax.jit(lambda r: model.init(r, dummy, dummy, dummy, enable_dropout=False)['params'])(
-      jax.random.PRNGKey(0))
-
-
-def _models(args):
-  """The random-init target and draft named by `--target-preset` / `--draft-preset`, in `--dtype`."""
-  return tuple(Transformer(preset(name, dtype=args.dtype))
-               for name in (args.target_preset, args.draft_preset))
+def _setup(args, batch: int):
+  """The random-init target and draft named by `--target-preset` / `--draft-preset` (in `--dtype`)
+  as `(target, target params, draft, draft params, encoder tokens [batch, --input-length])`."""
+  target_model, draft_model = (Transformer(preset(name, dtype=args.dtype))
+                               for name in (args.target_preset, args.draft_preset))
+  rng = np.random.default_rng(0)
+  enc = jnp.asarray(rng.integers(2, 8000, size=(batch, args.input_length)), jnp.int32)  # [b, S]
+  return (T5Decoder(target_model), workloads.random_params(target_model),
+          ModelDraft.t5(draft_model), workloads.random_params(draft_model), enc)
 
 
 def measure(args) -> list:
   """One row per (batch, gamma)."""
-  target_model, draft_model = _models(args)
-  tparams, dparams = _params(target_model), _params(draft_model)
-  target, draft = T5Decoder(target_model), ModelDraft.t5(draft_model)
   gammas = [int(g) for g in args.gammas.split(',')]
   length = args.max_decode_len
   rows = []
   for batch in (int(b) for b in args.batch.split(',')):
-    rng = np.random.default_rng(0)
-    enc = jnp.asarray(rng.integers(2, 8000, size=(batch, args.input_length)), jnp.int32)  # [b, S]
+    target, tparams, draft, dparams, enc = _setup(args, batch)
     slots = speculative.target_cache_length(length, max(gammas))
     tstate = target.init(tparams, enc, slots)
     dstate0 = draft.init(dparams, enc, length, max(gammas))
@@ -89,10 +78,10 @@ def measure(args) -> list:
       # The init calls (encoder passes) are timed apart and subtracted. Least disturbed runs, as
       # for the step times (`speedup.step_time` / `propose_time`), so the difference compares like
       # with like on a loaded machine.
-      init_secs = speedup.min_time(lambda gamma=gamma: (target.init(tparams, enc, slots),
+      init_secs = common.best_seconds(lambda gamma=gamma: (target.init(tparams, enc, slots),
                                                         draft.init(dparams, enc, length, gamma)),
                                    args.repeats)
-      loop_secs = speedup.min_time(run, args.repeats) - init_secs
+      loop_secs = common.best_seconds(run, args.repeats) - init_secs
       t_iter = loop_secs / iterations
       row = {'batch': batch, 'gamma': gamma, 'input_length': args.input_length,
              'target': args.target_preset, 'draft': args.draft_preset, 'dtype': args.dtype,
@@ -104,19 +93,14 @@ def measure(args) -> list:
              'overhead_target_steps': (t_iter - t_propose - t_verify) / t_target,
              'loadavg': os.getloadavg()[0]}
       rows.append(row)
-      print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}),
-            flush=True)
+      common.print_row(row)
   return rows
 
 
-def profile_loop(args) -> None:
+def profile_loop(args, argv) -> None:
   """Writes the per-op profile of one speculative.decode call (see `--profile`)."""
   batch, gamma = (int(x) for x in args.profile.split(','))
-  target_model, draft_model = _models(args)
-  target, draft = T5Decoder(target_model), ModelDraft.t5(draft_model)
-  tparams, dparams = _params(target_model), _params(draft_model)
-  rng = np.random.default_rng(0)
-  enc = jnp.asarray(rng.integers(2, 8000, size=(batch, args.input_length)), jnp.int32)  # [b, S]
+  target, tparams, draft, dparams, enc = _setup(args, batch)
   length = args.max_decode_len
   tstate = target.init(tparams, enc, speculative.target_cache_length(length, gamma))
   dstate = draft.init(dparams, enc, length, gamma)
@@ -125,24 +109,20 @@ def profile_loop(args) -> None:
       lambda t, d: speculative.decode(target, t, draft, d, jax.random.PRNGKey(1), gamma=gamma,
                                       max_decode_len=length, eos_id=-1), (tstate, dstate),
       args.repeats)
-  command = ' '.join(['python'] + sys.argv)
+  command = common.command(__file__, argv)
   load = [load_before, os.getloadavg()]
   result.update({'command': command, 'batch': batch, 'gamma': gamma, 'loadavg_before_after': load})
   out = args.out + '_profile'
-  os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
-  with open(out + '.json', 'w') as f:
-    json.dump(result, f, indent=2)
+  common.write_json(out, result)
   note = (f'One `speculative.decode` call: random-init mini target, nano draft, batch {batch}, '
           f'gamma {gamma}, input length {args.input_length}, {length} tokens per row (greedy, no '
           f'EOS; the random draft is almost never accepted, so about {length} loop iterations: '
           f'"calls/run" {length} = once per iteration, {length * (gamma - 1)} = once per draft '
-          f'scan step). Load average before/after {load[0][0]:.1f} / {load[1][0]:.1f} on '
-          f'{os.cpu_count()} cores' + (' (shared machine: per-thunk times of small ops include '
-                                       'preemption; shares of the large ones are what to read).'
-                                       if load[0][0] > 2.5 else ' (no other jobs).'))
-  with open(out + '.md', 'w') as f:
-    f.write('\n'.join(op_profile.markdown('Speculative loop: per-op profile', command, result,
-                                          note)) + '\n')
+          f'scan step). ' + common.load_note(*load, ' (shared machine: per-thunk times of small ops '
+                                                'include preemption; shares of the large ones are '
+                                                'what to read).', ' (no other jobs).'))
+  common.write_lines(out + '.md', op_profile.markdown('Speculative loop: per-op profile', command,
+                                                      result, note))
 
 
 def main(argv=None):
@@ -154,69 +134,56 @@ def main(argv=None):
   p.add_argument('--repeats', type=int, default=3)
   p.add_argument('--target-preset', default='mini')
   p.add_argument('--draft-preset', default='nano')
-  p.add_argument('--dtype', default='float32', choices=('float32', 'bfloat16'),
-                 help='activation (and K/V cache) dtype; parameters stay float32')
-  p.add_argument('--baseline', default=None, help='git ref of the library to compare against')
-  p.add_argument('--rounds', type=int, default=3)
+  common.add_dtype_argument(p)
+  common.add_ab_arguments(p)
   p.add_argument('--profile', default=None, help='B,GAMMA: write the loop\'s per-op profile')
-  p.add_argument('--child-out', default=None, help=argparse.SUPPRESS)
-  p.add_argument('--out', default='results/benchmarks/speculative_costs')
+  common.add_out_argument(p, __file__)
   args = p.parse_args(argv)
   if args.profile:
-    profile_loop(args)
-    return
-  if args.child_out:
-    with open(args.child_out, 'w') as f:
-      json.dump(measure(args), f)
+    profile_loop(args, argv)
     return
   load_before = os.getloadavg()
+  rows = common.rows(__file__, args, argv, measure, key=lambda r: (r['batch'], r['gamma']),
+                     timed=TIMED + ('loadavg',))
+  if rows is None:  # an A/B child: its rows are written
+    return
   if args.baseline:
-    res = ab.alternate(os.path.abspath(__file__), args.baseline,
-                       ab.child_argv(list(argv if argv is not None else sys.argv[1:])), args.rounds,
-                       key=lambda r: (r['batch'], r['gamma']), timed=TIMED + ('loadavg',))
-    rows = res['rows']
     for r in rows:
       r['iteration_speedup'] = r['baseline_iteration_ms'] / r['iteration_ms']
       # Per-round ratios (each new child beside its own baseline child): the load-robust figure.
       r['iteration_ratio_rounds'] = [b / n for b, n in zip(r['baseline_iteration_ms_rounds'],
                                                             r['iteration_ms_rounds'])]
-  else:
-    rows = measure(args)
-  results = {'command': ' '.join(['python'] + sys.argv), 'rows': rows, 'baseline': args.baseline,
-             'rounds': args.rounds if args.baseline else 1,
-             'loadavg_before_after': [load_before, os.getloadavg()], 'machine': machine()}
+  results = common.results(__file__, argv, rows, load_before, **common.ab_fields(args))
   write(results, args)
 
 
 def write(results, args) -> None:
-  os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
-  with open(args.out + '.json', 'w') as f:
-    json.dump(results, f, indent=2)
+  common.write_json(args.out, results)
   load = results['loadavg_before_after']
   ab_note = (f' Median over {args.rounds} rounds alternating this code with the library at '
              f'`{args.baseline}` ("base"); "iter speedup" = base iteration / new iteration.'
              if args.baseline else '')
-  lines = ['# Speculative loop fixed costs: c, v(gamma), per-iteration overhead', '',
-           f'Command: `{results["command"]}`', '',
+  lines = [*common.heading('Speculative loop fixed costs: c, v(gamma), per-iteration overhead',
+                           results['command']),
            f'Random-init {args.target_preset} target, {args.draft_preset} draft ({args.dtype} '
            f'activations), input length {args.input_length}, '
            f'{args.max_decode_len} generated tokens per row (greedy, no EOS), step times at cache '
            f'fill {args.max_decode_len // 2}. c = draft step / target step; v = (gamma + 1)-token '
            'verify call / target step; overhead = loop iteration - propose - verify (in ms and in '
-           f'target steps).{ab_note} Load average before/after: {load[0][0]:.1f} / {load[1][0]:.1f}'
-           f' on {os.cpu_count()} cores' + (' (shared machine: absolute ms are contaminated).'
-                                             if load[0][0] > 2.5 else ' (no other jobs).'), '']
+           f'target steps).{ab_note} '
+           + common.load_note(*load, ' (shared machine: absolute ms are contaminated).',
+                              ' (no other jobs).'), '']
   base = bool(args.baseline)
-  lines += ['| batch | gamma | target ms | draft ms | c | verify ms | v | propose ms | iter ms |'
-            + (' base iter ms | iter speedup |' if base else '') + ' overhead ms | overhead / target step |',
-            '|---|---|---|---|---|---|---|---|---|' + ('---|---|' if base else '') + '---|---|']
+  lines += common.table_head(
+      ['batch', 'gamma', 'target ms', 'draft ms', 'c', 'verify ms', 'v', 'propose ms', 'iter ms']
+      + (['base iter ms', 'iter speedup'] if base else []) + ['overhead ms', 'overhead / target step'])
   for r in results['rows']:
     extra = (f' {r["baseline_iteration_ms"]:.3f} | {r["iteration_speedup"]:.2f} |' if base else '')
     lines.append(f'| {r["batch"]} | {r["gamma"]} | {r["target_step_ms"]:.3f} | '
                  f'{r["draft_step_ms"]:.3f} | {r["c"]:.3f} | {r["verify_ms"]:.3f} | {r["v"]:.2f} | '
                  f'{r["propose_ms"]:.3f} | {r["iteration_ms"]:.3f} |{extra} '
                  f'{r["overhead_ms"]:.3f} | {r["overhead_target_steps"]:.2f} |')
-  write_markdown(args.out + '.md', lines, results['machine'])
+  common.write_markdown(args.out + '.md', lines, results['machine'])
 
 
 if __name__ == '__main__':

@@ -1,11 +1,13 @@
 """Static counts of the compiled train step: XLA's FLOPs and bytes accessed, scatters, copies.
 
-  python benchmarks/train_step_hlo.py [--inputs 64 --targets 64 --dropout 0.1]
+  python -m benchmarks.train_step_hlo [--inputs 64 --targets 64 --dropout 0.1]
 
 Prints one JSON line for the `mini` train step (batch 16, synthetic shapes) as compiled by XLA for
 this machine: `cost_analysis()` FLOPs and bytes accessed, and how many `scatter`, `copy`,
-`transpose` and plain (non-YNNPACK-fused) `dot` instructions the optimised HLO holds. Run it with
-another copy of `gqa_spec` first on PYTHONPATH to compare versions without timing noise.
+`transpose` and plain (non-YNNPACK-fused) `dot` instructions the optimised HLO holds. To compare
+versions without timing noise, run it as `PYTHONPATH=OTHER:. python -P -m benchmarks.train_step_hlo`
+with another copy of `gqa_spec` in OTHER (`-P`: the working directory's `gqa_spec` does not come
+first).
 """
 
 from __future__ import annotations
@@ -17,11 +19,9 @@ import json
 import jax
 
 import gqa_spec
+from benchmarks import workloads
 from gqa_spec.models.config import preset
-from gqa_spec.training import optimizer
 from gqa_spec.training import train_step as ts
-from gqa_spec.training.data import DatasetConfig, synthetic_batches
-from gqa_spec.partitioning import Partitioner
 
 
 def main(argv=None):
@@ -31,10 +31,8 @@ def main(argv=None):
   p.add_argument('--dropout', type=float, default=0.1)
   args = p.parse_args(argv)
   config = preset('mini').replace(dropout_rate=args.dropout)
-  step = ts.TrainStep(config, optimizer.adafactor(), optimizer.constant(1e-2),
-                      Partitioner.create(config))
-  data = DatasetConfig('synthetic', {'inputs': args.inputs, 'targets': args.targets}, batch_size=16)
-  batch = step.partitioner.shard_batch(next(synthetic_batches(data, 16, vocab_size=config.vocab_size)))
+  step = workloads.train_step(config, pretrain=False)
+  [batch] = workloads.train_batches(step, 16, args.inputs, args.targets)
   fn = jax.jit(functools.partial(ts._train_step, config=config, tx=step.tx,  # pylint: disable=protected-access
                                  learning_rate_fn=step.learning_rate_fn, z_loss=1e-4,
                                  loss_normalizing_factor=None, dropout_seed=0))

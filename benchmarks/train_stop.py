@@ -1,6 +1,6 @@
 """Stop latency and throughput of the train loop, bounded (2 steps queued) vs unbounded dispatch.
 
-  python benchmarks/train_stop.py [--model mini] [--batch 32] [--lengths 128,32] [--repeats 2] \
+  python -m benchmarks.train_stop [--model mini] [--batch 32] [--lengths 128,32] [--repeats 2] \
       [--out results/benchmarks/train_stop]
 
 Both variants are the same `trainer.train`; "unbounded" sets `trainer.MAX_IN_FLIGHT` to a huge
@@ -18,7 +18,6 @@ The persistent compilation cache keeps later repeats from recompiling.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import signal
@@ -29,6 +28,7 @@ import time
 
 import jax
 
+from benchmarks import common
 from gqa_spec import rundir
 from gqa_spec.models.config import preset
 from gqa_spec.training import data, optimizer, summaries as metrics, trainer
@@ -72,7 +72,7 @@ def main():
   parser.add_argument('--signal-after', type=int, default=15, help='steps dispatched at SIGTERM')
   parser.add_argument('--repeats', type=int, default=2)
   parser.add_argument('--unbounded-first', action='store_true', help='order within a repeat')
-  parser.add_argument('--out', default='results/benchmarks/train_stop')
+  common.add_out_argument(parser, __file__)
   args = parser.parse_args()
   jax.config.update('jax_compilation_cache_dir', os.path.join(tempfile.gettempdir(),
                                                                'gqa_spec_train_stop_cache'))
@@ -103,7 +103,7 @@ def main():
       print(name, repeat, {k: v[-1] for k, v in rows[name].items()}, flush=True)
   trainer.MAX_IN_FLIGHT = 2
   summary = {name: {k: statistics.median(v) for k, v in r.items()} for name, r in rows.items()}
-  out = {'command': 'python benchmarks/train_stop.py ' + ' '.join(
+  out = {'command': 'python -m benchmarks.train_stop ' + ' '.join(
              f'--{k.replace("_", "-")} {v}' for k, v in vars(args).items()
              if k not in ('out', 'unbounded_first')) + (' --unbounded-first' if args.unbounded_first
                                                         else ''),
@@ -111,13 +111,12 @@ def main():
          'machine': f'{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, '
                     f'JAX {jax.__version__} on {jax.devices()[0].platform}',
          'loadavg': loads, 'raw': rows, 'median': summary}
-  os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
-  with open(args.out + '.json', 'w') as f:
-    json.dump(out, f, indent=1)
+  common.write_json(args.out, out, indent=1)
   lines = ['# Train loop: stop latency and throughput, bounded vs unbounded dispatch', '',
            f'Command: `{out["command"]}`', '', f'Machine: {out["machine"]}; load average '
            f'{loads[0][0]:.1f} -> {loads[-1][0]:.1f}'
-           + (' (the machine was shared with other jobs).' if loads[0][0] > 2.5 else '.'), '',
+           + (' (the machine was shared with other jobs).' if loads[0][0] > common.SHARED_LOAD
+              else '.'), '',
            f'Model `{args.model}`, batch {args.batch}, lengths {inputs}/{targets}, synthetic '
            f'packed batches; medians over {args.repeats} interleaved repeats.', '',
            '| Loop | tokens/s | s/step | SIGTERM -> exit (s) | steps after SIGTERM |',
@@ -125,8 +124,7 @@ def main():
   for name, s in summary.items():
     lines.append(f"| {name} | {s['tokens_per_second']:.0f} | {s['step_seconds']:.3f} | "
                  f"{s['stop_latency_s']:.1f} | {s['steps_after_signal']:.0f} |")
-  with open(args.out + '.md', 'w') as f:
-    f.write('\n'.join(lines) + '\n')
+  common.write_lines(args.out + '.md', lines)
   print('\n'.join(lines))
 
 

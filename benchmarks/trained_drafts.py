@@ -1,6 +1,6 @@
 """Drafts trained against a frozen target (Chimera, sequence-level KD) vs an independent draft.
 
-  python benchmarks/trained_drafts.py --work /tmp/trained_drafts \
+  python -m benchmarks.trained_drafts --work /tmp/trained_drafts \
       --out results/benchmarks/trained_drafts [--target-steps 400 --draft-steps 300]
 
 Everything is trained here, on the DDTP excerpt shipped in the package (300-piece vocabulary,
@@ -22,11 +22,9 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax.numpy as jnp
 
-import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-from benchmarks.speculative import machine  # pylint: disable=g-import-not-at-top
+from benchmarks import common
 
 TASK = 'ddtp_translate_en_de'
 
@@ -76,18 +74,19 @@ def main(argv=None):
     print(f'{name}: {timings[name]:.0f} s', flush=True)
     return out
 
+  def train(model_dir, config, steps, tx, learning_rate):
+    """Trains `config` on the packed data into `model_dir` (the target, the independent draft)."""
+    return trainer.train(
+        model_dir=model_dir, model_config=config, train_dataset_cfg=packed, total_steps=steps,
+        optimizer=tx, learning_rate_fn=optimizer.constant(learning_rate), checkpoint_cfg=ckpt,
+        log_period=50, progress_bar=False)
+
   target_dir = os.path.join(args.work, 'target')
-  timed('train_target', lambda: trainer.train(
-      model_dir=target_dir, model_config=target_cfg, train_dataset_cfg=packed,
-      total_steps=args.target_steps, optimizer=optimizer.adafactor(),
-      learning_rate_fn=optimizer.constant(1e-2), checkpoint_cfg=ckpt, log_period=50,
-      progress_bar=False))
+  timed('train_target', lambda: train(target_dir, target_cfg, args.target_steps,
+                                      optimizer.adafactor(), 1e-2))
   indep_dir = os.path.join(args.work, 'independent')
-  timed('train_independent', lambda: trainer.train(
-      model_dir=indep_dir, model_config=draft_cfg, train_dataset_cfg=packed,
-      total_steps=args.draft_steps, optimizer=draft_training.adam(),
-      learning_rate_fn=optimizer.constant(1e-3), checkpoint_cfg=ckpt, log_period=50,
-      progress_bar=False))
+  timed('train_independent', lambda: train(indep_dir, draft_cfg, args.draft_steps,
+                                           draft_training.adam(), 1e-3))
   kd_dir, chimera_dir = os.path.join(args.work, 'distilled'), os.path.join(args.work, 'chimera')
   timed('train_distilled', lambda: draft_training.train_draft(
       kind='model', target_checkpoint=target_dir, model_dir=kd_dir, train_dataset_cfg=unpacked,
@@ -126,8 +125,8 @@ def main(argv=None):
         target, params, drafts, batches, max_decode_len=L, gammas=gammas,
         temperatures=(0.0, 1.0), repeats=args.repeats))
   results = {
-      'command': 'python benchmarks/trained_drafts.py ' + ' '.join(argv or sys.argv[1:]),
-      'machine': machine(), 'loadavg_end': os.getloadavg(), 'seconds': time.time() - t_start,
+      'command': common.command(__file__, argv),
+      'machine': common.machine(), 'loadavg_end': os.getloadavg(), 'seconds': time.time() - t_start,
       'stage_seconds': timings,
       'setup': {'task': TASK, 'target': target_cfg.to_dict(), 'draft': draft_cfg.to_dict(),
                 'chimera': ch_cfg.to_dict(), 'target_steps': args.target_steps,
@@ -137,9 +136,7 @@ def main(argv=None):
           'autoregressive': {t: {k: v for k, v in a.items() if k != 'outputs'}
                              for t, a in g['autoregressive'].items()}} for b, g in grids.items()},
   }
-  os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
-  with open(args.out + '.json', 'w') as f:
-    json.dump(results, f, indent=1, default=float)
+  common.write_json(args.out, results, indent=1)
   with open(args.out + '.md', 'w') as f:
     f.write(markdown(results))
   print(markdown(results))

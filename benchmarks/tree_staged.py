@@ -1,6 +1,6 @@
 """Token trees and staged speculation beside chain speculation and autoregressive decoding.
 
-  python benchmarks/tree_staged.py [--target CKPT --draft CKPT] [--batch-sizes 1,8] \
+  python -m benchmarks.tree_staged [--target CKPT --draft CKPT] [--batch-sizes 1,8] \
       [--temperatures 0,1] [--gamma 4] [--trees 'topk:4,2,2;best:16,depth:4'] [--stage2-gamma 3] \
       [--staged-trees 'topk:4,1,1'] \
       [--num-examples 8] [--max-decode-len 32] [--repeats 3] [--out results/benchmarks/tree_staged]
@@ -19,7 +19,7 @@ identity with autoregressive at temperature 0, and parameter bytes read per gene
 K/V and activations not counted; staged rows count their measured draft calls, `draft_calls`),
 with Theorem 8's prediction for the chain row.
 
-Without --target the pair is the built-in UNTRAINED demo of `benchmarks/speculative.py`: a random
+Without --target the pair is the built-in UNTRAINED demo (`workloads.demo_pair`): a random
 mini target and its weights + noise as the draft (same size: c ~ 1, so no wall-time speedup is
 possible; tokens per call and bytes per token are the meaningful columns).
 """
@@ -27,29 +27,19 @@ possible; tokens per call and bytes per token are the meaningful columns).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
-import time
 from typing import Any, Dict, List
 
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import speculative as spec_bench  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-from gqa_spec.decoding import autoregressive, speculative, speedup, theory, tree_speculative  # pylint: disable=wrong-import-position
-from gqa_spec.decoding.drafts import ModelDraft, StagedDraft, TreeModelDraft, fit_ngram  # pylint: disable=wrong-import-position
-from gqa_spec.decoding.sampling import SamplingConfig  # pylint: disable=wrong-import-position
-from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=wrong-import-position
-from gqa_spec.decoding.tree import TreeShape  # pylint: disable=wrong-import-position
-from gqa_spec.models.t5 import Transformer  # pylint: disable=wrong-import-position
-
-
-def param_bytes(params) -> int:
-  return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params))
+from benchmarks import common, workloads
+from gqa_spec.decoding import autoregressive, speculative, speedup, theory, tree_speculative
+from gqa_spec.decoding.drafts import ModelDraft, StagedDraft, TreeModelDraft
+from gqa_spec.decoding.sampling import SamplingConfig
+from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.decoding.tree import TreeShape
 
 
 def main(argv=None):
@@ -67,37 +57,31 @@ def main(argv=None):
   p.add_argument('--staged-trees', default='topk:4,1,1')
   p.add_argument('--perturb', type=float, default=0.05)
   p.add_argument('--repeats', type=int, default=3)
-  p.add_argument('--out', default='results/benchmarks/tree_staged')
+  common.add_out_argument(p, __file__)
   args = p.parse_args(argv)
 
   if args.target:
-    from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
-    cfg, params, _ = native.load_checkpoint(args.target)
-    dcfg, dparams, _ = native.load_checkpoint(args.draft)
-    target_model, draft_model = Transformer(cfg), Transformer(dcfg)
+    target_model, params = workloads.checkpoint_model(args.target)
+    draft_model, dparams = workloads.checkpoint_model(args.draft)
     pair = f'target {args.target}, draft {args.draft}'
   else:
-    target_model, params, drafts = spec_bench.default_pair(args)
+    target_model, params, drafts = workloads.demo_pair(args.perturb)
     draft_model, dparams = drafts['perturbed']
     pair = (f'BUILT-IN DEMO PAIR (untrained): random-init mini target, draft = its weights + '
             f'{args.perturb} x std noise (same size: c ~ 1)')
   cfg = target_model.config
   L, gamma, g2 = args.max_decode_len, args.gamma, args.stage2_gamma
-  inputs = spec_bench.synthetic_inputs(args.num_examples, args.input_length, cfg.vocab_size, 0)
+  inputs = workloads.synthetic_inputs(args.num_examples, args.input_length, cfg.vocab_size, 0)
   target = T5Decoder(target_model)
   # The second stage's bigram: fitted on the draft's own greedy outputs for other inputs.
-  other = jnp.asarray(spec_bench.synthetic_inputs(32, args.input_length, cfg.vocab_size, 1))
   draft_dec = T5Decoder(draft_model)
-  own = autoregressive.decode(draft_dec, draft_dec.init(dparams, other, L + 1),
-                              jax.random.PRNGKey(0), max_decode_len=L)
-  successor = fit_ngram(autoregressive.strip(own.sequences, own.lengths), 2,
-                        cfg.vocab_size).successor()
+  successor = workloads.output_bigram(draft_model, dparams, args.input_length, L).successor()
   staged_shapes = [TreeShape.parse(s) for s in args.staged_trees.split(';') if s]
   shapes = [TreeShape.parse(s) for s in args.trees.split(';')]
   shapes += [s for s in staged_shapes if s not in shapes]
   chain, staged = ModelDraft.t5(draft_model), StagedDraft.t5(draft_model, g2)
   tree_draft, staged_tree = TreeModelDraft.t5(draft_model), TreeModelDraft.t5(draft_model, g2)
-  bytes_t, bytes_d = param_bytes(params), param_bytes(dparams)
+  bytes_t, bytes_d = workloads.tree_bytes(params), workloads.tree_bytes(dparams)
 
   def methods(config):
     """name -> (run(enc) -> result, draft calls per loop iteration; None: the result counts them
@@ -137,9 +121,7 @@ def main(argv=None):
       times = {name: [] for name in runs}
       for _ in range(args.repeats):  # interleaved: every method once per repeat
         for name, run in runs.items():
-          t0 = time.perf_counter()
-          jax.block_until_ready(run())
-          times[name].append(time.perf_counter() - t0)
+          times[name].append(common.seconds(run))
       ar_lists = sum((autoregressive.strip(r.sequences, r.lengths)
                       for r in results['autoregressive']), [])
       base = {}
@@ -181,18 +163,15 @@ def main(argv=None):
         if 'alpha' in row:
           row['c'] = c
           row['speedup_thm8'] = theory.walltime_improvement(min(row['alpha'], 0.999), gamma, c)
-        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}),
-              flush=True)
+        common.print_row(row)
       # Written after every (temperature, batch) group: a cut-short run keeps what it measured.
-      write({'pair': pair, 'command': ' '.join(['python'] + sys.argv), 'rows': rows,
+      write({'pair': pair, 'command': common.command(__file__, argv), 'rows': rows,
              'num_examples': len(inputs), 'max_decode_len': L,
-             'loadavg_after': os.getloadavg(), 'machine': spec_bench.machine()}, args.out)
+             'loadavg_after': os.getloadavg(), 'machine': common.machine()}, args.out)
 
 
 def write(results: Dict[str, Any], out: str) -> None:
-  os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
-  with open(out + '.json', 'w') as f:
-    json.dump(results, f, indent=2)
+  common.write_json(out, results)
   lines = ['# Token trees and staged speculation vs chain speculation', '',
            f'Pair: {results["pair"]}', '', f'Command: `{results["command"]}`', '',
            f'{results["num_examples"]} inputs, max decode length {results["max_decode_len"]}; '
@@ -213,8 +192,7 @@ def write(results: Dict[str, Any], out: str) -> None:
                  f'{r["speedup_over_autoregressive"]:.2f}x | {r["speedup_over_chain"]:.2f}x | '
                  f'{mb(r["target_param_bytes_per_token"])} | {mb(r["draft_param_bytes_per_token"])} '
                  f'| {calls} | {r["tokens_equal_autoregressive"]} | {thm} |')
-  with open(out + '.md', 'w') as f:
-    f.write('\n'.join(lines) + '\n')
+  common.write_lines(out + '.md', lines)
 
 
 if __name__ == '__main__':

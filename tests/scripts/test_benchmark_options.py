@@ -3,23 +3,10 @@ decode loop's per-op profiles, and `--batch` reaches the measured rows (speculat
 `--target-preset` / `--draft-preset` were checked by hand: a test would compile its loops)."""
 
 import json
-import os
-import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@pytest.fixture(scope='module')
-def benchmarks():
-  sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
-  try:
-    import decode_roofline  # pylint: disable=g-import-not-at-top
-    import train_throughput  # pylint: disable=g-import-not-at-top
-    yield decode_roofline, train_throughput
-  finally:
-    sys.path.remove(os.path.join(REPO, 'benchmarks'))
+from benchmarks import decode_roofline, train_throughput
 
 
 def _rows(path):
@@ -27,8 +14,7 @@ def _rows(path):
     return json.load(f)
 
 
-def test_bfloat16_halves_the_caches_but_not_the_float32_parameters(benchmarks, tmp_path):
-  decode_roofline = benchmarks[0]
+def test_bfloat16_halves_the_caches_but_not_the_float32_parameters(tmp_path):
   rows = {}
   for dtype in ('float32', 'bfloat16'):
     out = str(tmp_path / dtype)
@@ -43,8 +29,7 @@ def test_bfloat16_halves_the_caches_but_not_the_float32_parameters(benchmarks, t
   assert '| nano (bfloat16) | 1 | 16 | 2 |' in open(str(tmp_path / 'bfloat16') + '.md').read()
 
 
-def test_profile_writes_one_profile_per_entry(benchmarks, tmp_path):
-  decode_roofline = benchmarks[0]
+def test_profile_writes_one_profile_per_entry(tmp_path):
   out = str(tmp_path / 'p')
   decode_roofline.main(['--profile', 'nano:1:1:16,nano:4:2:16', '--steps', '2', '--repeats', '1',
                         '--out', out])
@@ -58,8 +43,7 @@ def test_profile_writes_one_profile_per_entry(benchmarks, tmp_path):
   assert 'nano, G = 1, batch 1, 16 input tokens' in md and 'nano, G = 4, batch 2' in md
 
 
-def test_batch_reaches_the_rows(benchmarks, tmp_path):
-  train_throughput = benchmarks[1]
+def test_batch_reaches_the_rows(tmp_path):
   out = str(tmp_path / 't')
   train_throughput.main(['--preset', 'nano', '--settings', 'finetune', '--steps', '1',
                          '--batch', '2', '--out', out])

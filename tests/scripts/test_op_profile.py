@@ -1,24 +1,12 @@
-"""benchmarks/op_profile.py: HLO parsing and op categories on small compiled functions."""
-
-import importlib.util
-import os
+"""benchmarks.op_profile: HLO parsing and op categories on small compiled functions."""
 
 import jax
 import jax.numpy as jnp
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def load():
-  spec = importlib.util.spec_from_file_location(
-      'op_profile', os.path.join(REPO, 'benchmarks', 'op_profile.py'))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+from benchmarks import op_profile
 
 
 def categories(fn, *args):
-  op_profile = load()
   text = jax.jit(fn).lower(*args).compile().as_text()
   comps, _ = op_profile.parse_hlo(text)
   entry = next(c for c in comps if c.startswith('main'))
@@ -42,7 +30,6 @@ def test_categories_of_small_programs():
 
 
 def test_profile_sums_thunks_per_category():
-  op_profile = load()
   x = jnp.ones((256, 256))
   result = op_profile.profile(lambda a: jnp.sum(jnp.tanh(a @ a), axis=0), (x,), repeats=2)
   assert result['by_category_ms']['matmul'] > 0

@@ -1,0 +1,149 @@
+"""What the benchmarks measure: random-init models, the built-in demo speculative pair, synthetic
+inputs and bigram drafts, and the train settings with their stated FLOPs.
+
+Train settings (`SETTINGS`) are the `cpu` reproduction preset's train steps of the `mini` target, on
+synthetic packed batches of the preset's shapes (`gqa_spec.training.data.synthetic_batches`, so
+that the step and not the input pipeline is measured):
+  pretrain   batch 16 x 128/32 tokens, dropout 0 (span corruption's shapes), rsqrt lr
+  finetune   batch 16 x 64/64 tokens, dropout 0.1 (translation's shapes), constant lr
+  summarize  batch 16 x 128/32 tokens, dropout 0.1
+
+FLOPs per train step (`model_flops`; stated, not measured): 6 x (matmul parameters x the tokens that
+pass through them: encoder layers x encoder tokens, decoder layers and the logits kernel x decoder
+tokens; the embedding lookup is not a matmul) + 3 x the attention matmuls (2 x 2 x q x k x heads x
+head_dim per row for QK^T and AV; encoder self, decoder self and cross), counting every position of
+the padded batch.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Dict, List, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gqa_spec.decoding import autoregressive
+from gqa_spec.decoding.drafts import fit_ngram
+from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.models.config import T5Config, preset
+from gqa_spec.models.t5 import Transformer
+from gqa_spec.training import optimizer
+from gqa_spec.training.data import DatasetConfig, synthetic_batches
+from gqa_spec.partitioning import Partitioner
+from gqa_spec.training.train_step import TrainStep
+
+SETTINGS = {  # name: (batch, inputs length, targets length, dropout, pre-training schedule)
+    'pretrain': (16, 128, 32, 0.0, True),
+    'finetune': (16, 64, 64, 0.1, False),
+    'summarize': (16, 128, 32, 0.1, False),
+}
+
+
+# ----------------------------------------------------------------------------- models
+
+
+# A Transformer (a frozen dataclass of its config) is hashable: one compiled init per model.
+@functools.partial(jax.jit, static_argnums=0)
+def _init(model: Transformer, rng: jax.Array):
+  dummy = jnp.ones((1, 8), jnp.int32)  # [batch, length]: shapes do not matter to the params
+  return model.init(rng, dummy, dummy, dummy, enable_dropout=False)['params']
+
+
+def random_params(model: Transformer, seed: int = 0):
+  """Random-init parameters of `model` (float32, as t5x keeps them)."""
+  return _init(model, jax.random.PRNGKey(seed))
+
+
+def kv_heads(config: T5Config, kv: str) -> int:
+  """The K/V head count that `kv` (mha, mqa or gqaG) names for `config`'s query heads."""
+  return {'mha': config.num_heads, 'mqa': 1}.get(kv) or int(kv[3:])
+
+
+def checkpoint_model(path: str) -> Tuple[Transformer, Any]:
+  """`(model, params)` of the native checkpoint at `path`."""
+  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
+  config, params, _ = native.load_checkpoint(path)
+  return Transformer(config), params
+
+
+def tree_bytes(tree) -> int:
+  """Bytes of every array in `tree` (parameters, caches)."""
+  return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree))
+
+
+def demo_pair(perturb: float) -> Tuple[Transformer, Any, Dict[str, Tuple[Transformer, Any]]]:
+  """The built-in UNTRAINED pair: `(target model, params, {draft name: (model, params)})`.
+
+  A random-init `mini` target (MHA, so HF T5 holds the same weights) with drafts "perturbed" (the
+  target's weights + `perturb` x std Gaussian noise: alpha high, c ~ 1) and "nano" (random-init:
+  c small, alpha ~ 0).
+  """
+  target_model = Transformer(preset('mini'))
+  params = random_params(target_model)
+  leaves, tree = jax.tree_util.tree_flatten(params)
+  keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
+  noisy = jax.tree_util.tree_unflatten(tree, [
+      x + perturb * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+  nano = Transformer(preset('nano'))
+  return target_model, params, {'perturbed': (target_model, noisy),
+                                'nano': (nano, random_params(nano))}
+
+
+# ----------------------------------------------------------------------------- inputs and bigrams
+
+
+def synthetic_inputs(n: int, length: int, vocab: int, seed: int) -> np.ndarray:
+  """`[n, length]` encoder inputs: random tokens (ids 2 to 999) of random length, EOS, padding."""
+  rng = np.random.RandomState(seed)
+  out = np.zeros((n, length), np.int32)
+  for i in range(n):
+    m = rng.randint(length // 2, length)
+    out[i, :m - 1] = rng.randint(2, min(vocab, 1000), size=m - 1)
+    out[i, m - 1] = 1
+  return out
+
+
+def output_bigram(model: Transformer, params, input_length: int, max_decode_len: int):
+  """A bigram table fitted on `model`'s own greedy outputs for 32 synthetic inputs (seed 1, so not
+  the measured ones): the draft a model's outputs imply without its weights."""
+  vocab = model.config.vocab_size
+  other = jnp.asarray(synthetic_inputs(32, input_length, vocab, seed=1))  # [32, S]
+  dec = T5Decoder(model)
+  res = autoregressive.decode(dec, dec.init(params, other, max_decode_len + 1),
+                              jax.random.PRNGKey(0), max_decode_len=max_decode_len)
+  return fit_ngram(autoregressive.strip(res.sequences, res.lengths), 2, vocab)
+
+
+# ----------------------------------------------------------------------------- train steps
+
+
+def model_flops(config: T5Config, batch: int, enc_len: int, dec_len: int) -> float:
+  """The stated FLOPs of one train step (see the module docstring)."""
+  e, h, d, m = config.emb_dim, config.num_heads, config.head_dim, config.mlp_dim
+  g = config.num_kv_heads
+  mlp = e * m * (len(config.mlp_activations) + 1)
+  enc_layer = 4 * e * h * d + mlp
+  dec_layer = 2 * (2 * e * h * d + 2 * e * g * d) + mlp
+  enc_tokens, dec_tokens = batch * enc_len, batch * dec_len
+  dense = (config.num_encoder_layers * enc_layer * enc_tokens
+           + (config.num_decoder_layers * dec_layer + e * config.vocab_size) * dec_tokens)
+  attn = 4 * h * d * batch * (config.num_encoder_layers * enc_len * enc_len
+                              + config.num_decoder_layers * (dec_len * dec_len + dec_len * enc_len))
+  return 6 * dense + 3 * attn
+
+
+def train_step(config: T5Config, pretrain: bool) -> TrainStep:
+  """The reproduction's Adafactor train step of `config`: rsqrt decay (pre-training) or constant."""
+  lr = optimizer.rsqrt_decay(warmup_steps=500) if pretrain else optimizer.constant(1e-2)
+  return TrainStep(config, optimizer.adafactor(), lr, Partitioner.create(config))
+
+
+def train_batches(step: TrainStep, batch: int, enc_len: int, dec_len: int,
+                  count: int = 1) -> List[Dict[str, jax.Array]]:
+  """`count` synthetic packed batches of `batch` x `enc_len`/`dec_len` tokens, sharded for
+  `step`."""
+  data = DatasetConfig('synthetic', {'inputs': enc_len, 'targets': dec_len}, batch_size=batch)
+  return [step.partitioner.shard_batch(b) for b, _ in
+          zip(synthetic_batches(data, batch, vocab_size=step.config.vocab_size), range(count))]
