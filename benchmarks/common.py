@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -138,8 +139,9 @@ def add_out_argument(parser: argparse.ArgumentParser, file: str) -> None:
 def command(file: str, argv: Optional[Sequence[str]] = None) -> str:
   """The command line that runs the benchmark module at `file` with `argv` (default: this one's)."""
   name = os.path.splitext(os.path.basename(file))[0]
+  # Quoted for a shell: a tree list such as 'topk:4,2,2;best:16' stays one argument.
   return ' '.join(['python -m benchmarks.' + name,
-                   *(sys.argv[1:] if argv is None else argv)])
+                   shlex.join(sys.argv[1:] if argv is None else argv)]).rstrip()
 
 
 def results(file: str, argv: Optional[Sequence[str]], rows: List[Dict[str, Any]],

@@ -22,6 +22,9 @@ def test_children_run_the_benchmark_module_without_the_working_directory_first()
   assert cmd == [sys.executable, '-P', '-m', 'benchmarks.decode_roofline', '--child-out',
                  '/tmp/rows.json', '--kv', 'mqa']
   assert common.command(file, ['--kv', 'mqa']) == 'python -m benchmarks.decode_roofline --kv mqa'
+  assert common.command(file, []) == 'python -m benchmarks.decode_roofline'
+  assert common.command(file, ['--trees', 'topk:2;best:4']) == (
+      "python -m benchmarks.decode_roofline --trees 'topk:2;best:4'")
 
 
 def test_a_child_imports_the_gqa_spec_of_its_code_dir_from_the_repository_root(tmp_path):
