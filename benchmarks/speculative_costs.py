@@ -114,7 +114,8 @@ def profile_loop(args, argv) -> None:
   result.update({'command': command, 'batch': batch, 'gamma': gamma, 'loadavg_before_after': load})
   out = args.out + '_profile'
   common.write_json(out, result)
-  note = (f'One `speculative.decode` call: random-init mini target, nano draft, batch {batch}, '
+  note = (f'One `speculative.decode` call: random-init {args.target_preset} target, '
+          f'{args.draft_preset} draft, batch {batch}, '
           f'gamma {gamma}, input length {args.input_length}, {length} tokens per row (greedy, no '
           f'EOS; the random draft is almost never accepted, so about {length} loop iterations: '
           f'"calls/run" {length} = once per iteration, {length * (gamma - 1)} = once per draft '
