@@ -12,6 +12,7 @@ from gqa_spec.reproduce.presets import TASK_METRIC
 from gqa_spec.reproduce.stages import STAGES
 from gqa_spec.reproduce.timing import timing_settings
 
+
 def stage_report(ctx: Context) -> dict:
   """Markdown tables in the papers' forms, the claims table, PNG figures, the commands and the wall
   times."""
@@ -22,7 +23,7 @@ def stage_report(ctx: Context) -> dict:
   timing = ctx.read_stage('timing')['rows']
   spec_record = ctx.read_stage('speculative')
   spec = spec_record['rows']
-  figures, claims_md = _figures_and_claims(ctx)
+  figures, claim_rows, claims_md = _figures_and_claims(ctx)
   walls = {s: ctx.read_stage(s).get('wall_seconds') for s in STAGES[:-1]}
   job_walls = {s: jobs_lib.job_seconds(ctx, s) for s in STAGES[:-1]}
   lines = [
@@ -67,12 +68,14 @@ def stage_report(ctx: Context) -> dict:
   with open(os.path.join(ctx.out_dir, 'report.md'), 'w') as f:
     f.write('\n'.join(lines))
   return {'figures': figures, 'report': 'report.md', 'stage_wall_seconds': walls,
+          'claims': [{'key': c.key, 'claim': c.claim, 'ours': c.ours, 'verdict': c.verdict,
+                      'why': c.why} for c in claim_rows],
           'stage_job_seconds': job_walls,
           'design': p.design()}
 
 
-def _figures_and_claims(ctx: Context) -> Tuple[List[str], str]:
-  """Writes the PNG figures; returns their names and the claims section of report.md."""
+def _figures_and_claims(ctx: Context) -> Tuple[List[str], list, str]:
+  """Writes the PNG figures; returns their names, the claims and the claims section of report.md."""
   from gqa_spec.reproduce import claims, decode_bytes, figures  # pylint: disable=g-import-not-at-top
   p = ctx.preset
   evaluate, timing, spec = (ctx.read_stage(s) for s in ('evaluate', 'timing', 'speculative'))
@@ -81,7 +84,8 @@ def _figures_and_claims(ctx: Context) -> Tuple[List[str], str]:
   names = figures.plot_all(ctx.out_dir, evaluate['rows'], timing['rows'], spec,
                            p.method_ablation_alpha, predicted)
   rows = claims.all_claims(evaluate, timing, spec, p.method_ablation_alpha, predicted)
-  return names, '\n\n'.join([claims.quality_bar(evaluate), claims.markdown(rows), claims.NOTE])
+  return names, rows, '\n\n'.join([claims.quality_bar(evaluate), claims.markdown(rows),
+                                     claims.NOTE])
 
 
 def _smoke_note(ctx: Context) -> str:
@@ -98,6 +102,19 @@ def smoke_note(train: dict, test: dict) -> str:
           f"summaries to train on, {test['translate_en_de_pairs']} and "
           f"{test['summarize_examples']} to test): the numbers show that every stage learns and "
           'measures, not whether any paper claim holds (that is `--preset cpu`).')
+
+
+def claims_summary(claims: List[dict]) -> str:
+  """The terminal's summary of the claims table: what holds at this scale first, then one line
+  each for the rest (the full table with intervals and reasons is in report.md)."""
+  holds = [c for c in claims if c['verdict'] == 'holds']
+  rest = [c for c in claims if c['verdict'] != 'holds']
+  lines = [f'Holds at this scale ({len(holds)} of {len(claims)} claims):']
+  lines += [f"  {c['key']:>3}  {c['claim']}: {c['ours']}" for c in holds] or ['  none']
+  if rest:
+    lines.append('Not shown at this scale (reasons in report.md):')
+    lines += [f"  {c['key']:>3}  {c['claim']}: {c['verdict']}" for c in rest]
+  return '\n'.join(lines)
 
 
 def command(ctx: Context) -> str:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from gqa_spec.reproduce import bootstrap, claims
+from gqa_spec.reproduce import bootstrap, claims, writeup
 
 SUM, TR = 'ddtp_summarize', 'ddtp_translate_en_de'
 N = 60
@@ -197,3 +197,19 @@ def test_drafts_job_rows_are_compared_within_their_job():
   assert by['6b'].verdict == claims.UNRESOLVED  # +0.02 tokens/call is within the margin
   assert 'draft model tree topk:4,2,2' in by['5c'].ours  # the best batch-1 row: a tree
   assert by['5d'].ours == 'translate: 1.00 (draft model, gamma 3)'  # trees have no Theorem 8
+
+
+def test_terminal_summary_leads_with_what_holds():
+  rows = [{'key': '1a', 'claim': 'MQA loses quality', 'ours': '+3.66',
+           'verdict': claims.UNRESOLVED, 'why': 'baseline'},
+          {'key': '4', 'claim': 'GQA time near MQA', 'ours': 'MHA/MQA 1.37x',
+           'verdict': claims.HOLDS, 'why': ''},
+          {'key': '5c', 'claim': 'speedup at batch 1', 'ours': '0.9x',
+           'verdict': claims.DOES_NOT_HOLD, 'why': 'slower'}]
+  lines = writeup.claims_summary(rows).splitlines()
+  assert lines[0] == 'Holds at this scale (1 of 3 claims):'
+  assert lines[1].split()[:2] == ['4', 'GQA'] and lines[1].endswith('MHA/MQA 1.37x')
+  assert [line.split()[0] for line in lines[3:]] == ['1a', '5c']
+  assert lines[4].endswith('does not hold')
+  none = writeup.claims_summary(rows[:1]).splitlines()
+  assert none[:2] == ['Holds at this scale (0 of 1 claims):', '  none']
