@@ -10,7 +10,7 @@ directory is `trainer.train`'s model_dir; a reproduction's work dir holds many o
     train/, eval/         TensorBoard event files
     RUNNING.json          the lock a writing process keeps (`RUNNING_FILE`, `running`)
     converted/            uptraining: the converted GQA/MQA starting point (`CONVERTED_DIR`)
-    uptrain.json          uptraining: conversion record (`UPTRAIN_FILE`)
+      uptrain.json        its conversion record (`UPTRAIN_FILE`)
     draft.json            a draft run: kind, target, draft config (`DRAFT_FILE`)
     draft/                a model draft's native export (`DRAFT_EXPORT_DIR`)
 
