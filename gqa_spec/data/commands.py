@@ -1,4 +1,5 @@
-"""`gqa-spec data {fetch,prepare,show,vocab,list}`: the DDTP corpus, vocabularies and task previews."""
+"""`gqa-spec data {fetch,prepare,show,vocab,export,list}`: the DDTP corpus, vocabularies, task previews
+and TensorFlow-free exports."""
 
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ def _show(args) -> int:
   task = tasks.get(args.task)
   lengths = tasks.feature_lengths(args.task)
   if args.lengths:
-    lengths = dict(zip(('inputs', 'targets'), (int(x) for x in args.lengths.split(','))))
+    lengths = _lengths(args.lengths)
   vocab = task.output_features['targets'].vocabulary
   if not os.path.exists(vocab.sentencepiece_model_file):
     raise UserError(f'no vocabulary at {vocab.sentencepiece_model_file}; run `gqa-spec data '
@@ -126,6 +127,31 @@ def _list(args) -> int:
   return 0
 
 
+def _lengths(text: str):
+  try:
+    inputs, targets = (int(x) for x in text.split(','))
+  except ValueError:
+    raise UserError(f'--lengths takes INPUTS,TARGETS (two integers), got {text!r}') from None
+  return {'inputs': inputs, 'targets': targets}
+
+
+def _export(args) -> int:
+  _register(args)
+  from gqa_spec.data import export  # pylint: disable=g-import-not-at-top
+  if args.max_examples is not None and args.max_examples < 1:
+    raise UserError(f'--max-examples must be positive, got {args.max_examples}')
+  manifests = export.export(args.tasks, args.out,
+                            args.splits.split(',') if args.splits else None,
+                            _lengths(args.lengths) if args.lengths else None, args.max_examples,
+                            args.seed)
+  for m in manifests:
+    counts = ', '.join(f'{s} {v["examples"]}' for s, v in m['splits'].items())
+    print(f'{m["task"]}: {counts} examples at {m["lengths"]["inputs"]}/{m["lengths"]["targets"]} '
+          f'({m["dtype"]}, sha256 {m["content_sha256"][:12]})')
+  print(f'exported to {args.out}; read it as exported:{os.path.abspath(args.out)}/TASK')
+  return 0
+
+
 def register(subparsers):
   """Adds `data` and its sub-commands to the CLI."""
   data = subparsers.add_parser('data', help='DDTP corpus, vocabularies, seqio tasks')
@@ -160,6 +186,18 @@ def register(subparsers):
   p.add_argument('--output', required=True, help='path of the .model file to write')
   _add_dirs(p)
   p.set_defaults(func=_vocab)
+
+  p = sub.add_parser('export', help='write tasks to a directory that training, eval and infer read '
+                                    'without TensorFlow (exported:DIR/TASK)')
+  p.add_argument('tasks', nargs='+', metavar='TASK', help='registered tasks or mixtures')
+  p.add_argument('--out', required=True, help='export directory')
+  p.add_argument('--splits', default=None, help='comma-separated splits (default: all of each task)')
+  p.add_argument('--lengths', default=None,
+                 help="INPUTS,TARGETS feature lengths (default: each task's)")
+  p.add_argument('--max-examples', type=int, default=None, help='at most N examples per split')
+  p.add_argument('--seed', type=int, default=0, help='seed of random preprocessors (span corruption)')
+  _add_dirs(p)
+  p.set_defaults(func=_export)
 
   p = sub.add_parser('list', help='registered tasks and their default feature lengths')
   _add_dirs(p)
