@@ -190,6 +190,15 @@ def resolve(name: str) -> Tuple[List[ExportedTask], List[float]]:
   return [ExportedTask(path)], [1.0]
 
 
+def common_lengths(tasks: Sequence[ExportedTask]) -> Dict[str, int]:
+  """The exported lengths shared by `tasks` (the default lengths of reading them)."""
+  lengths = {json.dumps(t.lengths, sort_keys=True) for t in tasks}
+  if len(lengths) != 1:
+    raise UserError(f'the tasks {", ".join(t.name for t in tasks)} were exported with different '
+                    'lengths; pass the lengths to read them at')
+  return dict(tasks[0].lengths)
+
+
 def _epoch_order(n: int, shuffle: bool, seed: int, task: int, epoch: int) -> np.ndarray:
   if not shuffle:
     return np.arange(n)

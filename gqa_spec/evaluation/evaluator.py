@@ -28,12 +28,13 @@ import json
 import os
 import statistics
 import time
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import jax
 import numpy as np
 
 from gqa_spec import progress
+from gqa_spec.data import exported
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
@@ -46,7 +47,9 @@ class InferenceEvaluator:
   """Decode-and-score evaluation of one task or mixture split.
 
   Attributes:
-    mixture_or_task_name: registered seqio task or mixture (with metric functions).
+    mixture_or_task_name: registered seqio task or mixture (with metric functions), or an
+      exported one (`exported:DIR/TASK`: read and scored without seqio or TensorFlow, with the
+      task's own metric functions).
     model_config: the model evaluated.
     split: dataset split.
     task_feature_lengths: `{'inputs', 'targets'}` lengths; targets bound the decode length.
@@ -102,16 +105,27 @@ class InferenceEvaluator:
       factory.check_spec(self.draft)  # before seqio reads the data
     if self.batch_size < 1:
       raise UserError(f'eval batch_size must be positive, got {self.batch_size}')
-    import seqio  # pylint: disable=g-import-not-at-top  (TensorFlow only when evaluating)
-    from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top
-    tasks.get(self.mixture_or_task_name)
-    lengths = dict(self.task_feature_lengths or tasks.feature_lengths(self.mixture_or_task_name))
+    self._evaluator = None  # seqio's (a registered task), else the exported tasks are read
+    if exported.is_exported(self.mixture_or_task_name):
+      tasks_read, _ = exported.resolve(self.mixture_or_task_name)
+      self._exported = [t for t in tasks_read if t.metric_fns and self.split in t.manifest['splits']]
+      lengths = dict(self.task_feature_lengths or exported.common_lengths(tasks_read))
+      for task in self._exported:
+        task.check(self.split, lengths)
+      has_tasks = bool(self._exported)
+    else:
+      import seqio  # pylint: disable=g-import-not-at-top  (TensorFlow only when evaluating)
+      from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top
+      tasks.get(self.mixture_or_task_name)
+      lengths = dict(self.task_feature_lengths or tasks.feature_lengths(self.mixture_or_task_name))
+      self._evaluator = seqio.Evaluator(
+          self.mixture_or_task_name, feature_converter=seqio.EncDecFeatureConverter(pack=False),
+          eval_split=self.split, sequence_length=lengths, num_examples=self.num_examples,
+          use_memory_cache=True, async_compute_metrics=False)
+      has_tasks = bool(self._evaluator.eval_tasks)
+    self._lengths = lengths
     self._max_decode_len = lengths['targets']
-    self._evaluator = seqio.Evaluator(
-        self.mixture_or_task_name, feature_converter=seqio.EncDecFeatureConverter(pack=False),
-        eval_split=self.split, sequence_length=lengths, num_examples=self.num_examples,
-        use_memory_cache=True, async_compute_metrics=False)
-    if not self._evaluator.eval_tasks:
+    if not has_tasks:
       raise UserError(f'{self.mixture_or_task_name!r} has no task with metrics on split '
                       f'{self.split!r} to evaluate')
     self._model = Transformer(self.model_config)
@@ -203,6 +217,34 @@ class InferenceEvaluator:
                                                   self._max_decode_len, mesh=partitioner.mesh)
     return self._mesh_drafts[key]
 
+  def _predict_batches(self, params: Any, batches: Iterator[Tuple[np.ndarray, Mapping]],
+                       count: Optional[int]) -> List[Tuple[int, np.ndarray]]:
+    """`(example index, [max_decode_len] predicted tokens)` of `(indices, features)` batches."""
+    out = []
+    bar = progress.Progress(f'eval {self.split}', count, unit='batch')
+    for indices, features in batches:
+      inputs = np.asarray(features['encoder_input_tokens'], np.int32)  # [n, S]
+      n = inputs.shape[0]
+      if n < self.batch_size:  # pad the last batch: one compiled shape for all batches
+        inputs = np.concatenate([inputs, np.zeros((self.batch_size - n, inputs.shape[1]),
+                                                  np.int32)])
+      if not self.last_timings:
+        self._decode_batch(params, inputs, n)  # compile outside the timing
+      start = time.perf_counter()
+      tokens, result = self._decode_batch(params, inputs, n)  # host lists: decoding is done
+      self.last_timings.append((time.perf_counter() - start) / n)
+      if result is not None:
+        self.last_speculative.append(result)
+      # Fixed-width rows, 0-padded: seqio stacks the predictions into one array, and vocabulary
+      # decoding drops the padding.
+      rows = np.zeros((n, self._max_decode_len), np.int32)  # [n, max_decode_len]
+      for row, ids in zip(rows, tokens[:n]):
+        row[:len(ids)] = ids
+      out.extend(zip((int(i) for i in indices), rows))
+      bar.update(len(self.last_timings), tokens=float(sum(len(t) for t in tokens[:n])))
+    bar.close()
+    return out
+
   def predict_fn(self, params: Any):
     """A seqio predict function decoding with `params`; records time per sample."""
     self.last_timings = []
@@ -211,42 +253,50 @@ class InferenceEvaluator:
 
     def predict(dataset, model_feature_shapes=None) -> List[Tuple[int, np.ndarray]]:
       del model_feature_shapes
-      out = []
       batches = dataset.batch(self.batch_size)
       count = int(batches.cardinality())  # negative: unknown
-      bar = progress.Progress(f'eval {self.split}', count if count > 0 else None, unit='batch')
-      for indices, features in batches.as_numpy_iterator():
-        inputs = np.asarray(features['encoder_input_tokens'], np.int32)  # [n, S]
-        n = inputs.shape[0]
-        if n < self.batch_size:  # pad the last batch: one compiled shape for all batches
-          inputs = np.concatenate([inputs, np.zeros((self.batch_size - n, inputs.shape[1]),
-                                                    np.int32)])
-        if not self.last_timings:
-          self._decode_batch(params, inputs, n)  # compile outside the timing
-        start = time.perf_counter()
-        tokens, result = self._decode_batch(params, inputs, n)  # host lists: decoding is done
-        self.last_timings.append((time.perf_counter() - start) / n)
-        if result is not None:
-          self.last_speculative.append(result)
-        # Fixed-width rows, 0-padded: seqio stacks the predictions into one array, and its
-        # vocabulary decoding drops the padding.
-        rows = np.zeros((n, self._max_decode_len), np.int32)
-        for row, ids in zip(rows, tokens[:n]):
-          row[:len(ids)] = ids
-        out.extend(zip((int(i) for i in indices), rows))
-        bar.update(len(self.last_timings), tokens=float(sum(len(t) for t in tokens[:n])))
-      bar.close()
-      return out
+      return self._predict_batches(params, batches.as_numpy_iterator(),
+                                   count if count > 0 else None)
 
     return predict
 
+  def _run_exported(self, params: Any) -> Tuple[Dict[str, Dict[str, float]], Dict[str, list]]:
+    """Per-task metrics and predictions of the exported tasks (no seqio, no TensorFlow)."""
+    self.last_timings = []
+    self.last_speculative = []
+    params = self._place(params)
+    by_task, predictions = {}, {}
+    for task in self._exported:
+      n = task.num_examples(self.split)
+      n = n if self.num_examples is None else min(n, self.num_examples)
+      out = self._predict_batches(
+          params, exported.eval_batches(task, self.split, self._lengths, self.batch_size, n),
+          -(-n // self.batch_size))
+      texts = [task.vocabulary.decode(tokens) for _, tokens in sorted(out, key=lambda x: x[0])]
+      by_task[task.name] = exported.score(task, self.split, texts, n)
+      predictions[task.name] = [
+          {'index': i, 'prediction': text, 'target': target}
+          for i, (text, target) in enumerate(zip(texts, exported.targets(task, self.split, n)))]
+    return by_task, predictions
+
   def run(self, params: Any, step: Optional[int] = None) -> Tuple[Dict[str, float], Dict[str, list]]:
     """`(metrics, predictions)`: flat metrics (with `timing/seconds_per_sample_median`) and, per
-    task, `[{'index', 'prediction'}]` with the predicted text."""
-    futures, outputs = self._evaluator.evaluate(compute_metrics=True, step=step,
-                                                predict_fn=self.predict_fn(params))
+    task, `[{'index', 'prediction', 'target'}]` with the predicted and the reference text."""
+    if self._evaluator is None:
+      by_task, predictions = self._run_exported(params)
+    else:
+      futures, outputs = self._evaluator.evaluate(compute_metrics=True, step=step,
+                                                  predict_fn=self.predict_fn(params))
+      by_task = futures.result()
+      predictions = {}
+      for task in self._evaluator.eval_tasks:
+        vocab = task.output_features['targets'].vocabulary
+        task_outputs = next(iter(outputs[task.name].values()))
+        targets = _targets(task, self._evaluator.cached_task_datasets[task.name])
+        predictions[task.name] = [{'index': i, 'prediction': vocab.decode(list(tokens)),
+                                   'target': target}
+                                  for i, (tokens, target) in enumerate(zip(task_outputs, targets))]
     metrics: Dict[str, float] = {}
-    by_task = futures.result()
     for task_name, task_metrics in by_task.items():
       for name, value in task_metrics.items():
         value = float(getattr(value, 'value', value))
@@ -259,14 +309,6 @@ class InferenceEvaluator:
       stats = self.speculative_stats()
       metrics.update({f'speculative/{k}': float(v) for k, v in stats.items()
                       if isinstance(v, (int, float)) and not isinstance(v, bool)})
-    predictions = {}
-    for task in self._evaluator.eval_tasks:
-      vocab = task.output_features['targets'].vocabulary
-      task_outputs = next(iter(outputs[task.name].values()))
-      targets = _targets(task, self._evaluator.cached_task_datasets[task.name])
-      predictions[task.name] = [{'index': i, 'prediction': vocab.decode(list(tokens)),
-                                 'target': target}
-                                for i, (tokens, target) in enumerate(zip(task_outputs, targets))]
     return metrics, predictions
 
   def speculative_stats(self) -> Dict[str, Any]:

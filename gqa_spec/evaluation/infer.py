@@ -20,12 +20,13 @@ from __future__ import annotations
 import functools
 import json
 import os
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gqa_spec.data import exported
 from gqa_spec.errors import UserError
 
 DECODINGS = ('greedy', 'sample', 'beam', 'speculative')
@@ -80,7 +81,8 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
 
   Args:
     checkpoint_path: a training run dir (latest step), a native or an HF checkpoint.
-    mixture_or_task_name: registered task or mixture.
+    mixture_or_task_name: registered task or mixture, or an exported one (`exported:DIR/TASK`,
+      read without seqio or TensorFlow).
     output_dir: where the files go.
     split: dataset split.
     task_feature_lengths: input/target lengths (None: the task's defaults); targets bound the
@@ -104,12 +106,14 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
     raise UserError("a draft is needed by, and only used by, decoding 'speculative'")
   if batch_size < 1:
     raise UserError(f'batch_size must be positive, got {batch_size}')
-  import seqio  # pylint: disable=g-import-not-at-top  (TensorFlow only when inferring)
-  from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
   from gqa_spec.checkpoints.load import load_any  # pylint: disable=g-import-not-at-top
-  tasks.get(mixture_or_task_name)
-  lengths = dict(task_feature_lengths or tasks.feature_lengths(mixture_or_task_name))
+  if exported.is_exported(mixture_or_task_name):
+    task_batches, lengths = _exported_batches(mixture_or_task_name, split, task_feature_lengths,
+                                              batch_size, num_examples)
+  else:
+    task_batches, lengths = _seqio_batches(mixture_or_task_name, split, task_feature_lengths,
+                                           batch_size, num_examples)
   length = lengths['targets']
   config, params, _ = load_any(checkpoint_path)
   model = Transformer(config)
@@ -122,18 +126,11 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
   os.makedirs(output_dir, exist_ok=True)
   written = {}
   rng = jax.random.PRNGKey(seed)
-  for task in seqio.get_subtasks(seqio.get_mixture_or_task(mixture_or_task_name)):
-    ds = task.get_dataset(sequence_length=lengths, split=split, shuffle=False, num_epochs=1)
-    if num_examples is not None:
-      ds = ds.take(num_examples)
-    model_ds = seqio.EncDecFeatureConverter(pack=False)(ds, lengths)
-    vocab = task.output_features['targets'].vocabulary
-    path = os.path.join(output_dir, f'{task.name}-{mode}.jsonl-00000-of-00001')
+  for name, vocab, batches in task_batches:
+    path = os.path.join(output_dir, f'{name}-{mode}.jsonl-00000-of-00001')
     with open(path, 'w') as f:
-      for raw, features in zip(ds.batch(batch_size).as_numpy_iterator(),
-                               model_ds.batch(batch_size).as_numpy_iterator()):
-        inputs = np.asarray(features['encoder_input_tokens'], np.int32)  # [n, S]
-        n = inputs.shape[0]
+      for raw, inputs in batches:
+        n = inputs.shape[0]  # inputs: [n, S]
         if n < batch_size:  # one compiled shape for every batch
           inputs = np.concatenate([inputs, np.zeros((batch_size - n, inputs.shape[1]), np.int32)])
         rng, batch_rng = jax.random.split(rng)
@@ -141,14 +138,59 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
         for i in range(n):
           ids = [int(t) for t in tokens[i]]
           ids = ids[:ids.index(EOS)] if EOS in ids else ids
-          line = {'inputs': {k: _json(v[i]) for k, v in raw.items()
-                             if k.endswith('_pretokenized')},
-                  'prediction': vocab.decode([t for t in ids if t != 0])}
+          line = {'inputs': raw[i], 'prediction': vocab.decode([t for t in ids if t != 0])}
           if mode == 'predict_with_aux':
             line['aux'] = {'scores': None if np.isnan(scores[i]) else float(scores[i])}
           f.write(json.dumps(line, ensure_ascii=False) + '\n')
-    written[task.name] = path
+    written[name] = path
   return written
+
+
+# Per task: (name, vocabulary, batches of ([raw text features per example], [n, S] int32 inputs)).
+TaskBatches = Tuple[str, Any, Iterator[Tuple[List[Dict[str, Any]], np.ndarray]]]
+
+
+def _seqio_batches(name: str, split: str, lengths: Optional[Mapping[str, int]], batch_size: int,
+                   num_examples: Optional[int]) -> Tuple[List[TaskBatches], Dict[str, int]]:
+  """A registered task or mixture's batches, read by seqio (TensorFlow)."""
+  import seqio  # pylint: disable=g-import-not-at-top  (TensorFlow only when inferring)
+  from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top
+  tasks.get(name)
+  lengths = dict(lengths or tasks.feature_lengths(name))
+
+  def batches(task):
+    ds = task.get_dataset(sequence_length=lengths, split=split, shuffle=False, num_epochs=1)
+    if num_examples is not None:
+      ds = ds.take(num_examples)
+    model_ds = seqio.EncDecFeatureConverter(pack=False)(ds, lengths)
+    for raw, features in zip(ds.batch(batch_size).as_numpy_iterator(),
+                             model_ds.batch(batch_size).as_numpy_iterator()):
+      inputs = np.asarray(features['encoder_input_tokens'], np.int32)  # [n, S]
+      yield ([{k: _json(v[i]) for k, v in raw.items() if k.endswith('_pretokenized')}
+              for i in range(len(inputs))], inputs)
+
+  return [(task.name, task.output_features['targets'].vocabulary, batches(task))
+          for task in seqio.get_subtasks(seqio.get_mixture_or_task(name))], lengths
+
+
+def _exported_batches(name: str, split: str, lengths: Optional[Mapping[str, int]],
+                      batch_size: int, num_examples: Optional[int]
+                      ) -> Tuple[List[TaskBatches], Dict[str, int]]:
+  """An exported task or mixture's batches, read without TensorFlow (`data.exported`)."""
+  tasks, _ = exported.resolve(name)
+  lengths = dict(lengths or exported.common_lengths(tasks))
+  tasks = [t for t in tasks if split in t.manifest['splits']]
+  if not tasks:
+    raise UserError(f'{name} has no exported split {split!r}')
+
+  def batches(task):
+    texts = task.texts(split)
+    for indices, features in exported.eval_batches(task, split, lengths, batch_size,
+                                                    num_examples):
+      yield ([{k: v for k, v in texts[i].items() if k.endswith('_pretokenized')}
+              for i in indices], features['encoder_input_tokens'])
+
+  return [(task.name, task.vocabulary, batches(task)) for task in tasks], lengths
 
 
 def _speculative(model, params, config, length, draft_spec, gamma):

@@ -1,4 +1,4 @@
-"""Training batches: a deterministic, resumable seqio pipeline, and synthetic packed batches.
+"""Training batches: a deterministic, resumable seqio pipeline, exported data, synthetic batches.
 
 Resume determinism (t5x's recipe): the seqio pipeline is shuffled with a fixed seed (which also
 seeds the random preprocessors, e.g. span corruption), repeated forever, batched with
@@ -7,6 +7,9 @@ A restarted run therefore sees exactly the batches the uninterrupted run would h
 
 On several hosts each host reads its own shard (`seqio.ShardInfo(process_index, process_count)`)
 and yields its `batch_size / process_count` rows; `Partitioner.shard_batch` joins them.
+
+An exported task (`exported:DIR/TASK`, `gqa_spec.data.exported`) gives the same batches without
+TensorFlow: seqio's packing, a seeded order per epoch, and the same skip on resume.
 
   cfg = DatasetConfig('ddtp_span_corruption', {'inputs': 512, 'targets': 114}, batch_size=128)
   for batch in get_batches(cfg, skip_batches=resumed_step - start_step): ...
@@ -28,8 +31,9 @@ class DatasetConfig:
   """Which data, how long, how many, in what order (t5x's `utils.DatasetConfig`).
 
   Attributes:
-    mixture_or_task_name: a registered seqio task or mixture, or 'synthetic' for random packed
-      batches (no seqio; benchmarks and tests).
+    mixture_or_task_name: a registered seqio task or mixture, an exported one
+      (`exported:DIR/TASK`, read without TensorFlow), or 'synthetic' for random packed batches
+      (no seqio; benchmarks and tests).
     task_feature_lengths: `{'inputs': ..., 'targets': ...}`.
     split: dataset split.
     batch_size: global batch size (all hosts together).
@@ -75,6 +79,16 @@ def get_batches(cfg: DatasetConfig, skip_batches: int = 0,
   local_batch = cfg.batch_size // processes
   if cfg.mixture_or_task_name == 'synthetic':
     yield from synthetic_batches(cfg, local_batch, skip_batches)
+    return
+  from gqa_spec.data import exported  # pylint: disable=g-import-not-at-top
+  if exported.is_exported(cfg.mixture_or_task_name):
+    if cfg.use_cached:
+      raise UserError('use_cached reads seqio\'s cache; an exported task is read directly (drop '
+                      'use_cached)')
+    yield from exported.get_batches(
+        cfg.mixture_or_task_name, cfg.split, cfg.task_feature_lengths, local_batch, pack=cfg.pack,
+        shuffle=cfg.shuffle, seed=cfg.seed, num_epochs=num_epochs, skip_batches=skip_batches,
+        shard=(jax.process_index(), processes))
     return
   import seqio  # pylint: disable=g-import-not-at-top  (TensorFlow loads only for real data)
   from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top  (registers the tasks)

@@ -9,7 +9,8 @@ tokens per second of wall time).
 `MetricWriter` writes every scalar to `<model_dir>/train_log.jsonl` (one JSON object per line,
 `{"step": ..., "split": "train", ...}`) and to TensorBoard event files under `<model_dir>/<split>`
 (written with TensorFlow's own summary writer, as plain scalar summaries: TensorBoard displays them
-and nothing beyond TensorFlow is needed to write them). A resumed run first drops the records of
+and nothing beyond TensorFlow is needed to write them; without TensorFlow, as on GPU images, the
+JSONL log alone is written, with one warning). A resumed run first drops the records of
 steps after the checkpoint it resumed from (the killed run logged them, the resumed run logs them
 again), so the log holds each step once. Progress (bar or lines) is `gqa_spec.progress`.
 """
@@ -17,6 +18,7 @@ again), so the log holds each step once. Progress (bar or lines) is `gqa_spec.pr
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Mapping, Sequence
 
@@ -93,6 +95,7 @@ class MetricWriter:
     self.model_dir = model_dir
     self.enabled = enabled
     self._tb_writers = {}
+    self._tensorboard = True  # False once TensorFlow was found missing
     if not enabled:
       return
     os.makedirs(model_dir, exist_ok=True)
@@ -111,8 +114,16 @@ class MetricWriter:
     self._write_tensorboard(step, scalars, split)
 
   def _write_tensorboard(self, step: int, scalars: Mapping[str, float], split: str) -> None:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top  (only when writing)
-    from tensorflow.core.framework import summary_pb2  # pylint: disable=g-import-not-at-top
+    if not self._tensorboard:
+      return
+    try:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top  (only when writing)
+      from tensorflow.core.framework import summary_pb2  # pylint: disable=g-import-not-at-top
+    except ImportError:
+      logging.getLogger(__name__).warning(
+          'TensorFlow is not installed: metrics go to %s only (no TensorBoard events)', JSONL_FILE)
+      self._tensorboard = False
+      return
     if split not in self._tb_writers:
       self._tb_writers[split] = tf.summary.create_file_writer(os.path.join(self.model_dir, split))
     values = [summary_pb2.Summary.Value(tag=k, simple_value=float(v)) for k, v in scalars.items()]
