@@ -29,9 +29,6 @@ import os
 import tokenize
 from typing import Iterable, List, Optional, Sequence, Tuple
 
-import gin
-import gin.resource_reader
-
 from gqa_spec.errors import UserError
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -85,6 +82,19 @@ def split_macro_flags(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
   return remaining, bindings
 
 
+def _gin():
+  """gin, imported when a command parses configs: the library and `gqa-spec reproduce` run
+  without it (GPU images often lack it)."""
+  try:
+    import gin  # pylint: disable=g-import-not-at-top
+    import gin.resource_reader  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    raise UserError('gin-config is not installed: the gin-configured commands (train, uptrain, '
+                    'eval, infer, train-draft) need it (`pip install gin-config`); the library '
+                    'and `gqa-spec reproduce` do not') from None
+  return gin
+
+
 def search_paths(extra: Iterable[str] = ()) -> List[str]:
   paths = [p for p in extra if p] + [os.getcwd(), CONFIGS_DIR, CONFIGS_PARENT]
   return list(dict.fromkeys(os.path.abspath(p) for p in paths))
@@ -99,6 +109,7 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str] = (),
   """
   if not gin_files:
     raise UserError('no --gin_file given; e.g. --gin_file=experiments/nano_mha_pretrain_ddtp.gin')
+  gin = _gin()
   gin.clear_config(clear_constants=True)
   _guard_resource_reader()
   paths = search_paths(extra_search_paths)
@@ -125,6 +136,7 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str] = (),
 
 def call(fn, *args, **kwargs):
   """Calls the gin-configured version of `fn`; gin files that do not configure it: `UserError`."""
+  gin = _gin()
   try:
     configured = gin.get_configurable(fn)
   except ValueError as e:
@@ -135,7 +147,7 @@ def call(fn, *args, **kwargs):
 
 def operative_config() -> str:
   """The gin config actually used (for the run directory)."""
-  return gin.operative_config_str()
+  return _gin().operative_config_str()
 
 
 def _system_path_file_exists(config_path: str) -> bool:
@@ -161,6 +173,7 @@ def _system_path_file_exists(config_path: str) -> bool:
 
 def _guard_resource_reader() -> None:
   """Installs `_system_path_file_exists` in place of gin's own check (idempotent)."""
+  gin = _gin()
   readers = gin.config._FILE_READERS  # pylint: disable=protected-access  (no public way to swap)
   for i, (reader, exists) in enumerate(readers):
     if exists is gin.resource_reader.system_path_file_exists:
