@@ -76,12 +76,17 @@ def _write_split(task, split: str, lengths: Mapping[str, int], task_dir: str, dt
       f.write(json.dumps({k: v for k, v in texts.items() if v is not None},
                          ensure_ascii=False) + '\n')
   for key, seqs in tokens.items():
-    offsets = np.zeros(len(seqs) + 1, np.int64)  # [n + 1]
-    offsets[1:] = np.cumsum([len(s) for s in seqs])
-    flat = np.concatenate(seqs) if seqs else np.zeros(0, np.int64)  # [total]
-    np.save(exported.token_path(task_dir, split, key), flat.astype(dtype))
-    np.save(exported.token_path(task_dir, split, key, offsets=True), offsets)
+    write_tokens(task_dir, split, key, seqs, dtype)
   return len(tokens['targets'])
+
+
+def write_tokens(task_dir: str, split: str, key: str, seqs: Sequence[np.ndarray], dtype) -> None:
+  """One feature of a split: its sequences end to end (`dtype`) and their int64 offsets."""
+  offsets = np.zeros(len(seqs) + 1, np.int64)  # [n + 1]
+  offsets[1:] = np.cumsum([len(s) for s in seqs])
+  flat = np.concatenate(seqs) if len(seqs) else np.zeros(0, np.int64)  # [total]
+  np.save(exported.token_path(task_dir, split, key), flat.astype(dtype))
+  np.save(exported.token_path(task_dir, split, key, offsets=True), offsets)
 
 
 def export_task(name: str, out_dir: str, lengths: Mapping[str, int],
