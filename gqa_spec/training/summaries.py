@@ -121,7 +121,8 @@ class MetricWriter:
       from tensorflow.core.framework import summary_pb2  # pylint: disable=g-import-not-at-top
     except ImportError:
       logging.getLogger(__name__).warning(
-          'TensorFlow is not installed: metrics go to %s only (no TensorBoard events)', JSONL_FILE)
+          'TensorFlow is not installed: metrics go to %s only (no TensorBoard events)',
+          TRAIN_LOG_FILE)
       self._tensorboard = False
       return
     if split not in self._tb_writers:

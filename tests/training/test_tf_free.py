@@ -43,7 +43,8 @@ def _quality(metrics):
 @pytest.mark.slow
 def test_runs_with_tensorflow_seqio_and_gin_unimportable(run):
   report, _ = run
-  assert report['blocked_loaded'] == []
+  assert report['blocked_loaded'] == []  # the CLI's parser and the reproduction imported too
+  assert 'gin-config is not installed' in report['gin_error']  # one line, naming the package
   assert report['step'] == 100
   model_dir = report['model_dir']
   assert os.path.isfile(os.path.join(model_dir, 'train_log.jsonl'))
@@ -64,8 +65,8 @@ def test_metrics_and_predictions_equal_the_seqio_path(run):
     assert ours == open(os.path.join(work, 'seqio_eval', name)).read()
     assert len({json.loads(l)['prediction'] for l in ours.splitlines()}) > 1  # input-dependent
   files = infer.infer(report['model_dir'], MIXTURE, os.path.join(work, 'seqio_infer'),
-                          split='validation', task_feature_lengths=LENGTHS, batch_size=4,
-                          num_examples=6)
+                      split='validation', task_feature_lengths=LENGTHS, batch_size=4,
+                      num_examples=6)
   assert sorted(files) == sorted(report['files'])
   for task, path in files.items():
     assert open(path).read() == open(report['files'][task]).read()

@@ -31,9 +31,12 @@ class _Hide(importlib.abc.MetaPathFinder):
 sys.meta_path[:] = [_Hide(list(sys.meta_path))]
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from gqa_spec import cli
+from gqa_spec.errors import UserError
 from gqa_spec.evaluation import evaluator, infer
 from gqa_spec.models.config import T5Config
-from gqa_spec.training import data, optimizer, trainer
+from gqa_spec.reproduce import pipeline
+from gqa_spec.training import data, gin_utils, optimizer, trainer
 
 LENGTHS = {'inputs': 32, 'targets': 16}
 CONFIG = T5Config(vocab_size=512, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
@@ -51,14 +54,21 @@ def main():
       checkpoint_cfg=trainer.CheckpointConfig(save_period=100, keep=1, asynchronous=False),
       progress_bar=False)
   metrics = evaluator.evaluate_checkpoint(model_dir, name, f'{work}/eval', split='validation',
-                                           task_feature_lengths=LENGTHS, batch_size=4,
-                                           num_examples=6)
+                                          task_feature_lengths=LENGTHS, batch_size=4,
+                                          num_examples=6)
   files = infer.infer(model_dir, name, f'{work}/infer', split='validation',
-                          task_feature_lengths=LENGTHS, batch_size=4, num_examples=6)
+                      task_feature_lengths=LENGTHS, batch_size=4, num_examples=6)
+  cli.build_parser()  # every command module, `reproduce` included, imports without them
+  assert pipeline.STAGES
+  try:
+    gin_utils.parse(['runs/pretrain.gin'])
+    gin_error = None
+  except UserError as e:
+    gin_error = str(e)
   loaded = sorted(m for m in sys.modules if m.split('.')[0] in BLOCKED)
   print('REPORT ' + json.dumps({'step': result.step, 'train_loss': result.train_metrics['loss'],
                                 'metrics': metrics, 'files': files, 'model_dir': model_dir,
-                                'blocked_loaded': loaded}))
+                                'blocked_loaded': loaded, 'gin_error': gin_error}))
 
 
 if __name__ == '__main__':
