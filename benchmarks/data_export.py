@@ -10,8 +10,8 @@ and read in one random order (a shuffled epoch: random access is what a seeded s
 `pipeline` is `exported.get_batches` end to end (seqio's packing, shuffled) on the npy copy: the
 model-ready rows per second one host core delivers.
 
-  python benchmarks/data_export.py --examples 50000 --repeats 5 --grain-path /tmp/grainpkg \
-      --out results/benchmarks/data_export
+  python -m benchmarks.data_export --examples 50000 --reads 20000 --repeats 5 \
+      --grain-path /tmp/grainpkg
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -27,9 +26,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from gqa_spec.data import export, exported  # pylint: disable=g-import-not-at-top,wrong-import-position
+from benchmarks import common
+from gqa_spec.data import export, exported
 
 LENGTHS = {'inputs': 512, 'targets': 114}
 
@@ -109,7 +107,7 @@ def main(argv=None):
   parser.add_argument('--batch-size', type=int, default=16)
   parser.add_argument('--repeats', type=int, default=5)
   parser.add_argument('--grain-path', default=None, help='directory with grain (pip --target)')
-  parser.add_argument('--out', default='results/benchmarks/data_export')
+  common.add_out_argument(parser, __file__)
   args = parser.parse_args(argv)
   if args.grain_path:
     sys.path.insert(0, args.grain_path)
@@ -118,8 +116,10 @@ def main(argv=None):
     have_grain = True
   except ImportError:
     have_grain = False
+  load_before = os.getloadavg()
   inputs, targets = corpus(args.examples)
-  rows = {}
+  total_tokens = sum(len(i) + len(t) for i, t in zip(inputs, targets))
+  rows = []
   with tempfile.TemporaryDirectory() as root:
     task_dir = write_npy(root, inputs, targets)
     sizes = {'npy': sum(os.path.getsize(os.path.join(task_dir, f)) for f in os.listdir(task_dir)
@@ -142,34 +142,31 @@ def main(argv=None):
       times['pipeline'].append(time.perf_counter() - start)
     for name in readers:
       median = statistics.median(times[name])
-      rows[name] = {'examples_per_s': args.reads / median, 'tokens_per_s': tokens / median,
-                    'bytes': sizes[name], 'bytes_per_token': sizes[name] / sum(
-                        len(i) + len(t) for i, t in zip(inputs, targets))}
+      rows.append({'format': name, 'examples_per_s': args.reads / median,
+                   'tokens_per_s': tokens / median, 'bytes': sizes[name],
+                   'bytes_per_token': sizes[name] / total_tokens})
     median = statistics.median(times['pipeline'])
-    rows['pipeline'] = {'rows_per_s': n_rows / median,
-                        'tokens_per_s': n_rows * sum(LENGTHS.values()) / median}
-  load = os.getloadavg()
-  report = {'command': 'python benchmarks/data_export.py ' + ' '.join(argv or sys.argv[1:]),
-            'machine': f'{platform.machine()}, {os.cpu_count()} CPU cores, load average '
-                       f'{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min)',
-            'examples': args.examples, 'reads': args.reads, 'repeats': args.repeats,
-            'lengths': LENGTHS, 'grain': have_grain, 'rows': rows}
-  os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
-  with open(args.out + '.json', 'w') as f:
-    json.dump(report, f, indent=2)
-  with open(args.out + '.md', 'w') as f:
-    f.write(markdown(report))
-  print(markdown(report))
+    rows.append({'format': 'pipeline', 'rows_per_s': n_rows / median,
+                 'tokens_per_s': n_rows * sum(LENGTHS.values()) / median})
+  report = common.results(__file__, argv, rows, load_before, examples=args.examples,
+                          reads=args.reads, repeats=args.repeats, lengths=LENGTHS,
+                          grain=have_grain)
+  common.write_json(args.out, report)
+  lines = markdown(report)
+  common.write_markdown(args.out + '.md', lines, report['machine'])
+  print('\n'.join(lines))
 
 
-def markdown(report: dict) -> str:
-  rows = report['rows']
-  lines = ['# Exported data: read throughput, memory-mapped numpy vs ArrayRecord (grain)', '',
-           f"Command: `{report['command']}`", '', f"Machine: {report['machine']}.", '',
-           f"{report['examples']} synthetic examples (uint16 tokens, inputs 16-512, targets "
-           f"4-114); {report['reads']} read in a random order, one process, one thread; medians "
-           f"over {report['repeats']} repeats (formats alternate their order).", '',
-           '| format | examples/s | tokens/s | bytes/token |', '|---|---|---|---|']
+def markdown(report: dict) -> list:
+  rows = {r['format']: r for r in report['rows']}
+  lines = common.heading('Exported data: read throughput, memory-mapped numpy vs ArrayRecord '
+                         '(grain)', report['command'])
+  lines += [f"{report['examples']} synthetic examples (uint16 tokens, inputs 16-512, targets "
+            f"4-114); {report['reads']} read in a random order, one process, one thread; medians "
+            f"over {report['repeats']} repeats (formats alternate their order). "
+            + common.load_note(*report['loadavg_before_after'],
+                               ' (other jobs shared the machine).'), '']
+  lines += common.table_head(('format', 'examples/s', 'tokens/s', 'bytes/token'))
   for name in ('npy', 'arrayrecord'):
     if name in rows:
       r = rows[name]
@@ -178,8 +175,8 @@ def markdown(report: dict) -> str:
   p = rows['pipeline']
   lines += ['', f"`exported.get_batches` (npy, packed {report['lengths']['inputs']}/"
                 f"{report['lengths']['targets']}, shuffled): {p['rows_per_s']:.0f} rows/s = "
-                f"{p['tokens_per_s']:.3g} padded tokens/s on one core.", '']
-  return '\n'.join(lines)
+                f"{p['tokens_per_s']:.3g} padded tokens/s on one core."]
+  return lines
 
 
 if __name__ == '__main__':
