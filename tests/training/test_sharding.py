@@ -49,9 +49,13 @@ _SCRIPT = textwrap.dedent('''
             'kv_spec': list(kv.sharding.spec), 'opt_spec': list(mlp.sharding.spec),
             'batch_spec': list(part.batch_sharding().spec)}
         if mesh != (1, 1):
+          # Sharded reductions sum in another order, and Adafactor divides each update by its
+          # RMS, so float32 rounding reaches ~5e-5 relative after two steps on some CPUs (CI saw
+          # 3.9e-5). A wrongly sharded update would be off by a fraction of the update itself (learning rate
+          # 10**-0.5 x the parameter scale), orders of magnitude more.
           np.testing.assert_allclose(losses, runs[(1, 1)][0], rtol=1e-5)
           jax.tree_util.tree_map(
-              lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
+              lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-5),
               runs[mesh][1], runs[(1, 1)][1])
     # Sharded save on the 2x4 mesh, restore straight into the 8x1 layout.
     config = base.replace(num_kv_heads=4)
