@@ -123,6 +123,9 @@ class InferenceEvaluator:
           eval_split=self.split, sequence_length=lengths, num_examples=self.num_examples,
           use_memory_cache=True, async_compute_metrics=False)
       has_tasks = bool(self._evaluator.eval_tasks)
+    from gqa_spec.data import vocab_fit  # pylint: disable=g-import-not-at-top
+    vocab_fit.check(vocab_fit.task_vocab_sizes(self.mixture_or_task_name),
+                    self.model_config.vocab_size, 'the model')
     self._lengths = lengths
     self._max_decode_len = lengths['targets']
     if not has_tasks:
