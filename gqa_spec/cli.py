@@ -4,14 +4,15 @@ A module listed in `_COMMAND_MODULES` defines `register(subparsers)`, adding par
 `func(args) -> int` runs the command. Bad input (`UserError`, `ValueError`, `FileNotFoundError`)
 ends in a one-line `gqa-spec: error: ...` and exit code 2; set GQA_SPEC_DEBUG=1 for the traceback.
 Ctrl-C (SIGINT) and SIGTERM at any moment end in one line and exit code 130 / 143 (a training run
-saves first: its own handler turns them into a stop request). As the process's command (`argv`
-None) the exit skips the interpreter's finalisation, which could crash (exit 139) while XLA's
-compilation or compute threads were still running.
+saves first: its own handler turns them into a stop request, and it exits 0). As the process's
+command (`argv` None) the exit skips the interpreter's finalisation, which could crash (exit 139)
+while XLA's compilation or compute threads were still running.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import signal
@@ -48,13 +49,42 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
-class _Terminated(KeyboardInterrupt):
-  """SIGTERM, raised as an interrupt so that every `finally` (locks, pending saves) still runs."""
+class _Interrupted(KeyboardInterrupt):
+  """SIGINT or SIGTERM, raised as an interrupt so that every `finally` (locks, saves) still runs."""
 
 
-def _terminate(signum, frame):
-  del signum, frame
-  raise _Terminated()
+# Test hook: a file `main` creates once its signal handlers are installed (before that, a signal
+# meets Python's own start-up: site imports, the console script's import of this module).
+READY_ENV = 'GQA_SPEC_TEST_SIGNALS_READY'
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_RETRY_SECONDS = 0.5
+_pending = None  # the exit code (128 + signal) of a signal whose interrupt was not handled yet
+
+
+def _interrupt(signum, frame):
+  """Raises the interrupt, and again every `_RETRY_SECONDS` (SIGALRM) until `main` handles it.
+
+  Not inside a gc callback or a `__del__`, where Python would print and swallow it ("Exception
+  ignored in ...": jax's gc callback runs often), nor inside an import, where it would turn into the
+  module's own error and traceback (numpy prints one, jaxlib's extension an ImportError): there the
+  interrupt waits for the next retry.
+  """
+  global _pending
+  if signum in _SIGNALS:
+    _pending = 128 + signum
+  if _pending is None:
+    return
+  signal.setitimer(signal.ITIMER_REAL, _RETRY_SECONDS)
+  if signum == signal.SIGALRM and isinstance(sys.exc_info()[1], KeyboardInterrupt):
+    return  # the interrupt is on its way out (in an `except` or `finally`): let cleanup run
+  callbacks = {getattr(callback, '__code__', None) for callback in gc.callbacks}
+  while frame is not None:
+    code = frame.f_code
+    if code in callbacks or code.co_name == '__del__' or code.co_filename.startswith(
+        '<frozen importlib'):
+      return
+    frame = frame.f_back
+  raise _Interrupted()
 
 
 def _exit_at_once(signum, frame):
@@ -63,21 +93,37 @@ def _exit_at_once(signum, frame):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  in_main_thread = threading.current_thread() is threading.main_thread()
-  previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
+  global _pending
+  previous = {}
+  if threading.current_thread() is threading.main_thread():
+    _pending = None
+    for sig in _SIGNALS + (signal.SIGALRM,):
+      previous[sig] = signal.signal(sig, _interrupt)
+    if os.environ.get(READY_ENV):
+      open(os.environ[READY_ENV], 'w').close()  # pylint: disable=consider-using-with
   try:
-    code = _run(argv)
-    if argv is None and in_main_thread:  # done: a signal while Python shuts down just exits
-      for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _exit_at_once)
-      previous = None
-    return code
-  except KeyboardInterrupt as e:  # SIGINT or SIGTERM, at any moment: imports, compilation, decode
-    code = 143 if isinstance(e, _Terminated) else 130
-    if argv is None:  # a second signal must not interrupt the way out
-      signal.signal(signal.SIGINT, signal.SIG_IGN)
-      signal.signal(signal.SIGTERM, signal.SIG_IGN)
-      previous = None
+    try:
+      code = _run(argv)
+    except KeyboardInterrupt:  # SIGINT or SIGTERM, at any moment: imports, compilation, decode
+      code = None
+    except Exception:  # pylint: disable=broad-except
+      if _pending is None:
+        raise
+      code = None  # the interrupt turned into another error (an extension module's ImportError)
+    if previous:  # no more retries from here on
+      signal.signal(signal.SIGALRM, signal.SIG_IGN)
+      signal.setitimer(signal.ITIMER_REAL, 0)
+    if code is not None and _pending is None:
+      if argv is None and previous:  # done: a signal while Python shuts down just exits
+        for sig in _SIGNALS:
+          signal.signal(sig, _exit_at_once)
+          del previous[sig]
+      return code
+    code = _pending or 130  # 130: someone else's KeyboardInterrupt (the trainer's second Ctrl-C)
+    if argv is None and previous:  # a second signal must not interrupt the way out
+      for sig in _SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+        del previous[sig]
     print(f'gqa-spec: {"terminated" if code == 143 else "interrupted"}', file=sys.stderr)
     if argv is None:  # the process's own command: leave now, before XLA's threads are torn down
       sys.stdout.flush()
@@ -85,8 +131,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       os._exit(code)  # pylint: disable=protected-access
     return code
   finally:
-    if previous is not None:
-      signal.signal(signal.SIGTERM, previous)
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
 
 
 def _run(argv: Optional[Sequence[str]]) -> int:

@@ -20,6 +20,7 @@ import dataclasses
 import math
 from typing import Dict, Optional, Tuple
 
+from gqa_spec.data import vocab_fit
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config, preset as model_preset
 
@@ -133,6 +134,10 @@ class Preset:
       if bad:
         raise UserError(f'preset field {field.name} must be {">=" if low == 0 else ">"} 0, got '
                         f'{bad[0]}')
+    for role in ('target', 'draft'):  # up front, not when a stage meets the task
+      vocab_fit.check({f'ddtp ({self.vocab_pieces} pieces + {vocab_fit.EXTRA_IDS} extra ids)':
+                       self.vocab_pieces + vocab_fit.EXTRA_IDS},
+                      getattr(self, role).vocab_size, f"the preset's {role}")
     if self.pretrain_task not in PRETRAIN_TASKS:
       raise UserError(f'pretrain_task {self.pretrain_task!r} is not one of '
                       f'{", ".join(PRETRAIN_TASKS)}')

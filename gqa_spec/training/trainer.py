@@ -52,7 +52,7 @@ from gqa_spec.training import losses
 from gqa_spec.checkpoints.load import load_any
 from gqa_spec.data import vocab_fit
 from gqa_spec.training import summaries
-from gqa_spec.training.data import DatasetConfig, get_batches
+from gqa_spec.training.data import DatasetConfig, get_batches, vocab_sizes
 from gqa_spec.training.optimizer import LearningRateFn, adafactor, rsqrt_decay
 from gqa_spec.partitioning import Partitioner, initialize_distributed
 from gqa_spec.training.train_step import TrainState, TrainStep
@@ -179,7 +179,7 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
                                  learning_rate_fn or rsqrt_decay(), partitioner, z_loss,
                                  loss_normalizing_factor, dropout_seed=random_seed)
   if train_dataset_cfg.mixture_or_task_name != 'synthetic':  # before the run directory exists
-    vocab_fit.check(vocab_fit.task_vocab_sizes(train_dataset_cfg.mixture_or_task_name),
+    vocab_fit.check(vocab_sizes(train_dataset_cfg.mixture_or_task_name),
                     model_config.vocab_size, 'model_config')
   is_writer = jax.process_index() == 0
   os.makedirs(model_dir, exist_ok=True)
