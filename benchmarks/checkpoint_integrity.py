@@ -63,7 +63,8 @@ def main(argv=None):
       times['checksums'].append(time.perf_counter() - start)
       del loaded
   medians = {k: statistics.median(v) for k, v in times.items()}
-  row = {'preset': args.preset, 'parameter_bytes': nbytes, **{f'{k}_s': v for k, v in medians.items()},
+  row = {'preset': args.preset, 'parameter_bytes': nbytes,
+         **{f'{k}_s': v for k, v in medians.items()},
          'overhead_s': medians['load_verified'] - medians['load_unverified'],
          'overhead_fraction': medians['load_verified'] / medians['load_unverified'] - 1,
          'crc32_bytes_per_s': nbytes / medians['checksums'],

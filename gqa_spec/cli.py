@@ -99,10 +99,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _pending = None
     for sig in _SIGNALS + (signal.SIGALRM,):
       previous[sig] = signal.signal(sig, _interrupt)
-    if os.environ.get(READY_ENV):
-      open(os.environ[READY_ENV], 'w').close()  # pylint: disable=consider-using-with
   try:
     try:
+      if previous and os.environ.get(READY_ENV):
+        open(os.environ[READY_ENV], 'w').close()  # pylint: disable=consider-using-with
       code = _run(argv)
     except KeyboardInterrupt:  # SIGINT or SIGTERM, at any moment: imports, compilation, decode
       code = None
@@ -124,10 +124,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       for sig in _SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
         del previous[sig]
-    print(f'gqa-spec: {"terminated" if code == 143 else "interrupted"}', file=sys.stderr)
+    sys.stderr.write(f'gqa-spec: {"terminated" if code == 143 else "interrupted"}\n')
     if argv is None:  # the process's own command: leave now, before XLA's threads are torn down
       sys.stdout.flush()
       sys.stderr.flush()
+      os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # other threads' dying words (orbax's loop)
       os._exit(code)  # pylint: disable=protected-access
     return code
   finally:

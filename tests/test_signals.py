@@ -58,7 +58,7 @@ def test_signals_at_any_moment_exit_130_or_143(tmp_path):
   for moment, sig, code, err, n in results:
     where = f'{sig.name} at {moment} s: exit {code}, stderr {err[-2000:]!r}'
     assert 'Traceback' not in err, where
-    if code == 0:  # finished before the signal: a complete output
+    if code in (0, -sig):  # finished before the signal (-sig: in Python's last shutdown steps)
       assert len((tmp_path / f'o{n}.jsonl').read_text().splitlines()) == 40, where
       continue
     expected = 130 if sig == signal.SIGINT else 143

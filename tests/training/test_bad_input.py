@@ -60,7 +60,8 @@ def test_train_checks_the_task_before_the_run_directory(small_checkpoint, tmp_pa
 
 @pytest.mark.parametrize('override,match', [
     ('pretrain_steps=-10', 'preset field pretrain_steps must be > 0, got -10'),
-    ('vocab_pieces=8000', r'task ddtp \(8000 pieces \+ 100 extra ids\) has a vocabulary of 8100 ids, '
+    ('vocab_pieces=8000', r'task ddtp \(8000 pieces \+ 100 extra ids\) has a vocabulary of 8100 '
+                          'ids, '
                           "but the preset's target embeds only 512")])
 def test_reproduce_checks_the_preset_before_writing(tmp_path, override, match):
   with pytest.raises(UserError, match=match):
