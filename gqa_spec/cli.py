@@ -3,14 +3,21 @@
 A module listed in `_COMMAND_MODULES` defines `register(subparsers)`, adding parsers whose
 `func(args) -> int` runs the command. Bad input (`UserError`, `ValueError`, `FileNotFoundError`)
 ends in a one-line `gqa-spec: error: ...` and exit code 2; set GQA_SPEC_DEBUG=1 for the traceback.
+Ctrl-C (SIGINT) and SIGTERM at any moment end in one line and exit code 130 / 143 (a training run
+saves first: its own handler turns them into a stop request, and it exits 0). As the process's
+command (`argv` None) the exit skips the interpreter's finalisation, which could crash (exit 139)
+while XLA's compilation or compute threads were still running.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
+import signal
 import sys
+import threading
 from typing import Optional, Sequence
 
 # TensorFlow (seqio's input pipelines) logs CUDA probing and oneDNN notices from C++ at import;
@@ -42,7 +49,94 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
+class _Interrupted(KeyboardInterrupt):
+  """SIGINT or SIGTERM, raised as an interrupt so that every `finally` (locks, saves) still runs."""
+
+
+# Test hook: a file `main` creates once its signal handlers are installed (before that, a signal
+# meets Python's own start-up: site imports, the console script's import of this module).
+READY_ENV = 'GQA_SPEC_TEST_SIGNALS_READY'
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_RETRY_SECONDS = 0.5
+_pending = None  # the exit code (128 + signal) of a signal whose interrupt was not handled yet
+
+
+def _interrupt(signum, frame):
+  """Raises the interrupt, and again every `_RETRY_SECONDS` (SIGALRM) until `main` handles it.
+
+  Not inside a gc callback or a `__del__`, where Python would print and swallow it ("Exception
+  ignored in ...": jax's gc callback runs often), nor inside an import, where it would turn into the
+  module's own error and traceback (numpy prints one, jaxlib's extension an ImportError): there the
+  interrupt waits for the next retry.
+  """
+  global _pending
+  if signum in _SIGNALS:
+    _pending = 128 + signum
+  if _pending is None:
+    return
+  signal.setitimer(signal.ITIMER_REAL, _RETRY_SECONDS)
+  if signum == signal.SIGALRM and isinstance(sys.exc_info()[1], KeyboardInterrupt):
+    return  # the interrupt is on its way out (in an `except` or `finally`): let cleanup run
+  callbacks = {getattr(callback, '__code__', None) for callback in gc.callbacks}
+  while frame is not None:
+    code = frame.f_code
+    if code in callbacks or code.co_name == '__del__' or code.co_filename.startswith(
+        '<frozen importlib'):
+      return
+    frame = frame.f_back
+  raise _Interrupted()
+
+
+def _exit_at_once(signum, frame):
+  del frame
+  os._exit(128 + signum)  # pylint: disable=protected-access
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+  global _pending
+  previous = {}
+  if threading.current_thread() is threading.main_thread():
+    _pending = None
+    for sig in _SIGNALS + (signal.SIGALRM,):
+      previous[sig] = signal.signal(sig, _interrupt)
+  try:
+    try:
+      if previous and os.environ.get(READY_ENV):
+        open(os.environ[READY_ENV], 'w').close()  # pylint: disable=consider-using-with
+      code = _run(argv)
+    except KeyboardInterrupt:  # SIGINT or SIGTERM, at any moment: imports, compilation, decode
+      code = None
+    except Exception:  # pylint: disable=broad-except
+      if _pending is None:
+        raise
+      code = None  # the interrupt turned into another error (an extension module's ImportError)
+    if previous:  # no more retries from here on
+      signal.signal(signal.SIGALRM, signal.SIG_IGN)
+      signal.setitimer(signal.ITIMER_REAL, 0)
+    if code is not None and _pending is None:
+      if argv is None and previous:  # done: a signal while Python shuts down just exits
+        for sig in _SIGNALS:
+          signal.signal(sig, _exit_at_once)
+          del previous[sig]
+      return code
+    code = _pending or 130  # 130: someone else's KeyboardInterrupt (the trainer's second Ctrl-C)
+    if argv is None and previous:  # a second signal must not interrupt the way out
+      for sig in _SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+        del previous[sig]
+    sys.stderr.write(f'gqa-spec: {"terminated" if code == 143 else "interrupted"}\n')
+    if argv is None:  # the process's own command: leave now, before XLA's threads are torn down
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # other threads' dying words (orbax's loop)
+      os._exit(code)  # pylint: disable=protected-access
+    return code
+  finally:
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
+
+
+def _run(argv: Optional[Sequence[str]]) -> int:
   parser = build_parser()
   args = parser.parse_args(argv)
   from gqa_spec import console  # pylint: disable=g-import-not-at-top
@@ -55,9 +149,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     print(f'gqa-spec: error: {message}', file=sys.stderr)
     return 2
-  except KeyboardInterrupt:
-    print('gqa-spec: interrupted', file=sys.stderr)
-    return 130
 
 
 if __name__ == '__main__':

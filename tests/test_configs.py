@@ -95,6 +95,15 @@ def test_malformed_gin_is_one_line_user_error(tmp_path, text, match):
   assert '\n' not in str(info.value)
 
 
+def test_unquoted_string_value_names_the_binding_and_the_quoting():
+  _, bindings = gin_utils.split_macro_flags(['--gin.CHECKPOINT_PATH=/tmp/ckpt', '--gin.STEPS=5'])
+  with pytest.raises(UserError) as info:
+    gin_utils.parse(['experiments/nano_mha_pretrain_ddtp.gin'], bindings, finalize=False)
+  assert str(info.value) == (
+      'gin: cannot parse the value of CHECKPOINT_PATH: /tmp/ckpt; a gin string needs its own '
+      'quotes inside the shell\'s, e.g. --gin.CHECKPOINT_PATH="\'/tmp/ckpt\'"')
+
+
 def test_macro_flags():
   argv, bindings = gin_utils.split_macro_flags(
       ['--gin_file=a.gin', "--gin.MODEL_DIR='/tmp/x'", '--gin.TRAIN_STEPS', '5'])

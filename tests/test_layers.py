@@ -17,7 +17,8 @@ from typing import Dict, List, Set
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / 'gqa_spec'
 
 LAYERS = (
-    ('gqa_spec.errors', 'gqa_spec.progress', 'gqa_spec.rundir', 'gqa_spec.console'),
+    ('gqa_spec.errors', 'gqa_spec.progress', 'gqa_spec.rundir', 'gqa_spec.console',
+     'gqa_spec.arguments'),
     ('gqa_spec.models',),
     ('gqa_spec.partitioning', 'gqa_spec.checkpoints', 'gqa_spec.convert'),
     ('gqa_spec.data',),

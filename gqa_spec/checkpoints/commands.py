@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from gqa_spec import arguments
 from gqa_spec.errors import UserError
 
 
@@ -53,8 +54,17 @@ def register(subparsers) -> None:
   p.set_defaults(func=convert)
 
 
+def _check_out(name: str, path: str, overwrite: bool, inputs) -> None:
+  """The output directory, checked before anything is read: not an input, an existing one only
+  with --overwrite."""
+  arguments.check_outputs({name: path}, inputs=inputs, directories=True)
+  if os.path.exists(path) and not overwrite:
+    raise UserError(f'{path}: output directory already exists (pass --overwrite to replace it)')
+
+
 def import_hf(args: argparse.Namespace) -> int:
   from gqa_spec.checkpoints import hf, native  # pylint: disable=g-import-not-at-top
+  _check_out('OUT_DIR', args.out_dir, args.overwrite, {'HF_DIR': args.hf_dir})
   config, params, vocab = hf.load_hf(args.hf_dir, args.param_dtype)
   native.save_checkpoint(args.out_dir, config, params, vocab, overwrite=args.overwrite)
   print(f'imported {args.hf_dir} -> {args.out_dir}')
@@ -63,6 +73,7 @@ def import_hf(args: argparse.Namespace) -> int:
 
 def export_hf(args: argparse.Namespace) -> int:
   from gqa_spec.checkpoints import hf, native  # pylint: disable=g-import-not-at-top
+  _check_out('HF_DIR', args.hf_dir, args.overwrite, {'CKPT_DIR': args.ckpt_dir})
   config, params, vocab = native.load_checkpoint(args.ckpt_dir)
   hf.save_hf(args.hf_dir, config, params, vocab, overwrite=args.overwrite)
   print(f'exported {args.ckpt_dir} -> {args.hf_dir}')
@@ -87,6 +98,7 @@ def _t5x_config(args: argparse.Namespace):
 
 def import_t5x(args: argparse.Namespace) -> int:
   from gqa_spec.checkpoints import native, t5x_legacy  # pylint: disable=g-import-not-at-top
+  _check_out('OUT_DIR', args.out_dir, args.overwrite, {'T5X_CKPT': args.t5x_ckpt})
   config = _t5x_config(args)
   params = t5x_legacy.load_t5x(args.t5x_ckpt, config)
   native.save_checkpoint(args.out_dir, config, params, args.vocab, overwrite=args.overwrite)
@@ -97,6 +109,7 @@ def import_t5x(args: argparse.Namespace) -> int:
 def convert(args: argparse.Namespace) -> int:
   from gqa_spec import convert as convert_lib  # pylint: disable=g-import-not-at-top
   from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
+  _check_out('OUT_DIR', args.out_dir, args.overwrite, {'CKPT_DIR': args.ckpt_dir})
   config, params, vocab = native.load_checkpoint(args.ckpt_dir)
   params, config = convert_lib.convert_params(params, config, args.kv_heads, args.method, args.seed)
   native.save_checkpoint(args.out_dir, config, params, vocab, overwrite=args.overwrite)

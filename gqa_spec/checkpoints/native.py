@@ -3,16 +3,22 @@
 Layout of a checkpoint directory; loading needs nothing but its path:
   config.json                  `T5Config.to_json()`
   params/                      orbax `StandardCheckpointer` PyTree (the flax 'params' collection)
+  integrity.json               CRC-32 of every parameter's bytes as saved (`INTEGRITY_FILE`)
   vocab/sentencepiece.model    optional vocabulary, copied in when the checkpoint is written
 
 Every failure to read one (missing directory or file, corrupt JSON, unreadable orbax data, a
-parameter tree that does not fit the config) is a `UserError` naming the path and the problem.
+parameter tree that does not fit the config, a parameter whose bytes differ from those saved) is a
+`UserError` naming the path and the problem. A checkpoint written before `integrity.json` existed
+loads with a logged note that it cannot be verified.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import shutil
+import zlib
 from typing import Any, Mapping, Optional, Tuple
 
 import jax
@@ -27,7 +33,12 @@ Params = Any  # nested dict of arrays, the flax 'params' collection
 
 CONFIG_FILE = 'config.json'
 PARAMS_DIR = 'params'
+INTEGRITY_FILE = 'integrity.json'
 VOCAB_FILE = os.path.join('vocab', 'sentencepiece.model')
+HF_FILES = ('model.safetensors', 'model.safetensors.index.json', 'pytorch_model.bin',
+            'pytorch_model.bin.index.json')
+
+log = logging.getLogger(__name__)
 
 
 def abstract_params(config: T5Config) -> Params:
@@ -111,7 +122,10 @@ def save_checkpoint(directory: str, config: T5Config, params: Params,
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top; slow import, save/load only
   with ocp.StandardCheckpointer() as checkpointer:
     # numpy leaves carry no sharding, so the checkpoint loads on any device layout.
-    checkpointer.save(os.path.join(directory, PARAMS_DIR), jax.tree.map(np.asarray, params))
+    host = jax.tree.map(np.asarray, params)
+    checkpointer.save(os.path.join(directory, PARAMS_DIR), host)
+  with open(os.path.join(directory, INTEGRITY_FILE), 'w') as f:
+    json.dump({'algorithm': 'crc32', 'arrays': checksums(host)}, f, indent=1)
   if vocab_path is not None:
     os.makedirs(os.path.join(directory, 'vocab'))
     shutil.copyfile(vocab_path, os.path.join(directory, VOCAB_FILE))
@@ -119,11 +133,53 @@ def save_checkpoint(directory: str, config: T5Config, params: Params,
     f.write(config.to_json() + '\n')
 
 
+def checksums(params: Params) -> dict:
+  """Parameter name -> CRC-32 (hex) of its bytes as stored (C order, its own dtype)."""
+  return {name: f'{zlib.crc32(np.ascontiguousarray(x)) & 0xffffffff:08x}'
+          for name, x in _flat(params).items()}
+
+
+def verify(directory: str, params: Params) -> None:
+  """Compares `params`, as read from the checkpoint, with its `integrity.json`.
+
+  Raises:
+    UserError: a parameter's checksum differs (names the checkpoint and the parameter), or the
+      integrity file is unreadable.
+  """
+  path = os.path.join(directory, INTEGRITY_FILE)
+  if not os.path.isfile(path):
+    log.warning('%s: written without checksums (before integrity.json existed); its parameters '
+                'cannot be verified', directory)
+    return
+  try:
+    with open(path) as f:
+      expected = json.load(f)['arrays']
+  except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+    raise UserError(f'{path}: corrupt integrity file ({type(e).__name__})') from None
+  flat = _flat(params)
+  for name in sorted(flat):
+    got = f'{zlib.crc32(np.ascontiguousarray(np.asarray(flat[name]))) & 0xffffffff:08x}'
+    if expected.get(name) != got:
+      raise UserError(f'{directory}: parameter {name} is corrupt (checksum {got}, saved '
+                      f'{expected.get(name)}); the checkpoint data was damaged after writing')
+
+
+def _hf_hint(directory: str) -> str:
+  """A hint to `import-hf` when `directory` holds an HF transformers checkpoint, else ''."""
+  if any(os.path.isfile(os.path.join(directory, name)) for name in HF_FILES):
+    return (f'; it is a Hugging Face checkpoint: convert it first with `gqa-spec import-hf '
+            f'{directory} OUT_DIR`')
+  return ''
+
+
 def load_config(directory: str) -> T5Config:
   """Reads `config.json` of a native checkpoint."""
   if not os.path.isdir(directory):
     raise UserError(f'{directory}: checkpoint directory not found')
   path = os.path.join(directory, CONFIG_FILE)
+  hint = '' if os.path.isdir(os.path.join(directory, PARAMS_DIR)) else _hf_hint(directory)
+  if hint:
+    raise UserError(f'{directory}: not a gqa-spec checkpoint{hint}')
   if not os.path.isfile(path):
     raise UserError(f'{path}: missing; not a gqa-spec checkpoint directory')
   try:
@@ -154,6 +210,7 @@ def load_checkpoint(directory: str) -> Tuple[T5Config, Params, Optional[str]]:
   params_dir = os.path.join(directory, PARAMS_DIR)
   if not os.path.isdir(params_dir):
     raise UserError(f'{params_dir}: missing; the checkpoint has no parameters')
+  _check_storage(params_dir)
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   expected = abstract_params(config)
   with ocp.StandardCheckpointer() as checkpointer:
@@ -171,8 +228,23 @@ def load_checkpoint(directory: str) -> Tuple[T5Config, Params, Optional[str]]:
     except Exception as e:  # pylint: disable=broad-except
       raise UserError(f'{params_dir}: corrupt orbax checkpoint ({type(e).__name__}: '
                       f'{_first_line(e)})') from None
+  verify(directory, params)
   params = jax.tree.map(lambda x: x.astype(config.parameter_dtype), params)
   return config, params, vocab_path(directory)
+
+
+def _check_storage(params_dir: str) -> None:
+  """Reads the OCDBT index (manifest and B-tree) before orbax does: a truncated or damaged one is a
+  one-line `UserError` here, where orbax fails with an unrelated AttributeError and leaves asyncio
+  callbacks raising after its event loop closed."""
+  if not os.path.isfile(os.path.join(params_dir, 'manifest.ocdbt')):
+    return  # not an OCDBT checkpoint: orbax's own errors apply
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  try:
+    ts.KvStore.open({'driver': 'ocdbt', 'base': f'file://{params_dir}'}).result().list().result()
+  except Exception as e:  # pylint: disable=broad-except; tensorstore raises ValueError and others
+    raise UserError(f'{params_dir}: corrupt orbax checkpoint (its OCDBT index: '
+                    f'{_first_line(e)})') from None
 
 
 def _unflat_like(tree: Params, flat: dict, prefix: str = '') -> Params:

@@ -8,6 +8,7 @@ import itertools
 import os
 from typing import Iterator, List
 
+from gqa_spec import arguments
 from gqa_spec.errors import UserError
 
 
@@ -79,6 +80,7 @@ def _show(args) -> int:
   if not os.path.exists(vocab.sentencepiece_model_file):
     raise UserError(f'no vocabulary at {vocab.sentencepiece_model_file}; run `gqa-spec data '
                     'prepare` or pass --vocab')
+  _check_split(task, args.task, args.split)
   ds = task.get_dataset(lengths, split=args.split, shuffle=False, num_epochs=1, seed=args.seed)
   examples: Iterator = ds.take(args.n).as_numpy_iterator()
   shown = 0
@@ -93,6 +95,14 @@ def _show(args) -> int:
   return 0
 
 
+def _check_split(task, name: str, split: str) -> None:
+  """A split the task (every task of a mixture) does not have: `UserError` listing those it has."""
+  members = getattr(task, 'tasks', None) or [task]
+  splits = set.intersection(*(set(t.splits) for t in members))
+  if split not in splits:
+    raise UserError(f'{name} has no split {split!r}; its splits: {", ".join(sorted(splits))}')
+
+
 def _vocab(args) -> int:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from gqa_spec.data import vocabulary  # pylint: disable=g-import-not-at-top
@@ -100,6 +110,8 @@ def _vocab(args) -> int:
   task = tasks.get(args.task)
   if not hasattr(task, 'source'):
     raise UserError(f'{args.task} is a mixture; train the vocabulary on one of its tasks')
+  arguments.check_outputs({'--output': args.output})
+  _check_split(task, args.task, args.split)
   ds = task.source.get_dataset(split=args.split, shuffle=False)
   if args.max_examples:
     ds = ds.take(args.max_examples)
@@ -165,14 +177,15 @@ def register(subparsers):
   p.add_argument('--lists-dir', default=None,
                  help='directory of *_i18n_Translation-{en,de}* files (default /var/lib/apt/lists)')
   p.add_argument('--data-dir', default=None, help='output directory')
-  p.add_argument('--vocab-size', type=int, default=8000, help='SentencePiece pieces (+100 extra ids)')
+  p.add_argument('--vocab-size', type=arguments.positive_int, default=8000,
+                 help='SentencePiece pieces (+100 extra ids)')
   p.add_argument('--no-vocab', action='store_true', help='skip training the vocabulary')
   p.set_defaults(func=_prepare)
 
   p = sub.add_parser('show', help='print preprocessed examples of a registered task')
   p.add_argument('task')
   p.add_argument('--split', default='validation')
-  p.add_argument('-n', type=int, default=3, help='number of examples')
+  p.add_argument('-n', type=arguments.positive_int, default=3, help='number of examples')
   p.add_argument('--lengths', default=None, help='INPUTS,TARGETS feature lengths')
   p.add_argument('--seed', type=int, default=0)
   _add_dirs(p)
@@ -181,8 +194,9 @@ def register(subparsers):
   p = sub.add_parser('vocab', help="train a SentencePiece model on a task's raw text")
   p.add_argument('--task', default='ddtp_span_corruption')
   p.add_argument('--split', default='train')
-  p.add_argument('--size', type=int, default=8000, help='pieces (+100 extra ids)')
-  p.add_argument('--max-examples', type=int, default=None)
+  p.add_argument('--size', type=arguments.positive_int, default=8000,
+                 help='pieces (+100 extra ids)')
+  p.add_argument('--max-examples', type=arguments.positive_int, default=None)
   p.add_argument('--output', required=True, help='path of the .model file to write')
   _add_dirs(p)
   p.set_defaults(func=_vocab)

@@ -22,9 +22,9 @@ from typing import Iterable, Iterator, Optional
 import seqio
 import sentencepiece as spm
 
+from gqa_spec.data.vocab_fit import EXTRA_IDS  # pylint: disable=unused-import  (defined seqio-free)
 from gqa_spec.errors import UserError
 
-EXTRA_IDS = 100
 DEFAULT_VOCAB_SIZE = 8000  # pieces, before the extra ids
 
 

@@ -25,6 +25,7 @@ import os
 import time
 from typing import Any, Dict, List
 
+from gqa_spec import arguments
 from gqa_spec.errors import UserError
 
 EOS = 1
@@ -51,7 +52,7 @@ def register(subparsers) -> None:
   p.add_argument('--stage2', default=None,
                  help='staged speculation: bigram:PATH speculates the model draft\'s own tokens '
                       '(a chain, or with --tree the tree draft\'s levels)')
-  p.add_argument('--stage2-gamma', type=int, default=3,
+  p.add_argument('--stage2-gamma', type=arguments.positive_int, default=3,
                  help='bigram tokens the draft verifies per draft call (with --stage2; with '
                       '--tree: chain tokens fed after each expanded node)')
   p.add_argument('--temperature', type=float, default=0.0, help='0 = greedy')
@@ -72,7 +73,7 @@ def register(subparsers) -> None:
   f.add_argument('--order', type=int, choices=(1, 2), required=True)
   f.add_argument('--out', required=True, help='output .npz path')
   f.add_argument('--split', default='train')
-  f.add_argument('--max-examples', type=int, default=None)
+  f.add_argument('--max-examples', type=arguments.positive_int, default=None)
   f.set_defaults(func=ngram_fit)
 
 
@@ -145,6 +146,8 @@ def generate(args: argparse.Namespace) -> int:
   if args.stage2 is not None:
     if draft_spec == 'none':
       raise UserError('--stage2 needs a model --draft')
+  arguments.check_outputs({'--out': args.out, '--stats': args.stats},
+                          inputs={'--inputs': args.inputs, '--model': args.model})
   target_config, params, vocab_path = _load(args.model, 'model')
   vocab = None
   if vocab_path:
@@ -292,6 +295,7 @@ def _stats(results, speculative_run: bool, seconds: float, compile_seconds: floa
 
 
 def ngram_fit(args: argparse.Namespace) -> int:
+  arguments.check_outputs({'--out': args.out})
   from gqa_spec.decoding.drafts import save_ngram  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.drafts.ngram import fit_ngram_on_task  # pylint: disable=g-import-not-at-top
   model = fit_ngram_on_task(args.task, args.order, args.split, args.max_examples)

@@ -123,6 +123,11 @@ class InferenceEvaluator:
           eval_split=self.split, sequence_length=lengths, num_examples=self.num_examples,
           use_memory_cache=True, async_compute_metrics=False)
       has_tasks = bool(self._evaluator.eval_tasks)
+    from gqa_spec.data import vocab_fit  # pylint: disable=g-import-not-at-top
+    vocab_fit.check(
+        {t.name: t.vocabulary.vocab_size for t in self._exported} if self._evaluator is None else
+        {t.name: max(f.vocabulary.vocab_size for f in t.output_features.values())
+         for t in self._evaluator.eval_tasks}, self.model_config.vocab_size, 'the model')
     self._lengths = lengths
     self._max_decode_len = lengths['targets']
     if not has_tasks:

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gqa_spec.data import exported
+from gqa_spec.data import exported, vocab_fit
 from gqa_spec.errors import UserError
 
 DECODINGS = ('greedy', 'sample', 'beam', 'speculative')
@@ -116,6 +116,8 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
                                            batch_size, num_examples)
   length = lengths['targets']
   config, params, _ = load_any(checkpoint_path)
+  vocab_fit.check({name: vocab.vocab_size for name, vocab, _ in task_batches}, config.vocab_size,
+                  checkpoint_path)
   model = Transformer(config)
   decode = functools.partial(
       _predict, model, params, length=length, decoding=decoding, beam_size=beam_size,

@@ -20,6 +20,7 @@ import dataclasses
 import math
 from typing import Dict, Optional, Tuple
 
+from gqa_spec.data import vocab_fit
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config, preset as model_preset
 
@@ -45,6 +46,11 @@ class Variant:
     if self.method is None:
       return f'mha_g{self.kv_heads}'
     return f'g{self.kv_heads}_{self.method}_a{self.alpha:g}'
+
+
+# Numeric preset fields where 0 means something (no uptraining, greedy decoding); every other
+# number is a size, a count of steps or a rate, and must be positive.
+_MAY_BE_ZERO = ('alphas', 'method_ablation_alpha', 'temperatures')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +125,19 @@ class Preset:
   finetune_multitask: bool = False
 
   def __post_init__(self):
+    for field in dataclasses.fields(self):  # sizes, steps, rates: positive (`_MAY_BE_ZERO`: >= 0)
+      value = getattr(self, field.name)
+      values = value if isinstance(value, tuple) else (value,)
+      low = 0 if field.name in _MAY_BE_ZERO else None
+      bad = [x for x in values if isinstance(x, (int, float)) and not isinstance(x, bool)
+             and (x < 0 or (low is None and x == 0) or x != x)]
+      if bad:
+        raise UserError(f'preset field {field.name} must be {">=" if low == 0 else ">"} 0, got '
+                        f'{bad[0]}')
+    for role in ('target', 'draft'):  # up front, not when a stage meets the task
+      vocab_fit.check({f'ddtp ({self.vocab_pieces} pieces + {vocab_fit.EXTRA_IDS} extra ids)':
+                       self.vocab_pieces + vocab_fit.EXTRA_IDS},
+                      getattr(self, role).vocab_size, f"the preset's {role}")
     if self.pretrain_task not in PRETRAIN_TASKS:
       raise UserError(f'pretrain_task {self.pretrain_task!r} is not one of '
                       f'{", ".join(PRETRAIN_TASKS)}')

@@ -18,7 +18,7 @@ TensorFlow: seqio's packing, a seeded order per epoch, and the same skip on resu
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, Mapping, Optional
+from typing import Dict, Iterator, Mapping, Optional
 
 import jax
 import numpy as np
@@ -59,6 +59,22 @@ class DatasetConfig:
                       f"{sorted(self.task_feature_lengths)}")
     if self.batch_size < 1:
       raise UserError(f'batch_size must be positive, got {self.batch_size}')
+
+
+def vocab_sizes(name: str) -> Dict[str, int]:
+  """Task name -> its vocabulary's size (pieces + extra ids), for a task or each of a mixture's.
+
+  Raises:
+    UserError: an unknown task or mixture (the message lists the known ones).
+  """
+  from gqa_spec.data import exported  # pylint: disable=g-import-not-at-top
+  if exported.is_exported(name):
+    return {t.name: t.vocabulary.vocab_size for t in exported.resolve(name)[0]}
+  import seqio  # pylint: disable=g-import-not-at-top  (TensorFlow only for seqio tasks)
+  from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top
+  tasks.get(name)
+  return {t.name: max(f.vocabulary.vocab_size for f in t.output_features.values())
+          for t in seqio.get_subtasks(seqio.get_mixture_or_task(name))}
 
 
 def get_batches(cfg: DatasetConfig, skip_batches: int = 0,

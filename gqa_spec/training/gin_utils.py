@@ -122,6 +122,8 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str] = (),
   except Exception as e:  # pylint: disable=broad-except  (gin raises SyntaxError, tokenize's
     # TokenError, ValueError, ImportError, ...: every one of them here means a bad config)
     gin.clear_config(clear_constants=True)
+    if str(e).startswith('Unable to parse value'):
+      _check_binding_values(gin, bindings)
     message = _one_line(e)
     if isinstance(e, IOError) and str(e).startswith('Unable to open file: '):
       missing = str(e)[len('Unable to open file: '):].split('. Searched config paths')[0]
@@ -132,6 +134,25 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str] = (),
     if 'In file' not in message and 'In binding' not in message:
       message += f' (parsing {", ".join(resolved)}{" and bindings" if bindings else ""})'
     raise UserError(f'gin: {message}') from None
+
+
+def _check_binding_values(gin, bindings: Sequence[str]) -> None:
+  """A binding whose value is no gin literal: `UserError` naming it and showing the quoting.
+
+  Called when gin failed to parse a value: its message ("Unable to parse value. (line 1)") names
+  neither the binding nor the rule. References (`@name`) and macros (`%NAME`) are gin's to judge.
+  """
+  for binding in bindings:
+    name, eq, value = binding.partition('=')
+    name, value = name.strip(), value.strip()
+    if not eq or '\n' in value or value.startswith(('@', '%')):
+      continue  # gin reports those with their context
+    try:
+      gin.config.parse_value(value)
+    except (SyntaxError, ValueError):
+      example = value.replace("'", '')
+      raise UserError(f'gin: cannot parse the value of {name}: {value}; a gin string needs its own '
+                      f'quotes inside the shell\'s, e.g. --gin.{name}="\'{example}\'"') from None
 
 
 def call(fn, *args, **kwargs):

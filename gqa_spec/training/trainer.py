@@ -50,8 +50,9 @@ from gqa_spec.models.config import T5Config
 from gqa_spec.checkpoints import manager
 from gqa_spec.training import losses
 from gqa_spec.checkpoints.load import load_any
+from gqa_spec.data import vocab_fit
 from gqa_spec.training import summaries
-from gqa_spec.training.data import DatasetConfig, get_batches
+from gqa_spec.training.data import DatasetConfig, get_batches, vocab_sizes
 from gqa_spec.training.optimizer import LearningRateFn, adafactor, rsqrt_decay
 from gqa_spec.partitioning import Partitioner, initialize_distributed
 from gqa_spec.training.train_step import TrainState, TrainStep
@@ -177,6 +178,9 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
   step_fn = step_fn or TrainStep(model_config, optimizer or adafactor(),
                                  learning_rate_fn or rsqrt_decay(), partitioner, z_loss,
                                  loss_normalizing_factor, dropout_seed=random_seed)
+  if train_dataset_cfg.mixture_or_task_name != 'synthetic':  # before the run directory exists
+    vocab_fit.check(vocab_sizes(train_dataset_cfg.mixture_or_task_name),
+                    model_config.vocab_size, 'model_config')
   is_writer = jax.process_index() == 0
   os.makedirs(model_dir, exist_ok=True)
   ckpt = manager.Checkpointer(model_dir, checkpoint_cfg.save_period, checkpoint_cfg.keep,

@@ -118,3 +118,20 @@ def test_console_entry_point_subprocess(hf_dir, tmp_path):
   assert bad.returncode == 2
   assert bad.stderr.strip().splitlines()[-1].startswith('gqa-spec: error: --kv-heads 5')
   assert 'Traceback' not in bad.stderr
+
+
+def test_outputs_checked_first_and_hf_folder_hint(run, hf_dir, tmp_path):
+  _one_line_error(*run('convert', hf_dir, tmp_path / 'g', '--kv-heads', 2, '--method', 'mean')[::2],
+                  f'it is a Hugging Face checkpoint: convert it first with `gqa-spec import-hf '
+                  f'{hf_dir} OUT_DIR`')
+  ckpt = tmp_path / 'ckpt'
+  ckpt.mkdir()
+  (ckpt / 'config.json').write_text('{}')  # never read: the output is refused first
+  _one_line_error(*run('export-hf', ckpt, ckpt, '--overwrite')[::2],
+                  f'HF_DIR {ckpt} would replace the input CKPT_DIR')
+  _one_line_error(*run('convert', ckpt, tmp_path, '--kv-heads', 1, '--method', 'mean',
+                       '--overwrite')[::2], 'would replace the input CKPT_DIR')
+  (tmp_path / 'taken').mkdir()
+  _one_line_error(*run('convert', ckpt, tmp_path / 'taken', '--kv-heads', 1, '--method',
+                       'mean')[::2], 'already exists (pass --overwrite')
+  assert (ckpt / 'config.json').read_text() == '{}'

@@ -132,3 +132,46 @@ def test_corrupt_params(saved, tmp_path):
 def test_config_json_is_the_model_config(saved):
   with open(os.path.join(saved[0], 'config.json')) as f:
     assert T5Config.from_dict(json.load(f)) == TINY
+
+
+def test_flipped_bytes_name_the_checkpoint_and_the_parameter(saved, tmp_path):
+  # As the corruption: one byte in 5,000 flipped in the largest OCDBT data file.
+  directory = _copy(saved, tmp_path)
+  data = os.path.join(directory, 'params', 'ocdbt.process_0', 'd')
+  path = max((os.path.join(data, n) for n in os.listdir(data)), key=os.path.getsize)
+  raw = bytearray(open(path, 'rb').read())
+  for i in range(100, len(raw), 5000):
+    raw[i] ^= 0xff
+  open(path, 'wb').write(bytes(raw))
+  with pytest.raises(UserError, match=f'{directory}: parameter [\\w/]+ is corrupt') as info:
+    native.load_checkpoint(directory)
+  assert '\n' not in str(info.value)
+
+
+def test_truncated_manifest_is_one_line(saved, tmp_path, capfd):
+  directory = _copy(saved, tmp_path)
+  path = os.path.join(directory, 'params', 'manifest.ocdbt')
+  raw = open(path, 'rb').read()
+  open(path, 'wb').write(raw[:len(raw) // 2])
+  with pytest.raises(UserError,
+                     match='params: corrupt orbax checkpoint .its OCDBT index: .*manifest.ocdbt'):
+    native.load_checkpoint(directory)
+  import gc  # pylint: disable=g-import-not-at-top
+  gc.collect()  # orbax's leftover asyncio callbacks used to raise here ("Event loop is closed")
+  assert 'Traceback' not in capfd.readouterr().err
+
+
+def test_checkpoint_without_checksums_loads_with_a_note(saved, tmp_path, caplog):
+  directory = _copy(saved, tmp_path)
+  os.remove(os.path.join(directory, native.INTEGRITY_FILE))  # as written before checksums
+  _, params, _ = native.load_checkpoint(directory)
+  np.testing.assert_array_equal(np.asarray(params['token_embedder']['embedding']),
+                                np.asarray(saved[1]['token_embedder']['embedding']))
+  assert 'cannot be verified' in caplog.text
+
+
+def test_hf_folder_suggests_import_hf(tmp_path):
+  (tmp_path / 'config.json').write_text('{"d_model": 32}')
+  (tmp_path / 'model.safetensors').write_bytes(b'')
+  with pytest.raises(UserError, match=f'`gqa-spec import-hf {tmp_path} OUT_DIR`'):
+    native.load_checkpoint(str(tmp_path))

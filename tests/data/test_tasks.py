@@ -149,6 +149,18 @@ def test_cli_show_and_vocab(registered, capsys, tmp_path):
   tasks.register_paper_tasks()
 
 
+def test_cli_show_names_the_splits_and_the_flag(registered, capsys):
+  data_dir, _ = registered
+  with pytest.raises(UserError, match="ddtp_summarize has no split 'nosuch'; its splits: test, "
+                     'train, validation'):
+    _run_cli(['data', 'show', 'ddtp_summarize', '--split', 'nosuch', '--data-dir', data_dir])
+  with pytest.raises(UserError, match="ddtp_mixture has no split 'nosuch'; its splits: train, validation$"):
+    _run_cli(['data', 'show', 'ddtp_mixture', '--split', 'nosuch', '--data-dir', data_dir])
+  with pytest.raises(SystemExit):
+    _run_cli(['data', 'show', 'ddtp_summarize', '-n', '-3', '--data-dir', data_dir])
+  assert 'argument -n: must be >= 1, got -3' in capsys.readouterr().err
+
+
 def test_cli_prepare_on_missing_dir(tmp_path):
   with pytest.raises(UserError, match='data fetch'):
     _run_cli(['data', 'prepare', '--lists-dir', str(tmp_path / 'none'),

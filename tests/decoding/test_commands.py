@@ -108,3 +108,30 @@ def test_ngram_fit_unknown_task_is_a_one_line_error(tmp_path, capsys):
   assert cli.main(['ngram', 'fit', '--task', 'no_such_task', '--order', '2', '--out',
                    str(tmp_path / 'x.npz')]) == 2
   assert 'unknown task' in capsys.readouterr().err
+
+
+def test_output_paths_are_checked_before_decoding(workdir, tmp_path, capsys):
+  inputs = str(workdir / 'in.jsonl')
+  before = open(inputs).read()
+  out = str(tmp_path / 'o.jsonl')
+  for outputs, message in [
+      (['--out', inputs], '--out'),  # would replace the inputs
+      (['--out', out, '--stats', out], 'the same path'),
+      (['--out', str(tmp_path)], 'is a folder'),
+      (['--out', out, '--stats', str(tmp_path / 'no' / 's.json')], 'does not exist')]:
+    argv = ['generate', '--model', str(workdir / 'ckpt'), '--inputs', inputs, *outputs]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith('gqa-spec: error:') and message in err and err.count('\n') == 1, err
+  assert open(inputs).read() == before and not (tmp_path / 'o.jsonl').exists()
+
+
+def test_hf_folder_as_model_suggests_import_hf(tmp_path, capsys):
+  hf = tmp_path / 'hf'
+  hf.mkdir()
+  (hf / 'config.json').write_text('{"d_model": 32, "num_heads": 4}')
+  (hf / 'model.safetensors').write_bytes(b'')
+  (tmp_path / 'in.jsonl').write_text('{"input_ids": [5, 1]}\n')
+  assert cli.main(['generate', '--model', str(hf), '--inputs', str(tmp_path / 'in.jsonl'),
+                   '--out', str(tmp_path / 'o.jsonl')]) == 2
+  assert f'gqa-spec import-hf {hf} OUT_DIR' in capsys.readouterr().err
