@@ -21,7 +21,7 @@ import tempfile
 import jax
 import numpy as np
 
-from benchmarks import common, workloads
+from benchmarks import common
 from benchmarks.decode_roofline import random_decoder
 from gqa_spec.decoding import autoregressive
 
