@@ -8,7 +8,7 @@ Benchmarks run as modules from the repository root (`python -m benchmarks.NAME .
 * Timing: `seconds()` of one call, `timed_runs()` after untimed warm-up calls, `median_seconds()` /
   `best_seconds()` over repeats. Every timed call is followed by `jax.block_until_ready`, so the
   asynchronous dispatch does not end the clock early.
-* Options: `add_dtype_argument()` (`--dtype`), `add_out_argument()` (`--out`).
+* Options: `add_dtype_argument()` (`--dtype`, `--param-dtype`), `add_out_argument()` (`--out`).
 * Writers: `command()` (the command line to record), `results()` (the JSON), `ab_fields()`,
   `heading()`, `table_head()`, `print_row()`, `write_json()`, `write_markdown()` (ending with the
   machine section), `write_lines()`, `load_note()`.
@@ -116,11 +116,12 @@ def best_seconds(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
 
 
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
-  """`--dtype`: the models' activation (and so K/V cache) dtype; parameters stay float32, as in
-  t5x."""
+  """`--dtype`: the models' activation (and so K/V cache) dtype; `--param-dtype`: the parameters',
+  cast once after init (`gqa_spec.checkpoints.param_dtype`; default float32, as t5x trains)."""
   parser.add_argument('--dtype', default='float32', choices=('float32', 'bfloat16'),
-                      help='activation (and so K/V cache) dtype; parameters stay float32, as in '
-                           't5x')
+                      help='activation (and so K/V cache) dtype')
+  parser.add_argument('--param-dtype', default=None, choices=('float32', 'bfloat16'),
+                      help='cast the floating parameters to this dtype once (default: float32)')
 
 
 def table_head(columns: Sequence[str]) -> List[str]:

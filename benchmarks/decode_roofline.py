@@ -10,6 +10,10 @@
 measures the library at git REF (e.g. HEAD~1) in alternating child processes (`common.py`) and reports
 both step times side by side.
 
+`--dtype bfloat16 --param-dtype bfloat16` decodes with bfloat16 activations and parameters cast once
+(`gqa_spec.checkpoints.param_dtype`; the float32 logits kernel stays float32); `--loop-chunk K` runs
+K steps per while-loop iteration (`autoregressive.decode`).
+
 Bound per step = bytes read per decode step / measured bandwidth, where the bytes are the
 decoder's parameters (the logits kernel included; the encoder is not read while decoding) plus the
 self-attention K/V cache (this implementation attends over the whole allocated cache, masked, so
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -45,10 +50,15 @@ def cross_kv_bytes(cache) -> int:
   return total
 
 
-def random_decoder(name: str, groups: int, dtype: str):
-  """(T5Decoder, random-init params) of preset `name` with `groups` K/V heads, `dtype` activations."""
-  model = Transformer(preset(name).replace(num_kv_heads=groups, dtype=dtype))
-  return T5Decoder(model), workloads.random_params(model)
+def random_decoder(name: str, groups: Optional[int], dtype: str,
+                   param_dtype: Optional[str] = None):
+  """(T5Decoder, random-init params) of preset `name` with `groups` K/V heads (None: the preset's),
+  `dtype` activations and parameters cast to `param_dtype` (None: float32)."""
+  config = preset(name).replace(dtype=dtype)
+  if groups is not None:
+    config = config.replace(num_kv_heads=groups)
+  model = Transformer(config)
+  return T5Decoder(model), workloads.random_params(model, dtype=param_dtype)
 
 
 def decode_state(dec, params, length: int, batch: int, steps: int):
@@ -66,20 +76,21 @@ def measure(args) -> list:
     for kv in args.kv.split(','):
       base = preset(name)
       groups = workloads.kv_heads(base, kv)
-      dec, params = random_decoder(name, groups, args.dtype)
+      dec, params = random_decoder(name, groups, args.dtype, args.param_dtype)
       for length in (int(n) for n in args.input_length.split(',')):
         for batch in (int(b) for b in args.batch.split(',')):
           state = decode_state(dec, params, length, batch, args.steps)
           run = lambda: autoregressive.decode(dec, state, jax.random.PRNGKey(0),
-                                              max_decode_len=args.steps, eos_id=-1)
+                                              max_decode_len=args.steps, eos_id=-1,
+                                              loop_chunk=args.loop_chunk)
           step = common.median_seconds(run, args.repeats) / args.steps
           param_bytes = workloads.tree_bytes(params['decoder'])
           self_kv = decode_cache.self_attention_kv_bytes(state.cache)
           cross_kv = cross_kv_bytes(state.cache)
           bound = (param_bytes + self_kv + cross_kv) / bw
           row = {'preset': name, 'kv_heads': groups, 'input_length': length, 'batch': batch,
-                 'dtype': args.dtype,
-                 'step_ms': step * 1e3, 'bound_ms': bound * 1e3, 'ratio_to_bound': step / bound,
+                 'dtype': args.dtype, 'param_dtype': args.param_dtype or 'float32',
+                 'loop_chunk': args.loop_chunk, 'step_ms': step * 1e3, 'bound_ms': bound * 1e3, 'ratio_to_bound': step / bound,
                  'bandwidth_gb_s': bw / 1e9, 'decoder_param_mib': param_bytes / 2 ** 20,
                  'self_kv_mib': self_kv / 2 ** 20, 'cross_kv_mib': cross_kv / 2 ** 20,
                  'loadavg': os.getloadavg()[0]}
@@ -96,7 +107,7 @@ def profile_steps(args, argv) -> None:
   for entry in args.profile.split(','):
     name, groups, batch, length = entry.split(':')
     groups, batch, length = int(groups), int(batch), int(length)
-    dec, params = random_decoder(name, groups, args.dtype)
+    dec, params = random_decoder(name, groups, args.dtype, args.param_dtype)
     state = decode_state(dec, params, length, batch, args.steps)
     result = op_profile.profile(
         lambda st: autoregressive.decode(dec, st, jax.random.PRNGKey(0),
@@ -139,6 +150,8 @@ def main(argv=None):
   p.add_argument('--steps', type=int, default=64)
   common.add_dtype_argument(p)
   p.add_argument('--repeats', type=int, default=5)
+  p.add_argument('--loop-chunk', type=int, default=1,
+                 help='decode steps per while-loop iteration (autoregressive.decode loop_chunk)')
   common.add_ab_arguments(p)
   p.add_argument('--profile', default=None,
                  help='PRESET:G:BATCH:LENGTH[,...]: write per-op profiles of the decode loop instead')
@@ -179,7 +192,10 @@ def main(argv=None):
   for r in rows:
     base = (f' {r["baseline_step_ms"]:.3f} | {r["speedup_vs_baseline"]:.2f} |'
             if args.baseline else '')
-    dtype = '' if r.get('dtype', 'float32') == 'float32' else f' ({r["dtype"]})'
+    dtype = '' if r.get('dtype', 'float32') == 'float32' else f' ({r["dtype"]}'
+    if r.get('param_dtype', 'float32') != 'float32':
+      dtype += f', {r["param_dtype"]} params' if dtype else f' ({r["param_dtype"]} params'
+    dtype += ')' if dtype else ''
     lines.append(f'| {r["preset"]}{dtype} | {r["kv_heads"]} | {r["input_length"]} | {r["batch"]} | '
                  f'{r["step_ms"]:.3f} |{base} {r["bound_ms"]:.3f} | {r["ratio_to_bound"]:.1f} | '
                  f'{r["decoder_param_mib"]:.2f} | {r["self_kv_mib"]:.3f} | {r["cross_kv_mib"]:.3f} |')

@@ -44,14 +44,18 @@ TIMED = ('target_step_ms', 'draft_step_ms', 'verify_ms', 'propose_ms', 'iteratio
 
 
 def _setup(args, batch: int):
-  """The random-init target and draft named by `--target-preset` / `--draft-preset` (in `--dtype`)
+  """The random-init target and draft named by `--target-preset` / `--draft-preset` (in `--dtype`,
+  parameters cast to `--param-dtype`)
   as `(target, target params, draft, draft params, encoder tokens [batch, --input-length])`."""
-  target_model, draft_model = (Transformer(preset(name, dtype=args.dtype))
-                               for name in (args.target_preset, args.draft_preset))
+  layers = {} if args.draft_layers is None else dict(num_encoder_layers=args.draft_layers,
+                                                    num_decoder_layers=args.draft_layers)
+  target_model = Transformer(preset(args.target_preset, dtype=args.dtype))
+  draft_model = Transformer(preset(args.draft_preset, dtype=args.dtype, **layers))
   rng = np.random.default_rng(0)
   enc = jnp.asarray(rng.integers(2, 8000, size=(batch, args.input_length)), jnp.int32)  # [b, S]
-  return (T5Decoder(target_model), workloads.random_params(target_model),
-          ModelDraft.t5(draft_model), workloads.random_params(draft_model), enc)
+  cast = lambda model: workloads.random_params(model, dtype=args.param_dtype)
+  return (T5Decoder(target_model), cast(target_model), ModelDraft.t5(draft_model),
+          cast(draft_model), enc)
 
 
 def measure(args) -> list:
@@ -84,7 +88,9 @@ def measure(args) -> list:
       loop_secs = common.best_seconds(run, args.repeats) - init_secs
       t_iter = loop_secs / iterations
       row = {'batch': batch, 'gamma': gamma, 'input_length': args.input_length,
-             'target': args.target_preset, 'draft': args.draft_preset, 'dtype': args.dtype,
+             'target': args.target_preset, 'draft': args.draft_preset,
+             'draft_layers': args.draft_layers, 'dtype': args.dtype,
+             'param_dtype': args.param_dtype or 'float32',
              'max_decode_len': length, 'loop_iterations': iterations,
              'target_step_ms': t_target * 1e3, 'draft_step_ms': t_draft * 1e3,
              'verify_ms': t_verify * 1e3, 'propose_ms': t_propose * 1e3,
@@ -135,6 +141,9 @@ def main(argv=None):
   p.add_argument('--repeats', type=int, default=3)
   p.add_argument('--target-preset', default='mini')
   p.add_argument('--draft-preset', default='nano')
+  p.add_argument('--draft-layers', type=int, default=None,
+                 help='the draft preset with this many encoder and decoder layers (e.g. a 2-layer '
+                      'small: --draft-preset small --draft-layers 2)')
   common.add_dtype_argument(p)
   common.add_ab_arguments(p)
   p.add_argument('--profile', default=None, help='B,GAMMA: write the loop\'s per-op profile')

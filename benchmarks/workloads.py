@@ -18,7 +18,7 @@ the padded batch.
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +32,7 @@ from gqa_spec.models.t5 import Transformer
 from gqa_spec.training import optimizer
 from gqa_spec.training.data import DatasetConfig, synthetic_batches
 from gqa_spec.partitioning import Partitioner
+from gqa_spec.checkpoints import param_dtype
 from gqa_spec.training.train_step import TrainStep
 
 SETTINGS = {  # name: (batch, inputs length, targets length, dropout, pre-training schedule)
@@ -45,15 +46,17 @@ SETTINGS = {  # name: (batch, inputs length, targets length, dropout, pre-traini
 
 
 # A Transformer (a frozen dataclass of its config) is hashable: one compiled init per model.
-@functools.partial(jax.jit, static_argnums=0)
-def _init(model: Transformer, rng: jax.Array):
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _init(model: Transformer, rng: jax.Array, dtype: Optional[str] = None):
   dummy = jnp.ones((1, 8), jnp.int32)  # [batch, length]: shapes do not matter to the params
-  return model.init(rng, dummy, dummy, dummy, enable_dropout=False)['params']
+  params = model.init(rng, dummy, dummy, dummy, enable_dropout=False)['params']
+  return param_dtype.cast(model.config, params, dtype)[1]  # inside the jit: no float32 copy kept
 
 
-def random_params(model: Transformer, seed: int = 0):
-  """Random-init parameters of `model` (float32, as t5x keeps them)."""
-  return _init(model, jax.random.PRNGKey(seed))
+def random_params(model: Transformer, seed: int = 0, dtype: Optional[str] = None):
+  """Random-init parameters of `model` (float32, as t5x keeps them), cast to `dtype` (None:
+  float32) as `gqa-spec generate --param-dtype` casts a checkpoint's."""
+  return _init(model, jax.random.PRNGKey(seed), dtype)
 
 
 def kv_heads(config: T5Config, kv: str) -> int:

@@ -5,6 +5,7 @@
       [--gamma G] [--tree {topk:K1,K2,...|best:N,depth:D[,width:W]}[,replace]]
       [--stage2 bigram:PATH [--stage2-gamma G2]] [--temperature T]
       [--top-k K] [--top-p P] [--lenience L] [--seed S] [--model-parallel N]
+      [--param-dtype {float32,bfloat16}] [--loop-chunk K]
   gqa-spec ngram fit --task TASK --order {1,2} --out PATH [--split train] [--max-examples N]
 
 Input lines hold `input_ids` (ints) or `inputs` (text; needs a checkpoint vocabulary). Output
@@ -14,7 +15,11 @@ rows, so decoding compiles once; `--stats` `seconds` is the decode wall time aft
 (`compile_seconds` apart). `--model-parallel N` decodes on a mesh of all devices with a model
 axis of N (`gqa_spec.decoding.mesh`; a model draft gets its own placement); `--stats` always
 reports `memory_per_device`, the target's parameter and cache bytes per device on the mesh used
-(`gqa_spec.decoding.memory`).
+(`gqa_spec.decoding.memory`). `--param-dtype bfloat16` casts the floating parameters of the target
+and of a model draft once, at load (`gqa_spec.checkpoints.param_dtype`), so the decode loop
+converts no weight per step. `--loop-chunk K` (autoregressive decoding) runs K decode steps per
+while-loop iteration with a static trip count (`autoregressive.decode`'s `loop_chunk`): the same
+tokens, one host round trip per K steps on XLA:GPU.
 """
 
 from __future__ import annotations
@@ -63,6 +68,12 @@ def register(subparsers) -> None:
   p.add_argument('--model-parallel', type=int, default=None, metavar='N',
                  help='decode on a mesh of all devices with a model axis of N (default: one '
                       'device)')
+  p.add_argument('--param-dtype', default=None, choices=('float32', 'bfloat16'),
+                 help='cast the floating parameters (target and model draft) to this dtype once, '
+                      'at load (default: as stored)')
+  p.add_argument('--loop-chunk', type=int, default=1, metavar='K',
+                 help='autoregressive decoding: K decode steps per while-loop iteration, a static '
+                      'trip count (same tokens; fewer host synchronisations on a GPU)')
   p.set_defaults(func=generate)
 
   ngram = subparsers.add_parser('ngram', help='n-gram drafts for speculative decoding')
@@ -124,7 +135,7 @@ def _load(path: str, what: str):
 
 
 def generate(args: argparse.Namespace) -> int:
-  for name in ('max_decode_len', 'batch_size', 'gamma'):
+  for name in ('max_decode_len', 'batch_size', 'gamma', 'loop_chunk'):
     _positive(name.replace('_', '-'), getattr(args, name))
   if args.model_parallel is not None:
     _positive('model-parallel', args.model_parallel)
@@ -146,9 +157,13 @@ def generate(args: argparse.Namespace) -> int:
   if args.stage2 is not None:
     if draft_spec == 'none':
       raise UserError('--stage2 needs a model --draft')
+  if args.loop_chunk != 1 and draft_spec != 'none':
+    raise UserError('--loop-chunk applies to autoregressive decoding; drop it or --draft')
   arguments.check_outputs({'--out': args.out, '--stats': args.stats},
                           inputs={'--inputs': args.inputs, '--model': args.model})
   target_config, params, vocab_path = _load(args.model, 'model')
+  from gqa_spec.checkpoints import param_dtype  # pylint: disable=g-import-not-at-top
+  target_config, params = param_dtype.cast(target_config, params, args.param_dtype)
   vocab = None
   if vocab_path:
     from gqa_spec.data.vocabulary import get_vocabulary  # pylint: disable=g-import-not-at-top
@@ -170,7 +185,8 @@ def generate(args: argparse.Namespace) -> int:
   max_len, gamma, batch = args.max_decode_len, args.gamma, args.batch_size
   width = -(-max(len(r) for r in rows) // 8) * 8  # one input length for all batches
   partitioner, mesh_shape = None, (1, 1)
-  run_ar, run_spec = autoregressive.decode, speculative.decode
+  from gqa_spec.decoding import tree_speculative  # pylint: disable=g-import-not-at-top
+  run_ar, run_spec, run_tree = autoregressive.decode, speculative.decode, tree_speculative.decode
   target = T5Decoder(Transformer(target_config))
   if args.model_parallel is not None:
     from gqa_spec.partitioning import Partitioner  # pylint: disable=g-import-not-at-top
@@ -181,31 +197,31 @@ def generate(args: argparse.Namespace) -> int:
     mesh_shape = (partitioner.data_size, args.model_parallel)
     target = mesh.MeshT5Decoder(target.model, partitioner)
     params = mesh.place_params(partitioner, params)
-    run_ar, run_spec = mesh.autoregressive, mesh.speculative
+    run_ar, run_spec, run_tree = mesh.autoregressive, mesh.speculative, mesh.tree_speculative
   draft = None
-  if partitioner is not None and (shape is not None or args.stage2 is not None):
-    raise UserError('--tree and --stage2 run on one device for now; drop --model-parallel')
+  placement = dict(mesh=None if partitioner is None else partitioner.mesh,
+                   param_dtype=args.param_dtype)
   if args.stage2 is not None:  # a chain StagedDraft, or a tree draft with a second stage
     draft, draft_init, draft_desc = factory.make_staged_draft(
-        draft_spec, args.stage2, target_config, gamma, args.stage2_gamma, max_len, shape=shape)
+        draft_spec, args.stage2, target_config, gamma, args.stage2_gamma, max_len, shape=shape,
+        **placement)
   elif shape is not None:
     draft, draft_init, draft_desc = factory.make_tree_draft(draft_spec, target_config, shape,
-                                                            max_len)
+                                                            max_len, **placement)
   elif draft_spec != 'none':
-    draft, draft_init, draft_desc = factory.make_draft(
-        draft_spec, target_config, gamma, max_len,
-        mesh=None if partitioner is None else partitioner.mesh)
+    draft, draft_init, draft_desc = factory.make_draft(draft_spec, target_config, gamma, max_len,
+                                                       **placement)
 
   def run(enc, n, rng):
     skip = np.arange(batch) >= n  # dummy rows filling the last batch
     if draft is None:
       state = target.init(params, enc, max_len + 1)
-      return run_ar(target, state, rng, max_decode_len=max_len, config=config, skip=skip)
+      return run_ar(target, state, rng, max_decode_len=max_len, config=config, skip=skip,
+                    loop_chunk=args.loop_chunk)
     if shape is not None:
-      from gqa_spec.decoding import tree_speculative  # pylint: disable=g-import-not-at-top
       state = target.init(params, enc, tree_speculative.target_cache_length(max_len, shape))
-      return tree_speculative.decode(target, state, draft, draft_init(enc), rng, shape=shape,
-                                     max_decode_len=max_len, config=config, skip=skip)
+      return run_tree(target, state, draft, draft_init(enc), rng, shape=shape,
+                      max_decode_len=max_len, config=config, skip=skip)
     state = target.init(params, enc, speculative.target_cache_length(max_len, gamma))
     return run_spec(target, state, draft, draft_init(enc), rng, gamma=gamma,
                     max_decode_len=max_len, config=config, skip=skip)
@@ -248,6 +264,8 @@ def generate(args: argparse.Namespace) -> int:
                  stage2_gamma=args.stage2_gamma if args.stage2 else None,
                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                  lenience=args.lenience, batch_size=batch, max_decode_len=max_len,
+                 param_dtype=target_config.param_dtype,
+                 loop_chunk=args.loop_chunk if draft is None else None,
                  examples=len(rows), mesh={'data': mesh_shape[0], 'model': mesh_shape[1]},
                  memory_per_device=memory.memory_per_device(
                      target_config, batch=batch, input_length=width,

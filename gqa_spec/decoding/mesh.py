@@ -6,10 +6,11 @@ when G divides by the model axis, else replicated (cross-attention K/V likewise;
 `Partitioner.cache_shardings`). `MeshT5Decoder` is `targets.T5Decoder` with a partitioner: its
 `init` is jitted with the parameter and input shardings in and the state's shardings out, and
 every state it returns inside a loop is constrained to those shardings, so XLA keeps the cache
-sharded through the `lax.while_loop` instead of choosing a layout of its own. A model draft gets
-its own `MeshT5Decoder` (its own config's rules on the same mesh).
+sharded through the `lax.while_loop` instead of choosing a layout of its own. A model draft (chain, staged
+or tree) gets its own `MeshT5Decoder` (`draft_decoder`: its own config's rules on the same mesh).
 
-`autoregressive`, `beam` and `speculative` run the existing jitted loops (one implementation of
+`autoregressive`, `beam`, `speculative` and `tree_speculative` (token trees; staged speculation is
+a chain or tree draft with a second stage) run the existing jitted loops (one implementation of
 each algorithm) inside one `jax.jit` with explicit `in_shardings`/`out_shardings`: the whole loop
 is one device program, nothing goes to the host before it ends. Per-row outputs come back with
 rows on `data`; `to_host` gathers them after the loop.
@@ -42,7 +43,7 @@ from gqa_spec.decoding import beam_search as beam_lib
 from gqa_spec.decoding import sampling
 from gqa_spec.decoding import speculative as spec_lib
 from gqa_spec.decoding import targets
-from gqa_spec.decoding.drafts.model import ModelDraft
+from gqa_spec.decoding import tree_speculative as tree_lib
 from gqa_spec.decoding.targets import T5Decoder, T5State
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
@@ -84,8 +85,15 @@ class MeshT5Decoder(T5Decoder):
     logits, state = super().tokens_to_logits(state, tokens, positions, mask)  # [b, k, V]
     return logits, self._constrain(state)
 
+  def tokens_to_logits_and_hidden(self, state: T5State, tokens, positions=None, mask=None):
+    logits, hidden, state = super().tokens_to_logits_and_hidden(state, tokens, positions, mask)
+    return logits, hidden, self._constrain(state)
+
   def rollback(self, state: T5State, index) -> T5State:
     return self._constrain(super().rollback(state, index))
+
+  def move_slots(self, state: T5State, start, source) -> T5State:
+    return self._constrain(super().move_slots(state, start, source))
 
   def reorder(self, state: T5State, rows) -> T5State:
     return self._constrain(super().reorder(state, rows))
@@ -101,10 +109,11 @@ def params_partitioner(config: T5Config, params: PyTree) -> Optional[Partitioner
   return Partitioner(sharding.mesh, logical_axis_rules(config, sharding.mesh.shape['model']))
 
 
-def model_draft(config: T5Config, mesh: Mesh) -> ModelDraft:
-  """A T5 model draft placed on `mesh` by its own config's rules."""
+def draft_decoder(config: T5Config, mesh: Mesh) -> MeshT5Decoder:
+  """A T5 draft's decoder placed on `mesh` by its own config's rules (for any model draft:
+  `ModelDraft`, `StagedDraft`, `TreeModelDraft`)."""
   rules = logical_axis_rules(config, mesh.shape['model'])
-  return ModelDraft(MeshT5Decoder(Transformer(config), Partitioner(mesh, rules)))
+  return MeshT5Decoder(Transformer(config), Partitioner(mesh, rules))
 
 
 def place_params(partitioner: Partitioner, params: PyTree) -> PyTree:
@@ -158,10 +167,15 @@ def _result_shardings(partitioner: Partitioner, result: Any, rows: int) -> Any:
 
 
 def _draft_shardings(partitioner: Partitioner, draft: Any, state: PyTree) -> PyTree:
-  """A model draft's state by its own decoder's rules; other drafts' (small) states replicated."""
+  """A model draft's decoder state by its own decoder's rules (the whole state of a `ModelDraft`,
+  the `decoder_state` field of a staged or tree draft's); everything else (other drafts' small
+  states, a staged draft's bigram table and counters) replicated."""
   decoder = getattr(draft, 'decoder', None)
   if isinstance(decoder, MeshT5Decoder):
-    return decoder.state_shardings(state)
+    if isinstance(state, T5State):
+      return decoder.state_shardings(state)
+    replicated = jax.tree_util.tree_map(lambda _: partitioner.replicated, state)
+    return replicated.replace(decoder_state=decoder.state_shardings(state.decoder_state))
   return jax.tree_util.tree_map(lambda _: partitioner.replicated, state)
 
 
@@ -179,19 +193,20 @@ def _run(key, fn, in_shardings, out_fn, args):
 
 def autoregressive(decoder: MeshT5Decoder, state: T5State, rng: jax.Array, *,
                    max_decode_len: int, config: sampling.SamplingConfig = sampling.GREEDY,
-                   eos_id: int = ar_lib.EOS, skip=None) -> ar_lib.DecodeResult:
+                   eos_id: int = ar_lib.EOS, skip=None,
+                   loop_chunk: int = 1) -> ar_lib.DecodeResult:
   """`autoregressive.decode` on the mesh (same arguments); rows of the result on `data`."""
   part, rows = decoder.partitioner, decoder.index(state).shape[0]
-  fn = functools.partial(_ar, decoder, max_decode_len, config, eos_id)
+  fn = functools.partial(_ar, decoder, max_decode_len, config, eos_id, loop_chunk)
   args = (state, rng, _skip(decoder, state, skip))
-  return _run(('ar', decoder, max_decode_len, config, eos_id), fn,
+  return _run(('ar', decoder, max_decode_len, config, eos_id, loop_chunk), fn,
               (decoder.state_shardings(state), part.replicated, part.rows_sharding(rows)),
               lambda out: _result_shardings(part, out, rows), args)
 
 
-def _ar(decoder, max_decode_len, config, eos_id, state, rng, skip):
+def _ar(decoder, max_decode_len, config, eos_id, loop_chunk, state, rng, skip):
   return ar_lib.decode(decoder, state, rng, max_decode_len=max_decode_len, config=config,
-                       eos_id=eos_id, skip=skip)
+                       eos_id=eos_id, skip=skip, loop_chunk=loop_chunk)
 
 
 def beam(decoder: MeshT5Decoder, state: T5State, *, beam_size: int, max_decode_len: int,
@@ -233,4 +248,25 @@ def speculative(target: MeshT5Decoder, target_state: T5State, draft: Any, draft_
 def _spec(target, draft, gamma, max_decode_len, config, eos_id, target_state, draft_state, rng,
           skip):
   return spec_lib.decode(target, target_state, draft, draft_state, rng, gamma=gamma,
+                         max_decode_len=max_decode_len, config=config, eos_id=eos_id, skip=skip)
+
+
+def tree_speculative(target: MeshT5Decoder, target_state: T5State, draft: Any,
+                     draft_state: PyTree, rng: jax.Array, *, shape: Any, max_decode_len: int,
+                     config: sampling.SamplingConfig = sampling.GREEDY, eos_id: int = ar_lib.EOS,
+                     skip=None) -> spec_lib.SpeculativeResult:
+  """`tree_speculative.decode` on the mesh (`shape` a `tree.TreeShape`); placements as in
+  `speculative` (a model tree draft, staged or not, keeps its own)."""
+  part, rows = target.partitioner, target.index(target_state).shape[0]
+  fn = functools.partial(_tree, target, draft, shape, max_decode_len, config, eos_id)
+  args = (target_state, draft_state, rng, _skip(target, target_state, skip))
+  return _run(('tree', target, draft, shape, max_decode_len, config, eos_id), fn,
+              (target.state_shardings(target_state), _draft_shardings(part, draft, draft_state),
+               part.replicated, part.rows_sharding(rows)),
+              lambda out: _result_shardings(part, out, rows), args)
+
+
+def _tree(target, draft, shape, max_decode_len, config, eos_id, target_state, draft_state, rng,
+          skip):
+  return tree_lib.decode(target, target_state, draft, draft_state, rng, shape=shape,
                          max_decode_len=max_decode_len, config=config, eos_id=eos_id, skip=skip)

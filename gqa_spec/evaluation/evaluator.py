@@ -67,6 +67,8 @@ class InferenceEvaluator:
     tree: 'speculative' with a token tree instead of a chain (a model draft): `topk:K1,K2,...` or
       `best:N,depth:D[,width:W]` (see `gqa_spec.decoding.tree`); gamma is then unused. Trees decode
       on one device (not on a mesh).
+    param_dtype: cast a model draft's floating parameters to it once, at load (None: as stored;
+      `gqa_spec.checkpoints.param_dtype`). The target's parameters come with `run`.
   """
 
   mixture_or_task_name: str
@@ -82,6 +84,7 @@ class InferenceEvaluator:
   gamma: int = 4
   model_parallel: Optional[int] = None
   tree: Optional[str] = None
+  param_dtype: Optional[str] = None
 
   def __post_init__(self):
     if self.decoding not in DECODINGS:
@@ -137,10 +140,11 @@ class InferenceEvaluator:
     self._draft = None
     if self._tree is not None:
       self._draft = factory.make_tree_draft(self.draft, self.model_config, self._tree,
-                                            self._max_decode_len)
+                                            self._max_decode_len, param_dtype=self.param_dtype)
     elif self.decoding == 'speculative':
       self._draft = factory.make_draft(self.draft, self.model_config, self.gamma,
-                                       self._max_decode_len)  # (draft, init, description)
+                                       self._max_decode_len,
+                                       param_dtype=self.param_dtype)  # (draft, init, description)
     self.last_timings: List[float] = []
     self.last_speculative: List[Any] = []  # per timed batch: its `SpeculativeResult`
     self._partitioner = None  # the mesh decoding runs on (None: one device)
@@ -219,7 +223,8 @@ class InferenceEvaluator:
     if key not in self._mesh_drafts:
       from gqa_spec.decoding.drafts import factory  # pylint: disable=g-import-not-at-top
       self._mesh_drafts[key] = factory.make_draft(self.draft, self.model_config, self.gamma,
-                                                  self._max_decode_len, mesh=partitioner.mesh)
+                                                  self._max_decode_len, mesh=partitioner.mesh,
+                                                  param_dtype=self.param_dtype)
     return self._mesh_drafts[key]
 
   def _predict_batches(self, params: Any, batches: Iterator[Tuple[np.ndarray, Mapping]],
@@ -364,7 +369,8 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
                         batch_size: int = 32, num_examples: Optional[int] = None,
                         decoding: str = 'greedy', beam_size: int = 4, draft: Optional[str] = None,
                         gamma: int = 4, model_parallel: Optional[int] = None,
-                        tree: Optional[str] = None) -> Dict[str, float]:
+                        tree: Optional[str] = None,
+                        param_dtype: Optional[str] = None) -> Dict[str, float]:
   """`gqa-spec eval`: evaluates a checkpoint and writes `metrics.json` and predictions JSONL.
 
   Args:
@@ -381,20 +387,27 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
     gamma: draft tokens per target call of 'speculative'.
     model_parallel: decode on a mesh of all devices with this model axis (None: one device).
     tree: a token tree for 'speculative' (`topk:...` / `best:...`) in place of gamma.
+    param_dtype: cast the floating parameters (target and model draft) to it once, at load
+      ('float32' or 'bfloat16'; None: as stored).
 
   Returns:
     The metrics written.
   """
+  from gqa_spec.checkpoints import param_dtype as dtype_lib  # pylint: disable=g-import-not-at-top
   from gqa_spec.checkpoints.load import load_any  # pylint: disable=g-import-not-at-top  (slow imports)
+  dtype_lib.check(param_dtype, 'param_dtype')
   config, params, step = load_any(checkpoint_path)
+  config, params = dtype_lib.cast(config, params, param_dtype, 'param_dtype')
   evaluator = InferenceEvaluator(mixture_or_task_name, config, split, task_feature_lengths,
                                  batch_size, num_examples, decoding, beam_size, draft=draft,
-                                 gamma=gamma, model_parallel=model_parallel, tree=tree)
+                                 gamma=gamma, model_parallel=model_parallel, tree=tree,
+                                 param_dtype=param_dtype)
   metrics, predictions = evaluator.run(params, step)
   os.makedirs(output_dir, exist_ok=True)
   report = {'checkpoint': os.path.abspath(checkpoint_path), 'step': step,
             'task': mixture_or_task_name, 'split': split, 'decoding': decoding,
-            'num_kv_heads': config.num_kv_heads, 'metrics': metrics,
+            'num_kv_heads': config.num_kv_heads, 'param_dtype': config.param_dtype,
+            'metrics': metrics,
             'mesh': (dict(evaluator._partitioner.mesh.shape) if evaluator._partitioner  # pylint: disable=protected-access
                      else None),
             'seconds_per_sample': evaluator.last_timings}

@@ -76,7 +76,8 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
           batch_size: int = 32, num_examples: Optional[int] = None, mode: str = 'predict',
           decoding: str = 'greedy', beam_size: int = 4, alpha: float = 0.6,
           temperature: float = 1.0, topk: int = 0, topp: float = 0.0, seed: int = 0,
-          draft: Optional[str] = None, gamma: int = 4) -> Dict[str, str]:
+          draft: Optional[str] = None, gamma: int = 4,
+          param_dtype: Optional[str] = None) -> Dict[str, str]:
   """Decodes every example of each task of a split and writes t5x-style prediction files.
 
   Args:
@@ -94,6 +95,8 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
     beam_size, alpha: of 'beam'.
     temperature, topk, topp, seed: of 'sample' (t5x's meanings: topk / topp 0 = off).
     draft, gamma: of 'speculative' (draft: copy, unigram:PATH, bigram:PATH or a checkpoint dir).
+    param_dtype: cast the floating parameters (target and model draft) to it once, at load
+      ('float32' or 'bfloat16'; None: as stored).
 
   Returns:
     `{task name: file written}`.
@@ -106,6 +109,8 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
     raise UserError("a draft is needed by, and only used by, decoding 'speculative'")
   if batch_size < 1:
     raise UserError(f'batch_size must be positive, got {batch_size}')
+  from gqa_spec.checkpoints import param_dtype as dtype_lib  # pylint: disable=g-import-not-at-top
+  dtype_lib.check(param_dtype, 'param_dtype')
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
   from gqa_spec.checkpoints.load import load_any  # pylint: disable=g-import-not-at-top
   if exported.is_exported(mixture_or_task_name):
@@ -118,13 +123,14 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
   config, params, _ = load_any(checkpoint_path)
   vocab_fit.check({name: vocab.vocab_size for name, vocab, _ in task_batches}, config.vocab_size,
                   checkpoint_path)
+  config, params = dtype_lib.cast(config, params, param_dtype, 'param_dtype')
   model = Transformer(config)
   decode = functools.partial(
       _predict, model, params, length=length, decoding=decoding, beam_size=beam_size,
       alpha=alpha, temperature=temperature if decoding == 'sample' else 0.0,
       topk=topk if decoding == 'sample' else 0, topp=topp if decoding == 'sample' else 0.0)
   if decoding == 'speculative':
-    decode = _speculative(model, params, config, length, draft, gamma)
+    decode = _speculative(model, params, config, length, draft, gamma, param_dtype)
   os.makedirs(output_dir, exist_ok=True)
   written = {}
   rng = jax.random.PRNGKey(seed)
@@ -195,10 +201,11 @@ def _exported_batches(name: str, split: str, lengths: Optional[Mapping[str, int]
   return [(task.name, task.vocabulary, batches(task)) for task in tasks], lengths
 
 
-def _speculative(model, params, config, length, draft_spec, gamma):
+def _speculative(model, params, config, length, draft_spec, gamma, param_dtype):
   from gqa_spec.decoding import speculative, t5x_compat  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.drafts import factory  # pylint: disable=g-import-not-at-top
-  draft, draft_init, _ = factory.make_draft(draft_spec, config, gamma, length)
+  draft, draft_init, _ = factory.make_draft(draft_spec, config, gamma, length,
+                                            param_dtype=param_dtype)
   fn = _tokens_to_logits(model, params)
 
   def decode(encoder_tokens, rng):

@@ -12,7 +12,9 @@
 
 Flags: `--gin_file` (repeatable), `--gin_bindings` (repeatable), `--gin.MACRO=VALUE` (a gin
 literal: strings need their own quotes), `--gin_search_paths`, `--model-parallel N` (sets
-`MODEL_PARALLEL`: the training mesh's model axis; `eval` then decodes on a mesh of all devices). See `gin_utils` for the search path.
+`MODEL_PARALLEL`: the training mesh's model axis; `eval` then decodes on a mesh of all devices);
+eval and infer: `--param-dtype {float32,bfloat16}` (sets `PARAM_DTYPE`: parameters cast once, at
+load). See `gin_utils` for the search path.
 The operative gin config of a training run is written to `MODEL_DIR/config.gin`.
 """
 
@@ -59,6 +61,10 @@ def register(subparsers) -> None:
     gin_utils.add_gin_flags(p)
     p.add_argument('--model-parallel', type=int, default=None, metavar='N',
                    help='model-parallel size of the device mesh: sets the gin macro MODEL_PARALLEL')
+    if name in ('eval', 'infer'):
+      p.add_argument('--param-dtype', choices=('float32', 'bfloat16'), default=None,
+                     help='cast the floating parameters to this dtype once, at load: sets the gin '
+                          'macro PARAM_DTYPE (runs/eval.gin and runs/infer.gin bind it)')
     p.add_argument('--verbose', action='store_true', default=argparse.SUPPRESS,
                    help="show the libraries' logs (as `gqa-spec --verbose`)")
     p.set_defaults(func=func)
@@ -79,6 +85,8 @@ def _parse(args: argparse.Namespace) -> None:
   if mesh is not None and mesh < 1:
     raise UserError(f'--model-parallel must be >= 1, got {mesh}')
   mesh = [] if mesh is None else [f'MODEL_PARALLEL = {mesh}']
+  dtype = getattr(args, 'param_dtype', None)
+  mesh += [] if dtype is None else [f"PARAM_DTYPE = '{dtype}'"]
   gin_utils.parse(args.gin_file, list(args.gin_bindings) + getattr(args, _MACROS, []) + mesh,
                   gin_utils.maybe_search_paths(args.gin_search_paths))
 

@@ -4,7 +4,9 @@ XLA's device count is fixed when jax initialises, hence the separate process. Pr
 `REPORT <json>` line: per (config, mesh) the PartitionSpecs found and whether each loop's tokens
 equal the single-device ones. `--full` runs every loop on every (config, mesh) pair; the default
 plan runs greedy autoregressive on all pairs and each other loop on a diagonal that still covers
-every config and every mesh (compiles dominate the time: ~5 s each on 2 CPU cores).
+every config and every mesh (compiles dominate the time: ~5 s each on 2 CPU cores). Token trees
+and staged speculation (a model tree draft with a bigram second stage; a chain `StagedDraft`) run
+on MHA over 2x4 and 1x8.
 """
 
 import json
@@ -15,7 +17,11 @@ import jax
 import numpy as np
 
 from gqa_spec.decoding import autoregressive, beam_search, mesh, sampling, speculative
+from gqa_spec.decoding import tree_speculative
 from gqa_spec.decoding.drafts import ModelDraft
+from gqa_spec.decoding.drafts.staged import StagedDraft
+from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
+from gqa_spec.decoding.tree import TreeShape
 from gqa_spec.decoding.targets import T5Decoder
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
@@ -32,6 +38,8 @@ MESHES = ((2, 4), (1, 8), (8, 1), (4, 2))
 MAX_LEN, GAMMA, BEAMS, BATCH = 8, 3, 2, 8
 SKIP = np.arange(BATCH) >= 6  # two padding rows
 SAMPLE = sampling.SamplingConfig(temperature=1.0)
+SHAPE, G2 = TreeShape.topk(2, 2), 2  # token tree; second-stage (bigram) tokens per draft call
+SUCCESSOR = np.random.RandomState(1).randint(2, 128, size=128)  # a stand-in bigram's successors
 
 
 def make_params(config, seed):
@@ -71,7 +79,10 @@ def main():
     params = make_params(config, seed)
     model = Transformer(config)
 
-    def single(loop, decoder=T5Decoder(model), draft=ModelDraft.t5(Transformer(DRAFT))):
+    def single(loop, decoder=T5Decoder(model), draft_decoder=T5Decoder(Transformer(DRAFT))):
+      draft = ModelDraft(draft_decoder)
+      if loop in ('tree', 'staged'):
+        return staged(loop, decoder, draft_decoder, speculative.decode, tree_speculative.decode)
       if loop == 'greedy':
         out = autoregressive.decode(decoder, decoder.init(params, enc, MAX_LEN + 1),
                                     jax.random.PRNGKey(3), max_decode_len=MAX_LEN, skip=SKIP)
@@ -90,6 +101,20 @@ def main():
           max_decode_len=MAX_LEN, skip=SKIP)
       return out.sequences, (out.lengths, out.accepted, out.target_calls)
 
+    def staged(loop, decoder, draft_decoder, run_chain, run_tree):
+      """A staged tree draft (tree) or a staged chain draft (staged), on whatever placement."""
+      if loop == 'tree':
+        draft = TreeModelDraft(draft_decoder, G2)
+        out = run_tree(decoder, decoder.init(params, enc, tree_speculative.target_cache_length(
+            MAX_LEN, SHAPE)), draft, draft.init(draft_params, enc, MAX_LEN, SHAPE, SUCCESSOR),
+                       jax.random.PRNGKey(3), shape=SHAPE, max_decode_len=MAX_LEN, skip=SKIP)
+      else:
+        draft = StagedDraft(draft_decoder, G2)
+        out = run_chain(decoder, decoder.init(params, enc, speculative.target_cache_length(
+            MAX_LEN, GAMMA)), draft, draft.init(draft_params, enc, MAX_LEN, GAMMA, SUCCESSOR),
+                        jax.random.PRNGKey(3), gamma=GAMMA, max_decode_len=MAX_LEN, skip=SKIP)
+      return out.sequences, (out.lengths, out.accepted, out.target_calls, out.draft_calls)
+
     refs = {}
     for m, (data, model_size) in enumerate(MESHES):
       if name != 'gqa2' and (data, model_size) == (4, 2):
@@ -104,6 +129,8 @@ def main():
         loops += ['beam', 'speculative', 'sample']
       if name == 'gqa2' and (data, model_size) == (4, 2):
         loops += ['speculative']
+      if name == 'mha' and (data, model_size) in ((2, 4), (1, 8)):
+        loops += ['tree', 'staged']
       entry = report[f'{name}/{data}x{model_size}'] = {}
       for loop in loops:
         if loop not in refs:
@@ -117,6 +144,9 @@ def main():
           entry['sequences_spec'] = spec(out.sequences)
           if loop == 'greedy' and (name, data, model_size) == ('mha', 2, 4):
             entry['collectives'] = collectives(decoder, state)
+        elif loop in ('tree', 'staged'):
+          got = staged(loop, decoder, draft.decoder, mesh.speculative, mesh.tree_speculative)
+          entry[f'{loop}_draft_calls'] = int(got[1][3])
         elif loop == 'beam':
           state = decoder.init(params, np.repeat(enc, BEAMS, 0), MAX_LEN + 1)
           got = (mesh.beam(decoder, state, beam_size=BEAMS, max_decode_len=MAX_LEN)[0], None)

@@ -57,6 +57,21 @@ def test_model_parallel_one_and_memory_stats(workdir):
   memory = stats['memory_per_device']
   assert memory == ref_stats['memory_per_device'] and memory['batch'] == 2
   assert memory['cache_length'] == 9 and memory['param_bytes'] == memory['param_bytes_total'] > 0
+  # A token tree on the (1x1) mesh: `generate` no longer refuses it (8 devices, model and staged
+  # tree drafts: tests/decoding/test_mesh.py).
+  out, stats = _generate(workdir, 'mesh_tree', '--model-parallel', '1', '--draft',
+                         'bigram:' + str(workdir / 'bigram.npz'), '--tree', 'topk:2,1')
+  assert out == ref and stats['tree'] == 'topk:2,1' and stats['mesh'] == {'data': 1, 'model': 1}
+
+
+def test_loop_chunk_and_param_dtype_flags(workdir):
+  ref, ref_stats = _generate(workdir, 'ar2')
+  out, stats = _generate(workdir, 'chunk', '--loop-chunk', '3')
+  assert out == ref and stats['loop_chunk'] == 3 and ref_stats['param_dtype'] == 'float32'
+  out, stats = _generate(workdir, 'bf16', '--param-dtype', 'bfloat16')
+  assert len(out) == 3 and stats['param_dtype'] == 'bfloat16'
+  # The memory estimate reads the config's dtype: half the float32 bytes.
+  assert 2 * stats['memory_per_device']['param_bytes'] == ref_stats['memory_per_device']['param_bytes']
 
 
 def test_sampling_flags_run(workdir):
@@ -72,6 +87,8 @@ def test_sampling_flags_run(workdir):
     (['--draft', 'bigram:/nonexistent.npz'], 'not found'),
     (['--model-parallel', '0'], '--model-parallel must be'),
     (['--model-parallel', '3'], 'does not divide the 1 devices'),
+    (['--loop-chunk', '0'], '--loop-chunk must be >= 1'),
+    (['--loop-chunk', '2', '--draft', 'copy'], '--loop-chunk applies to autoregressive'),
 ])
 def test_bad_arguments_are_one_line_errors(workdir, capsys, extra, message):
   argv = ['generate', '--model', str(workdir / 'ckpt'), '--inputs', str(workdir / 'in.jsonl'),

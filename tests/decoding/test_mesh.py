@@ -2,7 +2,8 @@
 
 Greedy autoregressive, beam search, greedy speculative (a model draft with its own placement,
 ragged rows and padding rows) and seeded sampling give the single-device tokens on 2x4, 1x8, 8x1
-(and 4x2, where GQA-2's two K/V heads shard) meshes for MHA, GQA-2 and MQA, and the cache and
+(and 4x2, where GQA-2's two K/V heads shard) meshes for MHA, GQA-2 and MQA; a staged token tree and
+a staged chain give them on 2x4 and 1x8 (MHA); and the cache and
 parameters are placed as the rules say. The check runs in a subprocess (`mesh_check.py`): XLA's
 device count is fixed when jax initialises.
 """
@@ -43,6 +44,15 @@ def test_every_loop_gives_the_single_device_tokens(report):
     assert {k.split('/')[0] for k, l in checked if l == loop} == {'mha', 'gqa2', 'mqa'}, loop
     assert {k.split('/')[1] for k, l in checked if l == loop} >= {'2x4', '1x8', '8x1'}, loop
   assert ('gqa2/4x2', 'speculative') in checked
+
+
+@pytest.mark.slow
+def test_trees_and_staged_speculation_give_the_single_device_tokens(report):
+  # Tokens, lengths, accepted counts, target calls and the draft's own call count all equal.
+  for mesh in ('2x4', '1x8'):
+    entry = report[f'mha/{mesh}']
+    assert entry['tree'] and entry['staged'], (mesh, entry)
+    assert entry['tree_draft_calls'] > 0 and entry['staged_draft_calls'] > 0
 
 
 @pytest.mark.slow

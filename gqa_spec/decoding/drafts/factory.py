@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 from gqa_spec.errors import UserError
 
@@ -29,7 +29,8 @@ def check_spec(spec: str, name: str = 'draft') -> None:
 
 
 def make_draft(spec: str, target_config, gamma: int, max_decode_len: int,
-               mesh: Any = None) -> Tuple[Any, Callable[[Any], PyTree], str]:
+               mesh: Any = None, param_dtype: Optional[str] = None
+               ) -> Tuple[Any, Callable[[Any], PyTree], str]:
   """Builds the draft a spec names.
 
   Args:
@@ -39,6 +40,8 @@ def make_draft(spec: str, target_config, gamma: int, max_decode_len: int,
     max_decode_len: most generated tokens per row (sizes a model draft's cache).
     mesh: a `jax.sharding.Mesh` to place a model draft on (`gqa_spec.decoding.mesh`); other
       drafts' states are small and replicated by the mesh loops.
+    param_dtype: cast a model draft's floating parameters to it once, at load
+      (`checkpoints.param_dtype`; None: as stored).
 
   Returns:
     `(draft, init, description)`: the static `Draft`, `init(encoder_input_tokens [b, S])` giving
@@ -69,18 +72,28 @@ def make_draft(spec: str, target_config, gamma: int, max_decode_len: int,
     return draft, lambda enc: table, f'{kind} ({path})'
   if spec.startswith('chimera:'):
     return _chimera(spec.split(':', 1)[1], target_config, gamma, max_decode_len)
-  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top  (slow imports)
+  decoder, params = _model_decoder(spec, target_config, mesh, param_dtype)
+  draft = ModelDraft(decoder)
+  return draft, lambda enc: draft.init(params, enc, max_decode_len, gamma), f'model ({spec})'
+
+
+def _model_decoder(spec: str, target_config, mesh: Any, param_dtype: Optional[str]):
+  """`(decoder, params)` of the draft checkpoint `spec`: a `T5Decoder`, or with `mesh` a
+  `mesh.MeshT5Decoder` by the draft config's own rules with its parameters placed (once, not per
+  batch); floating parameters cast to `param_dtype` (None: as stored)."""
+  from gqa_spec.checkpoints import native, param_dtype as dtype_lib  # pylint: disable=g-import-not-at-top  (slow imports)
+  from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
   config, params, _ = native.load_checkpoint(spec)
-  if config.vocab_size != vocab_size:
-    raise UserError(f'draft vocabulary {config.vocab_size} != target vocabulary {vocab_size}')
+  if config.vocab_size != target_config.vocab_size:
+    raise UserError(f'draft vocabulary {config.vocab_size} != target vocabulary '
+                    f'{target_config.vocab_size}')
+  config, params = dtype_lib.cast(config, params, param_dtype)
   if mesh is None:
-    draft = ModelDraft.t5(Transformer(config))
-  else:
-    from gqa_spec.decoding import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-    draft = mesh_lib.model_draft(config, mesh)
-    params = mesh_lib.place_params(draft.decoder.partitioner, params)  # once, not per batch
-  return draft, lambda enc: draft.init(params, enc, max_decode_len, gamma), f'model ({spec})'
+    return T5Decoder(Transformer(config)), params
+  from gqa_spec.decoding import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  decoder = mesh_lib.draft_decoder(config, mesh)
+  return decoder, mesh_lib.place_params(decoder.partitioner, params)
 
 
 def _chimera(run_dir: str, target_config, gamma: int, max_decode_len: int, tree: bool = False):
@@ -105,13 +118,14 @@ def _chimera(run_dir: str, target_config, gamma: int, max_decode_len: int, tree:
           f'chimera ({run_dir}, {config.num_draft_heads} heads)')
 
 
-def make_tree_draft(spec: str, target_config, shape,
-                    max_decode_len: int) -> Tuple[Any, Callable[[Any], PyTree], str]:
+def make_tree_draft(spec: str, target_config, shape, max_decode_len: int, mesh: Any = None,
+                    param_dtype: Optional[str] = None
+                    ) -> Tuple[Any, Callable[[Any], PyTree], str]:
   """Builds the tree draft a spec names (`make_draft`'s contract; `shape` a `tree.TreeShape`).
 
   Model drafts (a checkpoint directory), `bigram:PATH` (top-k successors, deterministic) and
   `chimera:DIR` (head d's top-k at depth d; depth <= its heads) grow trees; other specs raise
-  `UserError`.
+  `UserError`. `mesh` and `param_dtype` apply to a model draft, as in `make_draft`.
   """
   from gqa_spec.decoding.drafts.tree_model import TreeModelDraft  # pylint: disable=g-import-not-at-top
   check_spec(spec)
@@ -134,23 +148,21 @@ def make_tree_draft(spec: str, target_config, shape,
   if not os.path.isdir(spec):
     raise UserError(f'token trees need a model draft (a checkpoint directory), bigram:PATH or '
                     f'chimera:DIR; {spec!r} is none of these')
-  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top  (slow imports)
-  from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
-  config, params, _ = native.load_checkpoint(spec)
-  if config.vocab_size != target_config.vocab_size:
-    raise UserError(f'draft vocabulary {config.vocab_size} != target vocabulary '
-                    f'{target_config.vocab_size}')
-  draft = TreeModelDraft.t5(Transformer(config))
+  decoder, params = _model_decoder(spec, target_config, mesh, param_dtype)
+  draft = TreeModelDraft(decoder)
   return (draft, lambda enc: draft.init(params, enc, max_decode_len, shape),
           f'model tree ({spec}, {shape.describe()})')
 
 
 def make_staged_draft(spec: str, stage2: str, target_config, gamma: int, inner_gamma: int,
-                      max_decode_len: int, shape=None) -> Tuple[Any, Callable[[Any], PyTree], str]:
+                      max_decode_len: int, shape=None, mesh: Any = None,
+                      param_dtype: Optional[str] = None
+                      ) -> Tuple[Any, Callable[[Any], PyTree], str]:
   """A model draft (checkpoint `spec`) whose generation a bigram (`stage2` = `bigram:PATH`)
   speculates, `inner_gamma` bigram tokens per draft call (`make_draft`'s contract): a chain
   `StagedDraft` of gamma tokens or, with `shape` (a `tree.TreeShape`), a `TreeModelDraft` growing
-  that tree with `inner_gamma` chain tokens after each expanded node."""
+  that tree with `inner_gamma` chain tokens after each expanded node. `mesh` and `param_dtype` as
+  in `make_draft`."""
   from gqa_spec.decoding.drafts.ngram import load_ngram  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.drafts.staged import StagedDraft  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.drafts.tree_model import TreeModelDraft  # pylint: disable=g-import-not-at-top
@@ -169,18 +181,13 @@ def make_staged_draft(spec: str, stage2: str, target_config, gamma: int, inner_g
   if ngram.vocab_size != target_config.vocab_size:
     raise UserError(f'{path}: n-gram vocabulary {ngram.vocab_size} != model vocabulary '
                     f'{target_config.vocab_size}')
-  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top  (slow imports)
-  from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
-  config, params, _ = native.load_checkpoint(spec)
-  if config.vocab_size != target_config.vocab_size:
-    raise UserError(f'draft vocabulary {config.vocab_size} != target vocabulary '
-                    f'{target_config.vocab_size}')
+  decoder, params = _model_decoder(spec, target_config, mesh, param_dtype)
   successor = ngram.successor()
   if shape is not None:
-    tree = TreeModelDraft.t5(Transformer(config), inner_gamma)
+    tree = TreeModelDraft(decoder, inner_gamma)
     return (tree, lambda enc: tree.init(params, enc, max_decode_len, shape, successor),
             f'staged tree (model {spec} <- bigram {path}, {shape.describe()}, {inner_gamma} chain '
             'tokens per expanded node)')
-  draft = StagedDraft.t5(Transformer(config), inner_gamma)
+  draft = StagedDraft(decoder, inner_gamma)
   return (draft, lambda enc: draft.init(params, enc, max_decode_len, gamma, successor),
           f'staged (model {spec} <- bigram {path}, {inner_gamma} per draft call)')
