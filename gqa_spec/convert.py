@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from gqa_spec.errors import UserError
+from gqa_spec.models import layout
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.layers import default_kernel_init
 
@@ -96,6 +97,7 @@ def convert_params(params: Params, config: T5Config, num_kv_heads: int, method: 
   if num_kv_heads == config.num_kv_heads and method != 'random':
     return params, new_config
   rng = jax.random.PRNGKey(seed)
+  params = layout.unstack_layers(params)  # layers by T5X name; restacked below when scanned
   decoder = dict(params['decoder'])
   for i in range(config.num_decoder_layers):
     layer = dict(decoder[f'layers_{i}'])
@@ -112,4 +114,4 @@ def convert_params(params: Params, config: T5Config, num_kv_heads: int, method: 
         block[projection] = {'kernel': new}  # [d, G*hd]
       layer[attention] = block
     decoder[f'layers_{i}'] = layer
-  return {**params, 'decoder': decoder}, new_config
+  return layout.to_layout({**params, 'decoder': decoder}, config.scan_layers), new_config

@@ -9,6 +9,9 @@ t5x's `standard_logical_axis_rules`:
   axis, otherwise replicated: every model shard then holds all G K/V heads. That replication is the
   waste of MQA under model parallelism that GQA removes (Ainslie et al. 2023, Sec. 2.2).
 The same divisibility test applies to heads, mlp and vocab, so any preset runs on any mesh.
+Scanned stacks (`T5Config.scan_layers`) hold their parameters' layer axis on the logical axis
+`layers` (at `t5.PARAM_SCAN_AXIS`) and their cache leaves' at `t5.CACHE_SCAN_AXIS`; no rule maps
+`layers` to a mesh axis, so every device holds every layer, as in the unrolled layout.
 
 Optimizer state is sharded like the parameter it belongs to (Adafactor's factored row/column
 statistics drop the factored axis), batches along `data`. Multi-host runs call
@@ -32,6 +35,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gqa_spec.models.config import T5Config
+from gqa_spec.models.t5 import CACHE_SCAN_AXIS, PARAM_SCAN_AXIS, SCANNED_NAME
 
 LogicalAxes = Tuple[Optional[str], ...]
 Rules = Tuple[Tuple[str, Optional[str]], ...]
@@ -62,8 +66,23 @@ def path_name(path: Sequence[Any]) -> str:
   return '/'.join(parts)
 
 
+def _scanned(name: str) -> bool:
+  return f'/{SCANNED_NAME}/' in f'/{name}'
+
+
+def _with_layers(axes: LogicalAxes, at: int) -> LogicalAxes:
+  return tuple(axes[:at]) + ('layers',) + tuple(axes[at:])
+
+
 def param_logical_axes(name: str, ndim: int) -> LogicalAxes:
-  """Logical axes of the parameter at path `name` (see `_PARAM_AXES`)."""
+  """Logical axes of the parameter at path `name` (see `_PARAM_AXES`); a scanned stack's
+  parameter has its layer's axes with `layers` inserted at `PARAM_SCAN_AXIS`."""
+  if _scanned(name):
+    return _with_layers(_unrolled_axes(name, ndim - 1), PARAM_SCAN_AXIS)
+  return _unrolled_axes(name, ndim)
+
+
+def _unrolled_axes(name: str, ndim: int) -> LogicalAxes:
   for pattern, axes in _PARAM_AXES:
     if re.search(pattern, name):
       if len(axes) != ndim:
@@ -89,6 +108,8 @@ def cache_logical_axes(cache: Any) -> Any:
     name = path_name(path)
     for pattern, logical in _CACHE_AXES:
       if re.search(pattern, name):
+        if _scanned(name):
+          logical = _with_layers(logical, CACHE_SCAN_AXIS)
         if len(logical) != len(x.shape):
           raise ValueError(f'cache leaf {name} has shape {x.shape}, expected {len(logical)} dims '
                            f'({logical})')
@@ -131,6 +152,7 @@ def logical_axis_rules(config: T5Config, model_size: int) -> Rules:
       ('kv_heads', model_if(config.num_kv_heads)),
       ('embed', None),
       ('relpos_buckets', None),
+      ('layers', None),
   )
 
 
@@ -210,6 +232,8 @@ class Partitioner:
       else:
         return self.replicated
       spec, shape = match
+      if 'layers' in spec:  # the optimizer's per-layer state holds a scanned stack's layers first
+        spec, shape = _layers_first(spec, shape, x.shape)
       if tuple(x.shape) == tuple(shape):
         return self._sharding(spec)
       if len(x.shape) == len(shape) - 1:
@@ -243,6 +267,16 @@ class Partitioner:
     sharding = self.batch_sharding()
     return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
             for k, v in batch.items()}
+
+
+def _layers_first(spec: PartitionSpec, shape: Sequence[int], leaf_shape: Sequence[int]):
+  """`(spec, shape)` of a scanned parameter with its `layers` axis moved to the front, when the
+  state leaf is laid out that way (`optimizer.layers_as_batch`), else unchanged."""
+  if tuple(leaf_shape) == tuple(shape):
+    return spec, shape
+  at = tuple(spec).index('layers')
+  order = [at] + [a for a in range(len(shape)) if a != at]
+  return PartitionSpec(*(spec[a] for a in order)), tuple(shape[a] for a in order)
 
 
 def _with_paths(tree: Any, specs: Any):

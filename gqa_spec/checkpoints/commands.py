@@ -12,6 +12,16 @@ from gqa_spec import arguments
 from gqa_spec.errors import UserError
 
 
+_LAYOUTS = ('unrolled', 'scanned')
+
+
+def _layout_flag(p, default) -> None:
+  p.add_argument('--layout', choices=_LAYOUTS, default=default,
+                 help='layer layout of the result: T5X\'s layers_0.. (unrolled) or one scanned '
+                 'stack per encoder/decoder (T5Config.scan_layers)' +
+                 ('' if default else '; default: the input\'s'))
+
+
 def register(subparsers) -> None:
   """Adds the checkpoint commands to the `gqa-spec` parser."""
   p = subparsers.add_parser('import-hf', help='HF T5 checkpoint dir -> native checkpoint')
@@ -19,6 +29,7 @@ def register(subparsers) -> None:
                  help='config.json + model.safetensors or pytorch_model.bin')
   p.add_argument('out_dir', metavar='OUT_DIR')
   p.add_argument('--param-dtype', default='float32', choices=('float32', 'bfloat16'))
+  _layout_flag(p, 'unrolled')
   p.add_argument('--overwrite', action='store_true', help='replace OUT_DIR if it exists')
   p.set_defaults(func=import_hf)
 
@@ -39,6 +50,7 @@ def register(subparsers) -> None:
                       'small, base, large, xl, xxl, ...')
   source.add_argument('--config', metavar='JSON', help='T5Config JSON file')
   p.add_argument('--vocab', metavar='SPM', help='SentencePiece model to store with the checkpoint')
+  _layout_flag(p, 'unrolled')
   p.add_argument('--overwrite', action='store_true', help='replace OUT_DIR if it exists')
   p.set_defaults(func=import_t5x)
 
@@ -50,6 +62,7 @@ def register(subparsers) -> None:
                  help='K/V heads of the result: H (MHA), 1 (MQA) or a divisor of H (GQA-G)')
   p.add_argument('--method', required=True, choices=('mean', 'first', 'random'))
   p.add_argument('--seed', type=int, default=0, help='PRNG seed of --method random')
+  _layout_flag(p, None)
   p.add_argument('--overwrite', action='store_true', help='replace OUT_DIR if it exists')
   p.set_defaults(func=convert)
 
@@ -65,7 +78,7 @@ def _check_out(name: str, path: str, overwrite: bool, inputs) -> None:
 def import_hf(args: argparse.Namespace) -> int:
   from gqa_spec.checkpoints import hf, native  # pylint: disable=g-import-not-at-top
   _check_out('OUT_DIR', args.out_dir, args.overwrite, {'HF_DIR': args.hf_dir})
-  config, params, vocab = hf.load_hf(args.hf_dir, args.param_dtype)
+  config, params, vocab = hf.load_hf(args.hf_dir, args.param_dtype, args.layout == 'scanned')
   native.save_checkpoint(args.out_dir, config, params, vocab, overwrite=args.overwrite)
   print(f'imported {args.hf_dir} -> {args.out_dir}')
   return 0
@@ -99,7 +112,7 @@ def _t5x_config(args: argparse.Namespace):
 def import_t5x(args: argparse.Namespace) -> int:
   from gqa_spec.checkpoints import native, t5x_legacy  # pylint: disable=g-import-not-at-top
   _check_out('OUT_DIR', args.out_dir, args.overwrite, {'T5X_CKPT': args.t5x_ckpt})
-  config = _t5x_config(args)
+  config = _t5x_config(args).replace(scan_layers=args.layout == 'scanned')
   params = t5x_legacy.load_t5x(args.t5x_ckpt, config)
   native.save_checkpoint(args.out_dir, config, params, args.vocab, overwrite=args.overwrite)
   print(f'imported {args.t5x_ckpt} -> {args.out_dir}')
@@ -112,6 +125,9 @@ def convert(args: argparse.Namespace) -> int:
   _check_out('OUT_DIR', args.out_dir, args.overwrite, {'CKPT_DIR': args.ckpt_dir})
   config, params, vocab = native.load_checkpoint(args.ckpt_dir)
   params, config = convert_lib.convert_params(params, config, args.kv_heads, args.method, args.seed)
+  if args.layout is not None:
+    from gqa_spec.models import layout  # pylint: disable=g-import-not-at-top
+    config, params = layout.convert(config, params, args.layout == 'scanned')
   native.save_checkpoint(args.out_dir, config, params, vocab, overwrite=args.overwrite)
   print(f'converted {args.ckpt_dir} -> {args.out_dir} ({args.method}, '
         f'{config.num_kv_heads} K/V heads)')

@@ -39,6 +39,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from gqa_spec.checkpoints.native import cast_params, check_params, fresh_output_dir
+from gqa_spec.models import layout
 from gqa_spec.convert import repeat_kv_heads
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
@@ -175,7 +176,7 @@ def _get(tree: Params, path):
 
 
 def params_from_hf(state: Mapping[str, np.ndarray], config: T5Config) -> Params:
-  """HF state dict (numpy, float) -> our parameter tree in `config.param_dtype`."""
+  """HF state dict (numpy, float) -> our parameter tree in `config.param_dtype` and layout."""
   state = dict(state)
   if 'lm_head.weight' not in state and not config.logits_via_embedding:
     state['lm_head.weight'] = state.get('shared.weight')  # tied but unscaled: same function
@@ -185,16 +186,18 @@ def params_from_hf(state: Mapping[str, np.ndarray], config: T5Config) -> Params:
     if value is None:
       raise UserError(f'HF weights lack {name} (needed for {"/".join(path)})')
     _set(params, path, value.T if kind in ('linear', 'relpos') else value)
-  check_params(params, config, 'HF weights')
-  return cast_params(params, config)
+  check_params(params, config.replace(scan_layers=False), 'HF weights')
+  return layout.to_layout(cast_params(params, config), config.scan_layers)
 
 
 def params_to_hf(params: Params, config: T5Config) -> Dict[str, np.ndarray]:
   """Our parameters -> HF state dict, K/V heads repeated to multi-head.
 
   The `{en,de}coder.embed_tokens.weight` aliases of `shared.weight` are left out (HF ties them).
+  Either layer layout exports to HF's one block per layer.
   """
   check_params(params, config, 'parameters to export')
+  params = layout.unstack_layers(params)
   state = {}
   for path, name, kind in _layer_map(config):
     value = _get(params, path)
@@ -258,12 +261,14 @@ def _read_torch(path: str) -> Dict[str, np.ndarray]:
           if isinstance(v, torch.Tensor)}
 
 
-def load_hf(hf_dir: str, param_dtype: str = 'float32') -> Tuple[T5Config, Params, Optional[str]]:
+def load_hf(hf_dir: str, param_dtype: str = 'float32',
+            scan_layers: bool = False) -> Tuple[T5Config, Params, Optional[str]]:
   """Reads an HF T5 checkpoint directory.
 
   Args:
     hf_dir: directory with config.json and the weights.
     param_dtype: parameter dtype of the result ('float32', 'bfloat16').
+    scan_layers: give the result the scanned layer layout (`T5Config.scan_layers`).
 
   Returns:
     `(config, params, vocab_path)`; `vocab_path` is its `spiece.model`, or None.
@@ -277,7 +282,7 @@ def load_hf(hf_dir: str, param_dtype: str = 'float32') -> Tuple[T5Config, Params
   state = _read_weights(*_weight_files(hf_dir))
   has_lm_head = 'lm_head.weight' in state and not (
       'shared.weight' in state and np.array_equal(state['lm_head.weight'], state['shared.weight']))
-  config = config_from_hf(hf_config, param_dtype, has_lm_head)
+  config = config_from_hf(hf_config, param_dtype, has_lm_head).replace(scan_layers=scan_layers)
   params = params_from_hf(state, config)
   vocab = os.path.join(hf_dir, HF_VOCAB_FILE)
   return config, params, vocab if os.path.isfile(vocab) else None

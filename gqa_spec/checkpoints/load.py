@@ -25,8 +25,22 @@ from gqa_spec.models.config import T5Config
 Params = Any
 
 
-def load_any(path: str, t5x_config: Optional[T5Config] = None) -> Tuple[T5Config, Params, Optional[int]]:
-  """`(config, params, step or None)` of the checkpoint at `path` (see the module docstring)."""
+def load_any(path: str, t5x_config: Optional[T5Config] = None,
+             scan_layers: Optional[bool] = None) -> Tuple[T5Config, Params, Optional[int]]:
+  """`(config, params, step or None)` of the checkpoint at `path` (see the module docstring).
+
+  `scan_layers` True / False stacks / unstacks the layers (`models/layout.py`) whatever layout the
+  checkpoint was written in, and sets the returned config's `scan_layers`; None keeps the
+  checkpoint's own layout (T5X: `t5x_config`'s).
+  """
+  config, params, step = _load(path, t5x_config)
+  if scan_layers is not None:
+    from gqa_spec.models import layout  # pylint: disable=g-import-not-at-top  (flax)
+    config, params = layout.convert(config, params, scan_layers)
+  return config, params, step
+
+
+def _load(path: str, t5x_config: Optional[T5Config]) -> Tuple[T5Config, Params, Optional[int]]:
   from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top  (slow imports)
   from gqa_spec.checkpoints import manager  # pylint: disable=g-import-not-at-top
   if not os.path.exists(path):

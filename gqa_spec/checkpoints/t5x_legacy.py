@@ -24,6 +24,7 @@ import numpy as np
 
 from gqa_spec.checkpoints.native import cast_params, check_params
 from gqa_spec.errors import UserError
+from gqa_spec.models import layout
 from gqa_spec.models.config import T5Config
 
 Params = Any
@@ -126,11 +127,11 @@ def load_t5x(path: str, config: T5Config) -> Params:
   Args:
     path: model dir, `checkpoint_N` dir or its msgpack `checkpoint` file.
     config: the model config (T5X checkpoints carry none); every parameter's name and shape is
-      checked against it.
+      checked against it (in T5X's unrolled `layers_i` names, whatever `config.scan_layers`).
 
   Returns:
-    Our parameter tree, cast to `config.param_dtype`.
+    Our parameter tree, cast to `config.param_dtype`, in `config`'s layer layout.
   """
   params = read_target(path)
-  check_params(params, config, f'T5X checkpoint {path}')
-  return cast_params(params, config)
+  check_params(params, config.replace(scan_layers=False), f'T5X checkpoint {path}')
+  return layout.to_layout(cast_params(params, config), config.scan_layers)

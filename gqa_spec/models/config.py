@@ -39,6 +39,12 @@ class T5Config:
     logits_via_embedding: tie the output logits to the input embedding (False in T5.1.1).
     float32_attention_logits: compute attention logits and softmax in float32.
     layer_norm_epsilon: RMSNorm epsilon.
+    scan_layers: run each stack's layers as one `nn.scan` (parameters and decode cache stacked on a
+      `layers` axis, `encoder/layers/...`) instead of a Python loop (`encoder/layers_0/...`): same
+      function, compile time independent of depth (`models/layout.py` converts between the two).
+    remat_policy: what the backward pass of training keeps per layer: 'none' (everything),
+      'minimal' (dots without batch dimensions; the rest is recomputed) or 'full' (only the layer's
+      inputs). Inference ignores it.
   """
 
   vocab_size: int = 32128
@@ -58,6 +64,8 @@ class T5Config:
   logits_via_embedding: bool = False
   float32_attention_logits: bool = True
   layer_norm_epsilon: float = 1e-6
+  scan_layers: bool = False
+  remat_policy: str = 'none'
 
   def __post_init__(self):
     object.__setattr__(self, 'mlp_activations', tuple(self.mlp_activations))
@@ -78,6 +86,11 @@ class T5Config:
     for name in ('dtype', 'param_dtype'):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f'T5Config.{name} must be one of {sorted(_DTYPES)}, got {getattr(self, name)!r}')
+    if not isinstance(self.scan_layers, bool):
+      raise ValueError(f'T5Config.scan_layers must be True or False, got {self.scan_layers!r}')
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f'T5Config.remat_policy must be one of {list(REMAT_POLICIES)}, '
+                       f'got {self.remat_policy!r}')
     for act in self.mlp_activations:
       if act not in _ACTIVATIONS:
         raise ValueError(f'unknown MLP activation {act!r}; known: {sorted(_ACTIVATIONS)}')
@@ -124,6 +137,7 @@ class T5Config:
     return cls.from_dict(d)
 
 
+REMAT_POLICIES = ('none', 'minimal', 'full')
 _ACTIVATIONS = ('gelu', 'linear', 'relu', 'silu', 'gelu_exact')
 
 # Vocabulary of the CPU presets: an 8000-piece SentencePiece model plus T5's 100 sentinels, rounded up

@@ -11,7 +11,7 @@ from typing import Any, Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from gqa_spec.models.t5 import Transformer
+from gqa_spec.models.t5 import SCANNED_NAME, Transformer
 
 Cache = Any
 
@@ -91,12 +91,15 @@ def cache_length(cache: Cache) -> int:
 
 def self_attention_kv_bytes(cache: Cache) -> int:
   """Bytes of self-attention K/V held in the cache (scales with num_kv_heads)."""
-  total = 0
-  for name, layer in cache['decoder'].items():
-    if name.startswith('layers_'):
-      for arr in layer['self_attention'].values():
-        total += arr.size * arr.dtype.itemsize
-  return total
+  return sum(arr.size * arr.dtype.itemsize for layer in _layer_caches(cache).values()
+             for arr in layer['self_attention'].values())
+
+
+def _layer_caches(cache: Cache):
+  """`{name: per-layer cache}` of every decoder layer: `layers_i` unrolled, or the one scanned
+  `layers` whose leaves hold all layers at axis 1 (`t5.CACHE_SCAN_AXIS`)."""
+  return {name: layer for name, layer in cache['decoder'].items()
+          if name == SCANNED_NAME or name.startswith('layers_')}
 
 
 def move_slots(cache: Cache, start: jax.Array, source: jax.Array) -> Cache:
@@ -115,11 +118,11 @@ def move_slots(cache: Cache, start: jax.Array, source: jax.Array) -> Cache:
         row, upd, tuple(i if a == axis - 1 else 0 for a in range(row.ndim))))(x, taken, start)
 
   decoder = dict(cache['decoder'])
-  for name, layer in decoder.items():
-    if name.startswith('layers_'):
-      attn = dict(layer['self_attention'])
-      attn['cached_key'] = move(attn['cached_key'], 3)  # [batch, G, d, L] (attention.py)
-      attn['cached_value'] = move(attn['cached_value'], 2)  # [batch, G, L, d]
-      decoder[name] = {**layer, 'self_attention': attn}
+  for name, layer in _layer_caches(cache).items():
+    attn = dict(layer['self_attention'])
+    key, value = attn['cached_key'], attn['cached_value']
+    attn['cached_key'] = move(key, key.ndim - 1)  # [batch, (layers,) G, d, L] (attention.py)
+    attn['cached_value'] = move(value, value.ndim - 2)  # [batch, (layers,) G, L, d]
+    decoder[name] = {**layer, 'self_attention': attn}
   decoder['positions'] = move(decoder['positions'], 1)  # [batch, L]
   return {**cache, 'decoder': decoder}

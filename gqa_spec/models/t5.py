@@ -18,6 +18,15 @@ default positions continue from the index and the mask is causal.
 The first decode call, made with no cache, creates it: cross-attention K/V are projected once from
 `encoded` (with `num_kv_heads` heads), self-attention K/V are zeros of length `max_decode_length`.
 `init_decode_cache` wraps this.
+
+Layer layout (`T5Config.scan_layers`): unrolled stacks are a Python loop of modules `layers_0`,
+`layers_1`, ... (T5X's names); scanned stacks are one `nn.scan` named `layers` whose parameters gain
+a `layers` axis at `PARAM_SCAN_AXIS` (1, as flaxformer's and MaxText's `param_scan_axis`: a kernel
+`[in, out]` becomes `[in, layers, out]`, a norm scale `[emb]` becomes `[emb, layers]`) and whose
+per-layer cache leaves gain it at `CACHE_SCAN_AXIS` (1, so every cache leaf stays batch-major:
+`cached_key [batch, layers, G, head_dim, L]`). The relative-position bias (one table per stack) and
+the decoder's index/positions/mask are computed once, outside the scan. Both layouts compute the
+same function; `models/layout.py` converts parameters between them.
 """
 
 from __future__ import annotations
@@ -33,6 +42,16 @@ from gqa_spec.models.config import T5Config
 from gqa_spec.models.layers import Dense, Embed, MlpBlock, RMSNorm
 
 Cache = Any  # the 'cache' collection: nested dicts of arrays
+
+PARAM_SCAN_AXIS = 1  # where a scanned stack's parameters hold the layer axis
+CACHE_SCAN_AXIS = 1  # where its cache leaves hold it (after batch)
+SCANNED_NAME = 'layers'  # the scanned stack's module name (unrolled: layers_0, layers_1, ...)
+
+# T5Config.remat_policy -> what the backward pass may keep of a layer's forward pass.
+_REMAT_POLICIES = {
+    'minimal': jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    'full': jax.checkpoint_policies.nothing_saveable,
+}
 
 
 def _dropout(config: T5Config, x: jax.Array, enable_dropout: bool) -> jax.Array:
@@ -70,11 +89,35 @@ def make_segment_mask(query_segments: jax.Array, key_segments: jax.Array) -> jax
   return (query_segments[:, :, None] == key_segments[:, None, :])[:, None]
 
 
+def _layer_stack(cfg: T5Config, layer_cls, num_layers: int, x: jax.Array, *args,
+                 train: bool, **static) -> jax.Array:
+  """`x` through `num_layers` layers `layer_cls(cfg)(x, *args, **static)` in `cfg`'s layout.
+
+  `args` (arrays or None) are the same for every layer; `static` are Python values. `train` applies
+  `cfg.remat_policy` (remat only matters under a gradient; decoding never remats).
+  """
+  def body(layer, carry, *xs):
+    return layer(carry, *xs, **static), None
+
+  if train and cfg.remat_policy != 'none':
+    body = nn.remat(body, policy=_REMAT_POLICIES[cfg.remat_policy],
+                    prevent_cse=not cfg.scan_layers)  # scan already keeps XLA from CSE-ing remat
+  if cfg.scan_layers:
+    scanned = nn.scan(body, variable_axes={'params': PARAM_SCAN_AXIS, 'cache': CACHE_SCAN_AXIS},
+                      split_rngs={'params': True, 'dropout': True},
+                      in_axes=(nn.broadcast,) * len(args), length=num_layers)
+    x, _ = scanned(layer_cls(cfg, name=SCANNED_NAME), x, *args)
+    return x
+  for i in range(num_layers):
+    x, _ = body(layer_cls(cfg, name=f'layers_{i}'), x, *args)
+  return x
+
+
 class EncoderLayer(nn.Module):
   config: T5Config
 
   @nn.compact
-  def __call__(self, x, bias, mask, enable_dropout: bool = False):
+  def __call__(self, x, bias, mask, *, enable_dropout: bool = False):
     cfg = self.config
     h = _norm(cfg, 'pre_attention_layer_norm')(x)
     # The encoder is always multi-head: GQA applies to the decoder only (Ainslie et al. 2023).
@@ -88,8 +131,8 @@ class DecoderLayer(nn.Module):
   config: T5Config
 
   @nn.compact
-  def __call__(self, x, encoded, self_bias, self_mask, cross_mask, enable_dropout: bool = False,
-               decode: bool = False, cache_index=None, cache_length=None):
+  def __call__(self, x, encoded, self_bias, self_mask, cross_mask, cache_index=None, *,
+               enable_dropout: bool = False, decode: bool = False, cache_length=None):
     cfg = self.config
     h = _norm(cfg, 'pre_self_attention_layer_norm')(x)
     h = _attention(cfg, cfg.num_kv_heads, 'self_attention')(
@@ -116,8 +159,8 @@ class Encoder(nn.Module):
     positions = jnp.arange(length)[None]  # [1, length]; relative bias is offset-invariant under packing
     bias = _relpos(cfg)(positions, positions, bidirectional=True)  # [1, heads, length, length]
     x = _dropout(cfg, self.shared_embedding(encoder_input_tokens), enable_dropout)
-    for i in range(cfg.num_encoder_layers):
-      x = EncoderLayer(cfg, name=f'layers_{i}')(x, bias, encoder_mask, enable_dropout)
+    x = _layer_stack(cfg, EncoderLayer, cfg.num_encoder_layers, x, bias, encoder_mask,
+                     train=True, enable_dropout=enable_dropout)
     x = _norm(cfg, 'encoder_norm')(x)
     return _dropout(cfg, x, enable_dropout)  # [batch, length, emb]
 
@@ -178,10 +221,9 @@ class Decoder(nn.Module):
       self_mask, cross_mask = decoder_mask, encoder_decoder_mask
 
     x = _dropout(cfg, self.shared_embedding(decoder_input_tokens), enable_dropout)
-    for i in range(cfg.num_decoder_layers):
-      x = DecoderLayer(cfg, name=f'layers_{i}')(
-          x, encoded, self_bias, self_mask, cross_mask, enable_dropout, decode, cache_index,
-          cache_length)
+    x = _layer_stack(cfg, DecoderLayer, cfg.num_decoder_layers, x, encoded, self_bias, self_mask,
+                     cross_mask, cache_index, train=not decode, enable_dropout=enable_dropout,
+                     decode=decode, cache_length=cache_length)
     x = _norm(cfg, 'decoder_norm')(x)
     x = _dropout(cfg, x, enable_dropout)
     if cfg.logits_via_embedding:

@@ -11,15 +11,24 @@ linear in the learning rate after clipping, so scaling afterwards is the same as
   tx = adafactor()                                  # decay 0.8, no momentum, clipping 1.0
   lr = rsqrt_decay(warmup_steps=10_000)             # pre-training: 1 / sqrt(max(step, 10k))
   lr = constant(1e-3)                               # fine-tuning (GQA paper, Sec. 3.1)
+
+Scanned stacks (`T5Config.scan_layers`) hold every layer's parameter in one array with a `layers`
+axis. Adafactor must not treat that axis as data: t5x marks it `FactorDim.BATCH`, so factoring, the
+parameter-scale RMS and update clipping are all computed within each layer. `layers_as_batch` does
+the same by mapping the optimizer over the layer axis, so a scanned model's update is exactly the
+stacked updates of its unrolled twin.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
+import flax
 import jax
 import jax.numpy as jnp
 import optax
+
+from gqa_spec.models.t5 import PARAM_SCAN_AXIS, SCANNED_NAME
 
 LearningRateFn = Callable[[jax.Array], jax.Array]  # global step (int32 scalar) -> float32 scalar
 
@@ -41,10 +50,57 @@ def adafactor(decay_rate: float = 0.8, clipping_threshold: float = 1.0,
   Returns:
     An optax transformation whose updates are the descent direction at learning rate 1.
   """
-  return optax.adafactor(learning_rate=None, min_dim_size_to_factor=min_dim_size_to_factor,
-                         decay_rate=decay_rate, multiply_by_parameter_scale=multiply_by_parameter_scale,
-                         clipping_threshold=clipping_threshold, momentum=None, eps=epsilon,
-                         factored=factored)
+  return layers_as_batch(optax.adafactor(
+      learning_rate=None, min_dim_size_to_factor=min_dim_size_to_factor, decay_rate=decay_rate,
+      multiply_by_parameter_scale=multiply_by_parameter_scale,
+      clipping_threshold=clipping_threshold, momentum=None, eps=epsilon, factored=factored))
+
+
+class LayersAsBatchState(NamedTuple):
+  scanned: Any  # `tx`'s state of the scanned stacks' parameters, one per layer: leaves [layers, ...]
+  rest: Any  # `tx`'s state of every other parameter
+
+
+def _split(tree: Any):
+  """`(scanned, rest)`: the leaves under a scanned stack (`.../layers/...`) and the others."""
+  flat = flax.traverse_util.flatten_dict(tree)
+  scanned = {k: v for k, v in flat.items() if SCANNED_NAME in k}
+  rest = {k: v for k, v in flat.items() if SCANNED_NAME not in k}
+  return (flax.traverse_util.unflatten_dict(scanned) if scanned else None,
+          flax.traverse_util.unflatten_dict(rest))
+
+
+def _merge(scanned: Any, rest: Any) -> Any:
+  flat = flax.traverse_util.flatten_dict(rest)
+  if scanned is not None:
+    flat.update(flax.traverse_util.flatten_dict(scanned))
+  return flax.traverse_util.unflatten_dict(flat)
+
+
+def layers_as_batch(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+  """`tx` applied to each layer of a scanned stack as to a parameter of its own.
+
+  Parameters outside scanned stacks (all of them in the unrolled layout, whose optimizer state is
+  then `tx`'s own) go through `tx` unchanged; those under `.../layers/...` through `tx` mapped over
+  their layer axis (`PARAM_SCAN_AXIS`), their state holding the layer axis first.
+  """
+  def init(params):
+    scanned, rest = _split(params)
+    if scanned is None:
+      return tx.init(params)
+    return LayersAsBatchState(jax.vmap(tx.init, in_axes=PARAM_SCAN_AXIS)(scanned), tx.init(rest))
+
+  def update(updates, state, params=None):
+    if not isinstance(state, LayersAsBatchState):
+      return tx.update(updates, state, params)
+    (u_scanned, u_rest), (p_scanned, p_rest) = _split(updates), _split(params)
+    u_scanned, s_scanned = jax.vmap(tx.update, in_axes=(PARAM_SCAN_AXIS, 0, PARAM_SCAN_AXIS),
+                                    out_axes=(PARAM_SCAN_AXIS, 0))(u_scanned, state.scanned,
+                                                                   p_scanned)
+    u_rest, s_rest = tx.update(u_rest, state.rest, p_rest)
+    return _merge(u_scanned, u_rest), LayersAsBatchState(s_scanned, s_rest)
+
+  return optax.GradientTransformation(init, update)
 
 
 def rsqrt_decay(base_learning_rate: float = 1.0, warmup_steps: int = 10_000) -> LearningRateFn:

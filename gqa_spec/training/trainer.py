@@ -282,7 +282,7 @@ def _start(step_fn: TrainStep, ckpt: manager.Checkpointer, config: T5Config,
     log.info('resumed from %s/%d', ckpt.directory, latest)
     return state, int(meta['data_start_step'])
   if initial_checkpoint_path:
-    _, params, step = load_any(initial_checkpoint_path, t5x_config)
+    _, params, step = load_any(initial_checkpoint_path, t5x_config, config.scan_layers)
     start = initial_step if initial_step is not None else (step or 0)
     state = step_fn.from_params(params, start)
     log.info('initialised from %s at step %d', initial_checkpoint_path, start)
@@ -291,9 +291,15 @@ def _start(step_fn: TrainStep, ckpt: manager.Checkpointer, config: T5Config,
   return step_fn.init(jax.random.PRNGKey(random_seed), start), start
 
 
+# Fields a checkpoint written before they existed lacks: it was written with their defaults.
+_DEFAULTS = {'scan_layers': False, 'remat_policy': 'none'}
+
+
 def _check_same_config(config: T5Config, stored: Mapping[str, Any], directory: str) -> None:
   mine = json.loads(config.to_json())
-  diff = sorted(k for k in set(mine) | set(stored) if mine.get(k) != stored.get(k))
+  # Remat changes what the backward pass keeps, never the state: a run may resume with another.
+  diff = sorted(k for k in (set(mine) | set(stored)) - {'remat_policy'}
+                if mine.get(k, _DEFAULTS.get(k)) != stored.get(k, _DEFAULTS.get(k)))
   if diff:
     raise UserError(f'{directory}: the checkpoints were written with a different model config '
                     f'(fields {", ".join(diff)}); use a new MODEL_DIR or the same model gin')

@@ -50,7 +50,8 @@ def convert_checkpoint(model_dir: str, initial_checkpoint_path: str, model_confi
     with open(record_path) as f:
       return json.load(f)
   source_config, params, step = load_any(initial_checkpoint_path,
-                                             model_config.replace(num_kv_heads=None))
+                                         model_config.replace(num_kv_heads=None),
+                                         model_config.scan_layers)
   steps = original_train_steps if original_train_steps is not None else step
   if not steps or steps < 1:
     raise UserError(f'{initial_checkpoint_path}: the checkpoint records no pre-training step '

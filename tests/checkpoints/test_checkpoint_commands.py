@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gqa_spec import cli
-from gqa_spec.checkpoints import native
+from gqa_spec.checkpoints import load, native
 from gqa_spec.models.config import T5Config
 
 torch = pytest.importorskip('torch')
@@ -42,12 +42,13 @@ def _one_line_error(code, err, match):
 
 
 def test_bar_import_convert_export_reproduces_gqa_logits(run, hf_dir, batch, logits_fns, tmp_path):
+  # In the scanned layout throughout: HF import stacks, convert works on it, export unstacks.
   ckpt, gqa, exported = tmp_path / 'ckpt', tmp_path / 'gqa', tmp_path / 'gqa_hf'
-  assert run('import-hf', hf_dir, ckpt)[0] == 0
+  assert run('import-hf', hf_dir, ckpt, '--layout', 'scanned')[0] == 0
   assert run('convert', ckpt, gqa, '--kv-heads', 2, '--method', 'mean')[0] == 0
   assert run('export-hf', gqa, exported)[0] == 0
   config, params, _ = native.load_checkpoint(str(gqa))
-  assert config.num_kv_heads == 2
+  assert config.num_kv_heads == 2 and config.scan_layers and 'layers' in params['decoder']
   model = transformers.T5ForConditionalGeneration.from_pretrained(exported).eval()
   hf_logits, our_logits = logits_fns
   np.testing.assert_allclose(hf_logits(model, *batch), our_logits(config, params, *batch),
@@ -67,6 +68,16 @@ def test_import_t5x_with_preset_and_config(run, init_params, t5x_writer, tmp_pat
   config, loaded, vocab_path = native.load_checkpoint(str(tmp_path / 'ckpt'))
   assert config == TINY and vocab_path.endswith('sentencepiece.model')
   jax.tree.map(np.testing.assert_array_equal, loaded, params)
+  # Into the scanned layout, and back to T5X's names when a native checkpoint is loaded unrolled.
+  assert run('import-t5x', tmp_path / 't5x', tmp_path / 'scanned', '--config', config_file,
+             '--layout', 'scanned')[0] == 0
+  config, scanned, _ = native.load_checkpoint(str(tmp_path / 'scanned'))
+  assert config == TINY.replace(scan_layers=True)
+  np.testing.assert_array_equal(scanned['decoder']['layers']['mlp']['wo']['kernel'][:, 1],
+                                params['decoder']['layers_1']['mlp']['wo']['kernel'])
+  config, unrolled, _ = load.load_any(str(tmp_path / 'scanned'), scan_layers=False)
+  assert config == TINY
+  jax.tree.map(np.testing.assert_array_equal, unrolled, params)
   code, _, err = run('import-t5x', tmp_path / 't5x', tmp_path / 'ckpt2', '--preset', 'small')
   _one_line_error(code, err, 'parameter decoder/decoder_norm/scale has shape (16,), the model '
                   'config needs (512,)')

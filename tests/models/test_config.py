@@ -16,8 +16,11 @@ from gqa_spec.models.config import PRESETS, T5Config, decoder_flops_per_token, p
 from gqa_spec.models.t5 import Transformer
 
 GOLDEN_DIR = pathlib.Path(__file__).parents[1] / 'testdata' / 'param_shapes'
-GOLDEN_CASES = {name: (name, None) for name in PRESETS}
-GOLDEN_CASES.update({'mini_gqa2': ('mini', 2), 'mini_mqa': ('mini', 1), 'xxl_gqa8': ('xxl', 8)})
+GOLDEN_CASES = {name: (name, None, False) for name in PRESETS}
+GOLDEN_CASES.update({'mini_gqa2': ('mini', 2, False), 'mini_mqa': ('mini', 1, False),
+                     'xxl_gqa8': ('xxl', 8, False),
+                     # The scanned layout (T5Config.scan_layers): layers stacked at axis 1.
+                     'mini_gqa2_scanned': ('mini', 2, True), 'xxl_gqa8_scanned': ('xxl', 8, True)})
 
 
 def param_shapes(config: T5Config) -> dict:
@@ -32,8 +35,8 @@ def param_shapes(config: T5Config) -> dict:
 
 @pytest.mark.parametrize('case', sorted(GOLDEN_CASES))
 def test_parameter_shapes_match_golden_file(case):
-  name, kv_heads = GOLDEN_CASES[case]
-  shapes = param_shapes(preset(name, num_kv_heads=kv_heads))
+  name, kv_heads, scan_layers = GOLDEN_CASES[case]
+  shapes = param_shapes(preset(name, num_kv_heads=kv_heads, scan_layers=scan_layers))
   path = GOLDEN_DIR / f'{case}.json'
   if os.environ.get('GQA_SPEC_UPDATE_GOLDENS'):
     lines = [f'  {json.dumps(k)}: {json.dumps(v)}' for k, v in sorted(shapes.items())]

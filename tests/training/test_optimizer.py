@@ -58,3 +58,34 @@ def test_cross_entropy_with_z_loss():
   np.testing.assert_allclose(normalized, summed / 2, rtol=1e-6)
   with pytest.raises(ValueError, match='loss_normalizing_factor'):
     losses.weighted_cross_entropy(logits, targets, weights, 1e-4, 'tokens')
+
+
+def test_scanned_layers_are_a_batch_axis_for_adafactor():
+  """A scanned stack's update is its unrolled layers' updates stacked (t5x: `layers` is a BATCH
+  factor dim): factoring, the parameter-scale RMS and clipping stay within each layer. Two steps,
+  so the per-layer statistics are read back too; the layers differ in scale, so pooling them over
+  the stack would change the result."""
+  layer = lambda i: {'w': (i + 1.0) * jnp.linspace(-1, 1, 256 * 130).reshape(256, 130),
+                     'scale': jnp.full((130,), i + 2.0)}
+  unrolled = {'decoder': {'layers_0': layer(0), 'layers_1': layer(4)}, 'emb': jnp.ones((3, 5))}
+  scanned = {'decoder': {'layers': jax.tree.map(lambda *x: jnp.stack(x, axis=1), layer(0),
+                                                layer(4))}, 'emb': jnp.ones((3, 5))}
+  grad = lambda p, t: jax.tree.map(lambda x: jnp.sin(3 * x + t), p)
+  tx = optimizer.adafactor()
+  out = {}
+  for name, params in (('unrolled', unrolled), ('scanned', scanned)):
+    state = tx.init(params)
+    for t in range(2):
+      updates, state = tx.update(grad(params, t), state, params)
+      params = optax.apply_updates(params, updates)
+    out[name] = params
+  stacked = jax.tree.map(lambda *x: jnp.stack(x, axis=1), out['unrolled']['decoder']['layers_0'],
+                         out['unrolled']['decoder']['layers_1'])
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4),  # |p| <= 5
+               out['scanned']['decoder']['layers'], stacked)
+  np.testing.assert_array_equal(out['scanned']['emb'], out['unrolled']['emb'])
+  pooled = optax.adafactor(learning_rate=None, decay_rate=0.8, clipping_threshold=1.0,
+                           momentum=None)  # the whole stack as one parameter: not per layer
+  u, _ = pooled.update(grad(scanned, 0), pooled.init(scanned), scanned)
+  u_ours, _ = tx.update(grad(scanned, 0), tx.init(scanned), scanned)
+  assert not np.allclose(u['decoder']['layers']['w'], u_ours['decoder']['layers']['w'], rtol=1e-3)

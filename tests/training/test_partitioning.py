@@ -22,6 +22,12 @@ def test_every_parameter_has_logical_axes():
   assert flat['decoder/logits_dense/kernel'] == ('embed', 'vocab')
   assert flat['encoder/relpos_bias/rel_embedding'] == ('heads', 'relpos_buckets')
   assert flat['decoder/layers_0/mlp/wo/kernel'] == ('mlp', 'embed')
+  scanned = partitioning.logical_axes(abstract_params(preset('nano', scan_layers=True)))
+  assert tuple(scanned['decoder']['layers']['self_attention']['key']['kernel']) == (
+      'embed', 'layers', 'kv_heads')
+  assert tuple(scanned['encoder']['layers']['pre_mlp_layer_norm']['scale']) == ('embed', 'layers')
+  assert tuple(scanned['encoder']['relpos_bias']['rel_embedding']) == ('heads', 'relpos_buckets')
+  assert dict(partitioning.logical_axis_rules(preset('nano'), 4))['layers'] is None  # never sharded
 
 
 @pytest.mark.parametrize('kv_heads,model,expected', [(8, 4, 'model'), (2, 4, None), (1, 4, None),
@@ -53,5 +59,8 @@ def test_cache_specs_follow_the_rules_and_replicate_what_does_not_divide():
   axes = partitioning.cache_logical_axes(cache)['decoder']
   assert axes['cache_index'] == PartitionSpec('batch') and axes['positions'] == PartitionSpec('batch', None)
   assert axes['layers_0']['self_attention']['cached_key'] == kv
+  scanned = {'decoder': {'layers': {'self_attention': {'cached_key': np.zeros((8, 3, 2, 5, 4))}}}}
+  assert partitioning.cache_logical_axes(scanned)['decoder']['layers']['self_attention'][
+      'cached_key'] == PartitionSpec('batch', 'layers', 'kv_heads', None, None)
   with pytest.raises(ValueError, match='no logical axes known for decode cache leaf'):
     partitioning.cache_logical_axes({'decoder': {'mystery': np.zeros(3)}})
