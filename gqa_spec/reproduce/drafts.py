@@ -2,7 +2,9 @@
 
 Per task (jobs `<task>.chimera`, `<task>.distilled`, `<task>.independent`):
   chimera      a Chimera draft with max(gammas) heads (`train-draft --kind chimera`): trigram
-               encoder + one full-context block + residual heads over the target's hidden states;
+               encoder + one full-context block + residual heads over the target's hidden states,
+               on the preset's `chimera_label_source` (the paper's: the data's tokens), for as
+               many steps as the distilled draft;
   distilled    the preset's draft architecture started from the fine-tuned (independent) draft and
                trained on the target's greedy outputs for the task's training inputs
                (`train-draft --kind model`, sequence-level knowledge distillation);
@@ -76,8 +78,10 @@ def _train(ctx, kind: str, task: str, lengths, target_path: str, initial_path=No
       num_draft_heads=chimera_heads(p), learning_rate_fn=constant(lr),
       checkpoint_cfg=trainer.CheckpointConfig(save_period=max(10, steps // 5), keep=1,
                                               asynchronous=False),
-      log_period=max(1, min(50, steps // 4)), initial_checkpoint_path=initial_path)
+      log_period=max(1, min(50, steps // 4)), initial_checkpoint_path=initial_path,
+      label_source=p.chimera_label_source if kind == 'chimera' else 'target')
   return {'task': task, 'draft': name, 'kind': kind, 'step': result.step,
+          'label_source': p.chimera_label_source if kind == 'chimera' else 'target',
           'steps': steps, 'batch_size': batch, 'learning_rate': lr,
           'train_metrics': ({k: float(v) for k, v in result.train_metrics.items()}
                             or _last_logged_train_metrics(run_dir)),

@@ -117,11 +117,20 @@ class Preset:
   # MULTITASK at (max inputs, max targets) over `finetune_lengths`, the best checkpoint chosen by
   # the mean of the tasks' validation metrics; each task is still evaluated at its own lengths.
   finetune_multitask: bool = False
+  # The Chimera drafts' labels (`train-draft`'s LABEL_SOURCE): 'data', the dataset's target tokens
+  # (the Chimera paper's Eq. 4), or 'target', the frozen target's greedy outputs (the distilled
+  # draft's labels; the cpu study's committed run used these).
+  chimera_label_source: str = 'data'
 
   def __post_init__(self):
     if self.pretrain_task not in PRETRAIN_TASKS:
       raise UserError(f'pretrain_task {self.pretrain_task!r} is not one of '
                       f'{", ".join(PRETRAIN_TASKS)}')
+    if self.chimera_label_source not in ('data', 'target'):
+      raise UserError(f'chimera_label_source {self.chimera_label_source!r} is not data or target')
+    if self.chimera_steps != self.distill_steps:
+      raise UserError(f'chimera_steps {self.chimera_steps} != distill_steps {self.distill_steps}: '
+                      'the study compares drafts trained equally long')
     if not isinstance(self.finetune_multitask, bool):
       raise UserError(f'finetune_multitask must be true or false, got {self.finetune_multitask!r}')
     if self.finetune_multitask and set(self.finetune_lengths) != {TRANSLATE, SUMMARIZE}:
@@ -271,7 +280,7 @@ def _cpu() -> Preset:
       tree_shapes=('topk:4,2,2', 'best:16,depth:4'),
       chimera_tree='topk:4,2,2', stage2_gamma=3,
       pretrain_peak_lr=0.015, draft_pretrain_peak_lr=0.045, draft_finetune_learning_rate=0.03,
-      pretrain_task=PRETRAIN_MIXTURE, finetune_multitask=True)
+      pretrain_task=PRETRAIN_MIXTURE, finetune_multitask=True, chimera_label_source='target')
 
 
 PRESETS = {'smoke': _smoke, 'cpu': _cpu}
@@ -288,7 +297,7 @@ _SETTABLE = {f.name: f.type for f in dataclasses.fields(Preset)
              if f.type in ('int', 'float', 'bool', 'Tuple[int, ...]', 'Tuple[float, ...]',
                            'Tuple[int, int]', 'Optional[float]')}
 # String fields `--set` can change, with their allowed values (`name` is not one: it is the preset).
-_CHOICES = {'pretrain_task': PRETRAIN_TASKS}
+_CHOICES = {'pretrain_task': PRETRAIN_TASKS, 'chimera_label_source': ('data', 'target')}
 _SETTABLE.update({name: 'str' for name in _CHOICES})
 
 
