@@ -52,12 +52,13 @@ def _validation_batches(task: str, lengths, preset):
   return list(itertools.islice(get_batches(cfg, num_epochs=1), count))
 
 
-def _accuracy(config, params, target_path: str, task: str, lengths, preset) -> list:
+def _accuracy(ctx, config, params, target_path: str, task: str, lengths) -> list:
   from gqa_spec.training import draft_training  # pylint: disable=g-import-not-at-top
   from gqa_spec.checkpoints.load import load_any  # pylint: disable=g-import-not-at-top
   target_config, target_params, _ = load_any(target_path)
   return draft_training.head_topk_accuracy(config, params, target_config, target_params,
-                                           _validation_batches(task, lengths, preset))
+                                           _validation_batches(ctx.task(task), lengths,
+                                                               ctx.preset))
 
 
 def _train(ctx, kind: str, task: str, lengths, target_path: str, initial_path=None) -> dict:
@@ -70,7 +71,8 @@ def _train(ctx, kind: str, task: str, lengths, target_path: str, initial_path=No
                       if kind == 'chimera' else
                       (p.distill_steps, p.distill_batch, p.distill_learning_rate))
   run_dir = ctx.model_dir('drafts', task, name)
-  data = DatasetConfig(task, {'inputs': lengths[0], 'targets': lengths[1]}, batch_size=batch,
+  data = DatasetConfig(ctx.task(task), {'inputs': lengths[0], 'targets': lengths[1]},
+                       batch_size=batch,
                        pack=False)
   result = draft_training.train_draft(
       kind=kind, target_checkpoint=target_path, model_dir=run_dir, train_dataset_cfg=data,
@@ -94,7 +96,7 @@ def _chimera_job(ctx, task: str, lengths, target_path: str) -> dict:
   record = _train(ctx, 'chimera', task, lengths, target_path)
   config, params, _ = draft_records.load_chimera(ctx.path(record['run_dir']))
   return dict(record, num_draft_heads=config.num_draft_heads,
-              head_accuracy=_accuracy(config, params, target_path, task, lengths, ctx.preset))
+              head_accuracy=_accuracy(ctx, config, params, target_path, task, lengths))
 
 
 def _distilled_job(ctx, task: str, lengths, target_path: str, independent: str) -> dict:
@@ -103,7 +105,7 @@ def _distilled_job(ctx, task: str, lengths, target_path: str, independent: str) 
   checkpoint = os.path.join(ctx.path(record['run_dir']), rundir.DRAFT_EXPORT_DIR)
   config, params, _ = native.load_checkpoint(checkpoint)
   return dict(record, checkpoint=ctx.relative(checkpoint),
-              head_accuracy=_accuracy(config, params, target_path, task, lengths, ctx.preset))
+              head_accuracy=_accuracy(ctx, config, params, target_path, task, lengths))
 
 
 def _independent_job(ctx, task: str, lengths, target_path: str, independent: str) -> dict:
@@ -111,7 +113,7 @@ def _independent_job(ctx, task: str, lengths, target_path: str, independent: str
   config, params, _ = native.load_checkpoint(independent)
   return {'task': task, 'draft': 'independent', 'kind': 'model', 'step': None,
           'checkpoint': ctx.relative(independent), 'target': ctx.relative(target_path),
-          'head_accuracy': _accuracy(config, params, target_path, task, lengths, ctx.preset)}
+          'head_accuracy': _accuracy(ctx, config, params, target_path, task, lengths)}
 
 
 def stage_drafts(ctx) -> dict:
