@@ -85,7 +85,7 @@ def time_limit(ctx: Context, seconds: Optional[float]):
   job then stops after its queued steps and saves a checkpoint (the trainer's save on exit), any
   other job runs to its end; `run_jobs` then records nothing for the job in progress and raises
   `TimeLimitReached` instead of starting another. The next invocation re-runs that job, and a
-  training job resumes from its checkpoint. SIGTERM outside the trainer only sets the flag.
+  training job resumes from its checkpoint. A SIGTERM from outside stops the run the same way.
   """
   if seconds is None:
     yield
@@ -99,7 +99,11 @@ def time_limit(ctx: Context, seconds: Optional[float]):
     ctx.stop_requested = True
     os.kill(os.getpid(), signal.SIGTERM)
 
-  previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # the flag says it all
+  def external(signum, frame):  # SIGTERM from outside (e.g. `timeout`) between training jobs
+    del signum, frame
+    ctx.stop_requested = True
+
+  previous = signal.signal(signal.SIGTERM, external)
   timer = threading.Timer(seconds - min(STOP_MARGIN_S, seconds / 4), stop)
   timer.daemon = True
   timer.start()

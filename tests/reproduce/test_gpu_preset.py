@@ -8,8 +8,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from gqa_spec.data import export, tasks
-from gqa_spec.reproduce import presets
+from gqa_spec.errors import UserError
+from gqa_spec.reproduce import jobs, presets
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 100
@@ -79,3 +82,26 @@ def test_tiny_gpu_preset_stops_at_the_time_limit_and_resumes_without_tensorflow(
     rows = json.load(f)['rows']
   assert sorted(r['variant']['method'] for r in rows) == ['first', 'mean', 'random']
   assert all(r['variant']['kv_heads'] == 2 and r['uptrain_steps'] == 0 for r in rows)
+
+
+def test_a_job_stopped_by_the_limit_leaves_no_record_and_runs_again(tmp_path):
+  ctx = jobs.Context(presets.get('smoke'), str(tmp_path / 'out'), str(tmp_path / 'work'))
+  ran = []
+
+  def job(key, stop=False):
+    ran.append(key)
+    ctx.stop_requested = ctx.stop_requested or stop
+    return {'key': key}
+
+  with pytest.raises(jobs.TimeLimitReached, match='during job b'):
+    jobs.run_jobs(ctx, 'stage', [('a', lambda: job('a')), ('b', lambda: job('b', stop=True)),
+                                 ('c', lambda: job('c'))])
+  assert ran == ['a', 'b'] and jobs.job_done(ctx, 'stage', 'a')
+  assert not jobs.job_done(ctx, 'stage', 'b')
+  ctx.stop_requested = False
+  records = jobs.run_jobs(ctx, 'stage', [('a', lambda: job('a')), ('b', lambda: job('b')),
+                                         ('c', lambda: job('c'))])
+  assert ran == ['a', 'b', 'b', 'c'] and [r['key'] for r in records] == ['a', 'b', 'c']
+  with pytest.raises(UserError, match='positive number of seconds'):
+    with jobs.time_limit(ctx, 0):
+      pass
