@@ -115,6 +115,7 @@ def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
   from gqa_spec.decoding.tree import TreeShape  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
   from gqa_spec.checkpoints import drafts as draft_records  # pylint: disable=g-import-not-at-top
+  from gqa_spec.models.chimera import trigram_table  # pylint: disable=g-import-not-at-top
   p = ctx.preset
   L, gmax = lengths[1], max(p.gammas)
   config, params, _ = native.load_checkpoint(finetuned[(task, target_name)])
@@ -122,13 +123,14 @@ def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
   kconfig, kparams, _ = native.load_checkpoint(ctx.path(trained[(task, 'distilled')]['checkpoint']))
   cconfig, cparams, _ = draft_records.load_chimera(ctx.path(trained[(task, 'chimera')]['run_dir']))
   emb = params['token_embedder']['embedding']  # [V, D] the frozen target's, Chimera's input
+  table = jax.jit(trigram_table)(cparams, emb)  # [3, V, F] once, outside the timed decoding
   plain, distilled = d.ModelDraft.t5(Transformer(dconfig)), d.ModelDraft.t5(Transformer(kconfig))
   staged, chimera = d.StagedDraft.t5(Transformer(dconfig), p.stage2_gamma), d.ChimeraDraft(cconfig)
   successor = fit_ngram_on_task(ctx.task(task), 2).successor()  # [V] the bigram's next token
   chains = {
       'draft model': (plain, lambda enc: plain.init(dparams, enc, L, gmax)),
       'distilled': (distilled, lambda enc: distilled.init(kparams, enc, L, gmax)),
-      'chimera': (chimera, lambda enc: chimera.init(cparams, emb, enc.shape[0], L)),
+      'chimera': (chimera, lambda enc: chimera.init(cparams, emb, enc.shape[0], L, table)),
       f'staged (bigram {p.stage2_gamma}/call)': (
           staged, lambda enc: staged.init(dparams, enc, L, gmax, successor)),
   }
@@ -145,7 +147,7 @@ def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
       lambda enc: staged_tree.init(dparams, enc, L, staged_shape, successor))
   trees[f'chimera tree {p.chimera_tree}'] = (
       chimera_tree, TreeShape.parse(p.chimera_tree),
-      lambda enc: chimera_tree.init(cparams, emb, enc.shape[0], L))
+      lambda enc: chimera_tree.init(cparams, emb, enc.shape[0], L, table))
   target = T5Decoder(Transformer(config))
   batches = _batches(ctx, task, lengths)
   grid = speedup.measure_grid(target, params, chains, batches, max_decode_len=L,

@@ -26,7 +26,7 @@ nodes (`tree_speculative.decode`), which land at slots n..n + a as in the chain.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Optional
 
 import flax
 import jax
@@ -52,12 +52,15 @@ class ChimeraDraft:
   config: ChimeraConfig
   reads_target_hidden: ClassVar[bool] = True
 
-  def init(self, params: PyTree, embedding: jax.Array, batch: int,
-           max_decode_len: int) -> ChimeraDraftState:
+  def init(self, params: PyTree, embedding: jax.Array, batch: int, max_decode_len: int,
+           table: Optional[jax.Array] = None) -> ChimeraDraftState:
     """An empty hidden-state buffer wide enough for the loop at any gamma <= num_draft_heads, and
-    the trigram lookup table from `embedding` (the target's, frozen): drafting gathers from it."""
+    the trigram lookup table from `embedding` (the target's, frozen): drafting gathers from it.
+    `table`: `trigram_table(params, embedding)` computed once by a caller that inits many times
+    (the paper precomputes it once per draft)."""
     width = 2 + max_decode_len + self.config.num_draft_heads  # >= `speculative.decode`'s buffer
-    table = jax.jit(trigram_table)(params, jnp.asarray(embedding, jnp.float32))  # [3, V, F]
+    if table is None:
+      table = jax.jit(trigram_table)(params, jnp.asarray(embedding, jnp.float32))  # [3, V, F]
     return ChimeraDraftState(params=params, table=table,
                              hidden=jnp.zeros((batch, width, self.config.emb_dim), jnp.float32))
 
