@@ -7,6 +7,7 @@ the start token, s_j the j-th generated token, h_j the target decoder's final hi
   trigram encoder      g_j = W2 SiLU(W1 [E s_{j-2}; E s_{j-1}; E s_j])       (paper Eq. 2)
                        E is the target's frozen token embedding (an input, not a parameter);
                        j = 0, 1 collapse to uni/bigrams by zero embeddings for the missing tokens.
+                       At inference a lookup table (`trigram_table`, below) replaces W1 E.
   full-context block   one T5 block (RMSNorm, relative position bias, gated-GELU MLP) whose query
                        at position j is g_j and whose keys are the target's h_i (i < j, the ones
                        the target has computed when s_j is the newest token) and the trigram
@@ -23,6 +24,21 @@ target's state; the draft's per-step cost then also does not grow with the input
 Why head i predicts offset i + 1 from h_{j-1}: when drafting, the newest token s_N (the target's
 own correction or bonus token of the last verification) has no target hidden state yet; h_{N-1}
 predicted it. So the target's logits layer is "head 0" and heads 1..gamma propose s_{N+1..N+gamma}.
+Heads are sliced before the vocabulary projection: a call asks for the first `num_heads` heads
+(gamma when drafting) and projects only those, so drafting gamma < H tokens costs gamma heads'
+`[2D, V]` products, not H.
+
+The trigram lookup table (the paper's sec. 3.2.1 speed trick). W1 [E a; E b; E c] = W1_a E a +
+W1_b E b + W1_c E c (W1 split by rows into the three slots), so `T[k] = E W1_k` (`[3, V, F]`,
+computed once per draft from the frozen E and the trained W1) gives every trigram's hidden
+pre-activation by three gathers and a sum: g_j = W2 SiLU(T[0, s_{j-2}] + T[1, s_{j-1}] + T[2, s_j])
+(a missing token adds 0, as its zero embedding does). This is exact for every trigram. The
+paper instead caches whole encoder outputs g for frequent trigrams in an LRU dictionary (V^3
+possible keys); a per-token table of the first layer is what fits a jitted, fixed-shape gather
+(3 V F floats: 3 x 32,128 x 768 x 4 B = 296 MB at T5-base width and vocabulary, computed in one matmul), and it
+removes the trigram encoder's only large product (`[3D, F]` per position) from every draft step.
+Training computes W1 x directly (cheaper than the table when batch x length < 3 V).
+
 Initialisation: head i's kernel is [W_lm; 0] (W_lm the target's logits layer), so an untrained
 head outputs exactly the target's logits from h_{j-1}; the Chimera code initialises [W_lm; W_lm],
 which adds W_lm f_j and is not the target's guess at step 0.
@@ -32,7 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
@@ -137,15 +153,43 @@ def target_logits_kernel(target_config: T5Config, target_params: PyTree) -> jax.
   return target_params['decoder']['logits_dense']['kernel']  # [D, V]
 
 
+def trigram_table(params: PyTree, embedding: jax.Array) -> jax.Array:
+  """`[3, V, F]` lookup table: slot k's (s_{j-2}, s_{j-1}, s_j) share of the trigram MLP's `wi`.
+
+  `T[k, v] = E[v] @ wi[k D:(k + 1) D]`, so `wi [E a; E b; E c] = T[0, a] + T[1, b] + T[2, c]`.
+  """
+  wi = params['trigram_mlp']['wi']['kernel'].astype(jnp.float32)  # [3D, F]
+  d = embedding.shape[1]
+  return jnp.einsum('vd,kdf->kvf', embedding.astype(jnp.float32),
+                    wi.reshape(3, d, wi.shape[1]))  # [3, V, F]
+
+
+def trigram_lookup(table: jax.Array, tokens: jax.Array) -> jax.Array:
+  """`[3, V, F]` table, `[b, T]` tokens -> `[b, T, F]` = `wi` applied to `trigram_inputs`."""
+  cur = jnp.take(table[2], tokens, axis=0)  # [b, T, F]
+  pad = jnp.zeros_like(cur[:, :1])  # the missing tokens of the collapsed uni/bigrams add nothing
+  prev1 = jnp.concatenate([pad, jnp.take(table[1], tokens[:, :-1], axis=0)], axis=1)  # [b, T, F]
+  prev2 = jnp.concatenate([pad, pad, jnp.take(table[0], tokens[:, :-2], axis=0)],
+                          axis=1)[:, :tokens.shape[1]]  # [b, T, F]
+  return prev2 + prev1 + cur
+
+
 class TrigramEncoder(nn.Module):
-  """The paper's Eq. 2: `wo SiLU(wi x)` over `[.., 3D]` trigram embeddings."""
+  """The paper's Eq. 2: `wo SiLU(wi x)` over `[.., 3D]` trigram embeddings, or, given the
+  `trigram_table` of the same `wi`, `wo SiLU(lookup)` (the inference path)."""
 
   hidden_dim: int
   out_dim: int
 
   @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    return Dense(self.out_dim, name='wo')(nn.silu(Dense(self.hidden_dim, name='wi')(x)))
+  def __call__(self, embedding: jax.Array, tokens: jax.Array,
+               table: Optional[jax.Array] = None) -> jax.Array:
+    wi = Dense(self.hidden_dim, name='wi')
+    if table is None or self.is_initializing():
+      pre = wi(trigram_inputs(embedding, tokens))  # [b, T, F]
+    else:
+      pre = trigram_lookup(table, tokens)  # [b, T, F]
+    return Dense(self.out_dim, name='wo')(nn.silu(pre))  # [b, T, D]
 
 
 class Chimera(nn.Module):
@@ -155,22 +199,30 @@ class Chimera(nn.Module):
 
   @nn.compact
   def __call__(self, embedding: jax.Array, tokens: jax.Array, target_hidden: jax.Array,
-               query_positions: jax.Array) -> Tuple[jax.Array, jax.Array]:
+               query_positions: jax.Array, num_heads: Optional[int] = None,
+               table: Optional[jax.Array] = None) -> Tuple[jax.Array, jax.Array]:
     """Full-context states and head logits at the query positions.
 
     Args:
-      embedding: `[V, D]` the target's token embedding (frozen by the caller).
+      embedding: `[V, D]` the target's token embedding (frozen by the caller); unused with `table`.
       tokens: `[b, T]` s_0..s_{T-1} by slot (slot = position).
       target_hidden: `[b, T, D]` h_i by slot; slots >= a query's position are never read by it.
       query_positions: `[b, q]` the positions j to predict from (s_j must be in `tokens`).
+      num_heads: project only heads 1..num_heads (default all H): gamma when drafting.
+      table: `trigram_table(params, embedding)`, the inference path's lookup (default: compute
+        the trigram MLP's first layer from `embedding`).
 
     Returns:
-      `(f [b, q, D], logits [b, q, H, V])`, logits float32; head i's slice is `[..., i - 1, :]`.
+      `(f [b, q, D], logits [b, q, n, V])` with n = num_heads, logits float32; head i's slice is
+      `[..., i - 1, :]`.
     """
     cfg = self.config
+    num_heads = cfg.num_draft_heads if num_heads is None else num_heads
+    if not 1 <= num_heads <= cfg.num_draft_heads:
+      raise ValueError(f'num_heads {num_heads} is not in 1..{cfg.num_draft_heads}')
     batch, length = tokens.shape
     g = TrigramEncoder(cfg.trigram_dim, cfg.emb_dim, name='trigram_mlp')(
-        trigram_inputs(embedding, tokens))  # [b, T, D]
+        embedding, tokens, table)  # [b, T, D]
 
     slots = jnp.arange(length, dtype=jnp.int32)  # [T]
     qpos = query_positions.astype(jnp.int32)  # [b, q]
@@ -196,7 +248,7 @@ class Chimera(nn.Module):
     kernel = self.param('heads', nn.initializers.zeros,
                         (cfg.num_draft_heads, 2 * cfg.emb_dim, cfg.vocab_size))  # [H, 2D, V]
     features = jnp.concatenate([h_prev.astype(jnp.float32), f], axis=-1)  # [b, q, 2D]
-    logits = jnp.einsum('bqe,hev->bqhv', features, kernel)  # [b, q, H, V]
+    logits = jnp.einsum('bqe,hev->bqhv', features, kernel[:num_heads])  # [b, q, n, V]
     return f, logits.astype(jnp.float32)
 
 

@@ -75,7 +75,14 @@ def _decode(x) -> str:
 
 def task_examples(task_name: str, split: str, lengths: Mapping[str, int],
                   num_examples: int) -> Tuple[List[str], List]:
-  """`(sources without prefix, metric targets)` of the examples `InferenceEvaluator` scores."""
+  """`(sources without prefix, metric targets)` of the examples `InferenceEvaluator` scores (a
+  seqio task, or an exported one: its stored texts, read without TensorFlow)."""
+  from gqa_spec.data import exported  # pylint: disable=g-import-not-at-top
+  if exported.is_exported(task_name):
+    (task,), _ = exported.resolve(task_name)
+    texts = task.texts(split)[:num_examples]
+    return ([strip_prefix(t['inputs_pretokenized']) for t in texts],
+            exported.targets(task, split, num_examples))
   import seqio  # pylint: disable=g-import-not-at-top  (TensorFlow)
   from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top
   task = tasks.get(task_name)
@@ -94,28 +101,33 @@ def task_examples(task_name: str, split: str, lengths: Mapping[str, int],
 
 
 def _train_targets(task_name: str) -> List[str]:
+  from gqa_spec.data import exported  # pylint: disable=g-import-not-at-top
+  if exported.is_exported(task_name):
+    (task,), _ = exported.resolve(task_name)
+    return [t['targets_pretokenized'] for t in task.texts('train')]
   from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top
   ds = tasks.get(task_name).get_dataset(sequence_length=None, split='train', shuffle=False)
   return [_decode(ex['targets_pretokenized']) for ex in ds.as_numpy_iterator()]
 
 
 def evaluate(task_metrics: Mapping[str, str], task_lengths: Mapping[str, Tuple[int, int]],
-             split: str, num_examples: int) -> List[dict]:
+             split: str, num_examples: int, source=lambda name: name) -> List[dict]:
   """Rows `{task, baseline, label, metric, score, examples, per_example}` for every task of
   `task_metrics` (`per_example`: `bootstrap.encode`'s scores, in the models' example order, so the
-  claims' baseline gate can pair them).
+  claims' baseline gate can pair them). `source`: the name a task is read by (`Context.task`).
   (`{task name: 'bleu' | 'rouge1'}`; a name containing 'translate' is a translation task)."""
   from gqa_spec.data import metrics  # pylint: disable=g-import-not-at-top
   from gqa_spec.reproduce import bootstrap  # pylint: disable=g-import-not-at-top
   rows = []
   for task_name, metric in task_metrics.items():
     inputs_len, targets_len = task_lengths[task_name]
-    sources, targets = task_examples(task_name, split,
+    sources, targets = task_examples(source(task_name), split,
                                      {'inputs': inputs_len, 'targets': targets_len}, num_examples)
     if 'translate' in task_name:
       outputs = predictions('translate', sources)
     else:
-      outputs = predictions('summarize', sources, median_words(_train_targets(task_name)))
+      outputs = predictions('summarize', sources,
+                            median_words(_train_targets(source(task_name))))
     fn = metrics.bleu if metric == 'bleu' else metrics.rouge
     for name, preds in outputs.items():
       rows.append({'task': task_name, 'baseline': name, 'label': name, 'metric': metric,

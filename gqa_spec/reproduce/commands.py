@@ -1,5 +1,5 @@
-"""`gqa-spec reproduce --preset {smoke,cpu} [--out DIR] [--work-dir DIR] [--stages ...]
-[--set KEY=VALUE ...]` and `gqa-spec calibrate --preset {smoke,cpu} [--out DIR] [--work-dir DIR]
+"""`gqa-spec reproduce --preset {smoke,cpu,gpu} [--out DIR] [--work-dir DIR] [--stages ...]
+[--set KEY=VALUE ...] [--exported DIR] [--time-limit SECONDS]` and `gqa-spec calibrate --preset {smoke,cpu} [--out DIR] [--work-dir DIR]
 [--sweeps ...]`."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ def register(subparsers) -> None:
       description='Pre-train, convert and uptrain (GQA), fine-tune, evaluate, time and run '
                   'speculative decoding on the local DDTP tasks; writes tables and figures to '
                   'results/<preset>/. Finished stages are skipped; killed runs resume.')
-  parser.add_argument('--preset', default='smoke', choices=('smoke', 'cpu'),
-                      help='smoke: minutes, numbers meaningless; cpu: the real reproduction')
+  parser.add_argument('--preset', default='smoke', choices=('smoke', 'cpu', 'gpu'),
+                      help='smoke: minutes, numbers meaningless; cpu: the CPU-scale study; gpu: '
+                           'the study sized for one H100 (docs/reproduce.md)')
   parser.add_argument('--out', default=None, help='results directory (default results/<preset>)')
   parser.add_argument('--work-dir', default=None,
                       help='models, data and caches (default runs/<preset>; not for git)')
@@ -28,6 +29,12 @@ def register(subparsers) -> None:
                       help='change one preset field (repeatable; tuples comma-separated, e.g. '
                            '--set warmup_steps=10000 --set gammas=1,3,7); needs --out and '
                            '--work-dir')
+  parser.add_argument('--exported', default=None, metavar='DIR',
+                      help='read the tasks from `gqa-spec data export`\'s DIR (no TensorFlow or '
+                           'seqio needed; required where they are missing)')
+  parser.add_argument('--time-limit', type=float, default=None, metavar='SECONDS',
+                      help='stop cleanly before SECONDS (checkpoints saved, finished jobs kept; '
+                           'exit status 75); the same command resumes')
   parser.add_argument('--verbose', action='store_true', default=argparse.SUPPRESS,
                       help="show the libraries' logs (as `gqa-spec --verbose`)")
   parser.set_defaults(func=_reproduce)
@@ -69,6 +76,9 @@ def _calibrate(args: argparse.Namespace) -> int:
   return 0
 
 
+STOPPED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped by --time-limit, not finished; not an error
+
+
 def _reproduce(args: argparse.Namespace) -> int:
   from gqa_spec import console  # pylint: disable=g-import-not-at-top
   from gqa_spec.reproduce import pipeline, writeup  # pylint: disable=g-import-not-at-top
@@ -79,9 +89,15 @@ def _reproduce(args: argparse.Namespace) -> int:
   if not verbose:  # the trainer's per-job INFO lines (initialised from, new best): in the JSON
     logging.getLogger('gqa_spec.training').setLevel(logging.WARNING)
   records = pipeline.run(args.preset, args.out, args.work_dir, args.stages, args.force,
-                         overrides=args.overrides)
-  report = records.get('report')
+                         overrides=args.overrides, exported_dir=args.exported,
+                         time_limit=args.time_limit)
   out = args.out or f'results/{args.preset}'
+  stopped = records.pop('stopped', None)
+  if stopped:
+    print(f'reproduce --preset {args.preset}: stopped at the time limit in stage '
+          f'{stopped["stage"]} ({len(records)} stage(s) done); run the same command to resume')
+    return STOPPED_EXIT_CODE
+  report = records.get('report')
   print(f'reproduce --preset {args.preset}: {len(records)} stage(s) done; results in {out}/'
         + (f' (report: {out}/report.md)' if report else ''))
   if report and 'claims' in report:  # what holds first, not a table of scores

@@ -2,7 +2,9 @@
 
 Per task (jobs `<task>.chimera`, `<task>.distilled`, `<task>.independent`):
   chimera      a Chimera draft with max(gammas) heads (`train-draft --kind chimera`): trigram
-               encoder + one full-context block + residual heads over the target's hidden states;
+               encoder + one full-context block + residual heads over the target's hidden states,
+               on the preset's `chimera_label_source` (the paper's: the data's tokens), for as
+               many steps as the distilled draft;
   distilled    the preset's draft architecture started from the fine-tuned (independent) draft and
                trained on the target's greedy outputs for the task's training inputs
                (`train-draft --kind model`, sequence-level knowledge distillation);
@@ -50,12 +52,13 @@ def _validation_batches(task: str, lengths, preset):
   return list(itertools.islice(get_batches(cfg, num_epochs=1), count))
 
 
-def _accuracy(config, params, target_path: str, task: str, lengths, preset) -> list:
+def _accuracy(ctx, config, params, target_path: str, task: str, lengths) -> list:
   from gqa_spec.training import draft_training  # pylint: disable=g-import-not-at-top
   from gqa_spec.checkpoints.load import load_any  # pylint: disable=g-import-not-at-top
   target_config, target_params, _ = load_any(target_path)
   return draft_training.head_topk_accuracy(config, params, target_config, target_params,
-                                           _validation_batches(task, lengths, preset))
+                                           _validation_batches(ctx.task(task), lengths,
+                                                               ctx.preset))
 
 
 def _train(ctx, kind: str, task: str, lengths, target_path: str, initial_path=None) -> dict:
@@ -68,7 +71,8 @@ def _train(ctx, kind: str, task: str, lengths, target_path: str, initial_path=No
                       if kind == 'chimera' else
                       (p.distill_steps, p.distill_batch, p.distill_learning_rate))
   run_dir = ctx.model_dir('drafts', task, name)
-  data = DatasetConfig(task, {'inputs': lengths[0], 'targets': lengths[1]}, batch_size=batch,
+  data = DatasetConfig(ctx.task(task), {'inputs': lengths[0], 'targets': lengths[1]},
+                       batch_size=batch,
                        pack=False)
   result = draft_training.train_draft(
       kind=kind, target_checkpoint=target_path, model_dir=run_dir, train_dataset_cfg=data,
@@ -76,8 +80,10 @@ def _train(ctx, kind: str, task: str, lengths, target_path: str, initial_path=No
       num_draft_heads=chimera_heads(p), learning_rate_fn=constant(lr),
       checkpoint_cfg=trainer.CheckpointConfig(save_period=max(10, steps // 5), keep=1,
                                               asynchronous=False),
-      log_period=max(1, min(50, steps // 4)), initial_checkpoint_path=initial_path)
+      log_period=max(1, min(50, steps // 4)), initial_checkpoint_path=initial_path,
+      label_source=p.chimera_label_source if kind == 'chimera' else 'target')
   return {'task': task, 'draft': name, 'kind': kind, 'step': result.step,
+          'label_source': p.chimera_label_source if kind == 'chimera' else 'target',
           'steps': steps, 'batch_size': batch, 'learning_rate': lr,
           'train_metrics': ({k: float(v) for k, v in result.train_metrics.items()}
                             or _last_logged_train_metrics(run_dir)),
@@ -90,7 +96,7 @@ def _chimera_job(ctx, task: str, lengths, target_path: str) -> dict:
   record = _train(ctx, 'chimera', task, lengths, target_path)
   config, params, _ = draft_records.load_chimera(ctx.path(record['run_dir']))
   return dict(record, num_draft_heads=config.num_draft_heads,
-              head_accuracy=_accuracy(config, params, target_path, task, lengths, ctx.preset))
+              head_accuracy=_accuracy(ctx, config, params, target_path, task, lengths))
 
 
 def _distilled_job(ctx, task: str, lengths, target_path: str, independent: str) -> dict:
@@ -99,7 +105,7 @@ def _distilled_job(ctx, task: str, lengths, target_path: str, independent: str) 
   checkpoint = os.path.join(ctx.path(record['run_dir']), rundir.DRAFT_EXPORT_DIR)
   config, params, _ = native.load_checkpoint(checkpoint)
   return dict(record, checkpoint=ctx.relative(checkpoint),
-              head_accuracy=_accuracy(config, params, target_path, task, lengths, ctx.preset))
+              head_accuracy=_accuracy(ctx, config, params, target_path, task, lengths))
 
 
 def _independent_job(ctx, task: str, lengths, target_path: str, independent: str) -> dict:
@@ -107,7 +113,7 @@ def _independent_job(ctx, task: str, lengths, target_path: str, independent: str
   config, params, _ = native.load_checkpoint(independent)
   return {'task': task, 'draft': 'independent', 'kind': 'model', 'step': None,
           'checkpoint': ctx.relative(independent), 'target': ctx.relative(target_path),
-          'head_accuracy': _accuracy(config, params, target_path, task, lengths, ctx.preset)}
+          'head_accuracy': _accuracy(ctx, config, params, target_path, task, lengths)}
 
 
 def stage_drafts(ctx) -> dict:

@@ -29,7 +29,7 @@ def stage_evaluate(ctx: Context) -> dict:
     def job(row=row):
       lengths = p.finetune_lengths[row['task']]
       metrics = evaluate_checkpoint(
-          ctx.path(row['best_checkpoint']), row['task'],
+          ctx.path(row['best_checkpoint']), ctx.task(row['task']),
           ctx.model_dir('eval', row['task'], row['name']),
           split='test', task_feature_lengths={'inputs': lengths[0], 'targets': lengths[1]},
           batch_size=p.eval_batch, num_examples=p.test_examples)
@@ -55,7 +55,7 @@ def _baselines(ctx: Context) -> List[dict]:
   from gqa_spec.reproduce import baselines  # pylint: disable=g-import-not-at-top
   p = ctx.preset
   return baselines.evaluate({t: TASK_METRIC[t] for t in p.finetune_lengths}, p.finetune_lengths,
-                            'test', p.test_examples)
+                            'test', p.test_examples, source=ctx.task)
 
 
 def _per_example_scores(eval_dir: str, task: str) -> dict:

@@ -74,7 +74,8 @@ def _evaluator(ctx, task: str, config):
   from gqa_spec.evaluation.evaluator import InferenceEvaluator  # pylint: disable=g-import-not-at-top
   p = ctx.preset
   inputs, targets = p.finetune_lengths[task]
-  return InferenceEvaluator(task, config, 'validation', {'inputs': inputs, 'targets': targets},
+  return InferenceEvaluator(ctx.task(task), config, 'validation',
+                            {'inputs': inputs, 'targets': targets},
                             batch_size=p.eval_batch, num_examples=p.validation_examples)
 
 
@@ -96,7 +97,7 @@ def stage_finetune(ctx) -> dict:
 
   def train(name, config, source, variant, task, lengths, evaluator, best_metric):
     record = jobs_lib.train(
-        ctx.model_dir('finetune', task, name), config, task, lengths, p.finetune_batch,
+        ctx.model_dir('finetune', task, name), config, ctx.task(task), lengths, p.finetune_batch,
         p.finetune_steps, learning_rate_fn=constant(p.finetune_lr(
             'draft' if variant is None else 'target')),
         initial_checkpoint_path=source, initial_step=0, evaluator=evaluator,

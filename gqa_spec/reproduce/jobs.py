@@ -30,6 +30,15 @@ class Context:
   work_dir: str  # models, data, caches
   progress: Any = None
   overrides: Tuple[str, ...] = ()  # `--set KEY=VALUE` applied to the preset
+  exported_dir: Optional[str] = None  # `--exported DIR`: read `gqa-spec data export`'s tasks
+  stop_requested: bool = False  # set when `--time-limit`'s stop time has come (`time_limit`)
+
+  def task(self, name: str) -> str:
+    """The name a data reader takes for a preset's task: `exported:DIR/name` with `--exported`,
+    else the seqio task (records keep the seqio names either way)."""
+    if self.exported_dir is None:
+      return name
+    return 'exported:' + os.path.join(os.path.abspath(self.exported_dir), name)
 
   @property
   def data_dir(self) -> str:
@@ -55,6 +64,54 @@ class Context:
       raise UserError(f'stage {stage!r} has not run yet ({path} is missing); run it first')
     with open(path) as f:
       return json.load(f)
+
+
+class TimeLimitReached(Exception):
+  """`--time-limit` stopped the run between jobs (training jobs saved a checkpoint first)."""
+
+
+# Seconds before `--time-limit` at which the stop is requested (at most a quarter of the limit):
+# what a training job needs to finish its queued steps and save, and a short evaluation to end
+# (jobs are not cut mid-way).
+STOP_MARGIN_S = 30.0
+
+
+@contextlib.contextmanager
+def time_limit(ctx: Context, seconds: Optional[float]):
+  """Stops the run cleanly `min(STOP_MARGIN_S, seconds / 4)` before `seconds` from now (None: no
+  limit).
+
+  At the stop time a timer sets `ctx.stop_requested` and sends this process SIGTERM: a training
+  job then stops after its queued steps and saves a checkpoint (the trainer's save on exit), any
+  other job runs to its end; `run_jobs` then records nothing for the job in progress and raises
+  `TimeLimitReached` instead of starting another. The next invocation re-runs that job, and a
+  training job resumes from its checkpoint. A SIGTERM from outside stops the run the same way.
+  """
+  if seconds is None:
+    yield
+    return
+  if seconds <= 0:
+    raise UserError(f'--time-limit {seconds:g}: expected a positive number of seconds')
+  import signal  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+
+  def stop():
+    ctx.stop_requested = True
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  def external(signum, frame):  # SIGTERM from outside (e.g. `timeout`) between training jobs
+    del signum, frame
+    ctx.stop_requested = True
+
+  previous = signal.signal(signal.SIGTERM, external)
+  timer = threading.Timer(seconds - min(STOP_MARGIN_S, seconds / 4), stop)
+  timer.daemon = True
+  timer.start()
+  try:
+    yield
+  finally:
+    timer.cancel()
+    signal.signal(signal.SIGTERM, previous)
 
 
 def write_json(path: str, obj: Any) -> None:
@@ -135,12 +192,21 @@ def run_jobs(ctx: Context, stage: str, jobs: Sequence[tuple]) -> List[dict]:
   for i, (key, fn) in enumerate(jobs, 1):
     done = job_done(ctx, stage, key)
     if done is None:
+      if ctx.stop_requested:
+        raise TimeLimitReached(f'{stage}: stopped before job {key}')
       if ctx.progress is not None:
         ctx.progress.set_postfix_str(f'{stage}: {key}')
       with progress.scope(f'job {i}/{len(jobs)} {key}'):
         t0 = time.time()
         with progress.coarse():  # a line per job; a long job's lines every 30 s
-          record = fn()
+          try:
+            record = fn()
+          except Exception:  # pylint: disable=broad-except
+            if not ctx.stop_requested:
+              raise
+            record = None  # a job stopped part-way (e.g. no best checkpoint yet): re-run next time
+        if ctx.stop_requested:  # it may have stopped early: re-run (resume) it next time
+          raise TimeLimitReached(f'{stage}: stopped during job {key}')
         record['wall_seconds'] = round(time.time() - t0, 2)
         walls.append(record['wall_seconds'])
         release_compiled()
@@ -154,6 +220,10 @@ def run_jobs(ctx: Context, stage: str, jobs: Sequence[tuple]) -> List[dict]:
 
 
 def register_tasks(ctx: Context) -> None:
+  """Registers the DDTP seqio tasks over the corpus stage's data (nothing to do with `--exported`:
+  readers then take `ctx.task(name)`)."""
+  if ctx.exported_dir is not None:
+    return
   from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top
   tasks.register_ddtp_tasks(ctx.data_dir)
 

@@ -54,7 +54,8 @@ STAGE_FNS = {'corpus': pretraining.stage_corpus, 'pretrain': pretraining.stage_p
 def run(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str] = None,
         stages: Optional[Sequence[str]] = None, force: bool = False,
         progress_bar: Optional[bool] = None,
-        overrides: Sequence[str] = ()) -> Dict[str, dict]:
+        overrides: Sequence[str] = (), exported_dir: Optional[str] = None,
+        time_limit: Optional[float] = None) -> Dict[str, dict]:
   """Runs (or resumes) a reproduction; returns every stage's record.
 
   Args:
@@ -66,6 +67,11 @@ def run(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str]
     progress_bar: show a progress bar (default: on terminals).
     overrides: `KEY=VALUE` changes to the preset (`--set`); they need their own `out_dir` and
       `work_dir`, so that a changed study never reuses the preset's cached stages.
+    exported_dir: read the tasks from `gqa-spec data export`'s directory (no TensorFlow or seqio
+      needed); required where they cannot be imported.
+    time_limit: seconds; the run stops cleanly before them (`jobs.time_limit`): finished stages
+      and jobs are kept, a training job saves a checkpoint, and the same call resumes. The
+      returned records then hold `'stopped': {'stage': ...}`.
   """
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   preset = presets_lib.override(presets_lib.get(preset_name), overrides)
@@ -76,22 +82,31 @@ def run(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str]
   if unknown:
     raise UserError(f'unknown stage(s) {unknown}; stages: {", ".join(STAGES)}')
   todo = [s for s in STAGES if not stages or s in stages]
+  if exported_dir is None and not _seqio_importable():
+    raise UserError('TensorFlow or seqio cannot be imported here: give the exported tasks with '
+                    '--exported DIR (written by `gqa-spec data export` where they can)')
+  if exported_dir is not None and not os.path.isdir(exported_dir):
+    raise UserError(f'--exported {exported_dir}: no such directory')
   ctx = Context(preset, out_dir or os.path.join('results', preset_name),
-                work_dir or os.path.join('runs', preset_name), overrides=tuple(overrides))
+                work_dir or os.path.join('runs', preset_name), overrides=tuple(overrides),
+                exported_dir=exported_dir)
   os.makedirs(ctx.out_dir, exist_ok=True)
   os.makedirs(ctx.work_dir, exist_ok=True)
   jobs_lib.write_json(os.path.join(ctx.out_dir, 'preset.json'),
               dict(json.loads(json.dumps(dataclasses.asdict(preset), default=str)),
                    work_dir=os.path.relpath(ctx.work_dir, ctx.out_dir),  # preset.json's dir
-                   overrides=list(overrides)))
+                   overrides=list(overrides), exported=exported_dir is not None))
   records = {}
   if progress_bar is None:
     progress_bar = sys.stderr.isatty()
   with tqdm(total=len(todo), desc=f'reproduce {preset_name}', unit='stage',
             disable=not progress_bar) as bar, rundir.running(ctx.out_dir), \
-       compilation_cache(ctx.work_dir):
+       compilation_cache(ctx.work_dir), jobs_lib.time_limit(ctx, time_limit):
     ctx.progress = bar
     for n, stage in enumerate(todo, 1):
+      if ctx.stop_requested:
+        records['stopped'] = {'stage': stage}
+        break
       bar.set_postfix_str(stage)
       path = ctx.stage_path(stage)
       if os.path.exists(path) and not force:
@@ -100,7 +115,12 @@ def run(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str]
         t0 = time.time()
         with progress.scope(f'reproduce {preset_name}', f'stage {n}/{len(todo)} {stage}'):
           progress.info('started')
-          record = STAGE_FNS[stage](ctx)
+          try:
+            record = STAGE_FNS[stage](ctx)
+          except jobs_lib.TimeLimitReached as e:
+            progress.info('time limit: %s; the same command resumes', e)
+            records['stopped'] = {'stage': stage}
+            break
           progress.info('done in %s', progress.format_seconds(time.time() - t0))
         record['wall_seconds'] = round(time.time() - t0, 1)
         record['command'] = writeup.command(ctx) + f' --stages {stage}'
@@ -108,5 +128,13 @@ def run(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str]
         records[stage] = record
       bar.update(1)
   return records
+
+
+def _seqio_importable() -> bool:
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  try:
+    return all(importlib.util.find_spec(m) is not None for m in ('tensorflow', 'seqio'))
+  except (ImportError, ValueError):
+    return False
 
 

@@ -12,6 +12,8 @@ from gqa_spec.reproduce.jobs import Context
 from gqa_spec.reproduce.presets import TRANSLATE, Variant
 
 def stage_corpus(ctx: Context) -> dict:
+  if ctx.exported_dir is not None:
+    return _exported_corpus(ctx)
   from gqa_spec.data import corpus, ddtp, tasks  # pylint: disable=g-import-not-at-top
   p = ctx.preset
   if p.use_sample_corpus:
@@ -27,6 +29,34 @@ def stage_corpus(ctx: Context) -> dict:
   return {'data_dir': ctx.relative(ctx.data_dir), 'stats': stats, 'vocab_size': vocab.vocab_size}
 
 
+def study_tasks(preset) -> list:
+  """The seqio tasks and mixtures a study reads: pre-training, fine-tuning and evaluation."""
+  from gqa_spec.reproduce.presets import MULTITASK  # pylint: disable=g-import-not-at-top
+  names = [preset.pretrain_task, *preset.finetune_lengths]
+  return names + ([MULTITASK] if preset.finetune_multitask else [])
+
+
+def _exported_corpus(ctx: Context) -> dict:
+  """With `--exported DIR`: the exported tasks' manifests stand for the corpus (no seqio)."""
+  from gqa_spec.data import exported  # pylint: disable=g-import-not-at-top
+  p = ctx.preset
+  manifests = {}
+  for name in study_tasks(p):
+    for task in exported.resolve(ctx.task(name))[0]:
+      missing = {'train', 'validation', 'test'} - set(task.manifest['splits'])
+      if task.name != p.pretrain_task and missing and task.metric_fns:
+        raise UserError(f'exported task {task.name} lacks split(s) {sorted(missing)}; export '
+                        'with --splits train,validation,test')
+      manifests[task.name] = {k: task.manifest[k] for k in ('splits', 'lengths', 'vocab_size')
+                              if k in task.manifest}
+  vocab_size = max(m['vocab_size'] for m in manifests.values())
+  if vocab_size > p.target.vocab_size:
+    raise UserError(f'exported vocabulary of {vocab_size} ids does not fit the model vocab_size '
+                    f'{p.target.vocab_size}')
+  return {'exported_dir': os.path.abspath(ctx.exported_dir), 'tasks': manifests,
+          'vocab_size': vocab_size}
+
+
 def stage_pretrain(ctx: Context) -> dict:
   from gqa_spec.training.optimizer import rsqrt_decay  # pylint: disable=g-import-not-at-top
   jobs_lib.register_tasks(ctx)
@@ -34,7 +64,7 @@ def stage_pretrain(ctx: Context) -> dict:
   jobs = []
   for role, config in (('target', p.target), ('draft', p.draft)):
     jobs.append((role, lambda config=config, role=role: jobs_lib.train(
-        ctx.model_dir('pretrain', role), config, p.pretrain_task, p.pretrain_lengths,
+        ctx.model_dir('pretrain', role), config, ctx.task(p.pretrain_task), p.pretrain_lengths,
         p.pretrain_batch, p.pretrain_steps,
         learning_rate_fn=rsqrt_decay(*p.pretrain_schedule(role)),
         # a kill loses at most 250 steps
@@ -64,7 +94,7 @@ def stage_uptrain(ctx: Context) -> dict:
               'conversion': record}
     if v.alpha > 0:
       def train_fn(**kwargs):
-        return jobs_lib.train(kwargs['model_dir'], kwargs['model_config'], p.pretrain_task,
+        return jobs_lib.train(kwargs['model_dir'], kwargs['model_config'], ctx.task(p.pretrain_task),
                       p.pretrain_lengths, p.pretrain_batch, kwargs['total_steps'],
                       learning_rate_fn=rsqrt_decay(*p.pretrain_schedule('target')),
                       initial_checkpoint_path=kwargs['initial_checkpoint_path'],

@@ -38,19 +38,26 @@ from gqa_spec.reproduce import jobs as jobs_lib
 
 
 def _test_inputs(task: str, lengths, n: int):
+  """`[n, inputs]` the first n test inputs of `task` (a seqio or an `exported:` name)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
+  feature_lengths = {'inputs': lengths[0], 'targets': lengths[1]}
+  from gqa_spec.data import exported  # pylint: disable=g-import-not-at-top
+  if exported.is_exported(task):
+    (source,), _ = exported.resolve(task)
+    _, batch = next(exported.eval_batches(source, 'test', feature_lengths, n, n))
+    return batch['encoder_input_tokens'].astype(np.int32)  # [n, inputs]
   from gqa_spec.data import batches  # pylint: disable=g-import-not-at-top
-  ds = batches.get_dataset(task, 'test', {'inputs': lengths[0], 'targets': lengths[1]},
-                                 pack=False)
+  ds = batches.get_dataset(task, 'test', feature_lengths, pack=False)
   rows = [ex['encoder_input_tokens'] for ex in ds.take(n).as_numpy_iterator()]
   return np.stack(rows).astype(np.int32)  # [n, inputs]
 
 
-def _batches(task: str, lengths, preset):
+def _batches(ctx, task: str, lengths):
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  inputs = _test_inputs(task, lengths, preset.speculative_examples)
-  return [jnp.asarray(inputs[i:i + preset.speculative_batch])
-          for i in range(0, len(inputs), preset.speculative_batch)]
+  p = ctx.preset
+  inputs = _test_inputs(ctx.task(task), lengths, p.speculative_examples)
+  return [jnp.asarray(inputs[i:i + p.speculative_batch])
+          for i in range(0, len(inputs), p.speculative_batch)]
 
 
 def param_bytes(params) -> int:
@@ -75,14 +82,14 @@ def _chain_job(ctx, task: str, lengths, target_name: str, finetuned: dict) -> di
   max_len = lengths[1]
   model_draft = ModelDraft.t5(Transformer(dconfig))
   ngram = NgramDraft(config.vocab_size)
-  table = ngram.init(fit_ngram_on_task(task, p.ngram_order))
+  table = ngram.init(fit_ngram_on_task(ctx.task(task), p.ngram_order))
   drafts = {
       'draft model': (model_draft, lambda enc: model_draft.init(dparams, enc, max_len, max(p.gammas))),
       'bigram': (ngram, lambda enc: table),
       'copy': (CopyDraft(config.vocab_size), lambda enc: enc),
   }
   grid = speedup.measure_grid(T5Decoder(Transformer(config)), params, drafts,
-                              _batches(task, lengths, p), max_decode_len=max_len, gammas=p.gammas,
+                              _batches(ctx, task, lengths), max_decode_len=max_len, gammas=p.gammas,
                               temperatures=p.temperatures, repeats=p.speculative_repeats)
   rows = [dict(r, task=task, target=target_name) for r in grid['rows']]
   return {'rows': rows, 'target_step_seconds': grid['target_step_seconds'],
@@ -108,6 +115,7 @@ def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
   from gqa_spec.decoding.tree import TreeShape  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
   from gqa_spec.checkpoints import drafts as draft_records  # pylint: disable=g-import-not-at-top
+  from gqa_spec.models.chimera import trigram_table  # pylint: disable=g-import-not-at-top
   p = ctx.preset
   L, gmax = lengths[1], max(p.gammas)
   config, params, _ = native.load_checkpoint(finetuned[(task, target_name)])
@@ -115,13 +123,14 @@ def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
   kconfig, kparams, _ = native.load_checkpoint(ctx.path(trained[(task, 'distilled')]['checkpoint']))
   cconfig, cparams, _ = draft_records.load_chimera(ctx.path(trained[(task, 'chimera')]['run_dir']))
   emb = params['token_embedder']['embedding']  # [V, D] the frozen target's, Chimera's input
+  table = jax.jit(trigram_table)(cparams, emb)  # [3, V, F] once, outside the timed decoding
   plain, distilled = d.ModelDraft.t5(Transformer(dconfig)), d.ModelDraft.t5(Transformer(kconfig))
   staged, chimera = d.StagedDraft.t5(Transformer(dconfig), p.stage2_gamma), d.ChimeraDraft(cconfig)
-  successor = fit_ngram_on_task(task, 2).successor()  # [V] the bigram's next token
+  successor = fit_ngram_on_task(ctx.task(task), 2).successor()  # [V] the bigram's next token
   chains = {
       'draft model': (plain, lambda enc: plain.init(dparams, enc, L, gmax)),
       'distilled': (distilled, lambda enc: distilled.init(kparams, enc, L, gmax)),
-      'chimera': (chimera, lambda enc: chimera.init(cparams, emb, enc.shape[0], L)),
+      'chimera': (chimera, lambda enc: chimera.init(cparams, emb, enc.shape[0], L, table)),
       f'staged (bigram {p.stage2_gamma}/call)': (
           staged, lambda enc: staged.init(dparams, enc, L, gmax, successor)),
   }
@@ -138,9 +147,9 @@ def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
       lambda enc: staged_tree.init(dparams, enc, L, staged_shape, successor))
   trees[f'chimera tree {p.chimera_tree}'] = (
       chimera_tree, TreeShape.parse(p.chimera_tree),
-      lambda enc: chimera_tree.init(cparams, emb, enc.shape[0], L))
+      lambda enc: chimera_tree.init(cparams, emb, enc.shape[0], L, table))
   target = T5Decoder(Transformer(config))
-  batches = _batches(task, lengths, p)
+  batches = _batches(ctx, task, lengths)
   grid = speedup.measure_grid(target, params, chains, batches, max_decode_len=L,
                               gammas=p.draft_gammas, temperatures=p.temperatures,
                               repeats=p.speculative_repeats)

@@ -119,6 +119,8 @@ def claims_summary(claims: List[dict]) -> str:
 
 def command(ctx: Context) -> str:
   sets = ''.join(f' --set {o}' for o in ctx.overrides)
+  if ctx.exported_dir is not None:
+    sets += f' --exported {ctx.exported_dir}'
   if not sets:
     return f'gqa-spec reproduce --preset {ctx.preset.name}'
   return (f'gqa-spec reproduce --preset {ctx.preset.name}{sets} --out {ctx.out_dir} '

@@ -78,3 +78,18 @@ def test_config_must_fit_the_target_and_round_trips():
   assert chimera.ChimeraConfig.from_dict(CFG.to_dict()) == CFG
   with pytest.raises(ValueError, match='num_draft_heads must be >= 1'):
     CFG.replace(num_draft_heads=0)
+
+
+def test_the_lookup_table_and_sliced_heads_give_the_full_computations_logits(setup):
+  params, _, emb, tokens, hidden = setup
+  qpos = jnp.broadcast_to(jnp.arange(7), (2, 7))
+  f, full = _apply(params, emb, tokens, hidden, qpos)  # [b, 7, 3, V] by the direct trigram MLP
+  table = chimera.trigram_table(params, emb)  # [3, V, F]
+  assert table.shape == (3, 32, 24)
+  f2, two = chimera.Chimera(CFG).apply({'params': params}, None, tokens, hidden, qpos,
+                                       num_heads=2, table=table)
+  assert two.shape == (2, 7, 2, 32)  # only heads 1..2 are projected
+  np.testing.assert_allclose(f2, f, atol=1e-5)  # the table is exact, uni/bigrams included
+  np.testing.assert_allclose(two, full[:, :, :2], atol=1e-4)
+  with pytest.raises(ValueError, match='num_heads 4 is not in 1..3'):
+    chimera.Chimera(CFG).apply({'params': params}, emb, tokens, hidden, qpos, num_heads=4)

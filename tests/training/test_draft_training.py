@@ -81,6 +81,33 @@ def test_greedy_labels_are_the_targets_own_decoding(target_dir):
   np.testing.assert_array_equal(np.argmax(logits, -1)[real], np.asarray(labels)[real])
 
 
+def test_chimera_trained_on_data_labels_fits_the_datasets_tokens(target_dir):
+  """The Chimera paper's Eq. 4: heads and the MSE term on the dataset's target tokens."""
+  _, params, _ = load_any(target_dir)
+  config = chimera.ChimeraConfig.for_target(TARGET, num_draft_heads=2)
+  batch = {k: jnp.asarray(v) for k, v in _batch().items()}
+  data = batch['decoder_target_tokens']  # [b, L]
+  draft = chimera.init_params(config, TARGET, params, jax.random.PRNGKey(0))
+  draft['heads'] = draft['heads'] + 0.1 * jax.random.normal(jax.random.PRNGKey(1),
+                                                          draft['heads'].shape)
+  step = draft_training.DraftTrainStep.create(
+      'chimera', config, TARGET, params, draft_training.adam(), optimizer.constant(3e-3),
+      label_source='data')
+  objective, metrics = jax.jit(step.loss)(draft, params, batch)
+
+  @jax.jit
+  def on_data(draft, params, batch):  # Eq. 4 by hand: teacher-forced on the data's targets
+    inputs, _, hidden = draft_training.target_forward(Transformer(TARGET), params,
+                                                      batch['encoder_input_tokens'], data)
+    return draft_training.chimera_loss(draft, config, params['token_embedder']['embedding'],
+                                       inputs, hidden, data, 1e-4, 1.0)[0]
+
+  np.testing.assert_allclose(objective, on_data(draft, params, batch), rtol=1e-5)
+  # Head i's labels are the data's s_{j+i}: 2 heads x the real tokens, less one per row.
+  real = np.asarray(data > 0).sum(axis=1)
+  assert float(metrics['weight_sum']) == float(np.sum(2 * real - 1))
+
+
 def _cli(target_dir, model_dir, steps, *extra):
   parser = argparse.ArgumentParser(prog='gqa-spec')
   draft_commands.register(parser.add_subparsers())

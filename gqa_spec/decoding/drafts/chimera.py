@@ -26,14 +26,14 @@ nodes (`tree_speculative.decode`), which land at slots n..n + a as in the chain.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Optional
 
 import flax
 import jax
 import jax.numpy as jnp
 
 from gqa_spec.decoding import sampling, tree as tree_lib
-from gqa_spec.models.chimera import Chimera, ChimeraConfig
+from gqa_spec.models.chimera import Chimera, ChimeraConfig, trigram_table
 
 PyTree = Any
 
@@ -41,7 +41,7 @@ PyTree = Any
 @flax.struct.dataclass
 class ChimeraDraftState:
   params: PyTree
-  embedding: jax.Array  # [V, D] the target's token embedding (frozen)
+  table: jax.Array  # [3, V, F] the trigram lookup table (`models.chimera.trigram_table`)
   hidden: jax.Array  # [b, W, D] target final hidden states by position (W = the loop's width)
 
 
@@ -52,11 +52,16 @@ class ChimeraDraft:
   config: ChimeraConfig
   reads_target_hidden: ClassVar[bool] = True
 
-  def init(self, params: PyTree, embedding: jax.Array, batch: int,
-           max_decode_len: int) -> ChimeraDraftState:
-    """An empty hidden-state buffer wide enough for the loop at any gamma <= num_draft_heads."""
+  def init(self, params: PyTree, embedding: jax.Array, batch: int, max_decode_len: int,
+           table: Optional[jax.Array] = None) -> ChimeraDraftState:
+    """An empty hidden-state buffer wide enough for the loop at any gamma <= num_draft_heads, and
+    the trigram lookup table from `embedding` (the target's, frozen): drafting gathers from it.
+    `table`: `trigram_table(params, embedding)` computed once by a caller that inits many times
+    (the paper precomputes it once per draft)."""
     width = 2 + max_decode_len + self.config.num_draft_heads  # >= `speculative.decode`'s buffer
-    return ChimeraDraftState(params=params, embedding=jnp.asarray(embedding, jnp.float32),
+    if table is None:
+      table = jax.jit(trigram_table)(params, jnp.asarray(embedding, jnp.float32))  # [3, V, F]
+    return ChimeraDraftState(params=params, table=table,
                              hidden=jnp.zeros((batch, width, self.config.emb_dim), jnp.float32))
 
   def _check_depth(self, gamma: int) -> None:
@@ -64,21 +69,26 @@ class ChimeraDraft:
       raise ValueError(f'gamma {gamma} needs 1..{self.config.num_draft_heads} Chimera heads '
                        f'(the draft was trained with {self.config.num_draft_heads})')
 
-  def head_logits(self, state: ChimeraDraftState, sequences: jax.Array,
-                  lengths: jax.Array) -> jax.Array:
-    """`[b, H, V]`: head i's logits for s_{N+i} at each row's position N = `lengths`."""
+  def head_logits(self, state: ChimeraDraftState, sequences: jax.Array, lengths: jax.Array,
+                  num_heads: int) -> jax.Array:
+    """`[b, n, V]`: head i's logits for s_{N+i} at each row's position N = `lengths`, i <= n.
+
+    Only the first `num_heads` heads are projected onto the vocabulary (the paper drafts gamma
+    tokens with gamma heads), and the trigram encoder reads the state's lookup table.
+    """
     width = state.hidden.shape[1]
     # The loop's buffer is narrower (2 + max_decode_len + gamma); slots past a row's length are
     # never read, so padding (or cropping a wider caller's buffer) changes nothing.
     tokens = jnp.pad(sequences, ((0, 0), (0, max(0, width - sequences.shape[1]))))[:, :width]
-    _, logits = Chimera(self.config).apply({'params': state.params}, state.embedding, tokens,
-                                           state.hidden, lengths[:, None])  # [b, 1, H, V]
+    _, logits = Chimera(self.config).apply(
+        {'params': state.params}, None, tokens, state.hidden, lengths[:, None],
+        num_heads=num_heads, table=state.table)  # [b, 1, n, V]
     return logits[:, 0]
 
   def propose(self, state, sequences, lengths, rng, gamma, config):
     self._check_depth(gamma)
-    logits = self.head_logits(state, sequences, lengths)  # [b, H, V]
-    tokens, q = sampling.choose(rng, logits[:, :gamma], config)  # [b, gamma], [b, gamma, V]
+    logits = self.head_logits(state, sequences, lengths, gamma)  # [b, gamma, V]
+    tokens, q = sampling.choose(rng, logits, config)  # [b, gamma], [b, gamma, V]
     return tokens, q, state
 
   def observe(self, state: ChimeraDraftState, hidden: jax.Array,
@@ -99,7 +109,7 @@ class ChimeraTreeDraft(ChimeraDraft):
 
   def propose_tree(self, state, sequences, lengths, rng, shape, config):
     self._check_depth(shape.depth)
-    logits = self.head_logits(state, sequences, lengths)  # [b, H, V]
+    logits = self.head_logits(state, sequences, lengths, shape.depth)  # [b, depth, V]
 
     def feed(carry, tokens, parent, d):  # the children of depth-d nodes: head d + 1, any parent
       del parent

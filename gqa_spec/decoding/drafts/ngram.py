@@ -68,7 +68,16 @@ def fit_ngram(sequences: Iterable[Sequence[int]], order: int, vocab_size: int) -
 
 def fit_ngram_on_task(task_name: str, order: int, split: str = 'train',
                       max_examples: Optional[int] = None) -> NgramModel:
-  """Fits on the target token ids of a registered seqio task's split (vocab: the task's, padded)."""
+  """Fits on the target token ids of a registered seqio task's split (vocab: the task's, padded),
+  or of an exported one (`exported:DIR/TASK`, read without TensorFlow)."""
+  from gqa_spec.data import exported  # pylint: disable=g-import-not-at-top
+  if exported.is_exported(task_name):
+    (task,), _ = exported.resolve(task_name)
+    tokens, offsets = task._arrays(split, 'targets')  # pylint: disable=protected-access
+    count = task.num_examples(split) if max_examples is None else min(max_examples,
+                                                                       task.num_examples(split))
+    rows = ([int(x) for x in tokens[offsets[i]:offsets[i + 1]]] for i in range(count))
+    return fit_ngram(rows, order, -(-task.manifest['vocab_size'] // 128) * 128)
   from gqa_spec.data import batches, tasks  # pylint: disable=g-import-not-at-top  (TensorFlow)
   from gqa_spec.data.vocabulary import padded_vocab_size  # pylint: disable=g-import-not-at-top
   vocab_size = padded_vocab_size(tasks.get(task_name).output_features['targets'].vocabulary)
