@@ -34,6 +34,10 @@ def write_draft_file(model_dir: str, kind: str, target_path: str, draft_config: 
   if os.path.isfile(path):
     with open(path) as f:
       old = json.load(f)
+    try:  # Config fields added since the record was written count at their defaults.
+      old['draft_config'] = type(draft_config).from_dict(old['draft_config']).to_dict()
+    except (KeyError, TypeError, ValueError):
+      pass  # a record of another kind of draft, or of a newer version: it differs below
     # Older runs recorded an absolute target path: compare the paths they name.
     same_target = (rundir.resolve(old.get('target', ''), model_dir)
                    == rundir.resolve(record['target'], model_dir))

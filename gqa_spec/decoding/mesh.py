@@ -236,19 +236,8 @@ def speculative(target: MeshT5Decoder, target_state: T5State, draft: Any, draft_
                 skip=None) -> spec_lib.SpeculativeResult:
   """`speculative.decode` on the mesh; a model draft (`ModelDraft(MeshT5Decoder(...))`) keeps its
   own placement, other drafts' states are replicated."""
-  part, rows = target.partitioner, target.index(target_state).shape[0]
-  fn = functools.partial(_spec, target, draft, gamma, max_decode_len, config, eos_id)
-  args = (target_state, draft_state, rng, _skip(target, target_state, skip))
-  return _run(('spec', target, draft, gamma, max_decode_len, config, eos_id), fn,
-              (target.state_shardings(target_state), _draft_shardings(part, draft, draft_state),
-               part.replicated, part.rows_sharding(rows)),
-              lambda out: _result_shardings(part, out, rows), args)
-
-
-def _spec(target, draft, gamma, max_decode_len, config, eos_id, target_state, draft_state, rng,
-          skip):
-  return spec_lib.decode(target, target_state, draft, draft_state, rng, gamma=gamma,
-                         max_decode_len=max_decode_len, config=config, eos_id=eos_id, skip=skip)
+  return _draft_loop(spec_lib.decode, target, target_state, draft, draft_state, rng, skip,
+                     gamma=gamma, max_decode_len=max_decode_len, config=config, eos_id=eos_id)
 
 
 def tree_speculative(target: MeshT5Decoder, target_state: T5State, draft: Any,
@@ -257,16 +246,21 @@ def tree_speculative(target: MeshT5Decoder, target_state: T5State, draft: Any,
                      skip=None) -> spec_lib.SpeculativeResult:
   """`tree_speculative.decode` on the mesh (`shape` a `tree.TreeShape`); placements as in
   `speculative` (a model tree draft, staged or not, keeps its own)."""
+  return _draft_loop(tree_lib.decode, target, target_state, draft, draft_state, rng, skip,
+                     shape=shape, max_decode_len=max_decode_len, config=config, eos_id=eos_id)
+
+
+def _draft_loop(decode, target, target_state, draft, draft_state, rng, skip, **static):
+  """Runs `decode` (a chain or tree loop) jitted on the target's mesh; `static` its keywords."""
   part, rows = target.partitioner, target.index(target_state).shape[0]
-  fn = functools.partial(_tree, target, draft, shape, max_decode_len, config, eos_id)
+  static = tuple(sorted(static.items()))
+  fn = functools.partial(_call_draft_loop, decode, target, draft, static)
   args = (target_state, draft_state, rng, _skip(target, target_state, skip))
-  return _run(('tree', target, draft, shape, max_decode_len, config, eos_id), fn,
+  return _run((decode, target, draft) + static, fn,
               (target.state_shardings(target_state), _draft_shardings(part, draft, draft_state),
                part.replicated, part.rows_sharding(rows)),
               lambda out: _result_shardings(part, out, rows), args)
 
 
-def _tree(target, draft, shape, max_decode_len, config, eos_id, target_state, draft_state, rng,
-          skip):
-  return tree_lib.decode(target, target_state, draft, draft_state, rng, shape=shape,
-                         max_decode_len=max_decode_len, config=config, eos_id=eos_id, skip=skip)
+def _call_draft_loop(decode, target, draft, static, target_state, draft_state, rng, skip):
+  return decode(target, target_state, draft, draft_state, rng, skip=skip, **dict(static))

@@ -282,7 +282,9 @@ def _start(step_fn: TrainStep, ckpt: manager.Checkpointer, config: T5Config,
     log.info('resumed from %s/%d', ckpt.directory, latest)
     return state, int(meta['data_start_step'])
   if initial_checkpoint_path:
-    _, params, step = load_any(initial_checkpoint_path, t5x_config, config.scan_layers)
+    # Into this run's layer layout (a Chimera draft's config has no layer stacks: as written).
+    _, params, step = load_any(initial_checkpoint_path, t5x_config,
+                               getattr(config, 'scan_layers', None))
     start = initial_step if initial_step is not None else (step or 0)
     state = step_fn.from_params(params, start)
     log.info('initialised from %s at step %d', initial_checkpoint_path, start)

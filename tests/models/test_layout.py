@@ -63,7 +63,7 @@ def test_scanned_and_unrolled_give_the_same_logits_and_greedy_tokens(kv_heads):
   for got, want in zip(incremental(smodel, sparams), incremental(model, params)):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   cache = jax.eval_shape(lambda: T5Decoder(smodel).init(sparams, enc, 9).cache)
-  assert dc.self_attention_kv_bytes(cache) == 2 * 3 * 2 * 9 * 4 * 2 * 4  # L b G slots d K/V f32
+  assert dc.self_attention_kv_bytes(cache) == 2 * 3 * kv_heads * 9 * 4 * 2 * 4  # L b G slots d K/V
 
   greedy = lambda m, p: autoregressive.decode(T5Decoder(m), T5Decoder(m).init(p, enc, 9),
                                               jax.random.PRNGKey(0), max_decode_len=8)

@@ -16,7 +16,7 @@ from gqa_spec.reproduce import jobs, presets
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 100
-TINY = ['target.vocab_size=512', 'target.emb_dim=32', 'target.num_heads=4', 'target.head_dim=8',
+TINY = ['vocab_pieces=300', 'target.vocab_size=512', 'target.emb_dim=32', 'target.num_heads=4', 'target.head_dim=8',
         'target.mlp_dim=64', 'target.num_encoder_layers=1', 'target.num_decoder_layers=1',
         'draft.vocab_size=512', 'draft.emb_dim=16', 'draft.num_heads=2', 'draft.head_dim=8',
         'draft.mlp_dim=32', 'draft.num_encoder_layers=1', f'pretrain_steps={STEPS}',
