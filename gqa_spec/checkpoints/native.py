@@ -226,6 +226,12 @@ def load_checkpoint(directory: str) -> Tuple[T5Config, Params, Optional[str]]:
     try:
       params = checkpointer.restore(params_dir, target)
     except Exception as e:  # pylint: disable=broad-except
+      _drop_orphaned_reads()
+      name = _unreadable_parameter(params_dir, sorted(_flat(expected)))
+      if name is not None:  # damaged bytes that no longer decompress: name the array
+        reason = _first_line(e).split(' See full TensorStore details')[0]
+        raise UserError(f'{directory}: parameter {name} is corrupt (its stored data cannot be '
+                        f'read: {reason}); the checkpoint data was damaged after writing') from None
       raise UserError(f'{params_dir}: corrupt orbax checkpoint ({type(e).__name__}: '
                       f'{_first_line(e)})') from None
   verify(directory, params)
@@ -245,6 +251,46 @@ def _check_storage(params_dir: str) -> None:
   except Exception as e:  # pylint: disable=broad-except; tensorstore raises ValueError and others
     raise UserError(f'{params_dir}: corrupt orbax checkpoint (its OCDBT index: '
                     f'{_first_line(e)})') from None
+
+
+class _NeverRetrieved(logging.Filter):
+  """Drops asyncio's 'Task exception was never retrieved' records (one traceback per array)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return 'exception was never retrieved' not in record.getMessage()
+
+
+def _drop_orphaned_reads() -> None:
+  """After a failed restore, orbax's other read tasks still hold the same error; collected later,
+  asyncio logs each one with a traceback. Collect them now with that message filtered."""
+  import gc  # pylint: disable=g-import-not-at-top
+  logger = logging.getLogger('asyncio')
+  quiet = _NeverRetrieved()
+  logger.addFilter(quiet)
+  try:
+    gc.collect()
+  finally:
+    logger.removeFilter(quiet)
+
+
+def _unreadable_parameter(params_dir: str, names: list) -> Optional[str]:
+  """The first parameter (in `names`, '/'-joined) whose stored array cannot be read, or None.
+
+  Used after orbax's restore failed: flipped bytes inside a compressed chunk fail there with a
+  TensorStore error that names a slice but not the array; reading each array on its own names it.
+  """
+  if not os.path.isfile(os.path.join(params_dir, 'manifest.ocdbt')):
+    return None
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  for name in names:
+    spec = {'driver': 'zarr',
+            'kvstore': {'driver': 'ocdbt', 'base': f'file://{params_dir}',
+                        'path': name.replace('/', '.') + '/'}}
+    try:
+      ts.open(spec, open=True).result().read().result()
+    except Exception:  # pylint: disable=broad-except; any failure to read this array
+      return name
+  return None
 
 
 def _unflat_like(tree: Params, flat: dict, prefix: str = '') -> Params:
