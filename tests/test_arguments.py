@@ -63,3 +63,19 @@ def test_numeric_flags_name_themselves(kind, text, message, capsys):
   err = capsys.readouterr().err.strip().splitlines()[-1]
   assert err == f'gqa-spec data show: error: argument -n: {message}'
   assert parser.parse_args(['-n', '4']).n == 4
+
+
+def test_data_export_checks_its_output_before_reading_a_task(tmp_path, capsys):
+  from gqa_spec import cli  # pylint: disable=g-import-not-at-top
+  afile = tmp_path / 'afile'
+  afile.write_text('keep')
+  code = cli.main(['data', 'export', 'no_such_task', '--out', str(afile)])
+  assert code != 0 and 'is a file; give an export directory' in capsys.readouterr().err
+  assert afile.read_text() == 'keep'
+  # a new path (missing parents are made) passes the check and fails on the task instead
+  code = cli.main(['data', 'export', 'no_such_task', '--out', str(tmp_path / 'no' / 'such')])
+  assert code != 0 and 'is a file' not in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    cli.main(['data', 'export', 'no_such_task', '--out', str(tmp_path / 'x'),
+              '--max-examples', '0'])
+  assert 'argument --max-examples: must be >= 1, got 0' in capsys.readouterr().err

@@ -148,10 +148,12 @@ def _lengths(text: str):
 
 
 def _export(args) -> int:
+  if os.path.exists(args.out) and not os.path.isdir(args.out):
+    raise UserError(f'--out {args.out} is a file; give an export directory (new or existing: '
+                    'tasks exported before stay beside the new ones)')
+  arguments.check_outputs({'--out': args.out}, directories=True)  # before any task is read
   _register(args)
   from gqa_spec.data import export  # pylint: disable=g-import-not-at-top
-  if args.max_examples is not None and args.max_examples < 1:
-    raise UserError(f'--max-examples must be positive, got {args.max_examples}')
   manifests = export.export(args.tasks, args.out,
                             args.splits.split(',') if args.splits else None,
                             _lengths(args.lengths) if args.lengths else None, args.max_examples,
@@ -208,7 +210,8 @@ def register(subparsers):
   p.add_argument('--splits', default=None, help='comma-separated splits (default: all of each task)')
   p.add_argument('--lengths', default=None,
                  help="INPUTS,TARGETS feature lengths (default: each task's)")
-  p.add_argument('--max-examples', type=int, default=None, help='at most N examples per split')
+  p.add_argument('--max-examples', type=arguments.positive_int, default=None,
+                 help='at most N examples per split')
   p.add_argument('--seed', type=int, default=0, help='seed of random preprocessors (span corruption)')
   _add_dirs(p)
   p.set_defaults(func=_export)
