@@ -202,3 +202,26 @@ def test_configs_ship_in_the_wheel(tmp_path):
   out = subprocess.run([sys.executable, '-c', script], cwd=cwd, check=True, capture_output=True,
                        text=True, env={**os.environ, 'PYTHONPATH': str(tmp_path / 'site')})
   assert out.stdout.strip() == str(tmp_path / 'site' / 'gqa_spec' / 'configs')
+
+
+@pytest.mark.parametrize('command', ['eval', 'infer'])
+def test_param_dtype_flag_reaches_the_function_when_the_gin_file_does_not_bind_it(
+    tmp_path, monkeypatch, command):
+  """A user's gin file that configures eval/infer without `param_dtype = %PARAM_DTYPE`: the flag
+  still applies (it made the macro alone, a silent no-op, before)."""
+  from gqa_spec import cli  # pylint: disable=g-import-not-at-top
+  from gqa_spec.training import commands  # pylint: disable=g-import-not-at-top
+  calls = []
+  monkeypatch.setattr(commands.gin_utils, 'call',
+                      lambda fn, **kwargs: calls.append((fn.__name__, kwargs)) or {})
+  path = tmp_path / 'mine.gin'
+  path.write_text('MODEL_DIR = None\n')  # binds nothing of eval/infer
+  try:
+    assert cli.main([command, f'--gin_file={path}', '--param-dtype', 'bfloat16']) == 0
+    assert calls == [({'eval': 'evaluate_checkpoint', 'infer': 'infer'}[command],
+                      {'param_dtype': 'bfloat16'})]
+    calls.clear()
+    assert cli.main([command, f'--gin_file={path}']) == 0
+    assert calls[0][1] == {}  # no flag: the gin files decide
+  finally:
+    gin.clear_config()

@@ -13,8 +13,8 @@
 Flags: `--gin_file` (repeatable), `--gin_bindings` (repeatable), `--gin.MACRO=VALUE` (a gin
 literal: strings need their own quotes), `--gin_search_paths`, `--model-parallel N` (sets
 `MODEL_PARALLEL`: the training mesh's model axis; `eval` then decodes on a mesh of all devices);
-eval and infer: `--param-dtype {float32,bfloat16}` (sets `PARAM_DTYPE`: parameters cast once, at
-load). See `gin_utils` for the search path.
+eval and infer: `--param-dtype {float32,bfloat16}` (parameters cast once, at load; passed to the
+function even where a user's gin file does not bind `param_dtype = %PARAM_DTYPE`). See `gin_utils` for the search path.
 The operative gin config of a training run is written to `MODEL_DIR/config.gin`.
 """
 
@@ -63,8 +63,9 @@ def register(subparsers) -> None:
                    help='model-parallel size of the device mesh: sets the gin macro MODEL_PARALLEL')
     if name in ('eval', 'infer'):
       p.add_argument('--param-dtype', choices=('float32', 'bfloat16'), default=None,
-                     help='cast the floating parameters to this dtype once, at load: sets the gin '
-                          'macro PARAM_DTYPE (runs/eval.gin and runs/infer.gin bind it)')
+                     help='cast the floating parameters to this dtype once, at load (passed to '
+                          'the function whatever the gin files bind; also sets the macro '
+                          'PARAM_DTYPE)')
     p.add_argument('--verbose', action='store_true', default=argparse.SUPPRESS,
                    help="show the libraries' logs (as `gqa-spec --verbose`)")
     p.set_defaults(func=func)
@@ -125,10 +126,18 @@ def uptrain(args: argparse.Namespace) -> int:
   return 0
 
 
+def _flag_kwargs(args: argparse.Namespace) -> dict:
+  """Arguments a flag sets whatever the gin files bind: `--param-dtype` also sets the macro
+  PARAM_DTYPE, but a user's gin file that does not bind `param_dtype = %PARAM_DTYPE` would make
+  the flag a silent no-op."""
+  dtype = getattr(args, 'param_dtype', None)
+  return {} if dtype is None else {'param_dtype': dtype}
+
+
 def evaluate(args: argparse.Namespace) -> int:
   _parse(args)
   from gqa_spec.evaluation import evaluator as evaluation  # pylint: disable=g-import-not-at-top
-  metrics = gin_utils.call(evaluation.evaluate_checkpoint)
+  metrics = gin_utils.call(evaluation.evaluate_checkpoint, **_flag_kwargs(args))
   for name, value in sorted(metrics.items()):
     print(f'{name}: {value:.4g}')
   return 0
@@ -137,6 +146,6 @@ def evaluate(args: argparse.Namespace) -> int:
 def infer(args: argparse.Namespace) -> int:
   _parse(args)
   from gqa_spec.evaluation import infer as inference  # pylint: disable=g-import-not-at-top
-  for task, path in sorted(gin_utils.call(inference.infer).items()):
+  for task, path in sorted(gin_utils.call(inference.infer, **_flag_kwargs(args)).items()):
     print(f'{task}: {path}')
   return 0
