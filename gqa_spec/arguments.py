@@ -17,6 +17,11 @@ from typing import Mapping, Optional
 from gqa_spec.errors import UserError
 
 
+# Layer layouts a loaded model can be given (`models/layout.py`): T5X's `layers_0..` or one scanned
+# stack per encoder/decoder (`T5Config.scan_layers`). `--layout` flags take these.
+LAYOUTS = ('unrolled', 'scanned')
+
+
 def positive_int(text: str) -> int:
   """An argparse `type`: an integer >= 1 (argparse names the flag in the error)."""
   try:

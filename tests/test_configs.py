@@ -205,10 +205,10 @@ def test_configs_ship_in_the_wheel(tmp_path):
 
 
 @pytest.mark.parametrize('command', ['eval', 'infer'])
-def test_param_dtype_flag_reaches_the_function_when_the_gin_file_does_not_bind_it(
+def test_param_dtype_and_layout_flags_reach_the_function_when_the_gin_file_does_not_bind_them(
     tmp_path, monkeypatch, command):
   """A user's gin file that configures eval/infer without `param_dtype = %PARAM_DTYPE`: the flag
-  still applies (it made the macro alone, a silent no-op, before)."""
+  still applies (it set the macro alone, a silent no-op, before). Likewise `--layout`."""
   from gqa_spec import cli  # pylint: disable=g-import-not-at-top
   from gqa_spec.training import commands  # pylint: disable=g-import-not-at-top
   calls = []
@@ -217,9 +217,10 @@ def test_param_dtype_flag_reaches_the_function_when_the_gin_file_does_not_bind_i
   path = tmp_path / 'mine.gin'
   path.write_text('MODEL_DIR = None\n')  # binds nothing of eval/infer
   try:
-    assert cli.main([command, f'--gin_file={path}', '--param-dtype', 'bfloat16']) == 0
+    assert cli.main([command, f'--gin_file={path}', '--param-dtype', 'bfloat16',
+                     '--layout', 'scanned']) == 0
     assert calls == [({'eval': 'evaluate_checkpoint', 'infer': 'infer'}[command],
-                      {'param_dtype': 'bfloat16'})]
+                      {'param_dtype': 'bfloat16', 'layout': 'scanned'})]
     calls.clear()
     assert cli.main([command, f'--gin_file={path}']) == 0
     assert calls[0][1] == {}  # no flag: the gin files decide

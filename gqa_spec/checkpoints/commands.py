@@ -12,11 +12,8 @@ from gqa_spec import arguments
 from gqa_spec.errors import UserError
 
 
-_LAYOUTS = ('unrolled', 'scanned')
-
-
 def _layout_flag(p, default) -> None:
-  p.add_argument('--layout', choices=_LAYOUTS, default=default,
+  p.add_argument('--layout', choices=arguments.LAYOUTS, default=default,
                  help='layer layout of the result: T5X\'s layers_0.. (unrolled) or one scanned '
                  'stack per encoder/decoder (T5Config.scan_layers)' +
                  ('' if default else '; default: the input\'s'))

@@ -19,10 +19,23 @@ from typing import Any, Optional, Tuple
 
 import jax
 
+from gqa_spec import arguments
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 
 Params = Any
+
+LAYOUTS = arguments.LAYOUTS
+
+
+def scan_layers_of(layout: Optional[str], name: str = 'layout') -> Optional[bool]:
+  """`load_any`'s `scan_layers` for a layout name: None (as stored), 'unrolled' or 'scanned'."""
+  if layout is None:
+    return None
+  if layout not in LAYOUTS:
+    raise UserError(f'{name} must be one of {", ".join(LAYOUTS)} (or None: as stored), got '
+                    f'{layout!r}')
+  return layout == 'scanned'
 
 
 def load_any(path: str, t5x_config: Optional[T5Config] = None,

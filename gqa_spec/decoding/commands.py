@@ -71,6 +71,9 @@ def register(subparsers) -> None:
   p.add_argument('--param-dtype', default=None, choices=('float32', 'bfloat16'),
                  help='cast the floating parameters (target and model draft) to this dtype once, '
                       'at load (default: as stored)')
+  p.add_argument('--layout', choices=arguments.LAYOUTS, default=None,
+                 help="the target's layer layout, converted at load (scanned: one nn.scan per "
+                      'stack, compile time independent of depth; default: as stored)')
   p.add_argument('--loop-chunk', type=int, default=1, metavar='K',
                  help='autoregressive decoding: K decode steps per while-loop iteration, a static '
                       'trip count (same tokens; fewer host synchronisations on a GPU)')
@@ -164,6 +167,9 @@ def generate(args: argparse.Namespace) -> int:
   target_config, params, vocab_path = _load(args.model, 'model')
   from gqa_spec.checkpoints import param_dtype  # pylint: disable=g-import-not-at-top
   target_config, params = param_dtype.cast(target_config, params, args.param_dtype)
+  if args.layout is not None:
+    from gqa_spec.models import layout  # pylint: disable=g-import-not-at-top
+    target_config, params = layout.convert(target_config, params, args.layout == 'scanned')
   vocab = None
   if vocab_path:
     from gqa_spec.data.vocabulary import get_vocabulary  # pylint: disable=g-import-not-at-top
@@ -264,7 +270,7 @@ def generate(args: argparse.Namespace) -> int:
                  stage2_gamma=args.stage2_gamma if args.stage2 else None,
                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                  lenience=args.lenience, batch_size=batch, max_decode_len=max_len,
-                 param_dtype=target_config.param_dtype,
+                 param_dtype=target_config.param_dtype, scan_layers=target_config.scan_layers,
                  loop_chunk=args.loop_chunk if draft is None else None,
                  examples=len(rows), mesh={'data': mesh_shape[0], 'model': mesh_shape[1]},
                  memory_per_device=memory.memory_per_device(

@@ -370,7 +370,8 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
                         decoding: str = 'greedy', beam_size: int = 4, draft: Optional[str] = None,
                         gamma: int = 4, model_parallel: Optional[int] = None,
                         tree: Optional[str] = None,
-                        param_dtype: Optional[str] = None) -> Dict[str, float]:
+                        param_dtype: Optional[str] = None,
+                        layout: Optional[str] = None) -> Dict[str, float]:
   """`gqa-spec eval`: evaluates a checkpoint and writes `metrics.json` and predictions JSONL.
 
   Args:
@@ -389,14 +390,16 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
     tree: a token tree for 'speculative' (`topk:...` / `best:...`) in place of gamma.
     param_dtype: cast the floating parameters (target and model draft) to it once, at load
       ('float32' or 'bfloat16'; None: as stored).
+    layout: the target's layer layout, converted at load ('scanned': one `nn.scan` per stack,
+      compiles in time independent of depth; 'unrolled'; None: as stored).
 
   Returns:
     The metrics written.
   """
   from gqa_spec.checkpoints import param_dtype as dtype_lib  # pylint: disable=g-import-not-at-top
-  from gqa_spec.checkpoints.load import load_any  # pylint: disable=g-import-not-at-top  (slow imports)
+  from gqa_spec.checkpoints.load import load_any, scan_layers_of  # pylint: disable=g-import-not-at-top  (slow imports)
   dtype_lib.check(param_dtype, 'param_dtype')
-  config, params, step = load_any(checkpoint_path)
+  config, params, step = load_any(checkpoint_path, scan_layers=scan_layers_of(layout))
   config, params = dtype_lib.cast(config, params, param_dtype, 'param_dtype')
   evaluator = InferenceEvaluator(mixture_or_task_name, config, split, task_feature_lengths,
                                  batch_size, num_examples, decoding, beam_size, draft=draft,
@@ -407,6 +410,7 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
   report = {'checkpoint': os.path.abspath(checkpoint_path), 'step': step,
             'task': mixture_or_task_name, 'split': split, 'decoding': decoding,
             'num_kv_heads': config.num_kv_heads, 'param_dtype': config.param_dtype,
+            'scan_layers': config.scan_layers,
             'metrics': metrics,
             'mesh': (dict(evaluator._partitioner.mesh.shape) if evaluator._partitioner  # pylint: disable=protected-access
                      else None),

@@ -77,7 +77,7 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
           decoding: str = 'greedy', beam_size: int = 4, alpha: float = 0.6,
           temperature: float = 1.0, topk: int = 0, topp: float = 0.0, seed: int = 0,
           draft: Optional[str] = None, gamma: int = 4,
-          param_dtype: Optional[str] = None) -> Dict[str, str]:
+          param_dtype: Optional[str] = None, layout: Optional[str] = None) -> Dict[str, str]:
   """Decodes every example of each task of a split and writes t5x-style prediction files.
 
   Args:
@@ -97,6 +97,8 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
     draft, gamma: of 'speculative' (draft: copy, unigram:PATH, bigram:PATH or a checkpoint dir).
     param_dtype: cast the floating parameters (target and model draft) to it once, at load
       ('float32' or 'bfloat16'; None: as stored).
+    layout: the target's layer layout, converted at load ('scanned', 'unrolled'; None: as
+      stored).
 
   Returns:
     `{task name: file written}`.
@@ -112,7 +114,8 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
   from gqa_spec.checkpoints import param_dtype as dtype_lib  # pylint: disable=g-import-not-at-top
   dtype_lib.check(param_dtype, 'param_dtype')
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
-  from gqa_spec.checkpoints.load import load_any  # pylint: disable=g-import-not-at-top
+  from gqa_spec.checkpoints.load import load_any, scan_layers_of  # pylint: disable=g-import-not-at-top
+  scan_layers = scan_layers_of(layout)
   if exported.is_exported(mixture_or_task_name):
     task_batches, lengths = _exported_batches(mixture_or_task_name, split, task_feature_lengths,
                                               batch_size, num_examples)
@@ -120,7 +123,7 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
     task_batches, lengths = _seqio_batches(mixture_or_task_name, split, task_feature_lengths,
                                            batch_size, num_examples)
   length = lengths['targets']
-  config, params, _ = load_any(checkpoint_path)
+  config, params, _ = load_any(checkpoint_path, scan_layers=scan_layers)
   vocab_fit.check({name: vocab.vocab_size for name, vocab, _ in task_batches}, config.vocab_size,
                   checkpoint_path)
   config, params = dtype_lib.cast(config, params, param_dtype, 'param_dtype')

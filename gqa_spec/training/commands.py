@@ -13,8 +13,9 @@
 Flags: `--gin_file` (repeatable), `--gin_bindings` (repeatable), `--gin.MACRO=VALUE` (a gin
 literal: strings need their own quotes), `--gin_search_paths`, `--model-parallel N` (sets
 `MODEL_PARALLEL`: the training mesh's model axis; `eval` then decodes on a mesh of all devices);
-eval and infer: `--param-dtype {float32,bfloat16}` (parameters cast once, at load; passed to the
-function even where a user's gin file does not bind `param_dtype = %PARAM_DTYPE`). See `gin_utils` for the search path.
+eval and infer: `--param-dtype {float32,bfloat16}` (parameters cast once, at load) and `--layout
+{unrolled,scanned}` (the layer layout, converted at load): passed to the function even where a
+user's gin file does not bind `param_dtype = %PARAM_DTYPE` / `layout = %LAYOUT`. See `gin_utils` for the search path.
 The operative gin config of a training run is written to `MODEL_DIR/config.gin`.
 """
 
@@ -24,6 +25,7 @@ import argparse
 import logging
 import os
 
+from gqa_spec import arguments
 from gqa_spec.errors import UserError
 from gqa_spec.training import gin_utils
 
@@ -66,6 +68,9 @@ def register(subparsers) -> None:
                      help='cast the floating parameters to this dtype once, at load (passed to '
                           'the function whatever the gin files bind; also sets the macro '
                           'PARAM_DTYPE)')
+      p.add_argument('--layout', choices=arguments.LAYOUTS, default=None,
+                     help="the target's layer layout, converted at load (scanned: one nn.scan per "
+                          'stack, compile time independent of depth; default: as stored)')
     p.add_argument('--verbose', action='store_true', default=argparse.SUPPRESS,
                    help="show the libraries' logs (as `gqa-spec --verbose`)")
     p.set_defaults(func=func)
@@ -127,11 +132,12 @@ def uptrain(args: argparse.Namespace) -> int:
 
 
 def _flag_kwargs(args: argparse.Namespace) -> dict:
-  """Arguments a flag sets whatever the gin files bind: `--param-dtype` also sets the macro
+  """Arguments flags set whatever the gin files bind: `--param-dtype` also sets the macro
   PARAM_DTYPE, but a user's gin file that does not bind `param_dtype = %PARAM_DTYPE` would make
-  the flag a silent no-op."""
-  dtype = getattr(args, 'param_dtype', None)
-  return {} if dtype is None else {'param_dtype': dtype}
+  the flag a silent no-op (likewise `--layout`)."""
+  flags = {'param_dtype': getattr(args, 'param_dtype', None),
+           'layout': getattr(args, 'layout', None)}
+  return {name: value for name, value in flags.items() if value is not None}
 
 
 def evaluate(args: argparse.Namespace) -> int:

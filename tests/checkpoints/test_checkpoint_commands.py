@@ -13,6 +13,7 @@ import pytest
 
 from gqa_spec import cli
 from gqa_spec.checkpoints import load, native
+from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 
 torch = pytest.importorskip('torch')
@@ -78,6 +79,10 @@ def test_import_t5x_with_preset_and_config(run, init_params, t5x_writer, tmp_pat
   config, unrolled, _ = load.load_any(str(tmp_path / 'scanned'), scan_layers=False)
   assert config == TINY
   jax.tree.map(np.testing.assert_array_equal, unrolled, params)
+  # The layout names eval/infer take (`layout=` / --layout): None keeps the stored layout.
+  assert [load.scan_layers_of(x) for x in (None, 'unrolled', 'scanned')] == [None, False, True]
+  with pytest.raises(UserError, match="layout must be one of unrolled, scanned .* got 'stacked'"):
+    load.scan_layers_of('stacked')
   code, _, err = run('import-t5x', tmp_path / 't5x', tmp_path / 'ckpt2', '--preset', 'small')
   _one_line_error(code, err, 'parameter decoder/decoder_norm/scale has shape (16,), the model '
                   'config needs (512,)')

@@ -74,6 +74,17 @@ def test_loop_chunk_and_param_dtype_flags(workdir):
   assert 2 * stats['memory_per_device']['param_bytes'] == ref_stats['memory_per_device']['param_bytes']
 
 
+def test_layout_flag_gives_the_stored_layouts_tokens(workdir):
+  """`--layout scanned` converts the (unrolled) checkpoint at load: the same greedy tokens, alone,
+  and with a model draft (the same checkpoint, kept unrolled). Every loop on scanned models:
+  tests/models/test_layout.py."""
+  ref, ref_stats = _generate(workdir, 'ar3')
+  assert ref_stats['scan_layers'] is False
+  for name, extra in [('scan', []), ('scan_draft', ['--draft', str(workdir / 'ckpt')])]:
+    out, stats = _generate(workdir, name, '--layout', 'scanned', *extra)
+    assert out == ref and stats['scan_layers'] is True, name
+
+
 def test_sampling_flags_run(workdir):
   out, stats = _generate(workdir, 'sample', '--draft', 'copy', '--temperature', '1', '--top-k',
                          '5', '--top-p', '0.9', '--lenience', '0.8', '--seed', '3')
