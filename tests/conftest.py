@@ -6,10 +6,13 @@ import pytest
 
 # Most of the suite's time is XLA compiling tiny models, not running them: compile cheaply (LLVM's
 # expensive passes off). Measured on tests/decoding/test_speculative_t5.py: 164 s of CPU against
-# 268 s with XLA's defaults, the same 36 passes. Set before JAX starts its backend; subprocesses
-# the tests start inherit it. XLA_FLAGS given by the caller come after these, so they win (XLA
-# keeps the last value of a flag).
-CHEAP_XLA_FLAGS = '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true'
+# 268 s with XLA's defaults, the same 36 passes. XLA:CPU's new fusion emitters off as well (jaxlib
+# 0.10): that file in 68.8 s against 81.8 s with the two flags above alone, and two cases of
+# test_tree_staged.py in 26 s against 36 s (2026-11-25, quiet machine). Set before JAX starts its
+# backend; subprocesses the tests start inherit it. XLA_FLAGS given by the caller come after these,
+# so they win (XLA keeps the last value of a flag).
+CHEAP_XLA_FLAGS = ('--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true '
+                   '--xla_cpu_use_fusion_emitters=false')
 os.environ['XLA_FLAGS'] = ' '.join(filter(None, [CHEAP_XLA_FLAGS, os.environ.get('XLA_FLAGS')]))
 
 
