@@ -21,15 +21,43 @@ os.environ['XLA_FLAGS'] = ' '.join(filter(None, [CHEAP_XLA_FLAGS, os.environ.get
 SMOKE_FILES = ('tests/reproduce/test_pipeline.py', 'tests/test_notebooks.py')
 
 
+# The files that take longest (seconds on one worker of `.ci/run`'s suite, 2026-11-25), longest
+# first: xdist hands out whole files in collection order, so these start first and the last
+# minutes are many short files spread over both workers, not one worker finishing a long file
+# alone (xdist's default order, by test count, put these single-test files last).
+SLOW_FILES = (
+    'tests/training/test_resume.py',  # 181
+    'tests/decoding/test_tree_staged.py',  # 175
+    'tests/decoding/test_mesh.py',  # 168
+    'tests/reproduce/test_study_design.py',  # 145
+    'tests/scripts/test_t5x_scripts.py',  # 134
+    'tests/reproduce/test_calibration.py',  # 123
+    'tests/models/test_layout.py',  # 88
+    'tests/models/test_t5.py',  # 88
+    'tests/decoding/test_speculative_t5.py',  # 78
+    'tests/training/test_sharding.py',  # 75
+    'tests/training/test_draft_training.py',  # 70
+    'tests/decoding/test_tree_t5.py',  # 61
+    'tests/test_convert.py',  # 57
+    'tests/training/test_mesh_eval.py',  # 51
+    'tests/reproduce/test_gpu_preset.py',  # 46
+)
+
+
 def pytest_collection_modifyitems(config, items):
   """Runs the smoke files first (the longest unit of work when the suite makes its own smoke
-  reproduction) and checks that SMOKE_FILES names every file that uses `smoke_run`."""
+  reproduction), then SLOW_FILES longest first, then the rest in file order; checks that
+  SMOKE_FILES names every file that uses `smoke_run`."""
   rootpath = config.rootpath
   path = lambda item: item.path.relative_to(rootpath).as_posix()
   users = {path(item) for item in items if 'smoke_run' in item.fixturenames}
   if users - set(SMOKE_FILES):
     raise pytest.UsageError(f'tests/conftest.py: add {sorted(users - set(SMOKE_FILES))} to SMOKE_FILES')
-  items.sort(key=lambda item: path(item) not in SMOKE_FILES)  # stable: file order kept otherwise
+  missing = [f for f in SLOW_FILES if not (rootpath / f).is_file()]
+  if missing:
+    raise pytest.UsageError(f'tests/conftest.py: SLOW_FILES names missing files {missing}')
+  rank = {f: i for i, f in enumerate(SMOKE_FILES + SLOW_FILES)}
+  items.sort(key=lambda item: rank.get(path(item), len(rank)))  # stable: file order kept otherwise
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -39,6 +67,7 @@ def pytest_xdist_make_scheduler(config, log):
   once per worker; the SMOKE_FILES form one unit, so the smoke reproduction is neither run twice
   nor read while another worker re-runs its jobs."""
   from xdist.scheduler import LoadScopeScheduling  # pylint: disable=g-import-not-at-top
+  config.option.loadscopereorder = False  # keep the collection's order (above), not by test count
 
   class FileScheduling(LoadScopeScheduling):
 
