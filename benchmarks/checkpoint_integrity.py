@@ -1,11 +1,13 @@
-"""Load-time cost of native checkpoints' integrity check (per-parameter CRC-32, `integrity.json`).
+"""Load-time cost of checkpoint integrity checks: native checkpoints' per-parameter CRC-32
+(`integrity.json`) and train-state checkpoints' per-array fingerprints (`checkpoints/integrity.py`).
 
 A checkpoint of the given model preset (T5.1.1-base by default; random float32 parameters) is
-written once with `native.save_checkpoint`; then `native.load_checkpoint` runs with and without
-`native.verify` (the without-case replaces it with a no-op), alternating, and reports medians. The
-checksum alone (`native.checksums` over the loaded tree) and zlib's CRC-32 rate are measured
-beside the memory bandwidth of a jitted sum (`common.bandwidth`), the rate a single pass over the
-parameters cannot beat.
+written once each way: `native.save_checkpoint`, and a trainer `manager.Checkpointer` save of a
+`TrainState` holding those parameters (no optimizer state, so both read the same bytes). Then each
+is loaded with and without its verification (the without-case replaces `native.verify` or
+`integrity.verify` with a no-op), alternating, and medians are reported. The check alone (CRC-32
+of the loaded tree; the jitted fingerprints) is timed beside the memory bandwidth of a jitted sum
+(`common.bandwidth`), the rate a single pass over the parameters cannot beat.
 
   python -m benchmarks.checkpoint_integrity --preset base --repeats 5
 """
@@ -22,14 +24,75 @@ import jax
 import numpy as np
 
 from benchmarks import common
+from gqa_spec.checkpoints import integrity
+from gqa_spec.checkpoints import manager
 from gqa_spec.checkpoints import native
 from gqa_spec.models.config import preset
+from gqa_spec.training.train_step import TrainState
 
 
 def random_params(config):
   rng = np.random.default_rng(0)
   return jax.tree.map(lambda s: rng.standard_normal(s.shape, np.float32),
                       native.abstract_params(config))
+
+
+def _alternate(repeats, load, set_verify, check, times):
+  """Times `load()` verified and unverified (alternating order), and `check(loaded)` alone."""
+  for r in range(repeats):
+    for name in (('load_verified', 'load_unverified') if r % 2 == 0 else
+                 ('load_unverified', 'load_verified')):
+      set_verify(name == 'load_verified')
+      start = time.perf_counter()
+      loaded = load()
+      jax.block_until_ready(loaded)
+      times[name].append(time.perf_counter() - start)
+    set_verify(True)
+    start = time.perf_counter()
+    check(loaded)
+    times['check'].append(time.perf_counter() - start)
+    del loaded
+
+
+def _native(path, config, params, repeats):
+  native.save_checkpoint(path, config, params)
+  verify = native.verify
+  times = {'load_verified': [], 'load_unverified': [], 'check': []}
+
+  def set_verify(on):
+    native.verify = verify if on else (lambda *_: None)
+
+  native.load_checkpoint(path)  # warm: imports, page cache
+  _alternate(repeats, lambda: native.load_checkpoint(path)[1], set_verify,
+             lambda loaded: native.checksums(jax.tree.map(np.asarray, loaded)), times)
+  return times
+
+
+def _train_state(path, params, repeats):
+  state = TrainState(step=jax.numpy.asarray(1, jax.numpy.int32), params=params, opt_state=())
+  ckpt = manager.Checkpointer(path, save_period=1, asynchronous=False)
+  ckpt.save(1, state, {'data_start_step': 0})
+  ckpt.close()
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  target = manager.abstract_with_shardings(jax.eval_shape(lambda: state),
+                                           jax.tree.map(lambda _: device, state))
+  del state
+  verify = integrity.verify
+  times = {'load_verified': [], 'load_unverified': [], 'check': []}
+
+  def set_verify(on):
+    integrity.verify = verify if on else (lambda *_: None)
+
+  def load():
+    ckpt = manager.Checkpointer(path)
+    try:
+      return ckpt.restore(1, target)[0]
+    finally:
+      ckpt.close()
+
+  jax.block_until_ready(load())  # warm
+  _alternate(repeats, load, set_verify, integrity.fingerprints, times)
+  return times
 
 
 def main(argv=None):
@@ -42,36 +105,26 @@ def main(argv=None):
   config = preset(args.preset)
   params = random_params(config)
   nbytes = sum(x.nbytes for x in jax.tree.leaves(params))
-  verify = native.verify
-  times = {'load_verified': [], 'load_unverified': [], 'checksums': []}
+  bandwidth = common.bandwidth()
+  rows, all_times = [], {}
   with tempfile.TemporaryDirectory() as root:
-    path = os.path.join(root, 'ckpt')
-    native.save_checkpoint(path, config, params)
-    del params
-    native.load_checkpoint(path)  # warm: imports, page cache
-    for r in range(args.repeats):
-      for name in (('load_verified', 'load_unverified') if r % 2 == 0 else
-                   ('load_unverified', 'load_verified')):
-        native.verify = verify if name == 'load_verified' else (lambda *_: None)
-        start = time.perf_counter()
-        _, loaded, _ = native.load_checkpoint(path)
-        jax.block_until_ready(loaded)
-        times[name].append(time.perf_counter() - start)
-      native.verify = verify
-      start = time.perf_counter()
-      native.checksums(jax.tree.map(np.asarray, loaded))
-      times['checksums'].append(time.perf_counter() - start)
-      del loaded
-  medians = {k: statistics.median(v) for k, v in times.items()}
-  row = {'preset': args.preset, 'parameter_bytes': nbytes,
-         **{f'{k}_s': v for k, v in medians.items()},
-         'overhead_s': medians['load_verified'] - medians['load_unverified'],
-         'overhead_fraction': medians['load_verified'] / medians['load_unverified'] - 1,
-         'crc32_bytes_per_s': nbytes / medians['checksums'],
-         'memory_bandwidth_bytes_per_s': common.bandwidth()}
-  common.print_row(row)
-  report = common.results(__file__, argv, [row], load_before, repeats=args.repeats,
-                          times=times)
+    for kind, measure in [
+        ('native (CRC-32)', lambda: _native(os.path.join(root, 'native'), config, params,
+                                            args.repeats)),
+        ('train state (fingerprints)', lambda: _train_state(os.path.join(root, 'run'),
+                                                            jax.device_put(params),
+                                                            args.repeats))]:
+      times = all_times[kind] = measure()
+      medians = {k: statistics.median(v) for k, v in times.items()}
+      rows.append({'kind': kind, 'preset': args.preset, 'parameter_bytes': nbytes,
+                   **{f'{k}_s': v for k, v in medians.items()},
+                   'overhead_s': medians['load_verified'] - medians['load_unverified'],
+                   'overhead_fraction': medians['load_verified'] / medians['load_unverified'] - 1,
+                   'check_bytes_per_s': nbytes / medians['check'],
+                   'memory_bandwidth_bytes_per_s': bandwidth})
+      common.print_row(rows[-1])
+  report = common.results(__file__, argv, rows, load_before, repeats=args.repeats,
+                          times=all_times)
   common.write_json(args.out, report)
   lines = markdown(report)
   common.write_markdown(args.out + '.md', lines, report['machine'])
@@ -79,23 +132,26 @@ def main(argv=None):
 
 
 def markdown(report: dict) -> list:
-  r = report['rows'][0]
   gb = 1e9
-  lines = common.heading('Native checkpoint integrity: load-time cost of the CRC-32 check',
-                         report['command'])
-  lines += [f"T5.1.1-{r['preset']} parameters ({r['parameter_bytes'] / gb:.2f} GB float32, random) "
-            f"written once; `native.load_checkpoint` with and without `native.verify`, "
-            f"alternating, medians over {report['repeats']} repeats. "
+  first = report['rows'][0]
+  lines = common.heading('Checkpoint integrity: load-time cost of the checks', report['command'])
+  lines += [f"T5.1.1-{first['preset']} parameters ({first['parameter_bytes'] / gb:.2f} GB float32, "
+            "random) written once as a native checkpoint and once as a trainer checkpoint (a "
+            "`TrainState` of those parameters, no optimizer state); each loaded with and without "
+            f"its verification, alternating, medians over {report['repeats']} repeats. "
             + common.load_note(*report['loadavg_before_after'],
                                ' (other jobs shared the machine: the figures are noisy).'), '']
-  lines += common.table_head(('load, verified (s)', 'load, unverified (s)', 'overhead (s)',
-                              'overhead', 'CRC-32 alone (s)', 'CRC-32 rate', 'memory bandwidth'))
-  lines.append(f"| {r['load_verified_s']:.2f} | {r['load_unverified_s']:.2f} | "
-               f"{r['overhead_s']:.2f} | {100 * r['overhead_fraction']:.0f}% | "
-               f"{r['checksums_s']:.2f} | {r['crc32_bytes_per_s'] / gb:.2f} GB/s | "
-               f"{r['memory_bandwidth_bytes_per_s'] / gb:.1f} GB/s |")
-  lines += ['', 'The CRC-32 is one pass over the parameter bytes on one core (zlib); the memory '
-                'bandwidth (a jitted sum, all cores) bounds any single pass from above.']
+  lines += common.table_head(('checkpoint (check)', 'load, verified (s)', 'load, unverified (s)',
+                              'overhead (s)', 'overhead', 'check alone (s)', 'check rate',
+                              'memory bandwidth'))
+  for r in report['rows']:
+    lines.append(f"| {r['kind']} | {r['load_verified_s']:.2f} | {r['load_unverified_s']:.2f} | "
+                 f"{r['overhead_s']:.2f} | {100 * r['overhead_fraction']:.0f}% | "
+                 f"{r['check_s']:.2f} | {r['check_bytes_per_s'] / gb:.2f} GB/s | "
+                 f"{r['memory_bandwidth_bytes_per_s'] / gb:.1f} GB/s |")
+  lines += ['', 'The CRC-32 is one pass over the parameter bytes on one core (zlib, on the host); the '
+                'fingerprints are one jitted pass where the arrays live (here the CPU device); the '
+                'memory bandwidth (a jitted sum, all cores) bounds any single pass from above.']
   return lines
 
 

@@ -7,6 +7,12 @@ free-form run information). Saves are asynchronous and atomic (orbax writes a te
 and renames it when complete), so a run killed at any moment leaves only complete checkpoints, and
 `latest_step` never names a half-written one.
 
+The meta item also holds the integrity record (`integrity.record`: a fingerprint of every array of
+the state, computed on the devices where its shards live); every restore verifies what it read
+against it, and a mismatch is one line naming the checkpoint and the array. Data too damaged to
+decompress is named the same way. Checkpoints written before the record existed restore with a
+logged note that they cannot be verified.
+
   ckpt = Checkpointer('/tmp/run', save_period=1000, keep=3)
   if ckpt.latest_step() is not None:
     state, meta = ckpt.restore(ckpt.latest_step(), abstract_state_with_shardings)
@@ -22,8 +28,9 @@ from typing import Any, Optional, Tuple
 import jax
 import orbax.checkpoint as ocp
 
-from gqa_spec.rundir import CHECKPOINTS_DIR
+from gqa_spec.checkpoints import integrity
 from gqa_spec.errors import UserError
+from gqa_spec.rundir import CHECKPOINTS_DIR
 
 # Test hook: seconds every save stalls after its data is written and before orbax commits it
 # (renames the temporary directory), announced by a `save_stall_<step>` file in the run directory,
@@ -79,6 +86,7 @@ class Checkpointer:
     """Saves if `step` is due (or `force`); returns whether a save started."""
     if step in self._manager.all_steps() or not (force or step % self.save_period == 0):
       return False
+    meta = dict(meta, integrity=integrity.record(state))  # before the next step donates `state`
     return self._manager.save(
         step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                       meta=ocp.args.JsonSave(meta)), force=force)
@@ -89,25 +97,48 @@ class Checkpointer:
       restored = self._manager.restore(
           step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
                                         meta=ocp.args.JsonRestore()))
-    except (ValueError, KeyError, FileNotFoundError) as e:
+    except Exception as e:  # pylint: disable=broad-except; orbax raises many types for bad data
+      self._raise_unreadable(step, e)
       raise UserError(f'{self.directory}/{step}: cannot restore the train state (does the model '
-                      f'config match the checkpoint?): {str(e).strip().splitlines()[0]}') from None
-    return restored['state'], restored['meta']
+                      f'config match the checkpoint?): {integrity.first_line(e)}') from None
+    meta = restored['meta']
+    integrity.verify(meta.pop('integrity', None), restored['state'], f'{self.directory}/{step}')
+    return restored['state'], meta
 
   def restore_meta(self, step: int) -> dict:
     """Only the meta item (config, data position) of the checkpoint at `step`."""
-    return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
+    meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
+    meta.pop('integrity', None)
+    return meta
 
   def restore_params(self, step: int, target_params: Any) -> Any:
-    """Only the parameters of the checkpoint at `step` (no optimizer state is read)."""
-    restored = self._manager.restore(
-        step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-            item={'params': target_params},
-            restore_args=jax.tree_util.tree_map(
-                lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, dtype=x.dtype),
-                {'params': target_params}),
-            partial_restore=True)))
+    """Only the parameters of the checkpoint at `step` (no optimizer state is read), verified."""
+    try:
+      restored = self._manager.restore(
+          step, args=ocp.args.Composite(
+              state=ocp.args.PyTreeRestore(
+                  item={'params': target_params},
+                  restore_args=jax.tree_util.tree_map(
+                      lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, dtype=x.dtype),
+                      {'params': target_params}),
+                  partial_restore=True),
+              meta=ocp.args.JsonRestore()))
+    except Exception as e:  # pylint: disable=broad-except
+      self._raise_unreadable(step, e)
+      raise UserError(f'{self.directory}/{step}: cannot restore the parameters (does the model '
+                      f'config match the checkpoint?): {integrity.first_line(e)}') from None
+    integrity.verify(restored['meta'].get('integrity'), {'params': restored['state']['params']},
+                     f'{self.directory}/{step}')
     return restored['state']['params']
+
+  def _raise_unreadable(self, step: int, error: Exception) -> None:
+    """After a failed restore: a one-line error naming the array whose data cannot be read."""
+    integrity.drop_orphaned_reads()
+    name = integrity.unreadable_array(os.path.join(self.directory, str(step), 'state'))
+    if name is not None:
+      reason = integrity.first_line(error).split(' See full TensorStore details')[0]
+      raise UserError(f'{self.directory}/{step}: array {name} is corrupt (its stored data cannot '
+                      f'be read: {reason}); the checkpoint data was damaged after writing') from None
 
   def wait(self) -> None:
     """Blocks until pending asynchronous saves are complete."""

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gqa_spec.checkpoints import integrity
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
@@ -218,7 +219,7 @@ def load_checkpoint(directory: str) -> Tuple[T5Config, Params, Optional[str]]:
       stored = checkpointer.metadata(params_dir).item_metadata.tree
     except Exception as e:  # pylint: disable=broad-except; orbax raises many types for bad data
       raise UserError(f'{params_dir}: unreadable orbax checkpoint ({type(e).__name__}: '
-                      f'{_first_line(e)})') from None
+                      f'{integrity.first_line(e)})') from None
     check_params(stored, config, params_dir)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, s.dtype, sharding=device),
@@ -226,14 +227,14 @@ def load_checkpoint(directory: str) -> Tuple[T5Config, Params, Optional[str]]:
     try:
       params = checkpointer.restore(params_dir, target)
     except Exception as e:  # pylint: disable=broad-except
-      _drop_orphaned_reads()
-      name = _unreadable_parameter(params_dir, sorted(_flat(expected)))
+      integrity.drop_orphaned_reads()
+      name = integrity.unreadable_array(params_dir)
       if name is not None:  # damaged bytes that no longer decompress: name the array
-        reason = _first_line(e).split(' See full TensorStore details')[0]
+        reason = integrity.first_line(e).split(' See full TensorStore details')[0]
         raise UserError(f'{directory}: parameter {name} is corrupt (its stored data cannot be '
                         f'read: {reason}); the checkpoint data was damaged after writing') from None
       raise UserError(f'{params_dir}: corrupt orbax checkpoint ({type(e).__name__}: '
-                      f'{_first_line(e)})') from None
+                      f'{integrity.first_line(e)})') from None
   verify(directory, params)
   params = jax.tree.map(lambda x: x.astype(config.parameter_dtype), params)
   return config, params, vocab_path(directory)
@@ -250,54 +251,9 @@ def _check_storage(params_dir: str) -> None:
     ts.KvStore.open({'driver': 'ocdbt', 'base': f'file://{params_dir}'}).result().list().result()
   except Exception as e:  # pylint: disable=broad-except; tensorstore raises ValueError and others
     raise UserError(f'{params_dir}: corrupt orbax checkpoint (its OCDBT index: '
-                    f'{_first_line(e)})') from None
-
-
-class _NeverRetrieved(logging.Filter):
-  """Drops asyncio's 'Task exception was never retrieved' records (one traceback per array)."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    return 'exception was never retrieved' not in record.getMessage()
-
-
-def _drop_orphaned_reads() -> None:
-  """After a failed restore, orbax's other read tasks still hold the same error; collected later,
-  asyncio logs each one with a traceback. Collect them now with that message filtered."""
-  import gc  # pylint: disable=g-import-not-at-top
-  logger = logging.getLogger('asyncio')
-  quiet = _NeverRetrieved()
-  logger.addFilter(quiet)
-  try:
-    gc.collect()
-  finally:
-    logger.removeFilter(quiet)
-
-
-def _unreadable_parameter(params_dir: str, names: list) -> Optional[str]:
-  """The first parameter (in `names`, '/'-joined) whose stored array cannot be read, or None.
-
-  Used after orbax's restore failed: flipped bytes inside a compressed chunk fail there with a
-  TensorStore error that names a slice but not the array; reading each array on its own names it.
-  """
-  if not os.path.isfile(os.path.join(params_dir, 'manifest.ocdbt')):
-    return None
-  import tensorstore as ts  # pylint: disable=g-import-not-at-top
-  for name in names:
-    spec = {'driver': 'zarr',
-            'kvstore': {'driver': 'ocdbt', 'base': f'file://{params_dir}',
-                        'path': name.replace('/', '.') + '/'}}
-    try:
-      ts.open(spec, open=True).result().read().result()
-    except Exception:  # pylint: disable=broad-except; any failure to read this array
-      return name
-  return None
+                    f'{integrity.first_line(e)})') from None
 
 
 def _unflat_like(tree: Params, flat: dict, prefix: str = '') -> Params:
   return {k: (_unflat_like(v, flat, f'{prefix}{k}/') if isinstance(v, dict) else flat[prefix + k])
           for k, v in tree.items()}
-
-
-def _first_line(e: BaseException) -> str:
-  text = str(e).strip()
-  return text.splitlines()[0] if text else ''

@@ -1,5 +1,5 @@
 """Sharded training on 8 virtual CPU devices equals single-device training (MHA, GQA, MQA);
-sharded checkpoints restore into another mesh.
+sharded checkpoints restore into another mesh, their integrity fingerprints verified.
 
 XLA's device count is fixed when jax initialises, so the check runs in a subprocess with
 `--xla_force_host_platform_device_count=8`.
@@ -18,7 +18,7 @@ _SCRIPT = textwrap.dedent('''
     import jax, numpy as np
     from gqa_spec.models.config import T5Config
     from gqa_spec import partitioning
-    from gqa_spec.checkpoints import manager
+    from gqa_spec.checkpoints import integrity, manager
     from gqa_spec.training import data, optimizer, train_step
 
     assert jax.device_count() == 8, jax.devices()
@@ -68,10 +68,15 @@ _SCRIPT = textwrap.dedent('''
       if not saved:
         saved['state'] = jax.device_put(initials[4], step.state_shardings())
         ckpt.save(1, saved['state'], {'data_start_step': 0})
+        # Fingerprints of the sharded arrays (2x4 mesh) equal those of the same bytes on the host.
+        report['fingerprints_equal'] = (integrity.fingerprints(saved['state'])
+                                        == integrity.fingerprints(jax.device_get(saved['state'])))
       else:
         target = manager.abstract_with_shardings(step.abstract_state(),
                                                        step.state_shardings())
-        restored, _ = ckpt.restore(1, target)
+        restored, _ = ckpt.restore(1, target)  # verifies every array's fingerprint, resharded
+        with open(sys.argv[1] + '/checkpoints/1/meta/metadata') as f:
+          report['verified_arrays'] = len(json.load(f)['integrity']['arrays'])
         jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(restored),
                                jax.device_get(saved['state']))
         kv = restored.params['decoder']['layers_0']['self_attention']['key']['kernel']
@@ -103,3 +108,6 @@ def test_sharded_train_step_matches_single_device(tmp_path):
   # Checkpoints are written sharded and restored into another mesh's layout.
   assert report['restored_mesh'] == {'data': 8, 'model': 1}
   assert report['restored_kv_spec'] == [None, None]
+  # Integrity fingerprints: the same on the sharded arrays as on the host; verified on restore.
+  assert report['fingerprints_equal']
+  assert report['verified_arrays'] > 10
