@@ -2,6 +2,9 @@
 
   python -m benchmarks.compile_time [--sizes small,large,xl,xxl] [--repeats 1]
 
+A size `NAME@LAYERS` overrides the preset's depth (`small@24`: the small widths, 24 layers), which
+separates what depth costs from what width costs.
+
 For each T5.1.1 size and layer layout (`T5Config.scan_layers`) this lowers and compiles, for this
 machine, (a) the decode step (`decode_cache.decode_tokens`: one token for a batch of 1 against a
 cache of `--cache` slots and `--inputs` encoder positions) and (b) the train step
@@ -49,6 +52,13 @@ def _timed(fn, args) -> Dict[str, float]:
   return {'lower_s': lowered_at - start, 'compile_s': time.perf_counter() - lowered_at}
 
 
+def config_of(size: str, scan: bool):
+  """The preset `size` ('NAME' or 'NAME@LAYERS': that depth, encoder and decoder) in a layout."""
+  name, _, layers = size.partition('@')
+  depth = {'num_encoder_layers': int(layers), 'num_decoder_layers': int(layers)} if layers else {}
+  return preset(name, scan_layers=scan, **depth)
+
+
 def decode_step(config, inputs: int, cache: int):
   model = Transformer(config)
   params = native.abstract_params(config)
@@ -77,9 +87,11 @@ def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
   rows = []
   for size in args.sizes.split(','):
     for scan in (False, True):
-      config = preset(size, scan_layers=scan)
+      config = config_of(size, scan)
       for step, build in (('decode', lambda c: decode_step(c, args.inputs, args.cache)),
                           ('train', lambda c: train_step(c, args.inputs, args.targets))):
+        if step not in args.steps.split(','):
+          continue
         fn, fn_args = build(config)
         times = [_timed(fn, fn_args) for _ in range(args.repeats)]
         row = {'size': size, 'layers': config.num_decoder_layers,
@@ -124,7 +136,9 @@ def markdown(result: Dict[str, Any]) -> List[str]:
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  p.add_argument('--sizes', default='small,xl,large,xxl', help='T5.1.1 presets, comma-separated')
+  p.add_argument('--sizes', default='small,xl,large,xxl',
+                 help='T5.1.1 presets, comma-separated; NAME@LAYERS overrides the depth')
+  p.add_argument('--steps', default='decode,train', help='decode and/or train, comma-separated')
   p.add_argument('--inputs', type=int, default=64, help='encoder positions')
   p.add_argument('--targets', type=int, default=64, help='decoder positions of the train step')
   p.add_argument('--cache', type=int, default=64, help='decode cache slots')
