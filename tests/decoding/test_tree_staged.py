@@ -7,7 +7,17 @@ always names the draft's argmax skips levels (exact call counts) and one that ne
 none, and the output of the loop with a staged tree draft follows the target's exact distribution
 (chi-square, fixed seeds, p > 1e-3). Tiny T5 (as `test_tree_t5.py`): greedy token identity with
 autoregressive decoding for MHA/GQA/MQA with the real cache bookkeeping (chain slots, path moves).
+
+XLA compiles are most of the time (each decoding loop is one compile per static draft, tree shape,
+config and array shapes), so the cases share what they can: the table tests use one batch, length
+and table size, tree drafts' methods run jitted (eagerly, each of their ops is a compile of its
+own: ~400 in the T5 commit test alone), and the T5 drafts' bigrams come from one batch of 4 per
+model: 771 compiles -> 147, 90 -> 76 s of CPU on 2 cores (both versions run side by side,
+2026-11-25; 237 -> 146 s of wall time under a heavier load). The rest is mostly the 10 T5 tree
+loops (a plain and a staged one per case) and the 3 models' inits, which the cases need.
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +37,10 @@ from tests.decoding.test_speculative_stub import (N, NO_EOS, P_VALUE_THRESHOLD, 
 from tests.decoding.test_speculative_t5 import KV_HEADS, greedy_reference, perturbed_params
 
 TARGET = TableDecoder()
+# One batch, length and table size for the table-stub loops: a loop compiles once per static draft,
+# shape and config AND array shapes, so the two tests that run the greedy `topk:3,1,1,1` tree
+# without a second stage share that compile.
+BATCH, MAX_DECODE, POSITIONS = 8, 11, 12
 FIELDS = ('sequences', 'lengths', 'target_calls', 'proposed', 'accepted', 'accepted_per_position',
           'accept_histogram', 'loop_iterations')
 
@@ -40,7 +54,19 @@ def _run(p, q, config, shape, g2, successor, max_len, batch, seed=0):
                                  max_decode_len=max_len, config=config, eos_id=NO_EOS)
 
 
-def _position_tables(seed=3, positions=12, noise=0.15):
+@functools.partial(jax.jit, static_argnames=('draft', 'shape', 'config'))
+def _propose(draft, state, sequences, lengths, rng, *, shape, config):
+  """`draft.propose_tree`, jitted as inside the loop (eagerly, every op is an XLA compile)."""
+  return draft.propose_tree(state, sequences, lengths, rng, shape, config)
+
+
+@functools.partial(jax.jit, static_argnames=('draft',))
+def _commit(draft, state, sequences, lengths, path):
+  """`draft.commit_tree`, jitted (as `_propose`)."""
+  return draft.commit_tree(state, sequences, lengths, path)
+
+
+def _position_tables(seed=3, positions=POSITIONS, noise=0.15):
   """Target and draft tables over 12 positions; the draft is a position-free table plus noise,
   so the bigram `argmax(base)` names the draft's argmax often but not always."""
   rng = np.random.RandomState(seed)
@@ -55,9 +81,9 @@ def _position_tables(seed=3, positions=12, noise=0.15):
                          ids=['greedy', 't1'])
 def test_the_second_stage_leaves_every_proposal_unchanged(spec, config):
   p, q, succ = _position_tables()
-  shape, batch, max_len = TreeShape.parse(spec), 8, 11
-  plain = _run(p, q, config, shape, 0, None, max_len, batch)
-  staged = _run(p, q, config, shape, 2, succ, max_len, batch)
+  shape = TreeShape.parse(spec)
+  plain = _run(p, q, config, shape, 0, None, MAX_DECODE, BATCH)
+  staged = _run(p, q, config, shape, 2, succ, MAX_DECODE, BATCH)
   for field in FIELDS:  # same trees => same acceptances => the same run, statistics included
     np.testing.assert_array_equal(getattr(staged, field), getattr(plain, field), err_msg=field)
   s = speculative.summarize(plain)
@@ -80,7 +106,8 @@ def test_one_proposal_has_the_same_tree_and_q():
     draft = TreeModelDraft(TableDecoder(), g2)
     state = draft.init_state(TableDecoder().init(q, batch, 40), shape, s)
     state = state.replace(decoder_state=TableDecoder().rollback(state.decoder_state, lengths))
-    tree, _ = draft.propose_tree(state, seqs, lengths, jax.random.PRNGKey(1), shape, config)
+    tree, _ = _propose(draft, state, seqs, lengths, jax.random.PRNGKey(1), shape=shape,
+                       config=config)
     trees.append(jax.device_get(tree))
   for field in ('tokens', 'parents', 'depths', 'valid', 'q'):
     np.testing.assert_array_equal(getattr(trees[1], field), getattr(trees[0], field), field)
@@ -94,12 +121,14 @@ def test_one_proposal_has_the_same_tree_and_q():
 def test_a_bigram_that_names_the_argmax_skips_levels_and_one_that_never_does_skips_none(
     spec, g2, calls_per_tree):
   _, q = _tables()
-  q = np.tile(q[-1:], (4, 1, 1))  # position-free: the argmax successor is a bigram
+  # Position-free (the argmax successor is a bigram); as many positions as `_position_tables`, so
+  # the plain greedy topk:3,1,1,1 loop is the compile of the test above.
+  q = np.tile(q[-1:], (POSITIONS, 1, 1))
   p = q + np.random.RandomState(1).normal(size=q.shape).astype(np.float32)
-  shape, batch, max_len = TreeShape.parse(spec), 4, 12
-  plain = _run(p, q, sampling.GREEDY, shape, 0, None, max_len, batch)
-  always = _run(p, q, sampling.GREEDY, shape, g2, np.argmax(q[0], axis=-1), max_len, batch)
-  never = _run(p, q, sampling.GREEDY, shape, g2, np.argmin(q[0], axis=-1), max_len, batch)
+  shape = TreeShape.parse(spec)
+  plain = _run(p, q, sampling.GREEDY, shape, 0, None, MAX_DECODE, BATCH)
+  always = _run(p, q, sampling.GREEDY, shape, g2, np.argmax(q[0], axis=-1), MAX_DECODE, BATCH)
+  never = _run(p, q, sampling.GREEDY, shape, g2, np.argmin(q[0], axis=-1), MAX_DECODE, BATCH)
   iters = int(plain.loop_iterations)
   assert int(plain.draft_calls) == 4 * iters
   assert int(always.draft_calls) == calls_per_tree * iters
@@ -146,13 +175,22 @@ def _t5_run(kind, shape, g2, successor, rows):
       jax.random.PRNGKey(0), shape=shape, max_decode_len=MAX_LEN)
 
 
-def _draft_bigram(kind, rows):
-  """The bigram the paper would fit: on the draft's own greedy outputs (for these inputs)."""
+@functools.lru_cache(maxsize=None)
+def _draft_outputs(kind):
+  """The draft's own greedy outputs for all of INPUTS: rows decode independently, so one batch of
+  4 serves every case's rows (checked: the same bigrams as decoding each case's rows alone), and
+  its compile is `greedy_reference`'s (the same model and shapes), not one per batch of one."""
   model, _ = model_and_params(KV_HEADS[kind])
-  dec, enc = T5Decoder(model), jnp.asarray(INPUTS[rows])
+  dec, enc = T5Decoder(model), jnp.asarray(INPUTS)
   own = autoregressive.decode(dec, dec.init(perturbed_params(kind), enc, MAX_LEN + 1),
                               jax.random.PRNGKey(0), max_decode_len=MAX_LEN)
-  return fit_ngram(autoregressive.strip(own.sequences, own.lengths), 2, VOCAB).successor()
+  return np.asarray(own.sequences), np.asarray(own.lengths)
+
+
+def _draft_bigram(kind, rows):
+  """The bigram the paper would fit: on the draft's own greedy outputs (for these inputs)."""
+  seqs, lengths = _draft_outputs(kind)
+  return fit_ngram(autoregressive.strip(seqs[rows], lengths[rows]), 2, VOCAB).successor()
 
 
 ALL_ROWS = list(range(len(INPUTS)))
@@ -191,8 +229,8 @@ def test_t5_commit_leaves_the_draft_cache_of_the_plain_tree_draft():
   zero = jnp.zeros((1,), jnp.int32)
   plain = TreeModelDraft.t5(model)
   pstate = plain.init(dparams, enc, MAX_LEN, shape)
-  ptree, pstate = plain.propose_tree(pstate, seqs, zero, jax.random.PRNGKey(0), shape,
-                                     sampling.GREEDY)
+  ptree, pstate = _propose(plain, pstate, seqs, zero, jax.random.PRNGKey(0), shape=shape,
+                           config=sampling.GREEDY)
   # An oracle bigram for this tree: each level-1 node's successor is its child, and so on, so
   # level 2 is covered and its call skipped.
   tokens, parents = np.asarray(ptree.tokens)[0], np.asarray(ptree.parents)[0]
@@ -202,8 +240,8 @@ def test_t5_commit_leaves_the_draft_cache_of_the_plain_tree_draft():
       succ[tokens[parents[i]]] = tokens[i]
   staged = TreeModelDraft.t5(model, 2)
   sstate = staged.init(dparams, enc, MAX_LEN, shape, succ)
-  stree, sstate = staged.propose_tree(sstate, seqs, zero, jax.random.PRNGKey(0), shape,
-                                      sampling.GREEDY)
+  stree, sstate = _propose(staged, sstate, seqs, zero, jax.random.PRNGKey(0), shape=shape,
+                           config=sampling.GREEDY)
   np.testing.assert_array_equal(stree.tokens, ptree.tokens)
   assert (int(pstate.draft_calls), int(sstate.draft_calls)) == (3, 2)  # root, level 1, (level 2)
   # Accept node 1 (depth 1), its child (depth 2, covered: a chain slot) and its grandchild.
@@ -212,8 +250,8 @@ def test_t5_commit_leaves_the_draft_cache_of_the_plain_tree_draft():
   path = jnp.asarray([[1, child, grandchild]], jnp.int32)
   new_seqs = seqs.at[0, 1:5].set(jnp.asarray([tokens[1], tokens[child], tokens[grandchild], 7]))
   lengths = jnp.asarray([4], jnp.int32)
-  pstate = plain.commit_tree(pstate, new_seqs, lengths, path)
-  sstate = staged.commit_tree(sstate, new_seqs, lengths, path)
+  pstate = _commit(plain, pstate, new_seqs, lengths, path)
+  sstate = _commit(staged, sstate, new_seqs, lengths, path)
   pdec, sdec = pstate.decoder_state.cache['decoder'], sstate.decoder_state.cache['decoder']
   index = int(pdec['cache_index'][0])
   assert index == int(sdec['cache_index'][0]) == 3  # s_0, node 1, its child (the leaf: pending)
@@ -224,8 +262,8 @@ def test_t5_commit_leaves_the_draft_cache_of_the_plain_tree_draft():
   np.testing.assert_allclose(attn(sdec)['cached_key'][..., :index],
                              attn(pdec)['cached_key'][..., :index], atol=1e-5)
   # And the next trees agree too.
-  ptree, _ = plain.propose_tree(pstate, new_seqs, lengths, jax.random.PRNGKey(1), shape,
-                                sampling.GREEDY)
-  stree, _ = staged.propose_tree(sstate, new_seqs, lengths, jax.random.PRNGKey(1), shape,
-                                 sampling.GREEDY)
+  ptree, _ = _propose(plain, pstate, new_seqs, lengths, jax.random.PRNGKey(1), shape=shape,
+                       config=sampling.GREEDY)
+  stree, _ = _propose(staged, sstate, new_seqs, lengths, jax.random.PRNGKey(1), shape=shape,
+                      config=sampling.GREEDY)
   np.testing.assert_array_equal(stree.tokens, ptree.tokens)
