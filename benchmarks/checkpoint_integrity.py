@@ -6,7 +6,7 @@ written once each way: `native.save_checkpoint`, and a trainer `manager.Checkpoi
 `TrainState` holding those parameters (no optimizer state, so both read the same bytes). Then each
 is loaded with and without its verification (the without-case replaces `native.verify` or
 `integrity.verify` with a no-op), alternating, and medians are reported. The check alone (CRC-32
-of the loaded tree; the jitted fingerprints) is timed beside the memory bandwidth of a jitted sum
+of the loaded tree; the fingerprints) is timed beside the memory bandwidth of a jitted sum
 (`common.bandwidth`), the rate a single pass over the parameters cannot beat.
 
   python -m benchmarks.checkpoint_integrity --preset base --repeats 5
@@ -150,8 +150,9 @@ def markdown(report: dict) -> list:
                  f"{r['check_s']:.2f} | {r['check_bytes_per_s'] / gb:.2f} GB/s | "
                  f"{r['memory_bandwidth_bytes_per_s'] / gb:.1f} GB/s |")
   lines += ['', 'The CRC-32 is one pass over the parameter bytes on one core (zlib, on the host); the '
-                'fingerprints are one jitted pass where the arrays live (here the CPU device); the '
-                'memory bandwidth (a jitted sum, all cores) bounds any single pass from above.']
+                'fingerprints of CPU arrays are one numpy pass on one core too (arrays on an '
+                'accelerator are summed by XLA where their shards live); the memory bandwidth (a '
+                'jitted sum, all cores) bounds any single pass from above.']
   return lines
 
 

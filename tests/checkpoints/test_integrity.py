@@ -67,6 +67,18 @@ def test_fingerprint_detects_every_single_bit_flip_and_moved_elements():
   assert integrity.fingerprints({'x': swapped})['x']['fingerprint'] != base
 
 
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16', 'int32', 'uint8', 'bool'])
+def test_numpy_and_xla_give_the_same_fingerprint(dtype):
+  # CPU arrays are summed with numpy, others by XLA where their shards live: the same number.
+  # (XLA over a 2x4 mesh: tests/training/test_sharding.py.)
+  rng = np.random.default_rng(2)
+  values = [rng.standard_normal((33, 7)) * 100, rng.standard_normal(5), rng.standard_normal(())]
+  arrays = [jnp.asarray(v > 0 if dtype == 'bool' else v).astype(dtype) for v in values]
+  on_device = jax.device_get(integrity._device_fingerprints(arrays))  # pylint: disable=protected-access
+  assert [int(v) for v in on_device] == [
+      integrity._host_fingerprint(x) for x in arrays]  # pylint: disable=protected-access
+
+
 def test_round_trip_verifies_and_meta_hides_the_record(saved, caplog):
   run, state = saved
   ckpt = manager.Checkpointer(run)
