@@ -4,9 +4,18 @@ XLA's device count is fixed when jax initialises, hence the separate process. Pr
 `REPORT <json>` line: per (config, mesh) the PartitionSpecs found and whether each loop's tokens
 equal the single-device ones. `--full` runs every loop on every (config, mesh) pair; the default
 plan runs greedy autoregressive on all pairs and each other loop on a diagonal that still covers
-every config and every mesh (compiles dominate the time: ~5 s each on 2 CPU cores). Token trees
-and staged speculation (a model tree draft with a bigram second stage; a chain `StagedDraft`) run
-on MHA over 2x4 and 1x8.
+every config and every mesh. Token trees and staged speculation (a model tree draft with a
+bigram second stage; a chain `StagedDraft`) run on MHA over 2x4 and 1x8.
+
+Compiles are the time (~70, about 0.7 s each with tracing on 2 CPU cores; running the loops is
+noise), and each init is one of its own (an encoder pass and the cache). So every loop on one
+(config, placement) starts from one shared target state, its cache long enough for every loop
+(`TARGET_SLOTS`), and every draft (chain, staged, tree) wraps one shared draft decoder state
+(`DRAFT_SLOTS`; `init_state` as the drafts' own `init` does, with the longest of their
+`cache_slots`), made once per mesh and once on one device: the draft is the same model for every
+config. Only beam search, with its `BATCH * BEAMS` rows, has its own. That is 24 inits where one
+per loop took 41. Slots past a loop's need are masked and change no token; the reference and the
+mesh run share the lengths anyway.
 """
 
 import json
@@ -40,6 +49,11 @@ SKIP = np.arange(BATCH) >= 6  # two padding rows
 SAMPLE = sampling.SamplingConfig(temperature=1.0)
 SHAPE, G2 = TreeShape.topk(2, 2), 2  # token tree; second-stage (bigram) tokens per draft call
 SUCCESSOR = np.random.RandomState(1).randint(2, 128, size=128)  # a stand-in bigram's successors
+TARGET_SLOTS = max(MAX_LEN + 1, speculative.target_cache_length(MAX_LEN, GAMMA),
+                   tree_speculative.target_cache_length(MAX_LEN, SHAPE))
+DRAFT_SLOTS = max(MAX_LEN + GAMMA + 2,  # `ModelDraft.init`'s
+                  StagedDraft(None, G2).cache_slots(MAX_LEN, GAMMA),
+                  TreeModelDraft(None, G2).cache_slots(MAX_LEN, SHAPE))
 
 
 def make_params(config, seed):
@@ -67,63 +81,63 @@ def spec(x):
   return [list(a) if isinstance(a, tuple) else a for a in x.sharding.spec]
 
 
+# The loops by placement: (autoregressive, beam, chain speculative, tree speculative).
+SINGLE = (autoregressive.decode, beam_search.beam_search, speculative.decode,
+          tree_speculative.decode)
+MESH = (mesh.autoregressive, mesh.beam, mesh.speculative, mesh.tree_speculative)
+
+
+def run(loop, loops, decoder, state, draft_decoder, draft_state):
+  """One loop's results on either placement (`loops`: `SINGLE` or `MESH`), each from the shared
+  states: the target's (beam: its own, `BATCH * BEAMS` rows) and the draft decoder's, which the
+  chain, staged and tree drafts all wrap."""
+  autoregressive_loop, beam_loop, chain_loop, tree_loop = loops
+  rng = jax.random.PRNGKey(3)
+  if loop in ('greedy', 'sample'):
+    out = autoregressive_loop(decoder, state, rng, max_decode_len=MAX_LEN,
+                              config=SAMPLE if loop == 'sample' else sampling.GREEDY,
+                              skip=SKIP if loop == 'greedy' else None)
+    return out.sequences, out.lengths
+  if loop == 'beam':
+    return beam_loop(decoder, state, beam_size=BEAMS, max_decode_len=MAX_LEN)[0], None
+  if loop == 'speculative':
+    out = chain_loop(decoder, state, ModelDraft(draft_decoder), draft_state, rng, gamma=GAMMA,
+                     max_decode_len=MAX_LEN, skip=SKIP)
+    return out.sequences, (out.lengths, out.accepted, out.target_calls)
+  if loop == 'tree':  # a staged tree draft
+    draft = TreeModelDraft(draft_decoder, G2)
+    out = tree_loop(decoder, state, draft, draft.init_state(draft_state, SHAPE, SUCCESSOR), rng,
+                    shape=SHAPE, max_decode_len=MAX_LEN, skip=SKIP)
+  else:  # a staged chain draft
+    draft = StagedDraft(draft_decoder, G2)
+    out = chain_loop(decoder, state, draft, draft.init_state(draft_state, SUCCESSOR), rng,
+                     gamma=GAMMA, max_decode_len=MAX_LEN, skip=SKIP)
+  return out.sequences, (out.lengths, out.accepted, out.target_calls, out.draft_calls)
+
+
 def main():
   full = '--full' in sys.argv
   assert jax.device_count() == 8, jax.devices()
   enc = np.random.RandomState(0).randint(2, 128, size=(BATCH, 10)).astype(np.int32)
   enc[::2, 7:] = 0  # ragged inputs
+  beam_enc = np.repeat(enc, BEAMS, 0)
   draft_params = make_params(DRAFT, 0)
+  single_draft = T5Decoder(Transformer(DRAFT))
+  single_draft_state = single_draft.init(draft_params, enc, DRAFT_SLOTS)
+  mesh_drafts = {}  # (data, model) -> (draft decoder, state): the draft's placement is the mesh's
   report = {}
   for c, (name, (g, seed)) in enumerate(KV_HEADS.items()):
     config = BASE.replace(num_kv_heads=g)
     params = make_params(config, seed)
     model = Transformer(config)
-
-    def single(loop, decoder=T5Decoder(model), draft_decoder=T5Decoder(Transformer(DRAFT))):
-      draft = ModelDraft(draft_decoder)
-      if loop in ('tree', 'staged'):
-        return staged(loop, decoder, draft_decoder, speculative.decode, tree_speculative.decode)
-      if loop == 'greedy':
-        out = autoregressive.decode(decoder, decoder.init(params, enc, MAX_LEN + 1),
-                                    jax.random.PRNGKey(3), max_decode_len=MAX_LEN, skip=SKIP)
-        return out.sequences, out.lengths
-      if loop == 'sample':
-        out = autoregressive.decode(decoder, decoder.init(params, enc, MAX_LEN + 1),
-                                    jax.random.PRNGKey(3), max_decode_len=MAX_LEN, config=SAMPLE)
-        return out.sequences, out.lengths
-      if loop == 'beam':
-        return beam_search.beam_search(decoder, decoder.init(params, np.repeat(enc, BEAMS, 0),
-                                                             MAX_LEN + 1),
-                                       beam_size=BEAMS, max_decode_len=MAX_LEN)[0], None
-      out = speculative.decode(decoder, decoder.init(
-          params, enc, speculative.target_cache_length(MAX_LEN, GAMMA)), draft,
-          draft.init(draft_params, enc, MAX_LEN, GAMMA), jax.random.PRNGKey(3), gamma=GAMMA,
-          max_decode_len=MAX_LEN, skip=SKIP)
-      return out.sequences, (out.lengths, out.accepted, out.target_calls)
-
-    def staged(loop, decoder, draft_decoder, run_chain, run_tree):
-      """A staged tree draft (tree) or a staged chain draft (staged), on whatever placement."""
-      if loop == 'tree':
-        draft = TreeModelDraft(draft_decoder, G2)
-        out = run_tree(decoder, decoder.init(params, enc, tree_speculative.target_cache_length(
-            MAX_LEN, SHAPE)), draft, draft.init(draft_params, enc, MAX_LEN, SHAPE, SUCCESSOR),
-                       jax.random.PRNGKey(3), shape=SHAPE, max_decode_len=MAX_LEN, skip=SKIP)
-      else:
-        draft = StagedDraft(draft_decoder, G2)
-        out = run_chain(decoder, decoder.init(params, enc, speculative.target_cache_length(
-            MAX_LEN, GAMMA)), draft, draft.init(draft_params, enc, MAX_LEN, GAMMA, SUCCESSOR),
-                        jax.random.PRNGKey(3), gamma=GAMMA, max_decode_len=MAX_LEN, skip=SKIP)
-      return out.sequences, (out.lengths, out.accepted, out.target_calls, out.draft_calls)
-
+    single = T5Decoder(model)
+    single_states = {}  # 'target' / 'beam' -> the reference's shared states
     refs = {}
     for m, (data, model_size) in enumerate(MESHES):
       if name != 'gqa2' and (data, model_size) == (4, 2):
         continue  # 4x2 is there to shard GQA-2's two K/V heads
       part = partitioning.Partitioner.create(config, data, model_size)
       decoder = mesh.MeshT5Decoder(model, part)
-      draft_part = partitioning.Partitioner(part.mesh,
-                                            partitioning.logical_axis_rules(DRAFT, model_size))
-      draft = ModelDraft(mesh.MeshT5Decoder(Transformer(DRAFT), draft_part))  # its own placement
       loops = ['greedy']
       if full or m == c:
         loops += ['beam', 'speculative', 'sample']
@@ -131,44 +145,46 @@ def main():
         loops += ['speculative']
       if name == 'mha' and (data, model_size) in ((2, 4), (1, 8)):
         loops += ['tree', 'staged']
+      if {'speculative', 'tree', 'staged'} & set(loops) and (data, model_size) not in mesh_drafts:
+        draft_part = partitioning.Partitioner(part.mesh,
+                                              partitioning.logical_axis_rules(DRAFT, model_size))
+        draft_decoder = mesh.MeshT5Decoder(Transformer(DRAFT), draft_part)  # its own placement
+        mesh_drafts[data, model_size] = (draft_decoder,
+                                         draft_decoder.init(draft_params, enc, DRAFT_SLOTS))
+      draft_decoder, draft_state = mesh_drafts.get((data, model_size), (None, None))
+      state = decoder.init(params, enc, TARGET_SLOTS)
       entry = report[f'{name}/{data}x{model_size}'] = {}
       for loop in loops:
+        kind = 'beam' if loop == 'beam' else 'target'
         if loop not in refs:
-          refs[loop] = jax.device_get(single(loop))
+          if kind not in single_states:
+            single_states[kind] = single.init(params, beam_enc if kind == 'beam' else enc,
+                                              MAX_LEN + 1 if kind == 'beam' else TARGET_SLOTS)
+          refs[loop] = jax.device_get(run(loop, SINGLE, single, single_states[kind], single_draft,
+                                          single_draft_state))
+        loop_state = decoder.init(params, beam_enc, MAX_LEN + 1) if loop == 'beam' else state
+        got = run(loop, MESH, decoder, loop_state, draft_decoder, draft_state)
         if loop in ('greedy', 'sample'):
-          state = decoder.init(params, enc, MAX_LEN + 1)
-          out = mesh.autoregressive(decoder, state, jax.random.PRNGKey(3), max_decode_len=MAX_LEN,
-                                    config=SAMPLE if loop == 'sample' else sampling.GREEDY,
-                                    skip=SKIP if loop == 'greedy' else None)
-          got = (out.sequences, out.lengths)
-          entry['sequences_spec'] = spec(out.sequences)
+          entry['sequences_spec'] = spec(got[0])
           if loop == 'greedy' and (name, data, model_size) == ('mha', 2, 4):
             entry['collectives'] = collectives(decoder, state)
         elif loop in ('tree', 'staged'):
-          got = staged(loop, decoder, draft.decoder, mesh.speculative, mesh.tree_speculative)
           entry[f'{loop}_draft_calls'] = int(got[1][3])
-        elif loop == 'beam':
-          state = decoder.init(params, np.repeat(enc, BEAMS, 0), MAX_LEN + 1)
-          got = (mesh.beam(decoder, state, beam_size=BEAMS, max_decode_len=MAX_LEN)[0], None)
-        else:
-          state = decoder.init(params, enc, speculative.target_cache_length(MAX_LEN, GAMMA))
-          dstate = draft.init(draft_params, enc, MAX_LEN, GAMMA)
-          entry['draft_kv_spec'] = spec(dstate.cache['decoder']['layers_0']['self_attention']['cached_key'])
-          out = mesh.speculative(decoder, state, draft, dstate, jax.random.PRNGKey(3), gamma=GAMMA,
-                                 max_decode_len=MAX_LEN, skip=SKIP)
-          got = (out.sequences, (out.lengths, out.accepted, out.target_calls))
-          entry['lengths'] = [int(x) for x in np.asarray(out.lengths)]
+        elif loop == 'speculative':
+          entry['draft_kv_spec'] = spec(
+              draft_state.cache['decoder']['layers_0']['self_attention']['cached_key'])
+          entry['lengths'] = [int(x) for x in np.asarray(got[1][0])]
         got = jax.device_get(got)
         entry[loop] = all(jax.tree_util.tree_leaves(jax.tree_util.tree_map(
             lambda a, b: bool(np.array_equal(a, b)), got, refs[loop])))
-        layer = state.cache['decoder']['layers_0']
-        entry['self_kv_spec'] = spec(layer['self_attention']['cached_key'])
-        entry['cross_kv_spec'] = spec(layer['encoder_decoder_attention']['cached_value'])
-        entry['index_spec'] = spec(state.cache['decoder']['cache_index'])
-        entry['kv_kernel_spec'] = spec(
-            state.params['decoder']['layers_0']['self_attention']['key']['kernel'])
-        entry['query_kernel_spec'] = spec(
-            state.params['decoder']['layers_0']['self_attention']['query']['kernel'])
+      layer = state.cache['decoder']['layers_0']
+      entry['self_kv_spec'] = spec(layer['self_attention']['cached_key'])
+      entry['cross_kv_spec'] = spec(layer['encoder_decoder_attention']['cached_value'])
+      entry['index_spec'] = spec(state.cache['decoder']['cache_index'])
+      entry['kv_kernel_spec'] = spec(
+          state.params['decoder']['layers_0']['self_attention']['key']['kernel'])
+      entry['query_kernel_spec'] = spec(
+          state.params['decoder']['layers_0']['self_attention']['query']['kernel'])
     report[f'{name}/greedy_lengths'] = [int(x) for x in refs['greedy'][1]]
   print('REPORT ' + json.dumps(report))
 

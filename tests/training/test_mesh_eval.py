@@ -14,14 +14,15 @@ import sys
 
 import pytest
 
+from tests.mesh_flags import eight_device_xla_flags
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope='module')
 def report(tiny_data_dir, tmp_path_factory):
   env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=_ROOT,
-             XLA_FLAGS='--xla_force_host_platform_device_count=8 '
-                       '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true')
+             XLA_FLAGS=eight_device_xla_flags())
   work = str(tmp_path_factory.mktemp('mesh_eval'))
   result = subprocess.run([sys.executable, '-m', 'tests.training.mesh_eval_check', tiny_data_dir,
                            work], cwd=_ROOT, env=env, capture_output=True, text=True, timeout=900)

@@ -13,6 +13,8 @@ import textwrap
 
 import pytest
 
+from tests.mesh_flags import eight_device_xla_flags
+
 _SCRIPT = textwrap.dedent('''
     import json, sys
     import jax, numpy as np
@@ -92,10 +94,9 @@ _SCRIPT = textwrap.dedent('''
 
 @pytest.mark.slow
 def test_sharded_train_step_matches_single_device(tmp_path):
-  # Cheap XLA optimisation: the 9 compiles dominate the test's time, not the steps.
+  # Cheap XLA optimisation (the suite's): the 9 compiles dominate the test's time, not the steps.
   env = dict(os.environ, JAX_PLATFORMS='cpu',
-             XLA_FLAGS='--xla_force_host_platform_device_count=8 '
-                       '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true')
+             XLA_FLAGS=eight_device_xla_flags())
   result = subprocess.run([sys.executable, '-c', _SCRIPT, str(tmp_path / 'ckpt')], env=env,
                           capture_output=True,
                           text=True, timeout=600)
