@@ -189,6 +189,12 @@ def write_lines(path: str, lines: Sequence[str]) -> None:
     f.write('\n'.join(lines) + '\n')
 
 
+def write_report(out: str, result: Dict[str, Any], lines: List[str]) -> None:
+  """Writes a benchmark's `result` to `out + '.json'` and its markdown `lines` to `out + '.md'`."""
+  write_json(out, result)
+  write_markdown(out + '.md', lines, result['machine'])
+
+
 def write_markdown(path: str, lines: List[str], machine_info: Dict[str, Any]) -> None:
   """Writes a benchmark's markdown `lines` to `path`, ending with the machine section."""
   write_lines(path, lines + ['', '## Machine', '',

@@ -126,8 +126,7 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   before = os.getloadavg()
   result = common.results(__file__, argv, measure(args), before)
-  common.write_json(args.out, result)
-  common.write_markdown(args.out + '.md', markdown(result), result['machine'])
+  common.write_report(args.out, result, markdown(result))
   print('\n'.join(markdown(result)))
   return 0
 

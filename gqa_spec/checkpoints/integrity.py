@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gqa_spec.errors import UserError
+from gqa_spec.partitioning import path_name
 
 ALGORITHM = 'sum-u-times-2i-plus-1-u32'
 
@@ -81,18 +82,6 @@ def _device_fingerprint(x: jax.Array) -> jax.Array:
 _device_fingerprints = jax.jit(lambda leaves: [_device_fingerprint(x) for x in leaves])
 
 
-def _name(path) -> str:
-  parts = []
-  for key in path:
-    for attr in ('name', 'key', 'idx'):
-      if hasattr(key, attr):
-        parts.append(str(getattr(key, attr)))
-        break
-    else:
-      parts.append(str(key))
-  return '/'.join(parts)
-
-
 def fingerprints(tree: Any) -> dict:
   """Array name ('/'-joined path) -> {'fingerprint': 8 hex digits, 'dtype': its dtype's name}."""
   flat = jax.tree_util.tree_flatten_with_path(tree)[0]
@@ -104,7 +93,7 @@ def fingerprints(tree: Any) -> dict:
   for i, (_, leaf) in enumerate(flat):
     if i not in values:
       values[i] = _host_fingerprint(leaf)
-  return {_name(path): {'fingerprint': f'{values[i]:08x}', 'dtype': np.dtype(leaf.dtype).name}
+  return {path_name(path): {'fingerprint': f'{values[i]:08x}', 'dtype': np.dtype(leaf.dtype).name}
           for i, (path, leaf) in enumerate(flat)}
 
 
