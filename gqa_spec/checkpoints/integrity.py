@@ -159,6 +159,18 @@ def unreadable_array(ocdbt_dir: str) -> Optional[str]:
   return None
 
 
+def raise_if_unreadable(ocdbt_dir: str, error: Exception, where: str, noun: str) -> None:
+  """After orbax failed to restore from `ocdbt_dir` with `error`: raises the one-line UserError
+  `WHERE: NOUN NAME is corrupt (its stored data cannot be read: ...)` when an array's stored data
+  no longer reads back; returns (the caller's own error applies) when every array reads."""
+  drop_orphaned_reads()
+  name = unreadable_array(ocdbt_dir)
+  if name is not None:
+    reason = first_line(error).split(' See full TensorStore details')[0]
+    raise UserError(f'{where}: {noun} {name} is corrupt (its stored data cannot be read: '
+                    f'{reason}); the checkpoint data was damaged after writing') from None
+
+
 class _NeverRetrieved(logging.Filter):
   """Drops asyncio's 'Task exception was never retrieved' records (one traceback per array)."""
 

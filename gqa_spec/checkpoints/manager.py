@@ -8,7 +8,7 @@ and renames it when complete), so a run killed at any moment leaves only complet
 `latest_step` never names a half-written one.
 
 The meta item also holds the integrity record (`integrity.record`: a fingerprint of every array of
-the state, computed on the devices where its shards live); every restore verifies what it read
+the state, summed where its data lives); every restore verifies what it read
 against it, and a mismatch is one line naming the checkpoint and the array. Data too damaged to
 decompress is named the same way. Checkpoints written before the record existed restore with a
 logged note that they cannot be verified.
@@ -98,7 +98,7 @@ class Checkpointer:
           step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
                                         meta=ocp.args.JsonRestore()))
     except Exception as e:  # pylint: disable=broad-except; orbax raises many types for bad data
-      self._raise_unreadable(step, e)
+      integrity.raise_if_unreadable(self._state_dir(step), e, f'{self.directory}/{step}', 'array')
       raise UserError(f'{self.directory}/{step}: cannot restore the train state (does the model '
                       f'config match the checkpoint?): {integrity.first_line(e)}') from None
     meta = restored['meta']
@@ -124,21 +124,15 @@ class Checkpointer:
                   partial_restore=True),
               meta=ocp.args.JsonRestore()))
     except Exception as e:  # pylint: disable=broad-except
-      self._raise_unreadable(step, e)
+      integrity.raise_if_unreadable(self._state_dir(step), e, f'{self.directory}/{step}', 'array')
       raise UserError(f'{self.directory}/{step}: cannot restore the parameters (does the model '
                       f'config match the checkpoint?): {integrity.first_line(e)}') from None
     integrity.verify(restored['meta'].get('integrity'), {'params': restored['state']['params']},
                      f'{self.directory}/{step}')
     return restored['state']['params']
 
-  def _raise_unreadable(self, step: int, error: Exception) -> None:
-    """After a failed restore: a one-line error naming the array whose data cannot be read."""
-    integrity.drop_orphaned_reads()
-    name = integrity.unreadable_array(os.path.join(self.directory, str(step), 'state'))
-    if name is not None:
-      reason = integrity.first_line(error).split(' See full TensorStore details')[0]
-      raise UserError(f'{self.directory}/{step}: array {name} is corrupt (its stored data cannot '
-                      f'be read: {reason}); the checkpoint data was damaged after writing') from None
+  def _state_dir(self, step: int) -> str:
+    return os.path.join(self.directory, str(step), 'state')
 
   def wait(self) -> None:
     """Blocks until pending asynchronous saves are complete."""

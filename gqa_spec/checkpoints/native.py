@@ -227,12 +227,8 @@ def load_checkpoint(directory: str) -> Tuple[T5Config, Params, Optional[str]]:
     try:
       params = checkpointer.restore(params_dir, target)
     except Exception as e:  # pylint: disable=broad-except
-      integrity.drop_orphaned_reads()
-      name = integrity.unreadable_array(params_dir)
-      if name is not None:  # damaged bytes that no longer decompress: name the array
-        reason = integrity.first_line(e).split(' See full TensorStore details')[0]
-        raise UserError(f'{directory}: parameter {name} is corrupt (its stored data cannot be '
-                        f'read: {reason}); the checkpoint data was damaged after writing') from None
+      # damaged bytes that no longer decompress: name the array
+      integrity.raise_if_unreadable(params_dir, e, directory, 'parameter')
       raise UserError(f'{params_dir}: corrupt orbax checkpoint ({type(e).__name__}: '
                       f'{integrity.first_line(e)})') from None
   verify(directory, params)
