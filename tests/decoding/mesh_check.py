@@ -32,6 +32,7 @@ from gqa_spec.decoding.drafts.staged import StagedDraft
 from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
 from gqa_spec.decoding.tree import TreeShape
 from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.models import layout
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
 from gqa_spec import partitioning
@@ -115,6 +116,28 @@ def run(loop, loops, decoder, state, draft_decoder, draft_state):
   return out.sequences, (out.lengths, out.accepted, out.target_calls, out.draft_calls)
 
 
+def scanned(enc, beam_enc, refs, draft):
+  """MHA with its layers scanned (`T5Config.scan_layers`: parameters and cache stacked on a
+  `layers` axis) on 2x4: every loop gives the unrolled model's single-device results (`refs`),
+  and the layer axis is never sharded."""
+  config, params = layout.convert(BASE, make_params(BASE, KV_HEADS['mha'][1]), scan_layers=True)
+  model = Transformer(config)
+  decoder = mesh.MeshT5Decoder(model, partitioning.Partitioner.create(config, 2, 4))
+  state = decoder.init(params, enc, TARGET_SLOTS)
+  entry = {}
+  for loop in ('greedy', 'beam', 'speculative', 'tree', 'staged'):
+    loop_state = decoder.init(params, beam_enc, MAX_LEN + 1) if loop == 'beam' else state
+    got = jax.device_get(run(loop, MESH, decoder, loop_state, *draft))
+    entry[loop] = all(jax.tree_util.tree_leaves(jax.tree_util.tree_map(
+        lambda a, b: bool(np.array_equal(a, b)), got, refs[loop])))
+  layer = state.cache['decoder']['layers']
+  entry['self_kv_spec'] = spec(layer['self_attention']['cached_key'])
+  entry['kv_kernel_spec'] = spec(
+      state.params['decoder']['layers']['self_attention']['key']['kernel'])
+  entry['self_kv_shape'] = list(layer['self_attention']['cached_key'].shape)
+  return {'mha_scanned/2x4': entry}
+
+
 def main():
   full = '--full' in sys.argv
   assert jax.device_count() == 8, jax.devices()
@@ -126,6 +149,7 @@ def main():
   single_draft_state = single_draft.init(draft_params, enc, DRAFT_SLOTS)
   mesh_drafts = {}  # (data, model) -> (draft decoder, state): the draft's placement is the mesh's
   report = {}
+  refs_of = {}  # config name -> its single-device results by loop
   for c, (name, (g, seed)) in enumerate(KV_HEADS.items()):
     config = BASE.replace(num_kv_heads=g)
     params = make_params(config, seed)
@@ -186,6 +210,8 @@ def main():
       entry['query_kernel_spec'] = spec(
           state.params['decoder']['layers_0']['self_attention']['query']['kernel'])
     report[f'{name}/greedy_lengths'] = [int(x) for x in refs['greedy'][1]]
+    refs_of[name] = refs
+  report.update(scanned(enc, beam_enc, refs_of['mha'], mesh_drafts[2, 4]))
   print('REPORT ' + json.dumps(report))
 
 

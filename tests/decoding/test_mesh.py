@@ -3,8 +3,8 @@
 Greedy autoregressive, beam search, greedy speculative (a model draft with its own placement,
 ragged rows and padding rows) and seeded sampling give the single-device tokens on 2x4, 1x8, 8x1
 (and 4x2, where GQA-2's two K/V heads shard) meshes for MHA, GQA-2 and MQA; a staged token tree and
-a staged chain give them on 2x4 and 1x8 (MHA); and the cache and
-parameters are placed as the rules say. The check runs in a subprocess (`mesh_check.py`): XLA's
+a staged chain give them on 2x4 and 1x8 (MHA); MHA with scanned layers gives the unrolled
+model's tokens in every loop on 2x4; and the cache and parameters are placed as the rules say. The check runs in a subprocess (`mesh_check.py`): XLA's
 device count is fixed when jax initialises.
 """
 
@@ -37,7 +37,8 @@ def report():
 
 @pytest.mark.slow
 def test_every_loop_gives_the_single_device_tokens(report):
-  runs = {k: v for k, v in report.items() if '/' in k and isinstance(v, dict)}
+  runs = {k: v for k, v in report.items()
+          if '/' in k and isinstance(v, dict) and not k.startswith('mha_scanned')}
   checked = {(k, loop) for k, v in runs.items() for loop in ('greedy', 'beam', 'speculative', 'sample')
              if loop in v}
   assert checked and all(runs[k][loop] for k, loop in checked), [c for c in checked if not runs[c[0]][c[1]]]
@@ -58,6 +59,18 @@ def test_trees_and_staged_speculation_give_the_single_device_tokens(report):
     entry = report[f'mha/{mesh}']
     assert entry['tree'] and entry['staged'], (mesh, entry)
     assert entry['tree_draft_calls'] > 0 and entry['staged_draft_calls'] > 0
+
+
+@pytest.mark.slow
+def test_scanned_layers_give_the_unrolled_tokens_with_the_layer_axis_unsharded(report):
+  entry = report['mha_scanned/2x4']
+  for loop in ('greedy', 'beam', 'speculative', 'tree', 'staged'):
+    assert entry[loop], (loop, entry)
+  # The cache is [batch, layers, K/V heads, head_dim, slots]; parameters [emb, layers, heads *
+  # head_dim]: rows on `data`, heads on `model` as unrolled, the layer axis on neither.
+  assert entry['self_kv_shape'] == [8, 1, 8, 4, 15], entry
+  assert entry['self_kv_spec'] == [D, None, M, None, None], entry
+  assert entry['kv_kernel_spec'] == [None, None, M], entry
 
 
 @pytest.mark.slow

@@ -8,10 +8,13 @@ import numpy as np
 import pytest
 
 from gqa_spec.decoding import autoregressive, beam_search, speculative, tree_speculative
+from gqa_spec.decoding.drafts.chimera import ChimeraDraft
 from gqa_spec.decoding.drafts.model import ModelDraft
+from gqa_spec.decoding.drafts.staged import StagedDraft
 from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
 from gqa_spec.decoding.targets import T5Decoder
 from gqa_spec.decoding.tree import TreeShape
+from gqa_spec.models import chimera
 from gqa_spec.models import decode_cache as dc
 from gqa_spec.models import layout
 from gqa_spec.models.config import T5Config
@@ -72,28 +75,45 @@ def test_scanned_and_unrolled_give_the_same_logits_and_greedy_tokens(kv_heads):
 
 
 def test_every_decoding_loop_runs_on_scanned_models():
-  """Beam search (cache reorder), chain and tree speculation (rollback, slot moves) on scanned
-  targets and drafts return what they return on the unrolled ones."""
+  """Beam search (cache reorder), chain and tree speculation (rollback, slot moves), staged
+  speculation (a bigram second stage inside the draft) and a Chimera draft (which reads the
+  target's hidden states) on scanned targets and drafts return what they return on the unrolled
+  ones."""
   (model, params), (smodel, sparams), enc, _ = _pair(2)
   # The draft: the same architecture with other weights, one layer shallower.
   dconfig = TINY.replace(num_kv_heads=2, num_decoder_layers=1)
   dparams = Transformer(dconfig).init(jax.random.PRNGKey(1), enc, enc[:, :2], enc[:, :2])['params']
-  key = jax.random.PRNGKey(0)
+  ccfg = chimera.ChimeraConfig.for_target(TINY.replace(num_kv_heads=2), num_draft_heads=3,
+                                          mlp_dim=16, trigram_dim=8)
+  cparams = chimera.init_params(ccfg, TINY.replace(num_kv_heads=2), params, jax.random.PRNGKey(2))
+  cparams['heads'] = cparams['heads'] + 0.5 * jax.random.normal(jax.random.PRNGKey(3),
+                                                                cparams['heads'].shape)
+  successor = np.random.RandomState(0).randint(2, TINY.vocab_size, size=TINY.vocab_size)
+  key, shape = jax.random.PRNGKey(0), TreeShape.parse('topk:2,1')
+  emb = params['token_embedder']['embedding']
 
   def run(scan):
     m, p = (smodel, sparams) if scan else (model, params)
     dc_, dp = layout.convert(dconfig, dparams, scan)
     target, draft = T5Decoder(m), ModelDraft.t5(Transformer(dc_))
+    chain_state = lambda: target.init(p, enc, speculative.target_cache_length(8, 3))
+    tree_state = lambda: target.init(p, enc, tree_speculative.target_cache_length(8, shape))
     beams, _ = beam_search.beam_search(target, target.init(p, jnp.repeat(enc, 2, axis=0), 9),
                                        beam_size=2, max_decode_len=8)
-    chain = speculative.decode(target, target.init(p, enc, speculative.target_cache_length(8, 3)),
-                               draft, draft.init(dp, enc, 8, 3), key, gamma=3, max_decode_len=8)
-    shape = TreeShape.parse('topk:2,1')
+    chain = speculative.decode(target, chain_state(), draft, draft.init(dp, enc, 8, 3), key,
+                               gamma=3, max_decode_len=8)
+    staged = StagedDraft.t5(Transformer(dc_), inner_gamma=2)
+    stage2 = speculative.decode(target, chain_state(), staged,
+                                staged.init(dp, enc, 8, 3, successor), key, gamma=3,
+                                max_decode_len=8)
     tdraft = TreeModelDraft(T5Decoder(Transformer(dc_)))
-    tree = tree_speculative.decode(
-        target, target.init(p, enc, tree_speculative.target_cache_length(8, shape)), tdraft,
-        tdraft.init(dp, enc, 8, shape), key, shape=shape, max_decode_len=8)
-    return beams, chain.sequences, tree.sequences
+    tree = tree_speculative.decode(target, tree_state(), tdraft, tdraft.init(dp, enc, 8, shape),
+                                   key, shape=shape, max_decode_len=8)
+    cchain = speculative.decode(target, chain_state(), ChimeraDraft(ccfg),
+                                ChimeraDraft(ccfg).init(cparams, emb, enc.shape[0], 8), key,
+                                gamma=3, max_decode_len=8)
+    return (beams, chain.sequences, stage2.sequences, tree.sequences, cchain.sequences,
+            cchain.target_calls)
 
   for got, want in zip(run(True), run(False)):
     np.testing.assert_array_equal(got, want)
