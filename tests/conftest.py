@@ -122,8 +122,9 @@ def _release_compiled_executables():
   suite compiles tens of thousands of them; one process then passes Linux's default
   `vm.max_map_count` (65530) about half-way through the suite and segfaults inside the next
   compilation. Clearing after *every* module kept the count low but made later modules recompile
-  the loops and models they share with earlier ones; the reproduction's threshold
-  (`jobs.MAPS_BEFORE_RELEASE`, a quarter of the limit) keeps both.
+  the loops and models they share with earlier ones; the reproduction's policy
+  (`jobs.release_compiled`: at half the limit, or sooner when twice the largest growth between
+  two calls would pass 90% of it) keeps both.
   """
   yield
   from gqa_spec.reproduce import jobs  # pylint: disable=g-import-not-at-top

@@ -89,6 +89,7 @@ def test_reproduce_jobs_release_compiled_executables_past_the_map_threshold(
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   assert jobs_lib.memory_maps() > 0  # Linux: the count the threshold is compared with
   monkeypatch.setattr(jobs_lib, 'MAPS_BEFORE_RELEASE', threshold)
+  monkeypatch.setattr(jobs_lib, 'map_limit', lambda: 10**12)  # no job's growth comes near it
   ctx = jobs_lib.Context(preset=None, out_dir=str(tmp_path / 'out'), work_dir=str(tmp_path))
   step = jax.jit(lambda x: x + 1)
   sizes = []
@@ -102,6 +103,24 @@ def test_reproduce_jobs_release_compiled_executables_past_the_map_threshold(
   assert sizes == [1, 1]
   # Past the threshold the first job's executable is dropped after it; below it, it is kept.
   assert step._cache_size() == (1 if kept else 0)
+
+
+def test_reproduce_jobs_release_before_a_job_like_the_largest_could_pass_the_limit(monkeypatch):
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  maps = [1000]
+  monkeypatch.setattr(jobs_lib, 'memory_maps', lambda: maps[0])
+  monkeypatch.setattr(jobs_lib, 'map_limit', lambda: 10_000)
+  monkeypatch.setattr(jobs_lib, '_MAPS', {'last': None, 'largest_growth': 0})
+  step = jax.jit(lambda x: x * 2)
+  step(jnp.ones(2))
+  jobs_lib.release_compiled()  # the first call: nothing to compare with
+  maps[0] = 3000  # a job added 2000: 3000 + 2 x 2000 < 9000
+  jobs_lib.release_compiled()
+  assert step._cache_size() == 1
+  maps[0] = 5100  # 5100 + 2 x 2100 > 9000, far below MAPS_BEFORE_RELEASE
+  jobs_lib.release_compiled()
+  assert step._cache_size() == 0
 
 
 def test_coarse_progress_writes_only_every_t_seconds(caplog, monkeypatch):

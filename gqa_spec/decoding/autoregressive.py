@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from gqa_spec.decoding import sampling
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.targets import Decoder
+from gqa_spec.decoding import xla_options
 
 PyTree = Any
 DECODER_START = 0
@@ -71,8 +72,8 @@ def finish(sequences: jax.Array, lengths: jax.Array) -> jax.Array:
   return jnp.where(slots <= lengths[:, None], sequences, PAD)  # [b, T]
 
 
-@functools.partial(jax.jit, static_argnames=('decoder', 'max_decode_len', 'config', 'eos_id',
-                                             'loop_chunk'))
+@functools.partial(xla_options.jit, static_argnames=('decoder', 'max_decode_len', 'config',
+                                                     'eos_id', 'loop_chunk'))
 def decode(decoder: Decoder, decoder_state: PyTree, rng: jax.Array, *, max_decode_len: int,
            config: SamplingConfig = sampling.GREEDY, eos_id: int = EOS,
            skip: Optional[jax.Array] = None, loop_chunk: int = 1) -> DecodeResult:

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from gqa_spec.decoding.targets import Decoder
+from gqa_spec.decoding import xla_options
 
 PyTree = Any
 NEG_INF = -1.0e7
@@ -41,8 +42,8 @@ class _State:
   decoder_state: PyTree
 
 
-@functools.partial(jax.jit, static_argnames=('decoder', 'beam_size', 'max_decode_len', 'alpha',
-                                             'eos_id'))
+@functools.partial(xla_options.jit, static_argnames=('decoder', 'beam_size', 'max_decode_len',
+                                                     'alpha', 'eos_id'))
 def beam_search(decoder: Decoder, decoder_state: PyTree, *, beam_size: int, max_decode_len: int,
                 alpha: float = 0.6, eos_id: int = EOS) -> Tuple[jax.Array, jax.Array]:
   """Beam search.

@@ -44,6 +44,7 @@ from gqa_spec.decoding import sampling
 from gqa_spec.decoding import speculative as spec_lib
 from gqa_spec.decoding import targets
 from gqa_spec.decoding import tree_speculative as tree_lib
+from gqa_spec.decoding import xla_options
 from gqa_spec.decoding.targets import T5Decoder, T5State
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
@@ -186,8 +187,9 @@ def _skip(decoder: MeshT5Decoder, state: T5State, skip) -> jax.Array:
 
 
 def _run(key, fn, in_shardings, out_fn, args):
-  jitted = _jit_cached(key + (_signature(args),), lambda: jax.jit(
-      fn, in_shardings=in_shardings, out_shardings=out_fn(jax.eval_shape(fn, *args))))
+  jitted = _jit_cached(key + (_signature(args), xla_options.key()), lambda: jax.jit(
+      fn, in_shardings=in_shardings, out_shardings=out_fn(jax.eval_shape(fn, *args)),
+      compiler_options=xla_options.current()))
   return jitted(*jax.device_put(args, in_shardings))
 
 

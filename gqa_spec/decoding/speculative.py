@@ -34,6 +34,7 @@ from gqa_spec.decoding.autoregressive import DECODER_START, EOS, PAD, finish
 from gqa_spec.decoding.drafts.base import Draft
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.targets import Decoder
+from gqa_spec.decoding import xla_options
 
 PyTree = Any
 
@@ -133,7 +134,7 @@ def target_cache_length(max_decode_len: int, gamma: int) -> int:
   return max_decode_len + gamma + 1
 
 
-@functools.partial(jax.jit, static_argnames=('target', 'draft', 'gamma', 'max_decode_len',
+@functools.partial(xla_options.jit, static_argnames=('target', 'draft', 'gamma', 'max_decode_len',
                                              'config', 'eos_id'))
 def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
            rng: jax.Array, *, gamma: int, max_decode_len: int,

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
 import jax
 import jax.numpy as jnp
 
-from gqa_spec.decoding import autoregressive, speculative, theory, tree_speculative
+from gqa_spec.decoding import autoregressive, speculative, theory, tree_speculative, xla_options
 from gqa_spec.decoding.drafts import ModelDraft
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.targets import T5Decoder
@@ -58,7 +58,7 @@ def step_time(decoder, state, k: int, fill: int, iters: int = 40) -> float:
   batch = decoder.index(state).shape[0]
   index = jnp.full((batch,), fill, jnp.int32)
 
-  @jax.jit
+  @xla_options.jit
   def loop(state):
     def body(_, s):
       logits, s = decoder.tokens_to_logits(s, jnp.full((batch, k), 5, jnp.int32))
@@ -74,7 +74,7 @@ def propose_time(draft, dstate, gamma: int, batch: int, length: int, iters: int 
   seqs = jnp.full((batch, length), 5, jnp.int32)
   lengths = jnp.full((batch,), length // 2, jnp.int32)
 
-  @jax.jit
+  @xla_options.jit
   def loop(dstate):
     def body(_, carry):
       s, acc = carry

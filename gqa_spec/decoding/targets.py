@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 from gqa_spec.models import decode_cache
 from gqa_spec.models.t5 import Transformer
+from gqa_spec.decoding import xla_options
 
 PyTree = Any
 
@@ -96,7 +97,7 @@ class T5Decoder:
     return state.replace(cache=jax.tree_util.tree_map(lambda x: x[rows], state.cache))
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'cache_length'))
+@functools.partial(xla_options.jit, static_argnames=('model', 'cache_length'))
 def _t5_init(model: Transformer, params: PyTree, encoder_input_tokens: jax.Array,
              cache_length: int) -> T5State:
   encoded = model.apply({'params': params}, encoder_input_tokens,

@@ -41,6 +41,7 @@ from gqa_spec.decoding.speculative import (LoopState, SpeculativeResult, append_
                                            with_draft_calls)
 from gqa_spec.decoding.targets import Decoder
 from gqa_spec.decoding.tree import TreeShape
+from gqa_spec.decoding import xla_options
 
 PyTree = Any
 
@@ -62,7 +63,7 @@ def target_cache_length(max_decode_len: int, shape: TreeShape) -> int:
   return max_decode_len + shape.num_nodes + 1
 
 
-@functools.partial(jax.jit, static_argnames=('target', 'draft', 'shape', 'max_decode_len',
+@functools.partial(xla_options.jit, static_argnames=('target', 'draft', 'shape', 'max_decode_len',
                                              'config', 'eos_id'))
 def decode(target: Decoder, target_state: PyTree, draft: TreeDraft, draft_state: PyTree,
            rng: jax.Array, *, shape: TreeShape, max_decode_len: int,

@@ -5,7 +5,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 
 
 def register(subparsers) -> None:
@@ -104,5 +106,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     print(writeup.claims_summary(report['claims']))
   if args.preset == 'smoke' and 'corpus' in records:
     splits = records['corpus']['stats']['splits']
-    print(writeup.smoke_note(splits['train'], splits['test']).replace('**', ''))
+    with open(os.path.join(out, 'preset.json')) as f:  # the preset as run (`--set` included)
+      fast = json.load(f).get('fast_compile_decoding', False)
+    print(writeup.smoke_note(splits['train'], splits['test'], fast).replace('**', ''))
   return 0

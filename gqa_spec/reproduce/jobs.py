@@ -154,7 +154,8 @@ def job_seconds(ctx: Context, stage: str) -> Optional[float]:
   return round(total, 1)
 
 
-MAPS_BEFORE_RELEASE = 16_384  # a quarter of Linux's default vm.max_map_count (65,530)
+MAPS_BEFORE_RELEASE = 32_768  # half of Linux's default vm.max_map_count (65,530)
+_MAPS = {'last': None, 'largest_growth': 0}  # at the last `release_compiled`; the most one job added
 
 
 def memory_maps() -> Optional[int]:
@@ -166,6 +167,15 @@ def memory_maps() -> Optional[int]:
     return None
 
 
+def map_limit() -> int:
+  """Linux's `vm.max_map_count` (65,530 unless raised)."""
+  try:
+    with open('/proc/sys/vm/max_map_count') as f:
+      return int(f.read())
+  except (OSError, ValueError):
+    return 65_530
+
+
 def release_compiled() -> None:
   """After a job: drops every compiled executable once the process holds many memory maps.
 
@@ -173,16 +183,25 @@ def release_compiled() -> None:
   its own loops (the cpu study's speculative stage: a while loop per draft, gamma and
   temperature, ~6,000 maps a minute) kept them all and crossed Linux's default
   `vm.max_map_count` (65,530) after ~20 minutes ("LLVM compilation error: Cannot allocate
-  memory", then a segfault). Below `MAPS_BEFORE_RELEASE` the executables are kept, so the
-  next job reuses what it shares (the smoke preset's jobs share most of theirs).
+  memory", then a segfault). The executables are dropped at `MAPS_BEFORE_RELEASE` maps, or
+  earlier when twice the most any job has added since the first call would pass 90% of the
+  limit. Below that they are kept, so the next job reuses what it shares (the smoke preset's
+  second task reuses every loop of the first: its lengths are the same).
   """
   maps = memory_maps()
-  if maps is None or maps < MAPS_BEFORE_RELEASE:
+  if maps is None:
+    return
+  if _MAPS['last'] is not None:
+    _MAPS['largest_growth'] = max(_MAPS['largest_growth'], maps - _MAPS['last'])
+  _MAPS['last'] = maps
+  if (maps < MAPS_BEFORE_RELEASE and
+      maps + 2 * _MAPS['largest_growth'] < 0.9 * map_limit()):
     return
   import gc  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   jax.clear_caches()
   gc.collect()
+  _MAPS['last'] = memory_maps()
   logging.getLogger(__name__).info('released compiled executables (%d memory maps)', maps)
 
 

@@ -128,6 +128,11 @@ class Preset:
   # (the Chimera paper's Eq. 4), or 'target', the frozen target's greedy outputs (the distilled
   # draft's labels; the cpu study's committed run used these).
   chimera_label_source: str = 'data'
+  # The speculative stage's decoding loops compiled with XLA's fast-compile options
+  # (`decoding.xla_options.FAST_COMPILE`: LLVM optimisation off). Its ~40 compiles per job are
+  # then ~3x cheaper and its loops ~2x slower, so its times and speedups are of unoptimised code;
+  # tokens, acceptance and calls do not change. For the smoke preset, whose loops run 3 times each.
+  fast_compile_decoding: bool = False
 
   def __post_init__(self):
     for field in dataclasses.fields(self):  # sizes, steps, rates: positive (`_MAY_BE_ZERO`: >= 0)
@@ -151,6 +156,9 @@ class Preset:
     if self.chimera_steps != self.distill_steps:
       raise UserError(f'chimera_steps {self.chimera_steps} != distill_steps {self.distill_steps}: '
                       'the study compares drafts trained equally long')
+    if not isinstance(self.fast_compile_decoding, bool):
+      raise UserError(f'fast_compile_decoding must be true or false, got '
+                      f'{self.fast_compile_decoding!r}')
     if not isinstance(self.finetune_multitask, bool):
       raise UserError(f'finetune_multitask must be true or false, got {self.finetune_multitask!r}')
     if self.finetune_multitask and set(self.finetune_lengths) != {TRANSLATE, SUMMARIZE}:
@@ -236,7 +244,7 @@ def _smoke() -> Preset:
       chimera_steps=3, chimera_batch=4, chimera_learning_rate=1e-3, distill_steps=3,
       distill_batch=4, distill_learning_rate=1e-3, draft_gammas=(3,),
       tree_shapes=('topk:2,2', 'best:4,depth:3'),
-      chimera_tree='topk:2,1,1', stage2_gamma=2)
+      chimera_tree='topk:2,1,1', stage2_gamma=2, fast_compile_decoding=True)
 
 
 def _cpu() -> Preset:

@@ -25,6 +25,8 @@ Jobs (each skipped once finished):
                          counted; the staged chain's draft calls vary, not counted; the staged
                          tree's are counted, `draft_calls`) and, at
                          temperature 0, whether the output equals greedy autoregressive decoding.
+Presets with `fast_compile_decoding` (smoke) compile the stage's loops with XLA's fast-compile
+options (`gqa_spec.decoding.xla_options`): their times are of unoptimised code.
 """
 
 from __future__ import annotations
@@ -213,7 +215,9 @@ def stage_speculative(ctx) -> dict:
                    _chain_job(ctx, t, l, n, finetuned)))
     jobs.append((f'{task}.{mha}.drafts', lambda t=task, l=lengths:
                  _drafts_job(ctx, t, l, mha, finetuned, trained)))
-  records = jobs_lib.run_jobs(ctx, 'speculative', jobs)
+  from gqa_spec.decoding import xla_options  # pylint: disable=g-import-not-at-top
+  with xla_options.fast_compile(p.fast_compile_decoding):
+    records = jobs_lib.run_jobs(ctx, 'speculative', jobs)
   chain = [r for r in records if 'rows' in r]
   extra = [r for r in records if 'drafts_rows' in r]
   return {'rows': [r for rec in chain for r in rec['rows']],

@@ -21,7 +21,8 @@ stacked updates of its unrolled twin.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+import dataclasses
+from typing import Any, Callable, Dict, NamedTuple, Tuple
 
 import flax
 import jax
@@ -48,12 +49,21 @@ def adafactor(decay_rate: float = 0.8, clipping_threshold: float = 1.0,
     factored: use factored second moments.
 
   Returns:
-    An optax transformation whose updates are the descent direction at learning rate 1.
+    An optax transformation whose updates are the descent direction at learning rate 1. Equal
+    arguments return the same object, so that train steps built with it can share one compiled
+    step (`train_step.TrainStep`).
   """
-  return layers_as_batch(optax.adafactor(
-      learning_rate=None, min_dim_size_to_factor=min_dim_size_to_factor, decay_rate=decay_rate,
-      multiply_by_parameter_scale=multiply_by_parameter_scale,
-      clipping_threshold=clipping_threshold, momentum=None, eps=epsilon, factored=factored))
+  key = (decay_rate, clipping_threshold, multiply_by_parameter_scale, min_dim_size_to_factor,
+         epsilon, factored)
+  if key not in _ADAFACTORS:
+    _ADAFACTORS[key] = layers_as_batch(optax.adafactor(
+        learning_rate=None, min_dim_size_to_factor=min_dim_size_to_factor, decay_rate=decay_rate,
+        multiply_by_parameter_scale=multiply_by_parameter_scale,
+        clipping_threshold=clipping_threshold, momentum=None, eps=epsilon, factored=factored))
+  return _ADAFACTORS[key]
+
+
+_ADAFACTORS: Dict[Tuple[Any, ...], optax.GradientTransformation] = {}  # `adafactor`'s, by argument
 
 
 class LayersAsBatchState(NamedTuple):
@@ -103,23 +113,36 @@ def layers_as_batch(tx: optax.GradientTransformation) -> optax.GradientTransform
   return optax.GradientTransformation(init, update)
 
 
+@dataclasses.dataclass(frozen=True)
+class RsqrtDecay:
+  """`base / sqrt(max(step, warmup_steps))`; equal by value (a key of shared compiled steps)."""
+
+  base_learning_rate: float
+  warmup_steps: int
+
+  def __call__(self, step: jax.Array) -> jax.Array:
+    step = jnp.maximum(jnp.asarray(step, jnp.float32), float(self.warmup_steps))
+    return jnp.float32(self.base_learning_rate) * jax.lax.rsqrt(step)
+
+
+@dataclasses.dataclass(frozen=True)
+class Constant:
+  """A constant learning rate; equal by value (a key of shared compiled steps)."""
+
+  learning_rate: float
+
+  def __call__(self, step: jax.Array) -> jax.Array:
+    del step
+    return jnp.float32(self.learning_rate)
+
+
 def rsqrt_decay(base_learning_rate: float = 1.0, warmup_steps: int = 10_000) -> LearningRateFn:
   """T5 pre-training: `base / sqrt(max(step, warmup_steps))` (constant 0.01 for the first 10k steps)."""
   if warmup_steps < 1:
     raise ValueError(f'warmup_steps must be >= 1, got {warmup_steps}')
-
-  def schedule(step: jax.Array) -> jax.Array:
-    step = jnp.maximum(jnp.asarray(step, jnp.float32), float(warmup_steps))
-    return jnp.float32(base_learning_rate) * jax.lax.rsqrt(step)
-
-  return schedule
+  return RsqrtDecay(float(base_learning_rate), int(warmup_steps))
 
 
 def constant(learning_rate: float = 1e-3) -> LearningRateFn:
   """Fine-tuning: a constant learning rate (T5 and the GQA paper: 1e-3)."""
-
-  def schedule(step: jax.Array) -> jax.Array:
-    del step
-    return jnp.float32(learning_rate)
-
-  return schedule
+  return Constant(float(learning_rate))

@@ -13,9 +13,10 @@ no key and resume is exact under either implementation).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Callable, Hashable, Mapping, Optional, Tuple
 
 import flax
 import jax
@@ -41,6 +42,30 @@ LOSS_WEIGHTS = 'decoder_loss_weights'
 # this CPU (results/benchmarks/train_throughput_rbg.md); resume stays bitwise-exact
 # (tests/training/test_resume.py) and sharded == single-device (tests/training/test_sharding.py).
 DROPOUT_PRNG_IMPL = 'rbg'
+
+
+# Compiled train steps and abstract states shared by every `TrainStep` with the same key (config,
+# optimizer, schedule, mesh and rules, loss settings, dropout seed): a process that runs many
+# training jobs (`gqa-spec reproduce`: ~20 in the smoke preset) traces and compiles each distinct
+# step once, not once per job. `optimizer.adafactor` returns one object per argument set and the
+# schedules compare by value; any other optimizer or schedule is keyed by identity (never shared
+# by mistake). Least recently used entries beyond `SHARED_STEPS` are dropped.
+SHARED_STEPS = 16
+_SHARED: 'collections.OrderedDict[Hashable, Any]' = collections.OrderedDict()
+
+
+def _shared(key: Hashable, build: Callable[[], Any]) -> Any:
+  try:
+    hash(key)
+  except TypeError:  # an unhashable optimizer or schedule: nothing is shared
+    return build()
+  if key in _SHARED:
+    _SHARED.move_to_end(key)
+    return _SHARED[key]
+  value = _SHARED[key] = build()
+  while len(_SHARED) > SHARED_STEPS:
+    _SHARED.popitem(last=False)
+  return value
 
 
 @flax.struct.dataclass
@@ -117,9 +142,15 @@ class TrainStep:
     losses.check_loss_normalizing_factor(self.loss_normalizing_factor)
     self._jitted = None
 
+  def _key(self) -> Tuple[Any, ...]:
+    """What the compiled step depends on besides the arguments' shapes (`_shared`)."""
+    return (type(self), self.config, self.tx, self.learning_rate_fn, self.partitioner,
+            self.z_loss, self.loss_normalizing_factor, self.dropout_seed)
+
   def abstract_state(self) -> TrainState:
     """Shapes and dtypes of the train state."""
-    return jax.eval_shape(self._fresh_state, jax.random.PRNGKey(0), jnp.int32(0))
+    return _shared(('abstract', type(self), self.config, self.tx), lambda: jax.eval_shape(
+        self._fresh_state, jax.random.PRNGKey(0), jnp.int32(0)))
 
   def state_shardings(self, abstract_state: Optional[TrainState] = None) -> TrainState:
     abstract_state = abstract_state or self.abstract_state()
@@ -156,12 +187,14 @@ class TrainStep:
   def __call__(self, state: TrainState, batch: Mapping[str, jax.Array]) -> Tuple[TrainState, dict]:
     """One optimizer step; `state` is donated. Metrics are replicated scalars (sums, see `losses`)."""
     if self._jitted is None:
-      step = functools.partial(
-          _train_step, config=self.config, tx=self.tx, learning_rate_fn=self.learning_rate_fn,
-          z_loss=self.z_loss, loss_normalizing_factor=self.loss_normalizing_factor,
-          dropout_seed=self.dropout_seed)
-      shardings = self.state_shardings()
-      self._jitted = jax.jit(step, in_shardings=(shardings, self.partitioner.batch_sharding()),
-                             out_shardings=(shardings, self.partitioner.replicated),
-                             donate_argnums=0)
+      self._jitted = _shared(('step',) + self._key(), self._jit)
     return self._jitted(state, batch)
+
+  def _jit(self):
+    step = functools.partial(
+        _train_step, config=self.config, tx=self.tx, learning_rate_fn=self.learning_rate_fn,
+        z_loss=self.z_loss, loss_normalizing_factor=self.loss_normalizing_factor,
+        dropout_seed=self.dropout_seed)
+    shardings = self.state_shardings()
+    return jax.jit(step, in_shardings=(shardings, self.partitioner.batch_sharding()),
+                   out_shardings=(shardings, self.partitioner.replicated), donate_argnums=0)

@@ -132,3 +132,33 @@ def test_pack_rows_closes_rows_at_chunk_ends():
   # lengths limit 4: chunks of 4 examples; the open row closes at each chunk end.
   lengths = np.array([[1, 1]] * 6)
   assert features.pack_rows(lengths, {'inputs': 4, 'targets': 3}) == [[0, 1, 2], [3], [4, 5]]
+
+
+def test_shared_batches_give_what_a_fresh_pipeline_gives(export_dir):
+  """`training.data.shared_batches` (the reproduction's jobs share their datasets): a later reader
+  with the same config and start replays the kept batches and reads on; a full cache or another
+  start reads on from a pipeline of its own; readers cannot change what the next one gets."""
+  from gqa_spec.training import data  # pylint: disable=g-import-not-at-top
+  cfg = data.DatasetConfig(f'exported:{export_dir}/ddtp_translate_summarize', LENGTHS,
+                           batch_size=2, seed=3)
+
+  def take(n, skip=0):
+    it = data.get_batches(cfg, skip_batches=skip)
+    return [next(it) for _ in range(n)]
+
+  fresh = take(20)
+  size = sum(a.nbytes for a in fresh[0].values())
+  for max_bytes in (1 << 30, 4 * size):  # room for all; room for 4 batches
+    with data.shared_batches(max_bytes):
+      first = take(6)
+      first[0]['encoder_input_tokens'] = None  # a reader's own dict
+      with pytest.raises(ValueError):
+        first[1]['decoder_target_tokens'][0, 0] = 7  # shared arrays are read-only
+      _same(first[2:], fresh[2:6])
+      again = take(15)
+      _same(again, fresh[:15])  # replayed, then read on
+      kept = 6 if max_bytes > 4 * size else 4
+      assert all((again[i]['decoder_target_tokens'] is first[i]['decoder_target_tokens'])
+                 == (i < kept) for i in range(1, 6))  # the kept arrays themselves
+      _same(take(17), fresh[:17])
+      _same(take(10, skip=3), fresh[3:13])  # another start: its own pipeline

@@ -75,3 +75,23 @@ def test_uptrain_converts_and_continues_the_schedule(tmp_path):
   config, params, step = load_any(str(tmp_path / 'gqa'))
   assert step == 25 and config.num_kv_heads == 2
   assert params['decoder']['layers_0']['self_attention']['key']['kernel'].shape == (32, 16)
+
+
+def test_train_steps_with_equal_settings_share_one_compiled_step():
+  """`TrainStep`s of equal config, optimizer arguments and schedule values share their jitted
+  step (the reproduction's many jobs trace it once); another learning rate is another step."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from gqa_spec.partitioning import Partitioner  # pylint: disable=g-import-not-at-top
+  from gqa_spec.training.train_step import TrainStep  # pylint: disable=g-import-not-at-top
+  part = Partitioner.create(TINY)
+  make = lambda lr: TrainStep(TINY, optimizer.adafactor(min_dim_size_to_factor=16),
+                              optimizer.constant(lr), part)
+  a, b, c = make(0.1), make(0.1), make(0.2)
+  assert optimizer.constant(0.1) == optimizer.constant(0.1) != optimizer.constant(0.2)
+  assert optimizer.rsqrt_decay(2.0, 10) == optimizer.rsqrt_decay(2.0, 10)
+  batch = part.shard_batch(next(data.get_batches(DATA)))
+  params = [s(s.init(jax.random.PRNGKey(0)), batch)[0].params for s in (a, b, c)]
+  assert a._jitted is b._jitted and a._jitted is not c._jitted  # pylint: disable=protected-access
+  jax.tree.map(np.testing.assert_array_equal, params[0], params[1])
+  assert not np.array_equal(params[0]['decoder']['logits_dense']['kernel'],
+                            params[2]['decoder']['logits_dense']['kernel'])

@@ -1,0 +1,74 @@
+"""XLA compiler options for the decoding loops: `fast_compile()` trades run time for compile time.
+
+On XLA:CPU a tiny model's speculative loop compiles in 2-4 s and then runs in 15-30 ms, so a grid
+of loops that each run a few times (the smoke reproduction's speculative stage: ~40 compiles per
+job) spends nearly all of its time compiling. Inside `fast_compile()` the decoding loops (and the
+encoder/cache init) are compiled with LLVM's optimisation off and XLA:CPU's simpler emitters, the
+options of the test suite's `CHEAP_XLA_FLAGS`: on 2 CPU cores, a smoke-sized speculative loop
+(target 2+2 layers, draft 1+1, batch 4 x 64 inputs, 32 tokens) compiled in 0.7-1.3 s instead of
+1.8-3.9 s and ran in 37-62 ms instead of 16-28 ms (`python benchmarks/xla_options.py`). The
+tokens do not change; timings taken inside are of that slower code.
+
+  with xla_options.fast_compile():
+    result = speculative.decode(...)      # compiled (once) with FAST_COMPILE
+
+Functions decorated with `xla_options.jit` (as `jax.jit`) keep one compiled version per set of
+options; `gqa_spec.decoding.mesh` keys its loops by the options too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import jax
+
+# XLA debug options (`jax.jit(compiler_options=...)`), as tests/conftest.py's CHEAP_XLA_FLAGS.
+FAST_COMPILE: Dict[str, Any] = {'xla_backend_optimization_level': 0,
+                                'xla_llvm_disable_expensive_passes': True,
+                                'xla_cpu_use_fusion_emitters': False}
+_OPTIONS: contextvars.ContextVar = contextvars.ContextVar('gqa_spec_decoding_compiler_options',
+                                                         default=None)
+
+
+@contextlib.contextmanager
+def fast_compile(enabled: bool = True):
+  """Decoding loops compiled inside the block use `FAST_COMPILE` (`enabled` False: the defaults)."""
+  token = _OPTIONS.set(dict(FAST_COMPILE) if enabled else None)
+  try:
+    yield
+  finally:
+    _OPTIONS.reset(token)
+
+
+def current() -> Optional[Dict[str, Any]]:
+  """The compiler options in force (None: XLA's defaults)."""
+  return _OPTIONS.get()
+
+
+def key() -> Optional[Tuple[Tuple[str, Any], ...]]:
+  """`current()` as a hashable cache key."""
+  options = current()
+  return None if options is None else tuple(sorted(options.items()))
+
+
+def jit(fun: Optional[Callable] = None, **jit_kwargs):
+  """`jax.jit(fun, **jit_kwargs)` compiled with the options in force at each call (and `.lower`)."""
+  if fun is None:
+    return functools.partial(jit, **jit_kwargs)
+  versions: Dict[Any, Any] = {}
+
+  def version():
+    k = key()
+    if k not in versions:
+      versions[k] = jax.jit(fun, compiler_options=current(), **jit_kwargs)
+    return versions[k]
+
+  @functools.wraps(fun)
+  def call(*args, **kwargs):
+    return version()(*args, **kwargs)
+
+  call.lower = lambda *args, **kwargs: version().lower(*args, **kwargs)
+  return call

@@ -1,0 +1,56 @@
+"""`decoding.xla_options.fast_compile`: the loops compiled with XLA's fast-compile options give the
+same tokens, and the options reach XLA's compiler. (The suite's XLA_FLAGS are those options
+already, tests/conftest.py, so the compiled code itself is the same here.)"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gqa_spec.decoding import autoregressive, speculative, xla_options
+from gqa_spec.decoding.drafts import ModelDraft
+from gqa_spec.decoding.targets import T5Decoder
+from tests.decoding.conftest import INPUTS, MAX_LEN, model_and_params, perturbed
+
+
+def test_fast_compile_gives_the_same_tokens_with_other_code():
+  model, params = model_and_params(2)
+  enc = jnp.asarray(INPUTS)
+  target, draft = T5Decoder(model), ModelDraft.t5(model)
+  draft_params = perturbed(params, 0.3)
+
+  def run():
+    state = target.init(params, enc, speculative.target_cache_length(MAX_LEN, 2))
+    chain = speculative.decode(target, state, draft, draft.init(draft_params, enc, MAX_LEN, 2),
+                               jax.random.PRNGKey(0), gamma=2, max_decode_len=MAX_LEN)
+    state = target.init(params, enc, MAX_LEN + 1)
+    greedy = autoregressive.decode(target, state, jax.random.PRNGKey(0), max_decode_len=MAX_LEN)
+    return chain, greedy
+
+  chain, greedy = run()
+  assert xla_options.current() is None
+  with xla_options.fast_compile():
+    assert xla_options.current() == xla_options.FAST_COMPILE
+    fast_chain, fast_greedy = run()
+    with xla_options.fast_compile(False):  # nested: the defaults again
+      assert xla_options.current() is None
+  assert xla_options.current() is None
+  for got, want in ((fast_chain, chain), (fast_greedy, greedy)):
+    jax.tree.map(np.testing.assert_array_equal, got, want)
+
+
+def test_the_options_reach_the_compiler_of_every_loop_kind(monkeypatch):
+  from gqa_spec.decoding import mesh  # pylint: disable=g-import-not-at-top
+  from gqa_spec.partitioning import Partitioner  # pylint: disable=g-import-not-at-top
+  model, params = model_and_params(2)
+  enc = jnp.asarray(INPUTS)
+  monkeypatch.setattr(xla_options, 'FAST_COMPILE', {'xla_gqa_spec_no_such_option': True})
+  decoder = mesh.MeshT5Decoder(model, Partitioner.create(model.config, 1, 1))
+  for target, loop in ((T5Decoder(model), autoregressive.decode),
+                       (decoder, mesh.autoregressive)):
+    state = target.init(params, enc, MAX_LEN + 1)
+    with xla_options.fast_compile():
+      with pytest.raises(Exception, match='xla_gqa_spec_no_such_option'):
+        loop(target, state, jax.random.PRNGKey(0), max_decode_len=MAX_LEN)
+      with pytest.raises(Exception, match='xla_gqa_spec_no_such_option'):
+        target.init(params, enc, MAX_LEN + 1)  # the encoder and cache init too
