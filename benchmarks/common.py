@@ -195,6 +195,19 @@ def write_report(out: str, result: Dict[str, Any], lines: List[str]) -> None:
   write_markdown(out + '.md', lines, result['machine'])
 
 
+def measure_and_write(file: str, parser: argparse.ArgumentParser, argv: Optional[Sequence[str]],
+                      measure: Callable[[argparse.Namespace], List[Dict[str, Any]]],
+                      markdown: Callable[[Dict[str, Any]], List[str]]) -> int:
+  """A benchmark's `main`: adds `--out` to `parser`, parses `argv`, runs `measure(args)` (its
+  rows) and writes `results` as OUT.json and `markdown(result)` as OUT.md."""
+  add_out_argument(parser, file)
+  args = parser.parse_args(argv)
+  before = os.getloadavg()
+  result = results(file, argv, measure(args), before)
+  write_report(args.out, result, markdown(result))
+  return 0
+
+
 def write_markdown(path: str, lines: List[str], machine_info: Dict[str, Any]) -> None:
   """Writes a benchmark's markdown `lines` to `path`, ending with the machine section."""
   write_lines(path, lines + ['', '## Machine', '',

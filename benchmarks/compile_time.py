@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import statistics
 import time
 from typing import Any, Dict, List
@@ -143,12 +142,7 @@ def main(argv=None) -> int:
   p.add_argument('--targets', type=int, default=64, help='decoder positions of the train step')
   p.add_argument('--cache', type=int, default=64, help='decode cache slots')
   p.add_argument('--repeats', type=int, default=1)
-  common.add_out_argument(p, __file__)
-  args = p.parse_args(argv)
-  before = os.getloadavg()
-  result = common.results(__file__, argv, measure(args), before)
-  common.write_report(args.out, result, markdown(result))
-  return 0
+  return common.measure_and_write(__file__, p, argv, measure, markdown)
 
 
 if __name__ == '__main__':

@@ -14,7 +14,6 @@ times (3 in smoke), which is what `stage_s` adds up.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 from typing import Any, Dict, List
@@ -89,12 +88,7 @@ def main(argv=None) -> int:
   p.add_argument('--gammas', type=lambda s: [int(x) for x in s.split(',')], default=[1, 3])
   p.add_argument('--repeats', type=int, default=3, help='fresh compiles per (gamma, options)')
   p.add_argument('--runs', type=int, default=5, help='timed runs of each compiled loop')
-  common.add_out_argument(p, __file__)
-  args = p.parse_args(argv)
-  before = os.getloadavg()
-  result = common.results(__file__, argv, measure(args), before)
-  common.write_report(args.out, result, markdown(result))
-  return 0
+  return common.measure_and_write(__file__, p, argv, measure, markdown)
 
 
 if __name__ == '__main__':

