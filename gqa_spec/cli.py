@@ -59,6 +59,9 @@ READY_ENV = 'GQA_SPEC_TEST_SIGNALS_READY'
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _RETRY_SECONDS = 0.5
 _pending = None  # the exit code (128 + signal) of a signal whose interrupt was not handled yet
+# Functions an interrupt must not be raised in (`_interrupt`): finalizers, and asyncio's scheduling
+# from other threads and C callbacks (one of 6 signals in a CI run printed a traceback from there).
+_NO_INTERRUPT = frozenset({'__del__', 'call_soon_threadsafe'})
 
 
 def _interrupt(signum, frame):
@@ -66,7 +69,9 @@ def _interrupt(signum, frame):
 
   Not inside a gc callback or a `__del__`, where Python would print and swallow it ("Exception
   ignored in ...": jax's gc callback runs often), nor inside an import, where it would turn into the
-  module's own error and traceback (numpy prints one, jaxlib's extension an ImportError): there the
+  module's own error and traceback (numpy prints one, jaxlib's extension an ImportError), nor inside
+  asyncio's `call_soon_threadsafe`, which a C extension calls back into (orbax's tensorstore
+  futures, while a checkpoint loads) and which then prints the interrupt's traceback: there the
   interrupt waits for the next retry.
   """
   global _pending
@@ -80,7 +85,7 @@ def _interrupt(signum, frame):
   callbacks = {getattr(callback, '__code__', None) for callback in gc.callbacks}
   while frame is not None:
     code = frame.f_code
-    if code in callbacks or code.co_name == '__del__' or code.co_filename.startswith(
+    if code in callbacks or code.co_name in _NO_INTERRUPT or code.co_filename.startswith(
         '<frozen importlib'):
       return
     frame = frame.f_back

@@ -14,6 +14,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from gqa_spec import cli
 from gqa_spec.checkpoints import native
 from tests.decoding.conftest import model_and_params
@@ -67,3 +69,32 @@ def test_signals_at_any_moment_exit_130_or_143(tmp_path):
     assert err.strip().splitlines()[-1] == f'gqa-spec: {word}', where
     interrupted += 1
   assert interrupted >= 4, results
+
+
+def test_no_interrupt_inside_asyncio_call_soon_threadsafe(monkeypatch):
+  """A signal landing in asyncio's `call_soon_threadsafe` (a C extension's callback while orbax
+  loads a checkpoint) waits for the next retry instead of being raised there, where it was printed
+  as a traceback (seen once in a CI run: "Traceback ... in call_soon_threadsafe")."""
+  import asyncio  # pylint: disable=g-import-not-at-top
+  frames = {}
+  loop = asyncio.new_event_loop()
+  real_write = loop._write_to_self  # pylint: disable=protected-access
+
+  def capture():
+    frames['inner'] = sys._getframe()  # pylint: disable=protected-access
+    real_write()
+
+  monkeypatch.setattr(loop, '_write_to_self', capture)
+  loop.call_soon_threadsafe(lambda: None)
+  loop.close()
+  assert frames['inner'].f_back.f_code.co_name == 'call_soon_threadsafe'
+  monkeypatch.setattr(cli, '_pending', None)
+  previous = signal.signal(signal.SIGALRM, signal.SIG_IGN)
+  try:
+    cli._interrupt(signal.SIGTERM, frames['inner'])  # pylint: disable=protected-access
+    assert cli._pending == 143  # pylint: disable=protected-access
+    with pytest.raises(KeyboardInterrupt):  # the retry, outside it, raises
+      cli._interrupt(signal.SIGALRM, sys._getframe())  # pylint: disable=protected-access
+  finally:
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, previous)
