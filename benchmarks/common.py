@@ -129,6 +129,18 @@ def table_head(columns: Sequence[str]) -> List[str]:
   return ['| ' + ' | '.join(columns) + ' |', '|' + '---|' * len(columns)]
 
 
+def table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> List[str]:
+  """A markdown table: `table_head(columns)` and one line per row of (formatted) cells."""
+  return table_head(columns) + ['| ' + ' | '.join(str(c) for c in row) + ' |' for row in rows]
+
+
+def result_load_note(result: Dict[str, Any],
+                     shared: str = ': the machine was shared with other jobs.') -> List[str]:
+  """A blank line and `load_note` of a result's `loadavg_before_after`: a markdown's last lines."""
+  before, after = result['loadavg_before_after']
+  return ['', load_note(before, after, shared)]
+
+
 def add_out_argument(parser: argparse.ArgumentParser, file: str) -> None:
   """`--out PATH` (no extension: the benchmark writes PATH.json and PATH.md), by default
   `results/benchmarks/NAME` for the benchmark module at `file`."""

@@ -107,9 +107,8 @@ def markdown(result: Dict[str, Any]) -> List[str]:
   for r in result['rows']:
     kinds = '; '.join(f"{k['kind']} ({k['modules']}, {k['seconds']:.2f})" for k in r['top_kinds'])
     lines.append(f"| {r['size']} | {r['step']} | {r['layout']} | {kinds} |")
-  before, after = result['loadavg_before_after']
-  lines += ['', common.load_note(before, after, ': the machine was shared with other jobs, so '
-                                 'every time here is inflated; the counts are not.')]
+  lines += common.result_load_note(result, ': the machine was shared with other jobs, so every '
+                                   'time here is inflated; the counts are not.')
   return lines
 
 

@@ -127,9 +127,8 @@ def markdown(result: Dict[str, Any]) -> List[str]:
   for r in rows:
     lines.append(f"| {r['size']} | {r['layout']} | {r['step']} | {r['lower_s']:.2f} | "
                  f"{r['compile_s']:.2f} |")
-  before, after = result['loadavg_before_after']
-  lines += ['', common.load_note(before, after, ': the machine was shared with other jobs, so '
-                                 'every time here is inflated, unrolled and scanned alike.')]
+  lines += common.result_load_note(result, ': the machine was shared with other jobs, so every '
+                                   'time here is inflated, unrolled and scanned alike.')
   return lines
 
 

@@ -54,14 +54,12 @@ def markdown(result: Dict[str, Any]) -> List[str]:
   lines += [f"`{result['size']}` preset, batch {result['batch']} x {result['inputs']} input / "
             f"{result['targets']} target tokens, Adafactor, float32. Peak: XLA's compiled memory "
             'analysis (arguments + outputs - aliased + temporaries); speed: median step.', '']
-  lines += common.table_head(['layout', 'remat_policy', 'temporaries MiB', 'peak MiB', 'step s',
-                              'target tokens/s'])
-  for r in result['rows']:
-    lines.append(f"| {r['layout']} | {r['remat_policy']} | {r['temp_mib']:.0f} | "
-                 f"{r['peak_mib']:.0f} | {r['step_s']:.3f} | {r['target_tokens_per_s']:.0f} |")
-  before, after = result['loadavg_before_after']
-  lines += ['', common.load_note(before, after, ': the machine was shared with other jobs, so the '
-                                 'step times are noisy (the memory figures are not).')]
+  lines += common.table(
+      ['layout', 'remat_policy', 'temporaries MiB', 'peak MiB', 'step s', 'target tokens/s'],
+      [[r['layout'], r['remat_policy'], f"{r['temp_mib']:.0f}", f"{r['peak_mib']:.0f}",
+        f"{r['step_s']:.3f}", f"{r['target_tokens_per_s']:.0f}"] for r in result['rows']])
+  lines += common.result_load_note(result, ': the machine was shared with other jobs, so the step '
+                                   'times are noisy (the memory figures are not).')
   return lines
 
 

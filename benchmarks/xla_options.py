@@ -74,12 +74,11 @@ def markdown(result: Dict[str, Any]) -> List[str]:
             '`xla_options.FAST_COMPILE` (LLVM optimisation off, no fusion emitters). `stage s`: '
             'lower + compile + 3 runs, what the speculative stage spends per loop. Medians; the '
             'two option sets alternate.', '']
-  lines += common.table_head(['gamma', 'options', 'lower s', 'compile s', 'run ms', 'stage s'])
-  for r in result['rows']:
-    lines.append(f"| {r['gamma']} | {r['options']} | {r['lower_s']:.2f} | {r['compile_s']:.2f} | "
-                 f"{r['run_ms']:.1f} | {r['stage_s']:.2f} |")
-  before, after = result['loadavg_before_after']
-  lines += ['', common.load_note(before, after, ': the machine was shared with other jobs.')]
+  lines += common.table(
+      ['gamma', 'options', 'lower s', 'compile s', 'run ms', 'stage s'],
+      [[r['gamma'], r['options'], f"{r['lower_s']:.2f}", f"{r['compile_s']:.2f}",
+        f"{r['run_ms']:.1f}", f"{r['stage_s']:.2f}"] for r in result['rows']])
+  lines += common.result_load_note(result)
   return lines
 
 

@@ -23,19 +23,22 @@ the first step out of it.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import math
 import os
 import sys
 import time
-from typing import Iterator, List, Optional
+from typing import Iterator, Optional, Tuple
 
 log = logging.getLogger('gqa_spec.progress')
 
 # Seconds between two progress lines when no terminal shows a bar (GQA_SPEC_PROGRESS_SECONDS).
 DEFAULT_SECONDS = 30.0
-_scopes: List[str] = []
-_coarse: List[bool] = []  # one entry per open `coarse()` block
+# Per context (a thread, or a job `gqa-spec reproduce` runs beside another in a copied context):
+# the open `scope` labels, and whether a `coarse()` block is open.
+_scopes: contextvars.ContextVar[Tuple[str, ...]] = contextvars.ContextVar('scopes', default=())
+_coarse: contextvars.ContextVar[bool] = contextvars.ContextVar('coarse', default=False)
 
 
 @contextlib.contextmanager
@@ -43,25 +46,26 @@ def coarse() -> Iterator[None]:
   """Inside the block, a `Progress` created there writes lines only every `every_seconds` (not its
   first, every tenth or last step): `gqa-spec reproduce` logs one line per job, and a job longer
   than `every_seconds` still shows its progress."""
-  _coarse.append(True)
+  token = _coarse.set(True)
   try:
     yield
   finally:
-    _coarse.pop()
+    _coarse.reset(token)
 
 
 @contextlib.contextmanager
 def scope(*labels: str) -> Iterator[None]:
   """Prefixes every progress line inside the block with `labels` (nested scopes concatenate)."""
-  _scopes.extend(labels)
+  token = _scopes.set(_scopes.get() + labels)
   try:
     yield
   finally:
-    del _scopes[len(_scopes) - len(labels):]
+    _scopes.reset(token)
 
 
 def prefix() -> str:
-  return f'[{" ".join(_scopes)}] ' if _scopes else ''
+  scopes = _scopes.get()
+  return f'[{" ".join(scopes)}] ' if scopes else ''
 
 
 def format_seconds(seconds: float) -> str:
@@ -107,7 +111,7 @@ class Progress:
     if every_seconds is None:
       every_seconds = float(os.environ.get('GQA_SPEC_PROGRESS_SECONDS', DEFAULT_SECONDS))
     self.every_steps, self.every_seconds = every_steps, every_seconds
-    self._coarse = bool(_coarse)
+    self._coarse = _coarse.get()
     self._start = time.time()
     self._rate_origin = None  # (time, value) of the first update: the rate excludes compilation
     self._last_line = (self._start, initial)  # (time, value) of the last line

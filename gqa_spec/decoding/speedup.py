@@ -3,13 +3,14 @@
 `measure_grid` (chains) and `measure_trees` (token trees) are the implementation behind
 `benchmarks/speculative.py` and the speculative stage of `gqa-spec reproduce`. For every temperature it times our jitted autoregressive decoding of
 the target, then for every draft and gamma the speculative loop on the same inputs and batches
-(median of repeats, after compilation), and reports:
+(median of repeats, after the untimed first run that compiles it), and reports:
   alpha            Corollary 6: mean acceptance probability beta over the positions the loop
                    tried, i.e. on the target's own generations;
   tokens_per_call  generated tokens / target calls (the corrected or bonus token counted);
   accepted         draft tokens accepted (accepted / target_calls: the mean accepted length);
   loop_iterations  batched target calls (parameter bytes read = bytes x iterations);
-  c                draft cost per proposed token / target step (timed here, per gamma);
+  c                draft cost per proposed token / target step (timed here: per gamma, once for
+                   every temperature; a model draft's decode step once);
   verify_ratio_v   target time for gamma + 1 tokens / for 1 token (Theorem 8 assumes 1);
   speedup_measured per-token time of autoregressive / of speculative decoding;
   speedup_thm8     Theorem 8 with the measured alpha and c; `_with_v` also with v(gamma).
@@ -33,8 +34,9 @@ from gqa_spec.decoding.targets import T5Decoder
 Drafts = Mapping[str, Tuple[Any, Callable[[jax.Array], Any]]]
 
 
-def _timed_runs(fn: Callable[[], Any], repeats: int) -> List[float]:
-  jax.block_until_ready(fn())  # compile and warm up, untimed
+def _timed_runs(fn: Callable[[], Any], repeats: int, warm: bool = True) -> List[float]:
+  if warm:
+    jax.block_until_ready(fn())  # compile and warm up, untimed
   times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
@@ -43,9 +45,10 @@ def _timed_runs(fn: Callable[[], Any], repeats: int) -> List[float]:
   return times
 
 
-def median_time(fn: Callable[[], Any], repeats: int) -> float:
-  """Median wall seconds of `fn()` over `repeats` runs, after one untimed (compiling) run."""
-  return statistics.median(_timed_runs(fn, repeats))
+def median_time(fn: Callable[[], Any], repeats: int, warm: bool = True) -> float:
+  """Median wall seconds of `fn()` over `repeats` runs, after one untimed (compiling) run (`warm`
+  False: the caller has just run it, untimed)."""
+  return statistics.median(_timed_runs(fn, repeats, warm))
 
 
 def min_time(fn: Callable[[], Any], repeats: int) -> float:
@@ -115,12 +118,27 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
 
   tstate = target.init(params, batches[0], slots)
   t_target = {k: step_time(target, tstate, k, fill) for k in sorted({1} | {g + 1 for g in gammas})}
+  costs: Dict[Tuple[Any, ...], float] = {}
+
+  def draft_cost(name: str, draft, dinit, gamma: int) -> float:
+    """c: seconds per proposed token / target step. A model draft's is one decode step at any
+    gamma; another draft's per gamma. Neither depends on the temperature: timed once."""
+    key = (name,) if isinstance(draft, ModelDraft) else (name, gamma)
+    if key not in costs:
+      if isinstance(draft, ModelDraft):
+        seconds = step_time(draft.decoder, dinit(batches[0]), 1, fill)
+      else:
+        seconds = propose_time(draft, dinit(batches[0]), gamma, batches[0].shape[0],
+                               2 * fill) / gamma
+      costs[key] = seconds / t_target[1]
+    return costs[key]
+
   out: Dict[str, Any] = {'target_step_seconds': {str(k): v for k, v in t_target.items()},
                          'autoregressive': {}, 'rows': []}
   for temp in temperatures:
     config = SamplingConfig(temperature=temp)
     ar = ar_all(config)
-    ar_secs = median_time(lambda: ar_all(config), repeats)
+    ar_secs = median_time(lambda: ar_all(config), repeats, warm=False)
     ar_tokens = sum(int(r.lengths.sum()) for r in ar)
     ar_lists: List[List[int]] = sum((autoregressive.strip(r.sequences, r.lengths) for r in ar), [])
     out['autoregressive'][str(temp)] = {'seconds': ar_secs, 'tokens': ar_tokens,
@@ -133,16 +151,12 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
                                      jax.random.PRNGKey(seed + 1), gamma=gamma, max_decode_len=L,
                                      config=config) for enc in batches]
         res = spec_all()
-        secs = median_time(spec_all, repeats)
+        secs = median_time(spec_all, repeats, warm=False)
         tokens = sum(int(r.lengths.sum()) for r in res)
         calls = sum(int(r.target_calls.sum()) for r in res)
         beta_count = sum(float(r.beta_count) for r in res)
         alpha = sum(float(r.beta_sum) for r in res) / max(beta_count, 1.0)
-        if isinstance(draft, ModelDraft):
-          c = step_time(draft.decoder, dinit(batches[0]), 1, fill) / t_target[1]
-        else:
-          c = propose_time(draft, dinit(batches[0]), gamma, batches[0].shape[0],
-                           2 * fill) / gamma / t_target[1]
+        c = draft_cost(name, draft, dinit, gamma)
         v = t_target[gamma + 1] / t_target[1]
         spec_lists = sum((autoregressive.strip(r.sequences, r.lengths) for r in res), [])
         row = {'draft': name, 'temperature': temp, 'gamma': gamma, 'alpha': alpha,
@@ -196,7 +210,7 @@ def measure_trees(target: T5Decoder, params: Any, drafts: TreeDrafts,
                                         dinit(enc), jax.random.PRNGKey(seed + 1), shape=shape,
                                         max_decode_len=L, config=config) for enc in batches]
       res = run_all()
-      secs = median_time(run_all, repeats)
+      secs = median_time(run_all, repeats, warm=False)
       tokens = sum(int(r.lengths.sum()) for r in res)
       calls = sum(int(r.target_calls.sum()) for r in res)
       outputs = sum((autoregressive.strip(r.sequences, r.lengths) for r in res), [])

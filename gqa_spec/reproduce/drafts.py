@@ -82,6 +82,7 @@ def _train(ctx, kind: str, task: str, lengths, target_path: str, initial_path=No
                                               asynchronous=False),
       log_period=max(1, min(50, steps // 4)), initial_checkpoint_path=initial_path,
       label_source=p.chimera_label_source if kind == 'chimera' else 'target')
+  jobs_lib.check_finished(result, steps, run_dir)
   return {'task': task, 'draft': name, 'kind': kind, 'step': result.step,
           'label_source': p.chimera_label_source if kind == 'chimera' else 'target',
           'steps': steps, 'batch_size': batch, 'learning_rate': lr,
@@ -135,7 +136,7 @@ def stage_drafts(ctx) -> dict:
         (f'{task}.independent', lambda t=task, l=lengths, tp=target, i=independent:
          _independent_job(ctx, t, l, tp, i)),
     ]
-  return {'rows': jobs_lib.run_jobs(ctx, 'drafts', jobs), 'target': mha}
+  return {'rows': jobs_lib.run_jobs(ctx, 'drafts', jobs, p.workers), 'target': mha}
 
 
 def _last_logged_train_metrics(run_dir: str) -> dict:

@@ -188,54 +188,162 @@ def release_compiled() -> None:
   limit. Below that they are kept, so the next job reuses what it shares (the smoke preset's
   second task reuses every loop of the first: its lengths are the same).
   """
+  if _release_due():
+    _release()
+
+
+def _release_due() -> bool:
+  """Whether `release_compiled` drops the executables now (it records the maps' growth)."""
   maps = memory_maps()
   if maps is None:
-    return
+    return False
   if _MAPS['last'] is not None:
     _MAPS['largest_growth'] = max(_MAPS['largest_growth'], maps - _MAPS['last'])
   _MAPS['last'] = maps
-  if (maps < MAPS_BEFORE_RELEASE and
-      maps + 2 * _MAPS['largest_growth'] < 0.9 * map_limit()):
-    return
+  return not (maps < MAPS_BEFORE_RELEASE and
+              maps + 2 * _MAPS['largest_growth'] < 0.9 * map_limit())
+
+
+def _release() -> None:
   import gc  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
+  maps = _MAPS['last']
   jax.clear_caches()
   gc.collect()
   _MAPS['last'] = memory_maps()
   logging.getLogger(__name__).info('released compiled executables (%d memory maps)', maps)
 
 
-def run_jobs(ctx: Context, stage: str, jobs: Sequence[tuple]) -> List[dict]:
-  """Runs `(key, fn)` jobs of a stage, skipping finished ones; returns their records in order."""
-  records, walls = [], []
-  for i, (key, fn) in enumerate(jobs, 1):
-    done = job_done(ctx, stage, key)
-    if done is None:
+def run_jobs(ctx: Context, stage: str, jobs: Sequence[tuple], workers: int = 1,
+             start_order: Optional[Sequence[str]] = None) -> List[dict]:
+  """Runs `(key, fn)` jobs of a stage, skipping finished ones; returns their records in order.
+
+  `workers` > 1 runs that many jobs side by side in threads (training stages of small models,
+  whose steps keep about one core busy: `Preset.workers`), started in the given order;
+  never for jobs that time anything. Signals reach only the main thread: on a stop (the time
+  limit, a signal, a failed job) the running jobs' trainers stop after their queued steps and save
+  (`trainer.stop_when`), nothing more starts, and nothing is recorded for a job that did not finish.
+  `start_order` (every key once) is the order to start them in, e.g. jobs that compile different
+  steps first, so that their compiles overlap; default the given order.
+  """
+  if workers < 1:
+    raise UserError(f'workers must be >= 1, got {workers}')
+  todo = [(i, key, fn) for i, (key, fn) in enumerate(jobs, 1) if job_done(ctx, stage, key) is None]
+  if start_order is not None:
+    if sorted(start_order) != sorted(key for key, _ in jobs):
+      raise ValueError(f'{stage}: start_order {list(start_order)} is not the jobs\' keys')
+    todo.sort(key=lambda job: list(start_order).index(job[1]))
+  walls: List[float] = []
+
+  def finished(i: int, key: str, record: dict) -> None:
+    walls.append(record['wall_seconds'])
+    finish_job(ctx, stage, key, record)
+    remaining = sum(1 for k, _ in jobs if job_done(ctx, stage, k) is None)
+    with progress.scope(f'job {i}/{len(jobs)} {key}'):
+      progress.info('done in %s; stage ETA %s (%d job(s) left at this pace)',
+                    progress.format_seconds(walls[-1]),
+                    progress.format_seconds(remaining * sum(walls) / len(walls) / workers),
+                    remaining)
+
+  if workers == 1:
+    for i, key, fn in todo:
       if ctx.stop_requested:
         raise TimeLimitReached(f'{stage}: stopped before job {key}')
       if ctx.progress is not None:
         ctx.progress.set_postfix_str(f'{stage}: {key}')
-      with progress.scope(f'job {i}/{len(jobs)} {key}'):
-        t0 = time.time()
-        with progress.coarse():  # a line per job; a long job's lines every 30 s
-          try:
-            record = fn()
-          except Exception:  # pylint: disable=broad-except
-            if not ctx.stop_requested:
-              raise
-            record = None  # a job stopped part-way (e.g. no best checkpoint yet): re-run next time
-        if ctx.stop_requested:  # it may have stopped early: re-run (resume) it next time
-          raise TimeLimitReached(f'{stage}: stopped during job {key}')
-        record['wall_seconds'] = round(time.time() - t0, 2)
-        walls.append(record['wall_seconds'])
-        release_compiled()
-        remaining = sum(1 for k, _ in jobs[i:] if job_done(ctx, stage, k) is None)
-        progress.info('done in %s; stage ETA %s (%d job(s) left at this pace)',
-                      progress.format_seconds(walls[-1]),
-                      progress.format_seconds(remaining * sum(walls) / len(walls)), remaining)
-      done = finish_job(ctx, stage, key, record)
-    records.append(done)
-  return records
+      record = _run_job(ctx, stage, i, len(jobs), key, fn)
+      release_compiled()
+      finished(i, key, record)
+  else:
+    _run_side_by_side(ctx, stage, jobs, todo, workers, finished)
+  return [job_done(ctx, stage, key) for key, _ in jobs]
+
+
+def _run_job(ctx: Context, stage: str, i: int, n: int, key: str, fn, stop=None) -> dict:
+  """One job under its progress scope; its record with `wall_seconds`. Raises `TimeLimitReached`
+  when a stop came first (the job then records nothing: the next invocation re-runs it)."""
+  from gqa_spec.training import trainer  # pylint: disable=g-import-not-at-top
+  stopped = (lambda: ctx.stop_requested or stop.is_set()) if stop else (lambda: ctx.stop_requested)
+  with progress.scope(f'job {i}/{n} {key}'):
+    t0 = time.time()
+    with progress.coarse(), trainer.stop_when(stopped):  # a line per job; long ones every 30 s
+      try:
+        record = fn()
+      except Exception:  # pylint: disable=broad-except
+        if not stopped():
+          raise
+        record = None  # a job stopped part-way (e.g. no best checkpoint yet): re-run next time
+    if stopped():  # it may have stopped early: re-run (resume) it next time
+      raise TimeLimitReached(f'{stage}: stopped during job {key}')
+    record['wall_seconds'] = round(time.time() - t0, 2)
+    return record
+
+
+def _run_side_by_side(ctx: Context, stage: str, jobs: Sequence[tuple], todo: list, workers: int,
+                      finished) -> None:
+  """`run_jobs` with `workers` threads (see there)."""
+  import concurrent.futures as cf  # pylint: disable=g-import-not-at-top
+  import contextvars  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  stop = threading.Event()
+  running: Dict[Any, tuple] = {}  # future -> (index, key)
+  failure: List[BaseException] = []
+
+  def collect(done) -> None:
+    for future in done:
+      i, key = running.pop(future)
+      try:
+        finished(i, key, future.result())
+      except TimeLimitReached as e:
+        failure.append(e)
+      except BaseException as e:  # pylint: disable=broad-except
+        stop.set()  # the others stop and save; this error is raised once they have
+        failure.insert(0, e)
+
+  with cf.ThreadPoolExecutor(workers, thread_name_prefix=f'{stage}-job') as pool:
+    try:
+      for i, key, fn in todo:
+        while len(running) >= workers:
+          collect(cf.wait(running, return_when=cf.FIRST_COMPLETED).done)
+        if ctx.stop_requested or stop.is_set():
+          break
+        if _release_due():  # between jobs only: no job may run while executables are dropped
+          collect(cf.wait(running).done)
+          _release()
+        if ctx.progress is not None:
+          ctx.progress.set_postfix_str(f'{stage}: {key}')
+        future = pool.submit(contextvars.copy_context().run, _run_job, ctx, stage, i, len(jobs),
+                             key, fn, stop)
+        running[future] = (i, key)
+      collect(cf.wait(running).done)
+    except BaseException:  # a signal in the main thread: the jobs stop and save, then it goes on
+      stop.set()
+      cf.wait(running)
+      raise
+  release_compiled()
+  if failure:
+    raise failure[0]
+  left = [key for key, _ in jobs if job_done(ctx, stage, key) is None]
+  if left:  # only a stop leaves jobs unstarted
+    raise TimeLimitReached(f'{stage}: stopped before job {left[0]}')
+
+
+class TrainingStopped(Exception):
+  """A job's training stopped before its last step (a stop request or a signal): not finished."""
+
+
+def check_finished(result, total_steps: int, model_dir: str) -> None:
+  """Raises `TrainingStopped` when `trainer.train`'s `result` stopped before `total_steps`, so that
+  the job is not recorded as finished. A signal the trainer took (it saved first) is raised again
+  here, as if the trainer had not been there: `gqa-spec` then exits 130 / 143, or `time_limit`'s
+  handler turns it into a stop of the run."""
+  if result.step >= total_steps:
+    return
+  if result.stop_signal is not None:
+    import signal  # pylint: disable=g-import-not-at-top
+    signal.raise_signal(result.stop_signal)
+  raise TrainingStopped(f'{model_dir}: training stopped at step {result.step} of {total_steps} '
+                        '(saved; the same command resumes it)')
 
 
 def register_tasks(ctx: Context) -> None:
@@ -264,6 +372,7 @@ def train(model_dir: str, config, task: str, lengths, batch: int, total_steps: i
       checkpoint_cfg=trainer.CheckpointConfig(save_period=save_period, keep=1,
                                               asynchronous=False),
       random_seed=seed, progress_bar=False)
+  check_finished(result, total_steps, model_dir)
   return {'model_dir': os.path.relpath(model_dir, work_dir), 'step': result.step,
           'train_task': task, 'train_lengths': list(lengths),
           'train_metrics': {k: float(v) for k, v in result.train_metrics.items()},

@@ -98,13 +98,15 @@ def run(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str]
                    overrides=list(overrides), exported=exported_dir is not None))
   records = {}
   # Jobs on the same data share its batches (training/data.py; the smoke preset's 12 fine-tuning
-  # jobs read 2 datasets).
+  # jobs read 2 datasets) and their evaluators seqio's examples and targets (evaluator.py).
+  from gqa_spec.evaluation.evaluator import shared_eval_data  # pylint: disable=g-import-not-at-top
   from gqa_spec.training.data import shared_batches  # pylint: disable=g-import-not-at-top
   if progress_bar is None:
     progress_bar = sys.stderr.isatty()
   with tqdm(total=len(todo), desc=f'reproduce {preset_name}', unit='stage',
             disable=not progress_bar) as bar, rundir.running(ctx.out_dir), \
-       compilation_cache(ctx.work_dir), shared_batches(), jobs_lib.time_limit(ctx, time_limit):
+       compilation_cache(ctx.work_dir), shared_batches(), shared_eval_data(), \
+       jobs_lib.time_limit(ctx, time_limit):
     ctx.progress = bar
     for n, stage in enumerate(todo, 1):
       if ctx.stop_requested:

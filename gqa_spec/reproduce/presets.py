@@ -133,6 +133,12 @@ class Preset:
   # then ~3x cheaper and its loops ~2x slower, so its times and speedups are of unoptimised code;
   # tokens, acceptance and calls do not change. For the smoke preset, whose loops run 3 times each.
   fast_compile_decoding: bool = False
+  # Training jobs side by side in threads (pretrain, uptrain, finetune, drafts; `jobs.run_jobs`):
+  # a tiny model's step keeps about one core busy and XLA compiles outside Python's lock, so on 2
+  # cores two jobs run at once (results/benchmarks/side_by_side.md). Stages that time anything
+  # (evaluate, timing, speculative) always run one job at a time. A training job's `wall_seconds`
+  # then counts time shared with another job. 1 for models whose steps use every core.
+  workers: int = 1
 
   def __post_init__(self):
     for field in dataclasses.fields(self):  # sizes, steps, rates: positive (`_MAY_BE_ZERO`: >= 0)
@@ -156,6 +162,8 @@ class Preset:
     if self.chimera_steps != self.distill_steps:
       raise UserError(f'chimera_steps {self.chimera_steps} != distill_steps {self.distill_steps}: '
                       'the study compares drafts trained equally long')
+    if not isinstance(self.workers, int) or isinstance(self.workers, bool):
+      raise UserError(f'workers must be a positive integer, got {self.workers!r}')
     if not isinstance(self.fast_compile_decoding, bool):
       raise UserError(f'fast_compile_decoding must be true or false, got '
                       f'{self.fast_compile_decoding!r}')
@@ -244,7 +252,7 @@ def _smoke() -> Preset:
       chimera_steps=3, chimera_batch=4, chimera_learning_rate=1e-3, distill_steps=3,
       distill_batch=4, distill_learning_rate=1e-3, draft_gammas=(3,),
       tree_shapes=('topk:2,2', 'best:4,depth:3'),
-      chimera_tree='topk:2,1,1', stage2_gamma=2, fast_compile_decoding=True)
+      chimera_tree='topk:2,1,1', stage2_gamma=2, fast_compile_decoding=True, workers=2)
 
 
 def _cpu() -> Preset:

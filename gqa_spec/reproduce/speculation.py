@@ -71,7 +71,7 @@ def _without_outputs(grid: dict) -> dict:
           for t, a in grid['autoregressive'].items()}
 
 
-def _chain_job(ctx, task: str, lengths, target_name: str, finetuned: dict) -> dict:
+def _chain_job(ctx, task: str, lengths, target_name: str, finetuned: dict, memo) -> dict:
   from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding import speedup  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.drafts import CopyDraft, ModelDraft, NgramDraft  # pylint: disable=g-import-not-at-top
@@ -84,14 +84,16 @@ def _chain_job(ctx, task: str, lengths, target_name: str, finetuned: dict) -> di
   max_len = lengths[1]
   model_draft = ModelDraft.t5(Transformer(dconfig))
   ngram = NgramDraft(config.vocab_size)
-  table = ngram.init(fit_ngram_on_task(ctx.task(task), p.ngram_order))
+  table = ngram.init(memo(('ngram', task, p.ngram_order),
+                          lambda: fit_ngram_on_task(ctx.task(task), p.ngram_order)))
   drafts = {
       'draft model': (model_draft, lambda enc: model_draft.init(dparams, enc, max_len, max(p.gammas))),
       'bigram': (ngram, lambda enc: table),
       'copy': (CopyDraft(config.vocab_size), lambda enc: enc),
   }
   grid = speedup.measure_grid(T5Decoder(Transformer(config)), params, drafts,
-                              _batches(ctx, task, lengths), max_decode_len=max_len, gammas=p.gammas,
+                              memo(('batches', task), lambda: _batches(ctx, task, lengths)),
+                              max_decode_len=max_len, gammas=p.gammas,
                               temperatures=p.temperatures, repeats=p.speculative_repeats)
   rows = [dict(r, task=task, target=target_name) for r in grid['rows']]
   return {'rows': rows, 'target_step_seconds': grid['target_step_seconds'],
@@ -107,7 +109,7 @@ def _bytes_per_token(row: dict, target_bytes: int, draft_bytes: int,
 
 
 def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
-                trained: dict) -> dict:
+                trained: dict, memo) -> dict:
   """Plain, distilled, Chimera and staged chains and the trees, side by side (module docstring)."""
   from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding import speedup  # pylint: disable=g-import-not-at-top
@@ -128,7 +130,8 @@ def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
   table = jax.jit(trigram_table)(cparams, emb)  # [3, V, F] once, outside the timed decoding
   plain, distilled = d.ModelDraft.t5(Transformer(dconfig)), d.ModelDraft.t5(Transformer(kconfig))
   staged, chimera = d.StagedDraft.t5(Transformer(dconfig), p.stage2_gamma), d.ChimeraDraft(cconfig)
-  successor = fit_ngram_on_task(ctx.task(task), 2).successor()  # [V] the bigram's next token
+  successor = memo(('ngram', task, 2), lambda: fit_ngram_on_task(ctx.task(task), 2)).successor()
+  # successor: [V] the bigram's next token
   chains = {
       'draft model': (plain, lambda enc: plain.init(dparams, enc, L, gmax)),
       'distilled': (distilled, lambda enc: distilled.init(kparams, enc, L, gmax)),
@@ -151,7 +154,7 @@ def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
       chimera_tree, TreeShape.parse(p.chimera_tree),
       lambda enc: chimera_tree.init(cparams, emb, enc.shape[0], L, table))
   target = T5Decoder(Transformer(config))
-  batches = _batches(ctx, task, lengths)
+  batches = memo(('batches', task), lambda: _batches(ctx, task, lengths))
   grid = speedup.measure_grid(target, params, chains, batches, max_decode_len=L,
                               gammas=p.draft_gammas, temperatures=p.temperatures,
                               repeats=p.speculative_repeats)
@@ -208,13 +211,20 @@ def stage_speculative(ctx) -> dict:
                for r in ctx.read_stage('finetune')['rows']}
   trained = {(r['task'], r['draft']): r for r in ctx.read_stage('drafts')['rows']}
   mha = p.variants()[0].name
+  fitted = {}  # what the jobs of a task share: its bigram, its test batches (read once)
+
+  def memo(key, build):
+    if key not in fitted:
+      fitted[key] = build()
+    return fitted[key]
+
   jobs = []
   for task, lengths in p.finetune_lengths.items():
     for target_name in p.speculative_targets():
       jobs.append((f'{task}.{target_name}', lambda t=task, l=lengths, n=target_name:
-                   _chain_job(ctx, t, l, n, finetuned)))
+                   _chain_job(ctx, t, l, n, finetuned, memo)))
     jobs.append((f'{task}.{mha}.drafts', lambda t=task, l=lengths:
-                 _drafts_job(ctx, t, l, mha, finetuned, trained)))
+                 _drafts_job(ctx, t, l, mha, finetuned, trained, memo)))
   from gqa_spec.decoding import xla_options  # pylint: disable=g-import-not-at-top
   with xla_options.fast_compile(p.fast_compile_decoding):
     records = jobs_lib.run_jobs(ctx, 'speculative', jobs)

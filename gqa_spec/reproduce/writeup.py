@@ -61,7 +61,10 @@ def stage_report(ctx: Context) -> dict:
             'finished the stage; a stage resumed after a kill also ran jobs in earlier '
             'invocations, which "jobs" sums (each finished job\'s own time, from '
             '`<work dir>/jobs/<stage>/`; set-up between jobs and '
-            'work lost to a kill are left out; "-" for stages without jobs).', '',
+            'work lost to a kill are left out; "-" for stages without jobs).' +
+            (f' Training stages ran {p.workers} jobs side by side '
+             '(the preset\'s `workers`): their jobs\' times overlap, and sum to more than the stage '
+             'took.' if p.workers > 1 else ''), '',
             report.markdown_table(['Stage', 'Last run', 'Jobs'],
                                   [[s, w, '-' if job_walls[s] is None else job_walls[s]]
                                    for s, w in walls.items()]), '']

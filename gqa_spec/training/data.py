@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 import jax
@@ -84,11 +85,13 @@ def vocab_sizes(name: str) -> Dict[str, int]:
 
 
 class _SharedBatches:
-  """Batches read so far per (dataset config, start), up to `max_bytes` in all."""
+  """Batches read so far per (dataset config, start), up to `max_bytes` in all. Readers may be
+  jobs in threads side by side: one at a time reads on from the shared pipeline."""
 
   def __init__(self, max_bytes: int):
     self.max_bytes, self.bytes = max_bytes, 0
     self.entries: Dict[tuple, Dict[str, Any]] = {}  # key -> {'batches': [...], 'source': iter}
+    self._lock = threading.Lock()  # guards `entries`, `bytes` and every entry's pipeline
 
   def read(self, cfg: DatasetConfig, skip_batches: int, num_epochs: Optional[int]
            ) -> Iterator[dict]:
@@ -97,29 +100,39 @@ class _SharedBatches:
            num_epochs, jax.process_index(), jax.process_count())
     # 'source': the pipeline the kept batches came from, positioned after them; 'ended': it has
     # no more; 'full': nothing more is kept, a reader past the kept batches reads on alone.
-    entry = self.entries.setdefault(key, {'batches': [], 'source': None, 'ended': False,
-                                          'full': False})
+    with self._lock:
+      entry = self.entries.setdefault(key, {'batches': [], 'source': None, 'ended': False,
+                                            'full': False})
     batches: List[dict] = entry['batches']
     i = 0
-    while i < len(batches) or not (entry['ended'] or entry['full']):
-      if i == len(batches):
-        if entry['source'] is None:
-          entry['source'] = _read_batches(cfg, skip_batches, num_epochs)
-        try:
-          batch = next(entry['source'])
-        except StopIteration:
-          entry['ended'], entry['source'] = True, None
-          return
-        size = sum(a.nbytes for a in batch.values())
-        if self.bytes + size > self.max_bytes:  # full: this reader takes the pipeline on
-          source, entry['source'], entry['full'] = entry['source'], None, True
-          yield dict(batch)
-          yield from source
-          return
-        for a in batch.values():
-          a.setflags(write=False)  # later jobs read the same arrays
-        self.bytes += size
-        batches.append(batch)
+    while True:
+      with self._lock:
+        if i == len(batches) and not (entry['ended'] or entry['full']):
+          if entry['source'] is None:
+            entry['source'] = _read_batches(cfg, skip_batches, num_epochs)
+          try:
+            batch = next(entry['source'])
+          except StopIteration:
+            entry['ended'], entry['source'] = True, None
+            return
+          size = sum(a.nbytes for a in batch.values())
+          if self.bytes + size > self.max_bytes:  # full: this reader takes the pipeline on
+            source, entry['source'], entry['full'] = entry['source'], None, True
+            own = (batch, source)
+          else:
+            own = None
+            for a in batch.values():
+              a.setflags(write=False)  # later jobs read the same arrays
+            self.bytes += size
+            batches.append(batch)
+        else:
+          own = None
+        if own is None and i == len(batches):  # ended, or full with nothing kept past i
+          break
+      if own is not None:
+        yield dict(own[0])
+        yield from own[1]
+        return
       yield dict(batches[i])  # a reader may add or replace features, not change the arrays
       i += 1
     if entry['full']:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import threading
 from typing import Any, Callable, Hashable, Mapping, Optional, Tuple
 
 import flax
@@ -52,6 +53,10 @@ DROPOUT_PRNG_IMPL = 'rbg'
 # by mistake). Least recently used entries beyond `SHARED_STEPS` are dropped.
 SHARED_STEPS = 16
 _SHARED: 'collections.OrderedDict[Hashable, Any]' = collections.OrderedDict()
+# Jobs may run in threads side by side (`gqa-spec reproduce`'s `workers`); a build may nest
+# (a step's build reads the abstract state). Two threads calling a new jitted step together
+# compile it once: JAX makes the second wait.
+_SHARED_LOCK = threading.RLock()
 
 
 def _shared(key: Hashable, build: Callable[[], Any]) -> Any:
@@ -59,13 +64,14 @@ def _shared(key: Hashable, build: Callable[[], Any]) -> Any:
     hash(key)
   except TypeError:  # an unhashable optimizer or schedule: nothing is shared
     return build()
-  if key in _SHARED:
-    _SHARED.move_to_end(key)
-    return _SHARED[key]
-  value = _SHARED[key] = build()
-  while len(_SHARED) > SHARED_STEPS:
-    _SHARED.popitem(last=False)
-  return value
+  with _SHARED_LOCK:
+    if key in _SHARED:
+      _SHARED.move_to_end(key)
+      return _SHARED[key]
+    value = _SHARED[key] = build()
+    while len(_SHARED) > SHARED_STEPS:
+      _SHARED.popitem(last=False)
+    return value
 
 
 @flax.struct.dataclass

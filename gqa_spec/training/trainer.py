@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import dataclasses
 import json
 import logging
@@ -38,7 +39,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Mapping, Optional, Protocol
+from typing import Any, Callable, Mapping, Optional, Protocol
 
 import jax
 import numpy as np
@@ -107,11 +108,14 @@ class PartitioningConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainResult:
-  """What a finished run reports: its last step, last logged train metrics, best evaluation."""
+  """What a finished run reports: its last step, last logged train metrics, best evaluation, and
+  the signal that stopped it before `total_steps` (None: it ran to the end, or `stop_when` stopped
+  it)."""
 
   step: int
   train_metrics: Mapping[str, float]
   best: Optional[Mapping[str, Any]]
+  stop_signal: Optional[int] = None
 
 
 def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetConfig,
@@ -264,7 +268,7 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
   if stop.requested:
     log.warning('stopped by signal at step %d; saved a checkpoint (%.1f s after the signal)', step,
                 time.time() - stop.requested_at)
-  return TrainResult(step=step, train_metrics=last_metrics, best=best)
+  return TrainResult(step=step, train_metrics=last_metrics, best=best, stop_signal=stop.signum)
 
 
 def _start(step_fn: TrainStep, ckpt: manager.Checkpointer, config: T5Config,
@@ -341,26 +345,62 @@ def _evaluate(evaluator: Evaluator, state: TrainState, step: int, config: T5Conf
   return best
 
 
+# A caller that runs training in threads (`gqa-spec reproduce` with `workers` > 1) sets a
+# stop predicate for them (`stop_when`): signals reach only the main thread, so a trainer in
+# another thread polls the predicate beside its own flag and stops and saves the same way.
+_STOP_WHEN: contextvars.ContextVar[Optional[Callable[[], bool]]] = contextvars.ContextVar(
+    'stop_when', default=None)
+
+
+@contextlib.contextmanager
+def stop_when(predicate: Callable[[], bool]):
+  """Inside the block (this thread or context), `train` also stops after its queued steps and saves
+  once `predicate()` is true, as on SIGTERM."""
+  token = _STOP_WHEN.set(predicate)
+  try:
+    yield
+  finally:
+    _STOP_WHEN.reset(token)
+
+
+def stop_requested_by_caller() -> bool:
+  """Whether the `stop_when` predicate of this thread or context asks to stop (False outside one):
+  for long work besides `train` in a job that runs in a thread."""
+  predicate = _STOP_WHEN.get()
+  return bool(predicate is not None and predicate())
+
+
 class _StopFlag:
-  """Turns SIGTERM (pre-emption) and Ctrl-C into a request to stop after the queued steps.
+  """Turns SIGTERM (pre-emption) and Ctrl-C, or the `stop_when` predicate, into a request to stop
+  after the queued steps.
 
   Args:
     queued: how many steps are still queued (for the log line).
   """
 
   def __init__(self, queued=lambda: 0):
-    self.requested = False
     self.requested_at = None
+    self.signum = None  # the signal that asked (None: none, or the `stop_when` predicate)
+    self._signalled = False
     self._queued = queued
+    self._predicate = _STOP_WHEN.get()
+
+  @property
+  def requested(self) -> bool:
+    if not self._signalled and self._predicate is not None and self._predicate():
+      self._signalled = True
+      self.requested_at = time.time()
+    return self._signalled
 
   def _handle(self, signum, frame):
     del frame
-    if self.requested and signum == signal.SIGINT:
+    if self._signalled and signum == signal.SIGINT:
       raise KeyboardInterrupt  # a second Ctrl-C: the user does not want to wait for the save
-    if not self.requested:
+    if not self._signalled:
       log.warning('received signal %d; stopping after the %d queued step(s) and saving', signum,
                   self._queued())
-    self.requested = True
+      self.signum = signum
+    self._signalled = True
     self.requested_at = self.requested_at or time.time()
 
   @contextlib.contextmanager

@@ -94,6 +94,16 @@ def test_speculative_grid_is_exact_at_temperature_zero(smoke_run):
     assert r['c'] >= 0 and r['speedup_measured'] > 0 and r['speedup_thm8'] > 0
     if r['temperature'] == 0:  # greedy speculative output == greedy autoregressive output
       assert r['tokens_equal_autoregressive'] is True, r
+  # c is timed once per job: a model draft's decode step at any gamma and temperature, another
+  # draft's propose per gamma at any temperature (`speedup.measure_grid`).
+  costs = {}
+  for r in rows:
+    key = (r['task'], r['target'], r['draft']) + (() if r['draft'] == 'draft model' else
+                                                   (r['gamma'],))
+    costs.setdefault(key, set()).add(r['c'])
+  assert all(len(c) == 1 for c in costs.values()), costs
+  groups = len(SMOKE.finetune_lengths) * len(SMOKE.speculative_targets())
+  assert len(costs) == groups * (1 + 2 * len(SMOKE.gammas))  # draft model; bigram, copy per gamma
 
 
 def test_drafts_stage_trains_chimera_and_distilled_drafts_per_task(smoke_run):

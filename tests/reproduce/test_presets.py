@@ -61,6 +61,8 @@ def test_learning_rate_schedules_per_role():
     ('pretrain_task=ddtp_translate_summarize', 'expected one of ddtp_span_corruption'),
     ('finetune_multitask=maybe', 'expected true or false'),
     ('name=cpu', 'not a settable preset field'),
+    ('workers=0', 'preset field workers must be > 0, got 0'),
+    ('workers=two', "'two' is not an integer"),
 ])
 def test_bad_overrides_name_the_problem(assignment, message):
   with pytest.raises(UserError, match=message):

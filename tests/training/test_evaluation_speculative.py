@@ -126,3 +126,33 @@ def test_predictions_carry_their_references_in_example_order(greedy, tiny_data_d
   pairs = [p for r in corpus.load_split(tiny_data_dir, 'validation')
            for p in ddtp.translation_pairs(r)]
   assert [p['target'] for p in greedy[1]] == [de for _, de in pairs[:EXAMPLES]]
+
+
+def test_evaluators_in_shared_eval_data_build_seqio_data_once_and_score_alike(ckpt, monkeypatch):
+  """`gqa-spec reproduce` validates several models on one task inside `shared_eval_data`: seqio's
+  evaluator (examples and targets) is built once per (task, split, lengths, examples), each
+  evaluator scores with its own copy, and the metrics and predictions are an unshared one's."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  built = []
+  real = seqio.Evaluator
+  monkeypatch.setattr(seqio, 'Evaluator', lambda *a, **k: built.append(k['num_examples']) or
+                      real(*a, **k))
+  config, params, _ = native.load_checkpoint(ckpt)
+
+  def make(examples=EXAMPLES):
+    return evaluation.InferenceEvaluator(TASK, config, task_feature_lengths=LENGTHS,
+                                         batch_size=BATCH, num_examples=examples)
+
+  alone = make().run(params)
+  with evaluation.shared_eval_data():
+    first, second, fewer = make(), make(), make(EXAMPLES - 2)
+    runs = [first.run(params), second.run(params)]
+    assert len(fewer.run(params)[1][TASK]) == EXAMPLES - 2
+  assert built == [EXAMPLES, EXAMPLES, EXAMPLES - 2]  # alone, the shared one, other examples
+  assert first._evaluator is not second._evaluator  # pylint: disable=protected-access
+  assert (first._evaluator.cached_task_datasets  # pylint: disable=protected-access
+          is second._evaluator.cached_task_datasets)  # pylint: disable=protected-access
+  for metrics, predictions in runs:
+    assert _quality(metrics) == _quality(alone[0]) and predictions == alone[1]
+  make().run(params)  # outside the block nothing is shared again
+  assert len(built) == 4
