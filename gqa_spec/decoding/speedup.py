@@ -3,7 +3,8 @@
 `measure_grid` (chains) and `measure_trees` (token trees) are the implementation behind
 `benchmarks/speculative.py` and the speculative stage of `gqa-spec reproduce`. For every temperature it times our jitted autoregressive decoding of
 the target, then for every draft and gamma the speculative loop on the same inputs and batches
-(median of repeats, after the untimed first run that compiles it), and reports:
+(median of repeats, after the untimed first run that compiles it: `first_runs`, `workers` of
+them at a time), and reports:
   alpha            Corollary 6: mean acceptance probability beta over the positions the loop
                    tried, i.e. on the target's own generations;
   tokens_per_call  generated tokens / target calls (the corrected or bonus token counted);
@@ -18,6 +19,8 @@ the target, then for every draft and gamma the speculative loop on the same inpu
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextvars
 import statistics
 import time
 from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
@@ -49,6 +52,21 @@ def median_time(fn: Callable[[], Any], repeats: int, warm: bool = True) -> float
   """Median wall seconds of `fn()` over `repeats` runs, after one untimed (compiling) run (`warm`
   False: the caller has just run it, untimed)."""
   return statistics.median(_timed_runs(fn, repeats, warm))
+
+
+def first_runs(fns: Sequence[Callable[[], Any]], workers: int = 1) -> List[Any]:
+  """`fn()` of each, once and untimed (the runs that compile), `workers` at a time in threads;
+  their results, ready, in order. XLA compiles outside Python's lock, so on a machine whose cores
+  one tiny loop does not fill (the smoke's speculative stage on 2 cores) compiles overlap. Each
+  thread runs in a copy of the caller's context (`xla_options.fast_compile` reaches it)."""
+  if workers < 1:
+    raise ValueError(f'workers must be >= 1, got {workers}')
+  if workers == 1 or len(fns) < 2:
+    return [jax.block_until_ready(fn()) for fn in fns]
+  with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix='first-run') as pool:
+    futures = [pool.submit(contextvars.copy_context().run,
+                           lambda fn=fn: jax.block_until_ready(fn())) for fn in fns]
+    return [f.result() for f in futures]
 
 
 def min_time(fn: Callable[[], Any], repeats: int) -> float:
@@ -90,7 +108,7 @@ def propose_time(draft, dstate, gamma: int, batch: int, length: int, iters: int 
 
 def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequence[jax.Array], *,
                  max_decode_len: int, gammas: Sequence[int], temperatures: Sequence[float],
-                 repeats: int, seed: int = 0) -> Dict[str, Any]:
+                 repeats: int, seed: int = 0, workers: int = 1) -> Dict[str, Any]:
   """Autoregressive vs speculative decoding for every (temperature, draft, gamma).
 
   Args:
@@ -103,6 +121,8 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
     temperatures: 0 (greedy) and/or sampling temperatures.
     repeats: timed repeats (median).
     seed: sampling seed.
+    workers: the untimed first runs (compiling every loop) this many at a time (`first_runs`);
+      the timed runs always one at a time, after all of them.
 
   Returns:
     `{'autoregressive': {temperature: {...}}, 'target_step_seconds': {k: s}, 'rows': [...]}`.
@@ -133,12 +153,25 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
       costs[key] = seconds / t_target[1]
     return costs[key]
 
+  def spec_all(config, draft, dinit, gamma):
+    return [speculative.decode(target, target.init(params, enc, slots), draft, dinit(enc),
+                               jax.random.PRNGKey(seed + 1), gamma=gamma, max_decode_len=L,
+                               config=config) for enc in batches]
+
+  # Every loop's first run (compiling it), then the timed runs: (temperature, draft or None, gamma)
+  runs = {(temp, None, None): lambda t=temp: ar_all(SamplingConfig(temperature=t))
+          for temp in temperatures}
+  runs.update({(temp, name, gamma): lambda t=temp, d=draft, i=dinit, g=gamma:
+               spec_all(SamplingConfig(temperature=t), d, i, g)
+               for temp in temperatures for name, (draft, dinit) in drafts.items()
+               for gamma in gammas})
+  first = dict(zip(runs, first_runs(list(runs.values()), workers)))
   out: Dict[str, Any] = {'target_step_seconds': {str(k): v for k, v in t_target.items()},
                          'autoregressive': {}, 'rows': []}
   for temp in temperatures:
     config = SamplingConfig(temperature=temp)
-    ar = ar_all(config)
-    ar_secs = median_time(lambda: ar_all(config), repeats, warm=False)
+    ar = first[temp, None, None]
+    ar_secs = median_time(runs[temp, None, None], repeats, warm=False)
     ar_tokens = sum(int(r.lengths.sum()) for r in ar)
     ar_lists: List[List[int]] = sum((autoregressive.strip(r.sequences, r.lengths) for r in ar), [])
     out['autoregressive'][str(temp)] = {'seconds': ar_secs, 'tokens': ar_tokens,
@@ -146,12 +179,8 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
                                         'outputs': ar_lists}
     for name, (draft, dinit) in drafts.items():
       for gamma in gammas:
-        def spec_all(gamma=gamma, draft=draft, dinit=dinit):
-          return [speculative.decode(target, target.init(params, enc, slots), draft, dinit(enc),
-                                     jax.random.PRNGKey(seed + 1), gamma=gamma, max_decode_len=L,
-                                     config=config) for enc in batches]
-        res = spec_all()
-        secs = median_time(spec_all, repeats, warm=False)
+        res = first[temp, name, gamma]
+        secs = median_time(runs[temp, name, gamma], repeats, warm=False)
         tokens = sum(int(r.lengths.sum()) for r in res)
         calls = sum(int(r.target_calls.sum()) for r in res)
         beta_count = sum(float(r.beta_count) for r in res)
@@ -182,11 +211,11 @@ TreeDrafts = Mapping[str, Tuple[Any, Any, Callable[[jax.Array], Any]]]
 def measure_trees(target: T5Decoder, params: Any, drafts: TreeDrafts,
                   batches: Sequence[jax.Array], *, max_decode_len: int,
                   autoregressive_runs: Mapping[str, Mapping[str, Any]], repeats: int,
-                  seed: int = 0) -> List[Dict[str, Any]]:
+                  seed: int = 0, workers: int = 1) -> List[Dict[str, Any]]:
   """Tree speculative decoding (`tree_speculative.decode`) beside `measure_grid`'s autoregressive runs.
 
   Args:
-    target, params, batches, max_decode_len, repeats, seed: as `measure_grid`.
+    target, params, batches, max_decode_len, repeats, seed, workers: as `measure_grid`.
     drafts: name -> (tree draft, shape, init from encoder tokens).
     autoregressive_runs: `measure_grid(...)['autoregressive']` on the same batches: its
       temperatures are the ones measured, its times the baseline, its outputs the greedy reference.
@@ -199,18 +228,23 @@ def measure_trees(target: T5Decoder, params: Any, drafts: TreeDrafts,
     None.
   """
   L = max_decode_len
+
+  def run_all(config, draft, shape, dinit):
+    slots = tree_speculative.target_cache_length(L, shape)
+    return [tree_speculative.decode(target, target.init(params, enc, slots), draft, dinit(enc),
+                                    jax.random.PRNGKey(seed + 1), shape=shape, max_decode_len=L,
+                                    config=config) for enc in batches]
+
+  runs = {(temp_key, name): lambda t=temp_key, d=draft, s=shape, i=dinit:
+          run_all(SamplingConfig(temperature=float(t)), d, s, i)
+          for temp_key in autoregressive_runs for name, (draft, shape, dinit) in drafts.items()}
+  first = dict(zip(runs, first_runs(list(runs.values()), workers)))
   rows = []
   for temp_key, ar in autoregressive_runs.items():
     config = SamplingConfig(temperature=float(temp_key))
-    for name, (draft, shape, dinit) in drafts.items():
-      slots = tree_speculative.target_cache_length(L, shape)
-
-      def run_all(draft=draft, shape=shape, dinit=dinit, slots=slots):
-        return [tree_speculative.decode(target, target.init(params, enc, slots), draft,
-                                        dinit(enc), jax.random.PRNGKey(seed + 1), shape=shape,
-                                        max_decode_len=L, config=config) for enc in batches]
-      res = run_all()
-      secs = median_time(run_all, repeats, warm=False)
+    for name, (_, shape, _) in drafts.items():
+      res = first[temp_key, name]
+      secs = median_time(runs[temp_key, name], repeats, warm=False)
       tokens = sum(int(r.lengths.sum()) for r in res)
       calls = sum(int(r.target_calls.sum()) for r in res)
       outputs = sum((autoregressive.strip(r.sequences, r.lengths) for r in res), [])

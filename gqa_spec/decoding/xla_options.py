@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import threading
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
@@ -60,12 +61,14 @@ def jit(fun: Optional[Callable] = None, **jit_kwargs):
   if fun is None:
     return functools.partial(jit, **jit_kwargs)
   versions: Dict[Any, Any] = {}
+  lock = threading.Lock()  # threads compiling side by side (`speedup.first_runs`) share a version
 
   def version():
     k = key()
-    if k not in versions:
-      versions[k] = jax.jit(fun, compiler_options=current(), **jit_kwargs)
-    return versions[k]
+    with lock:
+      if k not in versions:
+        versions[k] = jax.jit(fun, compiler_options=current(), **jit_kwargs)
+      return versions[k]
 
   @functools.wraps(fun)
   def call(*args, **kwargs):

@@ -133,11 +133,13 @@ class Preset:
   # then ~3x cheaper and its loops ~2x slower, so its times and speedups are of unoptimised code;
   # tokens, acceptance and calls do not change. For the smoke preset, whose loops run 3 times each.
   fast_compile_decoding: bool = False
-  # Training jobs side by side in threads (pretrain, uptrain, finetune, drafts; `jobs.run_jobs`):
-  # a tiny model's step keeps about one core busy and XLA compiles outside Python's lock, so on 2
-  # cores two jobs run at once (results/benchmarks/side_by_side.md). Stages that time anything
-  # (evaluate, timing, speculative) always run one job at a time. A training job's `wall_seconds`
-  # then counts time shared with another job. 1 for models whose steps use every core.
+  # Threads for work that times nothing: training jobs side by side (pretrain, uptrain, finetune,
+  # drafts; `jobs.run_jobs`) and the speculative stage's first, compiling runs of its loops
+  # (`speedup.first_runs`). A tiny model's step keeps about one core busy and XLA compiles outside
+  # Python's lock, so on 2 cores two of either run at once (results/benchmarks/side_by_side.md).
+  # Timed work (evaluate, timing, the speculative stage's timed runs) always runs alone. A training
+  # job's `wall_seconds` then counts time shared with another job. 1 for models whose steps use
+  # every core.
   workers: int = 1
 
   def __post_init__(self):

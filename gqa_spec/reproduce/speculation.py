@@ -94,7 +94,8 @@ def _chain_job(ctx, task: str, lengths, target_name: str, finetuned: dict, memo)
   grid = speedup.measure_grid(T5Decoder(Transformer(config)), params, drafts,
                               memo(('batches', task), lambda: _batches(ctx, task, lengths)),
                               max_decode_len=max_len, gammas=p.gammas,
-                              temperatures=p.temperatures, repeats=p.speculative_repeats)
+                              temperatures=p.temperatures, repeats=p.speculative_repeats,
+                              workers=p.workers)
   rows = [dict(r, task=task, target=target_name) for r in grid['rows']]
   return {'rows': rows, 'target_step_seconds': grid['target_step_seconds'],
           'autoregressive': _without_outputs(grid)}
@@ -157,10 +158,10 @@ def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
   batches = memo(('batches', task), lambda: _batches(ctx, task, lengths))
   grid = speedup.measure_grid(target, params, chains, batches, max_decode_len=L,
                               gammas=p.draft_gammas, temperatures=p.temperatures,
-                              repeats=p.speculative_repeats)
+                              repeats=p.speculative_repeats, workers=p.workers)
   tree_rows = speedup.measure_trees(target, params, trees, batches, max_decode_len=L,
                                     autoregressive_runs=grid['autoregressive'],
-                                    repeats=p.speculative_repeats)
+                                    repeats=p.speculative_repeats, workers=p.workers)
   t_bytes = param_bytes(params)
   draft_bytes = {'draft model': param_bytes(dparams), 'distilled': param_bytes(kparams),
                  'chimera': param_bytes(cparams)}
