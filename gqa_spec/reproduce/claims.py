@@ -65,7 +65,7 @@ from gqa_spec.reproduce import bootstrap
 
 HOLDS, DOES_NOT_HOLD, UNRESOLVED, NOT_RUN = ('holds', 'does not hold', 'unresolved at this scale',
                                              'not run')
-TIME_MARGIN = 1.1  # timing ratios within 10% are noise on a shared CPU (medians, no spread kept)
+TIME_MARGIN = 1.1  # timing ratios within 10% are noise on a shared CPU (medians, no interval)
 ALPHA_MARGIN = 0.05
 ACCEPT_MARGIN = 0.1  # tokens per target call
 SPEEDUP_GOAL = 1.5
@@ -268,7 +268,7 @@ def speed_claim(timing_rows: Sequence[Mapping], predicted: Mapping[Tuple[str, in
   if {1, g, h} <= set(pred):
     claim.ours += (f'; bytes model {pred[h] / pred[1]:.2f}x, '
                    f'p {(pred[g] - pred[1]) / (pred[h] - pred[1]):.2f}')
-  claim.interval = 'n/a (medians, no spread kept)'
+  claim.interval = 'n/a (medians of interleaved rounds)'
   if r >= TIME_MARGIN and p <= 0.5:
     claim.verdict, claim.why = HOLDS, f'MHA >= {TIME_MARGIN:g}x MQA and GQA in the lower half'
   elif r < 1.0:

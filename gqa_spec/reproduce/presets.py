@@ -82,7 +82,7 @@ class Preset:
   validation_examples: int
   test_examples: int
   eval_batch: int
-  timing_repeats: int
+  timing_repeats: int  # rounds of the timing stage: every model once a round, interleaved
   timing_batch: int
   timing_groups: Tuple[int, ...]  # Figure 6's x axis
   long_timing: Tuple[int, int]  # (inputs, targets) of the long-input timing setting
@@ -244,7 +244,7 @@ def _smoke() -> Preset:
       kv_heads=(2,), alphas=(0.0, 0.1), method_ablation_alpha=0.1, method_ablation_kv_heads=2,
       finetune_steps=300, finetune_batch=16, finetune_learning_rate=0.05,
       finetune_lengths={TRANSLATE: (64, 32), SUMMARIZE: (64, 32)}, eval_period=60,
-      validation_examples=16, test_examples=32, eval_batch=16, timing_repeats=2, timing_batch=6,
+      validation_examples=16, test_examples=32, eval_batch=16, timing_repeats=7, timing_batch=6,
       timing_groups=(1, 2, 4), long_timing=(256, 32),
       long_timing_config=target.replace(num_decoder_layers=1, num_encoder_layers=1),
       speculative_examples=4, speculative_batch=4, gammas=(1, 3), temperatures=(0.0, 1.0),

@@ -3,7 +3,8 @@
 Inputs (written by the stages, `pipeline.run`, one JSON file per stage under `results/<preset>/`):
   evaluate.json     {'rows': [{variant, kv_heads, method, alpha, task, metric, score,
                                time_per_sample_s, batch_size, examples}, ...]}
-  timing.json       {'rows': [{setting, kv_heads, time_per_sample_s, inputs, targets, batch_size}]}
+  timing.json       {'rows': [{setting, kv_heads, time_per_sample_s, rounds_s, inputs, targets,
+                                batch_size}]}
   speculative.json  {'rows': [{target, draft, task, temperature, gamma, alpha, tokens_per_call,
                                c, verify_ratio_v, speedup_measured, speedup_thm8, ...}, ...]}
                     (rows of `gqa_spec.decoding.speedup.measure_grid` + task, target);
