@@ -134,6 +134,12 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> List[str]:
   return table_head(columns) + ['| ' + ' | '.join(str(c) for c in row) + ' |' for row in rows]
 
 
+def table_report(title: str, result: Dict[str, Any], description: str, columns: Sequence[str],
+                 cells: Sequence[Sequence[Any]]) -> List[str]:
+  """A benchmark's markdown of one table: `heading`, a description paragraph, `table`."""
+  return heading(title, result['command']) + [description, ''] + table(columns, cells)
+
+
 def result_load_note(result: Dict[str, Any],
                      shared: str = ': the machine was shared with other jobs.') -> List[str]:
   """A blank line and `load_note` of a result's `loadavg_before_after`: a markdown's last lines."""

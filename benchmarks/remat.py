@@ -50,11 +50,11 @@ def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
 
 
 def markdown(result: Dict[str, Any]) -> List[str]:
-  lines = common.heading('Remat policies: train-step memory and speed', result['command'])
-  lines += [f"`{result['size']}` preset, batch {result['batch']} x {result['inputs']} input / "
-            f"{result['targets']} target tokens, Adafactor, float32. Peak: XLA's compiled memory "
-            'analysis (arguments + outputs - aliased + temporaries); speed: median step.', '']
-  lines += common.table(
+  lines = common.table_report(
+      'Remat policies: train-step memory and speed', result,
+      f"`{result['size']}` preset, batch {result['batch']} x {result['inputs']} input / "
+      f"{result['targets']} target tokens, Adafactor, float32. Peak: XLA's compiled memory "
+      'analysis (arguments + outputs - aliased + temporaries); speed: median step.',
       ['layout', 'remat_policy', 'temporaries MiB', 'peak MiB', 'step s', 'target tokens/s'],
       [[r['layout'], r['remat_policy'], f"{r['temp_mib']:.0f}", f"{r['peak_mib']:.0f}",
         f"{r['step_s']:.3f}", f"{r['target_tokens_per_s']:.0f}"] for r in result['rows']])

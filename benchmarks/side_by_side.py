@@ -84,11 +84,11 @@ def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
 
 
 def markdown(result: Dict[str, Any]) -> List[str]:
-  lines = common.heading('Two training jobs: one after the other vs side by side', result['command'])
-  lines += ["The smoke preset's fine-tuning step (target 2+2 layers, batch 16 x 64/32, dropout 0.1), "
-            'two jobs of the same number of steps; medians over alternating rounds. `ms per step`: '
-            'wall time / all steps of both jobs.', '']
-  lines += common.table(
+  lines = common.table_report(
+      'Two training jobs: one after the other vs side by side', result,
+      "The smoke preset's fine-tuning step (target 2+2 layers, batch 16 x 64/32, dropout 0.1), two "
+      'jobs of the same number of steps; medians over alternating rounds. `ms per step`: wall time '
+      '/ all steps of both jobs.',
       ['order', 'steps per job', 'seconds', 'ms per step', 'speedup', 'GFLOP/s'],
       [[r['order'], r['steps_per_job'], f"{r['seconds']:.2f}", f"{r['ms_per_step']:.1f}",
         f"{r['speedup']:.2f}x", f"{r['gflops']:.1f}"] for r in result['rows']])

@@ -68,13 +68,13 @@ def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
 
 
 def markdown(result: Dict[str, Any]) -> List[str]:
-  lines = common.heading("Speculative loop: XLA's default vs fast-compile options", result['command'])
-  lines += ["The smoke preset's speculative loop (target 2+2 layers, draft 1+1, batch 4 x 64 inputs, "
-            '32 new tokens, greedy), compiled with XLA:CPU\'s default options and with '
-            '`xla_options.FAST_COMPILE` (LLVM optimisation off, no fusion emitters). `stage s`: '
-            'lower + compile + 3 runs, what the speculative stage spends per loop. Medians; the '
-            'two option sets alternate.', '']
-  lines += common.table(
+  lines = common.table_report(
+      "Speculative loop: XLA's default vs fast-compile options", result,
+      "The smoke preset's speculative loop (target 2+2 layers, draft 1+1, batch 4 x 64 inputs, 32 "
+      "new tokens, greedy), compiled with XLA:CPU's default options and with "
+      '`xla_options.FAST_COMPILE` (LLVM optimisation off, no fusion emitters). `stage s`: lower + '
+      'compile + 3 runs, what the speculative stage spends per loop. Medians; the two option sets '
+      'alternate.',
       ['gamma', 'options', 'lower s', 'compile s', 'run ms', 'stage s'],
       [[r['gamma'], r['options'], f"{r['lower_s']:.2f}", f"{r['compile_s']:.2f}",
         f"{r['run_ms']:.1f}", f"{r['stage_s']:.2f}"] for r in result['rows']])

@@ -232,7 +232,8 @@ def run_jobs(ctx: Context, stage: str, jobs: Sequence[tuple], workers: int = 1,
   if start_order is not None:
     if sorted(start_order) != sorted(key for key, _ in jobs):
       raise ValueError(f'{stage}: start_order {list(start_order)} is not the jobs\' keys')
-    todo.sort(key=lambda job: list(start_order).index(job[1]))
+    rank = {key: n for n, key in enumerate(start_order)}
+    todo.sort(key=lambda job: rank[job[1]])
   walls: List[float] = []
 
   def finished(i: int, key: str, record: dict) -> None:

@@ -69,7 +69,7 @@ def stage_pretrain(ctx: Context) -> dict:
         learning_rate_fn=rsqrt_decay(*p.pretrain_schedule(role)),
         # a kill loses at most 250 steps
         save_period=max(10, min(p.pretrain_steps // 5, 250)), work_dir=ctx.work_dir)))
-  target, draft = jobs_lib.run_jobs(ctx, 'pretrain', jobs, ctx.preset.workers)
+  target, draft = jobs_lib.run_jobs(ctx, 'pretrain', jobs, p.workers)
   return {'target': target, 'draft': draft, 'steps': p.pretrain_steps, 'design': p.design()}
 
 

@@ -104,10 +104,12 @@ class _SharedBatches:
       entry = self.entries.setdefault(key, {'batches': [], 'source': None, 'ended': False,
                                             'full': False})
     batches: List[dict] = entry['batches']
-    i = 0
-    while True:
+    i, taken = 0, None  # taken: (batch, pipeline) this reader reads on alone once the cache is full
+    while taken is None:
       with self._lock:
-        if i == len(batches) and not (entry['ended'] or entry['full']):
+        if i == len(batches):
+          if entry['ended'] or entry['full']:
+            break
           if entry['source'] is None:
             entry['source'] = _read_batches(cfg, skip_batches, num_epochs)
           try:
@@ -115,27 +117,19 @@ class _SharedBatches:
           except StopIteration:
             entry['ended'], entry['source'] = True, None
             return
-          size = sum(a.nbytes for a in batch.values())
-          if self.bytes + size > self.max_bytes:  # full: this reader takes the pipeline on
-            source, entry['source'], entry['full'] = entry['source'], None, True
-            own = (batch, source)
-          else:
-            own = None
-            for a in batch.values():
-              a.setflags(write=False)  # later jobs read the same arrays
-            self.bytes += size
-            batches.append(batch)
-        else:
-          own = None
-        if own is None and i == len(batches):  # ended, or full with nothing kept past i
-          break
-      if own is not None:
-        yield dict(own[0])
-        yield from own[1]
-        return
+          if self.bytes + sum(a.nbytes for a in batch.values()) > self.max_bytes:
+            taken, entry['source'], entry['full'] = (batch, entry['source']), None, True
+            continue
+          for a in batch.values():
+            a.setflags(write=False)  # later jobs read the same arrays
+          self.bytes += sum(a.nbytes for a in batch.values())
+          batches.append(batch)
       yield dict(batches[i])  # a reader may add or replace features, not change the arrays
       i += 1
-    if entry['full']:
+    if taken is not None:
+      yield dict(taken[0])
+      yield from taken[1]
+    elif entry['full']:  # another reader took the pipeline on: read on from a new one
       yield from _read_batches(cfg, skip_batches + i, num_epochs)
 
 

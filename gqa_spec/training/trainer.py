@@ -266,10 +266,9 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
     writer.close()
     ckpt.close()
   if stop.requested:
-    asked = 'the signal' if stop.signum is not None else 'the stop request'
-    log.warning('stopped by %s at step %d; saved a checkpoint (%.1f s after %s)',
-                'signal' if stop.signum is not None else 'request', step,
-                time.time() - stop.requested_at, asked)
+    by, after = ('signal', 'the signal') if stop.signum is not None else ('request', 'the request')
+    log.warning('stopped by %s at step %d; saved a checkpoint (%.1f s after %s)', by, step,
+                time.time() - stop.requested_at, after)
   return TrainResult(step=step, train_metrics=last_metrics, best=best, stop_signal=stop.signum)
 
 
