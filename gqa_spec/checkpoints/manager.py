@@ -29,6 +29,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from gqa_spec.checkpoints import integrity
+from gqa_spec.checkpoints.orbax_lock import LOCK
 from gqa_spec.errors import UserError
 from gqa_spec.rundir import CHECKPOINTS_DIR
 
@@ -70,8 +71,9 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True,
         enable_async_checkpointing=asynchronous, cleanup_tmp_directories=True)
-    self._manager = ocp.CheckpointManager(self.directory, item_names=('state', 'meta'),
-                                          options=options)
+    with LOCK:  # it may create the directory (an orbax operation)
+      self._manager = ocp.CheckpointManager(self.directory, item_names=('state', 'meta'),
+                                            options=options)
     if os.environ.get(STALL_ENV):
       _stall_commits(float(os.environ[STALL_ENV]))
 
@@ -87,16 +89,18 @@ class Checkpointer:
     if step in self._manager.all_steps() or not (force or step % self.save_period == 0):
       return False
     meta = dict(meta, integrity=integrity.record(state))  # before the next step donates `state`
-    return self._manager.save(
-        step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                      meta=ocp.args.JsonSave(meta)), force=force)
+    with LOCK:
+      return self._manager.save(
+          step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                        meta=ocp.args.JsonSave(meta)), force=force)
 
   def restore(self, step: int, target: Any) -> Tuple[Any, dict]:
     """The state at `step`, laid out as `target` (`abstract_with_shardings`), and its meta."""
     try:
-      restored = self._manager.restore(
-          step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
-                                        meta=ocp.args.JsonRestore()))
+      with LOCK:
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
+                                          meta=ocp.args.JsonRestore()))
     except Exception as e:  # pylint: disable=broad-except; orbax raises many types for bad data
       integrity.raise_if_unreadable(self._state_dir(step), e, f'{self.directory}/{step}', 'array')
       raise UserError(f'{self.directory}/{step}: cannot restore the train state (does the model '
@@ -107,22 +111,25 @@ class Checkpointer:
 
   def restore_meta(self, step: int) -> dict:
     """Only the meta item (config, data position) of the checkpoint at `step`."""
-    meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
+    with LOCK:
+      meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    meta = meta['meta']
     meta.pop('integrity', None)
     return meta
 
   def restore_params(self, step: int, target_params: Any) -> Any:
     """Only the parameters of the checkpoint at `step` (no optimizer state is read), verified."""
     try:
-      restored = self._manager.restore(
-          step, args=ocp.args.Composite(
-              state=ocp.args.PyTreeRestore(
-                  item={'params': target_params},
-                  restore_args=jax.tree_util.tree_map(
-                      lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, dtype=x.dtype),
-                      {'params': target_params}),
-                  partial_restore=True),
-              meta=ocp.args.JsonRestore()))
+      with LOCK:
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(
+                state=ocp.args.PyTreeRestore(
+                    item={'params': target_params},
+                    restore_args=jax.tree_util.tree_map(
+                        lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, dtype=x.dtype),
+                        {'params': target_params}),
+                    partial_restore=True),
+                meta=ocp.args.JsonRestore()))
     except Exception as e:  # pylint: disable=broad-except
       integrity.raise_if_unreadable(self._state_dir(step), e, f'{self.directory}/{step}', 'array')
       raise UserError(f'{self.directory}/{step}: cannot restore the parameters (does the model '

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gqa_spec.checkpoints import integrity
+from gqa_spec.checkpoints.orbax_lock import LOCK
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
@@ -121,7 +122,7 @@ def save_checkpoint(directory: str, config: T5Config, params: Params,
     raise UserError(f'{vocab_path}: vocabulary file not found')
   fresh_output_dir(directory, overwrite)
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top; slow import, save/load only
-  with ocp.StandardCheckpointer() as checkpointer:
+  with LOCK, ocp.StandardCheckpointer() as checkpointer:
     # numpy leaves carry no sharding, so the checkpoint loads on any device layout.
     host = jax.tree.map(np.asarray, params)
     checkpointer.save(os.path.join(directory, PARAMS_DIR), host)
@@ -214,7 +215,7 @@ def load_checkpoint(directory: str) -> Tuple[T5Config, Params, Optional[str]]:
   _check_storage(params_dir)
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   expected = abstract_params(config)
-  with ocp.StandardCheckpointer() as checkpointer:
+  with LOCK, ocp.StandardCheckpointer() as checkpointer:
     try:
       stored = checkpointer.metadata(params_dir).item_metadata.tree
     except Exception as e:  # pylint: disable=broad-except; orbax raises many types for bad data
