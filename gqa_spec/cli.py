@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+import weakref
 from typing import Optional, Sequence
 
 # TensorFlow (seqio's input pipelines) logs CUDA probing and oneDNN notices from C++ at import;
@@ -62,6 +63,10 @@ _pending = None  # the exit code (128 + signal) of a signal whose interrupt was 
 # Functions an interrupt must not be raised in (`_interrupt`): finalizers, and asyncio's scheduling
 # from other threads and C callbacks (one of 6 signals in a CI run printed a traceback from there).
 _NO_INTERRUPT = frozenset({'__del__', 'call_soon_threadsafe'})
+# ... nor anywhere in weakref.py: `weakref.finalize.__call__` and the weak dictionaries' removal
+# callbacks run from a dying object's weakref, where Python prints and swallows an exception (a CI
+# run printed "Exception ignored in: <finalize object ...>" with the interrupt's traceback).
+_NO_INTERRUPT_FILES = (weakref.__file__,)
 
 
 def _interrupt(signum, frame):
@@ -85,11 +90,54 @@ def _interrupt(signum, frame):
   callbacks = {getattr(callback, '__code__', None) for callback in gc.callbacks}
   while frame is not None:
     code = frame.f_code
-    if code in callbacks or code.co_name in _NO_INTERRUPT or code.co_filename.startswith(
-        '<frozen importlib'):
+    if (code in callbacks or code.co_name in _NO_INTERRUPT or
+        code.co_filename in _NO_INTERRUPT_FILES or code.co_filename.startswith('<frozen importlib')):
       return
     frame = frame.f_back
   raise _Interrupted()
+
+
+def _quiet(previous_hook, exception_of, active):
+  """Wraps one of Python's last-resort error hooks (`sys.unraisablehook`, `sys.excepthook`, which
+  C extensions' `PyErr_Print` calls, `threading.excepthook`) while `main` runs (`active[0]`).
+
+  It drops an interrupt Python swallowed (raised in a weakref callback, a `__del__` or a gc callback
+  that `_interrupt`'s frame checks did not recognise: the signal stays pending and the next retry
+  raises it where it propagates), and, once a signal is pending, every error of the work it cut
+  short (tensorstore's reads calling back into orbax's closed event loop printed a traceback after
+  "gqa-spec: terminated" in a run of tests/test_signals.py). Everything else goes to `previous_hook`.
+  """
+
+  def hook(*args):
+    if active[0] and (isinstance(exception_of(*args), _Interrupted) or _pending is not None):
+      return
+    previous_hook(*args)
+
+  return hook
+
+
+def _install_quiet_hooks():
+  """Installs `_quiet` on the three hooks; returns a function that undoes it: it puts a previous
+  hook back where `_quiet`'s is still the current one, and otherwise (a filter installed on top
+  meanwhile, `checkpoints.aborted_reads`) leaves the chain and only turns `_quiet`'s off."""
+  active = [True]
+  hooks = ((sys, 'unraisablehook', lambda unraisable: unraisable.exc_value),
+           (sys, 'excepthook', lambda kind, value, traceback: value),
+           (threading, 'excepthook', lambda args: args.exc_value))
+  installed = []
+  for owner, name, exception_of in hooks:
+    previous = getattr(owner, name)
+    mine = _quiet(previous, exception_of, active)
+    setattr(owner, name, mine)
+    installed.append((owner, name, previous, mine))
+
+  def restore():
+    active[0] = False
+    for owner, name, previous, mine in installed:
+      if getattr(owner, name) is mine:
+        setattr(owner, name, previous)
+
+  return restore
 
 
 def _exit_at_once(signum, frame):
@@ -100,10 +148,12 @@ def _exit_at_once(signum, frame):
 def main(argv: Optional[Sequence[str]] = None) -> int:
   global _pending
   previous = {}
+  restore_hooks = lambda: None
   if threading.current_thread() is threading.main_thread():
     _pending = None
     for sig in _SIGNALS + (signal.SIGALRM,):
       previous[sig] = signal.signal(sig, _interrupt)
+    restore_hooks = _install_quiet_hooks()
   try:
     try:
       if previous and os.environ.get(READY_ENV):
@@ -139,6 +189,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   finally:
     for sig, handler in previous.items():
       signal.signal(sig, handler)
+    restore_hooks()
 
 
 def _run(argv: Optional[Sequence[str]]) -> int:

@@ -24,13 +24,17 @@ from tests.decoding.conftest import model_and_params
 # that is not gqa-spec's): the commands' imports (< 1 s), jax and the checkpoint (1 to 5 s), the
 # compilation and the decode (after that, on a shared 2-core machine).
 MOMENTS = (0.0, 0.3, 1.0, 2.5, 5.0, 9.0)
+# Enough decode calls (batch size 1) to last past the last moment on a fast, quiet machine (40
+# lasted ~2.5 s here, so that the 5 s and 9 s signals met a finished run); each run ends at its
+# signal, so more inputs do not lengthen the test.
+INPUTS = 400
 
 
 def test_signals_at_any_moment_exit_130_or_143(tmp_path):
   model, params = model_and_params(2)
   native.save_checkpoint(str(tmp_path / 'ckpt'), model.config, params)
   with open(tmp_path / 'in.jsonl', 'w') as f:
-    for i in range(40):  # batch size 1: 40 decode calls, so a signal can land between them
+    for i in range(INPUTS):  # batch size 1: a decode call each, so a signal can land between them
       f.write(json.dumps({'input_ids': [5 + i % 20, 6, 7, 1]}) + '\n')
   env = dict(os.environ, JAX_PLATFORMS='cpu')
   env.pop('GQA_SPEC_DEBUG', None)
@@ -61,7 +65,7 @@ def test_signals_at_any_moment_exit_130_or_143(tmp_path):
     where = f'{sig.name} at {moment} s: exit {code}, stderr {err[-2000:]!r}'
     assert 'Traceback' not in err, where
     if code in (0, -sig):  # finished before the signal (-sig: in Python's last shutdown steps)
-      assert len((tmp_path / f'o{n}.jsonl').read_text().splitlines()) == 40, where
+      assert len((tmp_path / f'o{n}.jsonl').read_text().splitlines()) == INPUTS, where
       continue
     expected = 130 if sig == signal.SIGINT else 143
     assert code == expected, where
@@ -98,3 +102,83 @@ def test_no_interrupt_inside_asyncio_call_soon_threadsafe(monkeypatch):
   finally:
     signal.setitimer(signal.ITIMER_REAL, 0)
     signal.signal(signal.SIGALRM, previous)
+
+
+def test_no_interrupt_inside_a_weakref_finalizer(monkeypatch):
+  """A signal landing in `weakref.finalize`'s call (a dying object's callback, where Python prints
+  and swallows exceptions: a CI run printed "Exception ignored in: <finalize object ...>" with the
+  interrupt's traceback) waits for the next retry."""
+  import weakref  # pylint: disable=g-import-not-at-top
+  frames = {}
+
+  class Owner:
+    pass
+
+  owner = Owner()
+  weakref.finalize(owner, lambda: frames.setdefault('inner', sys._getframe()))  # pylint: disable=protected-access
+  del owner
+  assert frames['inner'].f_back.f_code.co_filename == weakref.__file__
+  monkeypatch.setattr(cli, '_pending', None)
+  previous = signal.signal(signal.SIGALRM, signal.SIG_IGN)
+  try:
+    cli._interrupt(signal.SIGINT, frames['inner'])  # pylint: disable=protected-access
+    assert cli._pending == 130  # pylint: disable=protected-access
+  finally:
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def test_error_hooks_drop_a_swallowed_interrupt_and_a_signals_aftermath(monkeypatch):
+  """While `main` runs, Python's last-resort error hooks drop an interrupt Python swallowed (a
+  weakref callback the frame checks miss: the retry raises it later) and, once a signal is pending,
+  the errors of the work it cut short (threads calling into a closed event loop); before a signal,
+  every other error still reaches the previous hooks."""
+  import threading  # pylint: disable=g-import-not-at-top
+  import weakref  # pylint: disable=g-import-not-at-top
+  seen = []
+  monkeypatch.setattr(sys, 'unraisablehook', lambda u: seen.append(('unraisable', u.exc_value)))
+  monkeypatch.setattr(sys, 'excepthook', lambda kind, value, tb: seen.append(('except', value)))
+  monkeypatch.setattr(threading, 'excepthook', lambda a: seen.append(('thread', a.exc_value)))
+  monkeypatch.setattr(cli, '_pending', None)
+
+  class Owner:
+    pass
+
+  def raise_(error):
+    def callback(_=None):
+      raise error
+    return callback
+
+  def from_everywhere(error):
+    owner = Owner()
+    ref = weakref.ref(owner, raise_(error))
+    del owner, ref  # the callback's error goes to sys.unraisablehook
+    try:
+      raise_(error)()
+    except BaseException:  # pylint: disable=broad-except
+      sys.excepthook(*sys.exc_info())  # what PyErr_Print does
+    thread = threading.Thread(target=raise_(error))
+    thread.start()
+    thread.join()
+
+  restore = cli._install_quiet_hooks()  # pylint: disable=protected-access
+  try:
+    from_everywhere(cli._Interrupted())  # pylint: disable=protected-access
+    real_bug = RuntimeError('a real bug')
+    from_everywhere(real_bug)
+    assert seen == [('unraisable', real_bug), ('except', real_bug), ('thread', real_bug)]
+    cli._pending = 143  # pylint: disable=protected-access
+    from_everywhere(RuntimeError('Event loop is closed'))
+    assert len(seen) == 3
+  finally:
+    restore()
+  sys.excepthook(RuntimeError, real_bug, None)
+  assert len(seen) == 4  # the previous hooks are back
+
+  restore = cli._install_quiet_hooks()  # pylint: disable=protected-access
+  quiet = sys.unraisablehook
+  sys.unraisablehook = on_top = lambda unraisable: quiet(unraisable)  # as `aborted_reads` does
+  restore()
+  assert sys.unraisablehook is on_top  # a hook installed meanwhile stays, and `_quiet` is off:
+  from_everywhere(RuntimeError('after main'))
+  assert len(seen) == 7

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gqa_spec.checkpoints import aborted_reads
 from gqa_spec.errors import UserError
 from gqa_spec.partitioning import path_name
 
@@ -163,32 +164,12 @@ def raise_if_unreadable(ocdbt_dir: str, error: Exception, where: str, noun: str)
   """After orbax failed to restore from `ocdbt_dir` with `error`: raises the one-line UserError
   `WHERE: NOUN NAME is corrupt (its stored data cannot be read: ...)` when an array's stored data
   no longer reads back; returns (the caller's own error applies) when every array reads."""
-  drop_orphaned_reads()
+  aborted_reads.quiet()
   name = unreadable_array(ocdbt_dir)
   if name is not None:
     reason = first_line(error).split(' See full TensorStore details')[0]
     raise UserError(f'{where}: {noun} {name} is corrupt (its stored data cannot be read: '
                     f'{reason}); the checkpoint data was damaged after writing') from None
-
-
-class _NeverRetrieved(logging.Filter):
-  """Drops asyncio's 'Task exception was never retrieved' records (one traceback per array)."""
-
-  def filter(self, record: logging.LogRecord) -> bool:  # pylint: disable=redefined-outer-name
-    return 'exception was never retrieved' not in record.getMessage()
-
-
-def drop_orphaned_reads() -> None:
-  """After a failed restore, orbax's other read tasks still hold the same error; collected later,
-  asyncio logs each one with a traceback. Collect them now with that message filtered."""
-  import gc  # pylint: disable=g-import-not-at-top
-  logger = logging.getLogger('asyncio')
-  quiet = _NeverRetrieved()
-  logger.addFilter(quiet)
-  try:
-    gc.collect()
-  finally:
-    logger.removeFilter(quiet)
 
 
 def first_line(e: BaseException) -> str:
