@@ -13,8 +13,8 @@ checkpoint with one byte in 50 flipped, 12 runs in 12):
 - orbax's `_read_array_index_and_device_put` coroutines, closed when collected, turn the
   `GeneratorExit` into an `Exception` (printed by `sys.unraisablehook`).
 
-`quiet()` drops exactly these, for the rest of the process: the hook and the log filter it installs
-pass every other unraisable exception and record on.
+`install()` (before every restore) drops exactly these, for the rest of the process: the hook and
+the log filter it installs pass every other unraisable exception and record on.
 """
 
 from __future__ import annotations
@@ -49,22 +49,29 @@ def is_aftermath(unraisable) -> bool:
           and tb.tb_frame.f_code.co_filename == asyncio.base_events.__file__)
 
 
-def quiet() -> None:
-  """After a failed orbax restore: installs the process-wide filter (once), then collects the
-  failed read tasks now with asyncio's "never retrieved" records filtered."""
+def install() -> None:
+  """Installs the process-wide filters (once). Called before every restore: the first noise can
+  come while orbax's failed restore unwinds, before the caller's `except` runs (seen in the suite)."""
   global _installed
   with _install_lock:
-    if not _installed:
-      _installed = True
-      previous = sys.unraisablehook
+    if _installed:
+      return
+    _installed = True
+    previous = sys.unraisablehook
 
-      def hook(unraisable):
-        if not is_aftermath(unraisable):
-          previous(unraisable)
+    def hook(unraisable):
+      if not is_aftermath(unraisable):
+        previous(unraisable)
 
-      sys.unraisablehook = hook
-      logging.getLogger('asyncio').addFilter(_NeverRetrieved())
-  gc.collect()  # most of the failed read tasks: now, rather than at an unrelated later moment
+    sys.unraisablehook = hook
+    logging.getLogger('asyncio').addFilter(_NeverRetrieved())
+
+
+def quiet() -> None:
+  """After a failed orbax restore: the filters (`install`), and the failed read tasks collected now
+  rather than at an unrelated later moment."""
+  install()
+  gc.collect()
 
 
 class _NeverRetrieved(logging.Filter):

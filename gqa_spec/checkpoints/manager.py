@@ -28,7 +28,7 @@ from typing import Any, Optional, Tuple
 import jax
 import orbax.checkpoint as ocp
 
-from gqa_spec.checkpoints import integrity
+from gqa_spec.checkpoints import aborted_reads, integrity
 from gqa_spec.checkpoints.orbax_lock import LOCK
 from gqa_spec.errors import UserError
 from gqa_spec.rundir import CHECKPOINTS_DIR
@@ -74,6 +74,7 @@ class Checkpointer:
     with LOCK:  # it may create the directory (an orbax operation)
       self._manager = ocp.CheckpointManager(self.directory, item_names=('state', 'meta'),
                                             options=options)
+    self._params_reader = None  # `restore_params`' manager, made on first use
     if os.environ.get(STALL_ENV):
       _stall_commits(float(os.environ[STALL_ENV]))
 
@@ -96,6 +97,7 @@ class Checkpointer:
 
   def restore(self, step: int, target: Any) -> Tuple[Any, dict]:
     """The state at `step`, laid out as `target` (`abstract_with_shardings`), and its meta."""
+    aborted_reads.install()
     try:
       with LOCK:
         restored = self._manager.restore(
@@ -118,10 +120,22 @@ class Checkpointer:
     return meta
 
   def restore_params(self, step: int, target_params: Any) -> Any:
-    """Only the parameters of the checkpoint at `step` (no optimizer state is read), verified."""
+    """Only the parameters of the checkpoint at `step` (no optimizer state is read), verified.
+
+    Through a second, read-only manager: orbax binds an item to the first handler that restores
+    it, so the manager that ran a full `restore` (StandardRestore) refuses a partial one
+    (PyTreeRestore) and the other way round."""
+    with LOCK:
+      if self._params_reader is None:
+        self._params_reader = ocp.CheckpointManager(
+            self.directory, item_names=('state', 'meta'),
+            options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+      else:
+        self._params_reader.reload()  # the steps saved since
+    aborted_reads.install()
     try:
       with LOCK:
-        restored = self._manager.restore(
+        restored = self._params_reader.restore(
             step, args=ocp.args.Composite(
                 state=ocp.args.PyTreeRestore(
                     item={'params': target_params},
@@ -148,6 +162,8 @@ class Checkpointer:
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
+    if self._params_reader is not None:
+      self._params_reader.close()
 
 
 def _stall_commits(seconds: float) -> None:

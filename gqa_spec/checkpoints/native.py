@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gqa_spec.checkpoints import integrity
+from gqa_spec.checkpoints import aborted_reads, integrity
 from gqa_spec.checkpoints.orbax_lock import LOCK
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
@@ -225,6 +225,7 @@ def load_checkpoint(directory: str) -> Tuple[T5Config, Params, Optional[str]]:
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, s.dtype, sharding=device),
                           expected, _unflat_like(expected, _flat(stored)))
+    aborted_reads.install()
     try:
       params = checkpointer.restore(params_dir, target)
     except Exception as e:  # pylint: disable=broad-except

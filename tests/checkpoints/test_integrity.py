@@ -79,16 +79,21 @@ def test_numpy_and_xla_give_the_same_fingerprint(dtype):
       integrity._host_fingerprint(x) for x in arrays]  # pylint: disable=protected-access
 
 
-def test_round_trip_verifies_and_meta_hides_the_record(saved, caplog):
-  run, state = saved
+def test_round_trip_verifies_and_meta_hides_the_record(saved, caplog, tmp_path):
+  state = saved[1]
+  run = _copy(saved, tmp_path)  # this test saves a step 6
   ckpt = manager.Checkpointer(run)
   restored, meta = ckpt.restore(5, _target(state))
   assert meta == {'data_start_step': 0}
   assert ckpt.restore_meta(5) == {'data_start_step': 0}
   jax.tree.map(np.testing.assert_array_equal, restored, state)
-  ckpt.close()
-  ckpt = manager.Checkpointer(run)  # a partial restore needs a manager that has not restored all
-  params = ckpt.restore_params(5, _target(state).params)
+  params = ckpt.restore_params(5, _target(state).params)  # after a full restore, by one manager
+  jax.tree.map(np.testing.assert_array_equal, params, state.params)
+  restored, _ = ckpt.restore(5, _target(state))  # and a full one after it
+  jax.tree.map(np.testing.assert_array_equal, restored, state)
+  ckpt.save(6, state, {}, force=True)
+  ckpt.wait()
+  params = ckpt.restore_params(6, _target(state).params)  # a step saved since the last one
   jax.tree.map(np.testing.assert_array_equal, params, state.params)
   ckpt.close()
   assert 'cannot be verified' not in caplog.text
