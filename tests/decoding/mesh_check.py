@@ -70,7 +70,9 @@ def collectives(decoder, state):
   """`[(op, elements of its result)]` of the compiled greedy loop's cross-device collectives."""
   key = next(k for k in mesh._JITTED if k[0] == 'ar' and k[1] == decoder)  # pylint: disable=protected-access
   skip = jax.device_put(SKIP, decoder.partitioner.rows_sharding(BATCH))
+  _COUNTING[0] = False  # this lowering traces the loop again
   text = mesh._JITTED[key].lower(state, jax.random.PRNGKey(3), skip).compile().as_text()  # pylint: disable=protected-access
+  _COUNTING[0] = True
   found = re.findall(r'= \w+\[([\d,]*)\][^=]*? (all-gather|all-reduce|all-to-all|collective-permute)'
                      r'(?:-start)?\(', text)
   total = re.findall(r' (all-gather|all-reduce|all-to-all|collective-permute)(?:-start)?\(', text)
@@ -138,6 +140,31 @@ def scanned(enc, beam_enc, refs, draft):
   return {'mha_scanned/2x4': entry}
 
 
+_TRACES = {'ar': 0, 'draft_loop': 0}
+_COUNTING = [True]
+
+
+def count_traces():
+  """Counts the traces of the mesh's greedy and draft loops (`_TRACES`, while `_COUNTING`), to
+  compare with the functions compiled (`mesh._JITTED`): one trace each."""
+
+  def counted(name, function):
+    def traced(*args, **kwargs):
+      _TRACES[name] += _COUNTING[0]
+      return function(*args, **kwargs)
+    return traced
+
+  mesh._ar = counted('ar', mesh._ar)  # pylint: disable=protected-access
+  mesh._call_draft_loop = counted('draft_loop', mesh._call_draft_loop)  # pylint: disable=protected-access
+
+
+def traces_and_compiled():
+  keys = list(mesh._JITTED)  # pylint: disable=protected-access
+  compiled = {'ar': sum(k[0] == 'ar' for k in keys),
+              'draft_loop': sum(k[0] in (speculative.decode, tree_speculative.decode) for k in keys)}
+  return {'traces': dict(_TRACES), 'compiled': compiled}
+
+
 def main():
   full = '--full' in sys.argv
   assert jax.device_count() == 8, jax.devices()
@@ -149,6 +176,7 @@ def main():
   single_draft_state = single_draft.init(draft_params, enc, DRAFT_SLOTS)
   mesh_drafts = {}  # (data, model) -> (draft decoder, state): the draft's placement is the mesh's
   report = {}
+  count_traces()
   refs_of = {}  # config name -> its single-device results by loop
   for c, (name, (g, seed)) in enumerate(KV_HEADS.items()):
     config = BASE.replace(num_kv_heads=g)
@@ -212,6 +240,7 @@ def main():
     report[f'{name}/greedy_lengths'] = [int(x) for x in refs['greedy'][1]]
     refs_of[name] = refs
   report.update(scanned(enc, beam_enc, refs_of['mha'], mesh_drafts[2, 4]))
+  report.update(traces_and_compiled())
   print('REPORT ' + json.dumps(report))
 
 

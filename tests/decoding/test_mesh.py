@@ -115,3 +115,11 @@ def test_cache_and_param_shardings_follow_the_rules(report, run, kv):
   assert entry['index_spec'] == [D] and entry['sequences_spec'] == [D, None]
   if 'draft_kv_spec' in entry:  # the MQA draft: its own rules, rows on data, its head replicated
     assert entry['draft_kv_spec'] == [D, None, None, None]
+
+
+@pytest.mark.slow
+def test_each_loop_is_traced_once(report):
+  # `mesh._run` traced every loop twice (`jax.eval_shape` for its output shardings, then `jax.jit`):
+  # now the outputs are placed by a sharding constraint inside the one trace.
+  assert report['compiled']['ar'] > 0 and report['compiled']['draft_loop'] > 0, report['compiled']
+  assert report['traces'] == report['compiled'], (report['traces'], report['compiled'])
