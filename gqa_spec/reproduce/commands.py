@@ -105,8 +105,7 @@ def _reproduce(args: argparse.Namespace) -> int:
   if report and 'claims' in report:  # what holds first, not a table of scores
     print(writeup.claims_summary(report['claims']))
   if args.preset == 'smoke' and 'corpus' in records:
-    splits = records['corpus']['stats']['splits']
     with open(os.path.join(out, 'preset.json')) as f:  # the preset as run (`--set` included)
       fast = json.load(f).get('fast_compile_decoding', False)
-    print(writeup.smoke_note(splits['train'], splits['test'], fast).replace('**', ''))
+    print(writeup.smoke_note(*writeup.smoke_splits(records['corpus']), fast).replace('**', ''))
   return 0

@@ -8,7 +8,7 @@ from typing import List, Tuple
 from gqa_spec.reproduce import finetune
 from gqa_spec.reproduce import jobs as jobs_lib
 from gqa_spec.reproduce.jobs import Context
-from gqa_spec.reproduce.presets import TASK_METRIC
+from gqa_spec.reproduce.presets import SUMMARIZE, TASK_METRIC, TRANSLATE
 from gqa_spec.reproduce.stages import STAGES
 from gqa_spec.reproduce.timing import timing_settings
 
@@ -93,34 +93,39 @@ def _figures_and_claims(ctx: Context) -> Tuple[List[str], list, str]:
 
 def _smoke_note(ctx: Context) -> str:
   """What a smoke report is: a pipeline check on the packaged excerpt, not a finding."""
-  splits = ctx.read_stage('corpus')['stats']['splits']
-  return smoke_note(splits['train'], splits['test'], ctx.preset.fast_compile_decoding)
+  return smoke_note(*smoke_splits(ctx.read_stage('corpus')), ctx.preset.fast_compile_decoding)
+
+
+def smoke_splits(corpus: dict) -> Tuple[dict, dict]:
+  """(train, test) sizes for `smoke_note` from the corpus stage's record: its DDTP stats, or, with
+  `--exported`, the exported tasks' example counts (a task the study does not read is left out)."""
+  if 'stats' in corpus:
+    return corpus['stats']['splits']['train'], corpus['stats']['splits']['test']
+  tasks = corpus['tasks']
+
+  def sizes(split):
+    names = (('translate_en_de_pairs', TRANSLATE), ('summarize_examples', SUMMARIZE))
+    return {key: tasks[name]['splits'][split]['examples'] for key, name in names
+            if split in tasks.get(name, {}).get('splits', {})}
+
+  return sizes('train'), sizes('test')
 
 
 def smoke_note(train: dict, test: dict, fast_compile_decoding: bool = False) -> str:
-  """The smoke label for the report and the terminal (split sizes from the corpus stats)."""
+  """The smoke label for the report and the terminal (split sizes from `smoke_splits`)."""
+
+  def counted(split):
+    nouns = (('translate_en_de_pairs', 'translation pairs'), ('summarize_examples', 'summaries'))
+    parts = [f'{split[key]} {noun}' for key, noun in nouns if key in split]
+    return ' and '.join(parts) or 'no examples'
+
   return ('**Smoke run: a pipeline check on a tiny excerpt, not findings.** Tiny models trained '
           'for a few hundred steps on the DDTP excerpt shipped in the package '
-          f"({train['translate_en_de_pairs']} translation pairs and {train['summarize_examples']} "
-          f"summaries to train on, {test['translate_en_de_pairs']} and "
-          f"{test['summarize_examples']} to test): the numbers show that every stage learns and "
-          'measures, not whether any paper claim holds (that is `--preset cpu`).' +
+          f'({counted(train)} to train on, {counted(test)} to test): the numbers show that every '
+          'stage learns and measures, not whether any paper claim holds (that is `--preset cpu`).' +
           (' Its speculative loops are compiled with XLA\'s fast-compile options '
            '(`fast_compile_decoding`): their times and speedups are of unoptimised code.'
            if fast_compile_decoding else ''))
-
-
-def claims_summary(claims: List[dict]) -> str:
-  """The terminal's summary of the claims table: what holds at this scale first, then one line
-  each for the rest (the full table with intervals and reasons is in report.md)."""
-  holds = [c for c in claims if c['verdict'] == 'holds']
-  rest = [c for c in claims if c['verdict'] != 'holds']
-  lines = [f'Holds at this scale ({len(holds)} of {len(claims)} claims):']
-  lines += [f"  {c['key']:>3}  {c['claim']}: {c['ours']}" for c in holds] or ['  none']
-  if rest:
-    lines.append('Not shown at this scale (reasons in report.md):')
-    lines += [f"  {c['key']:>3}  {c['claim']}: {c['verdict']}" for c in rest]
-  return '\n'.join(lines)
 
 
 def command(ctx: Context) -> str:

@@ -12,7 +12,7 @@ import pytest
 
 from gqa_spec.data import export, tasks
 from gqa_spec.errors import UserError
-from gqa_spec.reproduce import jobs, presets
+from gqa_spec.reproduce import jobs, presets, writeup
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 100
@@ -68,6 +68,11 @@ def test_tiny_gpu_preset_stops_at_the_time_limit_and_resumes_without_tensorflow(
   assert corpus['vocab_size'] <= 512 and set(corpus['tasks']) >= {presets.TRANSLATE,
                                                                  presets.PRETRAIN}
   assert '--exported' in corpus['command']
+  train, test = writeup.smoke_splits(corpus)  # what `--preset smoke --exported` prints from it
+  assert train['translate_en_de_pairs'] == (
+      corpus['tasks'][presets.TRANSLATE]['splits']['train']['examples']) > 0
+  assert f"{test['translate_en_de_pairs']} translation pairs to test" in writeup.smoke_note(
+      train, test)
 
   assert _reproduce(out, work, exported, '--stages', 'corpus', 'pretrain', 'uptrain') == 0
   with open(os.path.join(out, 'pretrain.json')) as f:
