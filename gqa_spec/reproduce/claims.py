@@ -28,9 +28,11 @@ that the paper's direction is positive:
       does not hold      interval below 0 (and the baseline gate passed).
   speed (claim 4, Fig. 6; long-input setting)  r = MHA / MQA time per sample,
       p = (GQA - MQA) / (MHA - MQA), the GQA model's place between them:
-      holds if r >= TIME_MARGIN and p <= 0.5; does not hold if r <= 1 / TIME_MARGIN (inverted
-      beyond the noise margin) or (r >= TIME_MARGIN and p > 0.5); otherwise unresolved (within
-      the timing noise margin either way).
+      with the timing stage's interleaved rounds, [lo, hi] is the distribution-free interval
+      (`rounds_interval`, >= ROUND_COVERAGE) of the median per-round MHA/MQA ratio:
+      holds if r >= TIME_MARGIN, lo > 1 and p <= 0.5; does not hold if r <= 1 / TIME_MARGIN and
+      hi < 1 (inverted) or (r >= TIME_MARGIN, lo > 1 and p > 0.5); otherwise unresolved (within
+      the margin, or rounds that disagree). Rows without rounds: the margin alone.
   speculative (claims 5-6)
       5a greedy identity: holds if every greedy row's tokens equal autoregressive decoding's,
          does not hold if any differ (exact, no interval).
@@ -60,13 +62,15 @@ tree rows are names containing 'staged', or 'tree' without 'chimera'; the Chimer
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from gqa_spec.reproduce import bootstrap
 
 HOLDS, DOES_NOT_HOLD, UNRESOLVED, NOT_RUN = ('holds', 'does not hold', 'unresolved at this scale',
                                              'not run')
-TIME_MARGIN = 1.1  # timing ratios within 10% are noise on a shared CPU (medians, no interval)
+TIME_MARGIN = 1.1  # timing ratios within 10% are noise on a shared CPU
+ROUND_COVERAGE = 0.9  # the least coverage of `rounds_interval`
 ALPHA_MARGIN = 0.05
 ACCEPT_MARGIN = 0.1  # tokens per target call
 SPEEDUP_GOAL = 1.5
@@ -269,17 +273,49 @@ def speed_claim(timing_rows: Sequence[Mapping], predicted: Mapping[Tuple[str, in
   if {1, g, h} <= set(pred):
     claim.ours += (f'; bytes model {pred[h] / pred[1]:.2f}x, '
                    f'p {(pred[g] - pred[1]) / (pred[h] - pred[1]):.2f}')
-  claim.interval = 'n/a (medians of interleaved rounds)'
-  if r >= TIME_MARGIN and p <= 0.5:
+  rounds = {k: r.get('rounds_s') for r in timing_rows if r['setting'] == setting
+            for k in [r['kv_heads']]}
+  interval = rounds_interval(rounds[h], rounds[1]) if rounds[h] and rounds[1] else None
+  if interval is None:  # rows without rounds (before 2026-11-25), or too few rounds
+    lo = hi = r
+    claim.interval = 'n/a (no interleaved rounds)'
+  else:
+    lo, hi = interval
+    claim.interval = (f'MHA/MQA per round {lo:.2f}-{hi:.2f} (>= {ROUND_COVERAGE:.0%}, '
+                      f'{len(rounds[1])} rounds)')
+  if r >= TIME_MARGIN and lo > 1 and p <= 0.5:
     claim.verdict, claim.why = HOLDS, f'MHA >= {TIME_MARGIN:g}x MQA and GQA in the lower half'
-  elif r <= 1.0 / TIME_MARGIN:
+  elif r <= 1.0 / TIME_MARGIN and hi < 1:
     claim.verdict, claim.why = DOES_NOT_HOLD, (f'inverted: MHA faster than MQA by more than the '
                                                f'{TIME_MARGIN:g}x noise margin')
-  elif r >= TIME_MARGIN:
+  elif r >= TIME_MARGIN and lo > 1:
     claim.verdict, claim.why = DOES_NOT_HOLD, 'GQA nearer MHA than MQA'
+  elif min(r, 1 / r) <= 1 / TIME_MARGIN:
+    claim.verdict, claim.why = UNRESOLVED, (f'MHA/MQA {r:.2f}x, but the rounds disagree (their '
+                                            'interval contains 1)')
   else:
     claim.verdict, claim.why = UNRESOLVED, f'MHA/MQA within the {TIME_MARGIN:g}x noise margin'
   return claim
+
+
+def rounds_interval(numerator: Sequence[float], denominator: Sequence[float],
+                    coverage: float = ROUND_COVERAGE) -> Optional[Tuple[float, float]]:
+  """A distribution-free interval for the median of the per-round ratios `numerator[i] /
+  denominator[i]` of interleaved timing rounds (round i of both models ran back to back): the k-th
+  smallest and k-th largest ratio of n, with k the largest for which the interval's coverage,
+  1 - 2 P(Binomial(n, 1/2) <= k - 1), is at least `coverage`. None when even the smallest and
+  largest ratio do not reach it (n < 5 for 90%) or the round counts differ."""
+  if len(numerator) != len(denominator) or not numerator:
+    return None
+  ratios = sorted(a / b for a, b in zip(numerator, denominator))
+  n = len(ratios)
+  tail = lambda k: sum(math.comb(n, i) for i in range(k)) / 2 ** n  # P(Bin(n, 1/2) <= k - 1)
+  k = 1
+  if 1 - 2 * tail(k) < coverage:
+    return None
+  while k + 1 <= (n + 1) // 2 and 1 - 2 * tail(k + 1) >= coverage:
+    k += 1
+  return ratios[k - 1], ratios[n - k]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -128,6 +128,19 @@ def smoke_note(train: dict, test: dict, fast_compile_decoding: bool = False) -> 
            if fast_compile_decoding else ''))
 
 
+def claims_summary(claims: List[dict]) -> str:
+  """The terminal's summary of the claims table: what holds at this scale first, then one line
+  each for the rest (the full table with intervals and reasons is in report.md)."""
+  holds = [c for c in claims if c['verdict'] == 'holds']
+  rest = [c for c in claims if c['verdict'] != 'holds']
+  lines = [f'Holds at this scale ({len(holds)} of {len(claims)} claims):']
+  lines += [f"  {c['key']:>3}  {c['claim']}: {c['ours']}" for c in holds] or ['  none']
+  if rest:
+    lines.append('Not shown at this scale (reasons in report.md):')
+    lines += [f"  {c['key']:>3}  {c['claim']}: {c['verdict']}" for c in rest]
+  return '\n'.join(lines)
+
+
 def command(ctx: Context) -> str:
   sets = ''.join(f' --set {o}' for o in ctx.overrides)
   if ctx.exported_dir is not None:

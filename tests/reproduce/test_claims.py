@@ -131,6 +131,39 @@ def test_speed_claim(times, verdict):
   assert claims.speed_claim(_timing(times, 'short'), {}, 2).verdict == claims.NOT_RUN
 
 
+# Seconds per round of a fresh-clone smoke run's long setting (2026-11-26): the medians give
+# MHA/MQA 0.86x, beyond the margin, but round by round the ratio runs from 0.57 to 1.19.
+SMOKE_MQA = [17.6, 7.15, 8.19, 5.78, 5.63, 5.97, 7.20]
+SMOKE_MHA = [9.98, 8.49, 7.16, 6.11, 6.13, 5.95, 5.91]
+
+
+@pytest.mark.parametrize('mqa, gqa, mha, verdict', [
+    (SMOKE_MQA, SMOKE_MQA, SMOKE_MHA, claims.UNRESOLVED),  # the rounds disagree
+    ([5.0, 5.2, 5.1, 5.3, 5.0, 5.1, 5.2], [5.0] * 7, [4.0, 4.1, 4.0, 4.2, 4.1, 4.0, 4.1],
+     claims.DOES_NOT_HOLD),  # MHA faster in every round
+    ([1.0, 1.1, 1.0, 0.9, 1.0, 1.0, 1.1], [1.2] * 7, [3.0, 2.9, 3.1, 3.0, 2.8, 3.0, 3.2],
+     claims.HOLDS),
+    ([1.0, 3.0, 1.0, 3.0, 1.0, 3.0, 1.0], [1.2] * 7, [2.0] * 7, claims.UNRESOLVED),  # 2x median,
+])                                                                  # but 2/3 in 3 rounds of 7
+def test_speed_claim_asks_the_interleaved_rounds_to_agree(mqa, gqa, mha, verdict):
+  rows = [{'setting': 'long', 'kv_heads': g, 'time_per_sample_s': sorted(t)[3], 'rounds_s': t}
+          for g, t in ((1, mqa), (2, gqa), (4, mha))]
+  c = claims.speed_claim(rows, {}, 2)
+  assert c.verdict == verdict, c
+  assert '7 rounds' in c.interval, c.interval
+
+
+def test_rounds_interval_takes_the_order_statistics_its_coverage_needs():
+  ones = [1.0] * 12
+  ratios = list(range(1, 13))  # numerators 1..12 over 1: the ratios themselves
+  # n = 12: [x(3), x(10)] covers 1 - 2 P(Bin(12, 1/2) <= 2) = 96.1%; [x(4), x(9)] only 85.4%
+  assert claims.rounds_interval(ratios, ones) == (3, 10)
+  assert claims.rounds_interval(ratios[:7], ones[:7]) == (1, 7)  # 98.4%; [x(2), x(6)] 87.5%
+  assert claims.rounds_interval(ratios[:4], ones[:4]) is None  # even [min, max] is 87.5%
+  assert claims.rounds_interval(ratios[:4], ones[:4], coverage=0.8) == (1, 4)
+  assert claims.rounds_interval(ratios[:5], ones[:4]) is None
+
+
 def _spec_row(draft, temp, gamma, speedup, alpha=0.5, tokens_per_call=2.0, batch=None,
               equal=True, task=TR, target='mha_g8', thm8=None):
   row = {'task': task, 'target': target, 'draft': draft, 'temperature': temp, 'gamma': gamma,
