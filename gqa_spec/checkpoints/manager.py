@@ -125,16 +125,15 @@ class Checkpointer:
     Through a second, read-only manager: orbax binds an item to the first handler that restores
     it, so the manager that ran a full `restore` (StandardRestore) refuses a partial one
     (PyTreeRestore) and the other way round."""
-    with LOCK:
-      if self._params_reader is None:
-        self._params_reader = ocp.CheckpointManager(
-            self.directory, item_names=('state', 'meta'),
-            options=ocp.CheckpointManagerOptions(read_only=True, create=False))
-      else:
-        self._params_reader.reload()  # the steps saved since
     aborted_reads.install()
     try:
       with LOCK:
+        if self._params_reader is None:
+          self._params_reader = ocp.CheckpointManager(
+              self.directory, item_names=('state', 'meta'),
+              options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+        else:
+          self._params_reader.reload()  # the steps saved since
         restored = self._params_reader.restore(
             step, args=ocp.args.Composite(
                 state=ocp.args.PyTreeRestore(

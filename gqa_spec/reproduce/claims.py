@@ -257,7 +257,8 @@ def speed_claim(timing_rows: Sequence[Mapping], predicted: Mapping[Tuple[str, in
   claim = Claim('4', 'GQA time per sample near MQA, well below MHA, where K/V bytes dominate '
                      f'({setting} inputs): MHA/MQA and p = (GQA - MQA) / (MHA - MQA)',
                 'Fig. 6 (XXL, 2048/512): GQA-8 near MQA, MHA far above (plot only)')
-  t = {r['kv_heads']: r['time_per_sample_s'] for r in timing_rows if r['setting'] == setting}
+  rows = {row['kv_heads']: row for row in timing_rows if row['setting'] == setting}
+  t = {g: row['time_per_sample_s'] for g, row in rows.items()}
   if not t:
     claim.why = f'no {setting!r} timing rows'
     return claim
@@ -273,16 +274,15 @@ def speed_claim(timing_rows: Sequence[Mapping], predicted: Mapping[Tuple[str, in
   if {1, g, h} <= set(pred):
     claim.ours += (f'; bytes model {pred[h] / pred[1]:.2f}x, '
                    f'p {(pred[g] - pred[1]) / (pred[h] - pred[1]):.2f}')
-  rounds = {k: r.get('rounds_s') for r in timing_rows if r['setting'] == setting
-            for k in [r['kv_heads']]}
-  interval = rounds_interval(rounds[h], rounds[1]) if rounds[h] and rounds[1] else None
+  mha_rounds, mqa_rounds = rows[h].get('rounds_s'), rows[1].get('rounds_s')
+  interval = rounds_interval(mha_rounds, mqa_rounds) if mha_rounds and mqa_rounds else None
   if interval is None:  # rows without rounds (before 2026-11-25), or too few rounds
     lo = hi = r
     claim.interval = 'n/a (no interleaved rounds)'
   else:
     lo, hi = interval
     claim.interval = (f'MHA/MQA per round {lo:.2f}-{hi:.2f} (>= {ROUND_COVERAGE:.0%}, '
-                      f'{len(rounds[1])} rounds)')
+                      f'{len(mqa_rounds)} rounds)')
   if r >= TIME_MARGIN and lo > 1 and p <= 0.5:
     claim.verdict, claim.why = HOLDS, f'MHA >= {TIME_MARGIN:g}x MQA and GQA in the lower half'
   elif r <= 1.0 / TIME_MARGIN and hi < 1:
