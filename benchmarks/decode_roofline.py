@@ -10,6 +10,13 @@
 measures the library at git REF (e.g. HEAD~1) in alternating child processes (`common.py`) and reports
 both step times side by side.
 
+`--layouts unrolled,scanned` times each model in both layer layouts side by side (`T5Config.scan_layers`;
+decoding uses unrolled unless told, `gqa_spec.models.layout.for_decoding`). `--shaped-setup` skips
+compiling the model's init and encoder (minutes for 24 unrolled layers on a GPU): parameters are
+random normal leaves of the model's shapes and the cache is filled with random K/V (index 0, every
+encoder position visible); a decode step's time does not depend on the values, only on the shapes.
+Each row records `setup_s` (parameters and cache) and `compile_s` (the first, compiling run).
+
 `--dtype bfloat16 --param-dtype bfloat16` decodes with bfloat16 activations and parameters cast once
 (`gqa_spec.checkpoints.param_dtype`; the float32 logits kernel stays float32); `--loop-chunk K` runs
 K steps per while-loop iteration (`autoregressive.decode`).
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from typing import Optional
 
 import jax
@@ -45,26 +53,36 @@ from gqa_spec.models.t5 import Transformer
 def cross_kv_bytes(cache) -> int:
   total = 0
   for name, layer in cache['decoder'].items():
-    if name.startswith('layers_') and 'encoder_decoder_attention' in layer:
+    if (name == 'layers' or name.startswith('layers_')) and 'encoder_decoder_attention' in layer:
       total += workloads.tree_bytes(layer['encoder_decoder_attention'])
   return total
 
 
 def random_decoder(name: str, groups: Optional[int], dtype: str,
-                   param_dtype: Optional[str] = None):
-  """(T5Decoder, random-init params) of preset `name` with `groups` K/V heads (None: the preset's),
-  `dtype` activations and parameters cast to `param_dtype` (None: float32)."""
-  config = preset(name).replace(dtype=dtype)
+                   param_dtype: Optional[str] = None, layout: str = 'unrolled',
+                   shaped: bool = False):
+  """(T5Decoder, random params) of preset `name` with `groups` K/V heads (None: the preset's),
+  `dtype` activations, parameters cast to `param_dtype` (None: float32), in `layout`; `shaped`:
+  random normal leaves (`workloads.shaped_random_params`) instead of the model's compiled init."""
+  config = preset(name).replace(dtype=dtype, scan_layers=layout == 'scanned')
   if groups is not None:
     config = config.replace(num_kv_heads=groups)
   model = Transformer(config)
+  if shaped:
+    return T5Decoder(model), workloads.shaped_random_params(model, dtype=param_dtype)
   return T5Decoder(model), workloads.random_params(model, dtype=param_dtype)
 
 
-def decode_state(dec, params, length: int, batch: int, steps: int):
-  """The state after encoding one `length`-token input, copied to `batch` rows."""
+def decode_state(dec, params, length: int, batch: int, steps: int, shaped: bool = False):
+  """The state after encoding one `length`-token input, copied to `batch` rows; `shaped`: a
+  state of the same shapes with random K/V, index 0 and every encoder position visible (no
+  encoder compile)."""
   enc = jnp.full((1, length), 7, jnp.int32).at[:, -1].set(1)  # [1, length]
-  return dec.reorder(dec.init(params, enc, steps + 1), jnp.zeros((batch,), jnp.int32))
+  if not shaped:
+    return dec.reorder(dec.init(params, enc, steps + 1), jnp.zeros((batch,), jnp.int32))
+  shape = jax.eval_shape(lambda p: dec.init(p, jnp.zeros((batch, length), jnp.int32), steps + 1),
+                         params)
+  return workloads.shaped_random_state(shape, params)
 
 
 def measure(args) -> list:
@@ -74,28 +92,45 @@ def measure(args) -> list:
   rows = []
   for name in args.presets.split(','):
     for kv in args.kv.split(','):
-      base = preset(name)
-      groups = workloads.kv_heads(base, kv)
-      dec, params = random_decoder(name, groups, args.dtype, args.param_dtype)
-      for length in (int(n) for n in args.input_length.split(',')):
-        for batch in (int(b) for b in args.batch.split(',')):
-          state = decode_state(dec, params, length, batch, args.steps)
-          run = lambda: autoregressive.decode(dec, state, jax.random.PRNGKey(0),
-                                              max_decode_len=args.steps, eos_id=-1,
-                                              loop_chunk=args.loop_chunk)
-          step = common.median_seconds(run, args.repeats) / args.steps
-          param_bytes = workloads.tree_bytes(params['decoder'])
-          self_kv = decode_cache.self_attention_kv_bytes(state.cache)
-          cross_kv = cross_kv_bytes(state.cache)
-          bound = (param_bytes + self_kv + cross_kv) / bw
-          row = {'preset': name, 'kv_heads': groups, 'input_length': length, 'batch': batch,
-                 'dtype': args.dtype, 'param_dtype': args.param_dtype or 'float32',
-                 'loop_chunk': args.loop_chunk, 'step_ms': step * 1e3, 'bound_ms': bound * 1e3, 'ratio_to_bound': step / bound,
-                 'bandwidth_gb_s': bw / 1e9, 'decoder_param_mib': param_bytes / 2 ** 20,
-                 'self_kv_mib': self_kv / 2 ** 20, 'cross_kv_mib': cross_kv / 2 ** 20,
-                 'loadavg': os.getloadavg()[0]}
-          rows.append(row)
-          common.print_row(row)
+      for layout in args.layouts.split(','):
+        rows += _measure_model(args, name, kv, layout, bw)
+  return rows
+
+
+def _measure_model(args, name: str, kv: str, layout: str, bw: float) -> list:
+  """The rows of one model (preset, K/V grouping, layout) over input lengths and batches."""
+  rows = []
+  groups = workloads.kv_heads(preset(name), kv)
+  t0 = time.perf_counter()
+  dec, params = random_decoder(name, groups, args.dtype, args.param_dtype, layout,
+                               args.shaped_setup)
+  jax.block_until_ready(params)
+  params_s = time.perf_counter() - t0
+  for length in (int(n) for n in args.input_length.split(',')):
+    for batch in (int(b) for b in args.batch.split(',')):
+      t0 = time.perf_counter()
+      state = jax.block_until_ready(decode_state(dec, params, length, batch, args.steps,
+                                                 args.shaped_setup))
+      setup_s = params_s + time.perf_counter() - t0
+      params_s = 0.0  # counted once, in the model's first row
+      run = lambda: autoregressive.decode(dec, state, jax.random.PRNGKey(0),
+                                          max_decode_len=args.steps, eos_id=-1,
+                                          loop_chunk=args.loop_chunk)
+      compile_s = common.seconds(run)
+      step = common.median_seconds(run, args.repeats, warmup=0) / args.steps
+      param_bytes = workloads.tree_bytes(params['decoder'])
+      self_kv = decode_cache.self_attention_kv_bytes(state.cache)
+      cross_kv = cross_kv_bytes(state.cache)
+      bound = (param_bytes + self_kv + cross_kv) / bw
+      row = {'preset': name, 'kv_heads': groups, 'input_length': length, 'batch': batch,
+             'layout': layout, 'setup_s': setup_s, 'compile_s': compile_s,
+             'dtype': args.dtype, 'param_dtype': args.param_dtype or 'float32',
+             'loop_chunk': args.loop_chunk, 'step_ms': step * 1e3, 'bound_ms': bound * 1e3, 'ratio_to_bound': step / bound,
+             'bandwidth_gb_s': bw / 1e9, 'decoder_param_mib': param_bytes / 2 ** 20,
+             'self_kv_mib': self_kv / 2 ** 20, 'cross_kv_mib': cross_kv / 2 ** 20,
+             'loadavg': os.getloadavg()[0]}
+      rows.append(row)
+      common.print_row(row)
   return rows
 
 
@@ -146,6 +181,10 @@ def main(argv=None):
   p.add_argument('--presets', default='nano,mini')
   p.add_argument('--kv', default='mha,gqa2,mqa')
   p.add_argument('--batch', default='1,8')
+  p.add_argument('--layouts', default='unrolled',
+                 help='layer layouts to time each model in: unrolled, scanned or both (comma list)')
+  p.add_argument('--shaped-setup', action='store_true',
+                 help='random parameters and cache of the right shapes, no init/encoder compile')
   p.add_argument('--input-length', default='64')
   p.add_argument('--steps', type=int, default=64)
   common.add_dtype_argument(p)
@@ -162,8 +201,9 @@ def main(argv=None):
     return
   load_before = os.getloadavg()
   rows = common.rows(__file__, args, argv, measure,
-                     key=lambda r: (r['preset'], r['kv_heads'], r['input_length'], r['batch']),
-                     timed=('step_ms', 'bandwidth_gb_s', 'loadavg'))
+                     key=lambda r: (r['preset'], r['kv_heads'], r['layout'], r['input_length'],
+                                    r['batch']),
+                     timed=('step_ms', 'bandwidth_gb_s', 'loadavg', 'setup_s', 'compile_s'))
   if rows is None:  # an A/B child: its rows are written
     return
   if args.baseline:
@@ -186,7 +226,7 @@ def main(argv=None):
            + common.load_note(load_before, os.getloadavg(),
                               ' (the machine was shared with other jobs).'), '',
            *common.table_head(
-               ['preset', 'kv heads', 'input', 'batch', 'step ms']
+               ['preset', 'kv heads', 'layout', 'input', 'batch', 'step ms']
                + (['baseline ms', 'speedup'] if args.baseline else [])
                + ['bound ms', 'step/bound', 'dec params MiB', 'self KV MiB', 'cross KV MiB'])]
   for r in rows:
@@ -196,7 +236,8 @@ def main(argv=None):
     if r.get('param_dtype', 'float32') != 'float32':
       dtype += f', {r["param_dtype"]} params' if dtype else f' ({r["param_dtype"]} params'
     dtype += ')' if dtype else ''
-    lines.append(f'| {r["preset"]}{dtype} | {r["kv_heads"]} | {r["input_length"]} | {r["batch"]} | '
+    lines.append(f'| {r["preset"]}{dtype} | {r["kv_heads"]} | {r.get("layout", "unrolled")} | '
+                 f'{r["input_length"]} | {r["batch"]} | '
                  f'{r["step_ms"]:.3f} |{base} {r["bound_ms"]:.3f} | {r["ratio_to_bound"]:.1f} | '
                  f'{r["decoder_param_mib"]:.2f} | {r["self_kv_mib"]:.3f} | {r["cross_kv_mib"]:.3f} |')
   cache = ('the CPU caches' if jax.default_backend() == 'cpu'

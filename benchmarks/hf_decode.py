@@ -59,11 +59,15 @@ def main(argv=None):
   p.add_argument('--input-length', type=int, default=64)
   p.add_argument('--loop-chunk', type=int, default=1)
   p.add_argument('--repeats', type=int, default=5)
+  p.add_argument('--shaped-setup', action='store_true',
+                 help='random normal parameters of the right shapes, no compiled init (minutes '
+                      'for 24 unrolled layers on a GPU; decode_roofline.py)')
   common.add_dtype_argument(p)
   common.add_out_argument(p, __file__)
   args = p.parse_args(argv)
   load_before = os.getloadavg()
-  dec, params = random_decoder(args.preset, None, args.dtype, args.param_dtype)
+  dec, params = random_decoder(args.preset, None, args.dtype, args.param_dtype,
+                               shaped=args.shaped_setup)
   config, steps = dec.model.config, args.max_decode_len
   tokens = np.random.default_rng(0).integers(2, config.vocab_size, (1, args.input_length))
   tokens[0, -1] = 1  # EOS ends the input

@@ -53,7 +53,8 @@ def _setup(args, batch: int):
   draft_model = Transformer(preset(args.draft_preset, dtype=args.dtype, **layers))
   rng = np.random.default_rng(0)
   enc = jnp.asarray(rng.integers(2, 8000, size=(batch, args.input_length)), jnp.int32)  # [b, S]
-  cast = lambda model: workloads.random_params(model, dtype=args.param_dtype)
+  init = workloads.shaped_random_params if args.shaped_setup else workloads.random_params
+  cast = lambda model: init(model, dtype=args.param_dtype)
   return (T5Decoder(target_model), cast(target_model), ModelDraft.t5(draft_model),
           cast(draft_model), enc)
 
@@ -139,6 +140,8 @@ def main(argv=None):
   p.add_argument('--input-length', type=int, default=64)
   p.add_argument('--max-decode-len', type=int, default=64)
   p.add_argument('--repeats', type=int, default=3)
+  p.add_argument('--shaped-setup', action='store_true',
+                 help='random normal parameters of the right shapes, no compiled init')
   p.add_argument('--target-preset', default='mini')
   p.add_argument('--draft-preset', default='nano')
   p.add_argument('--draft-layers', type=int, default=None,

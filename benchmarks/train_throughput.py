@@ -38,7 +38,8 @@ def measure(args) -> list:
     for kv in args.kv.split(','):
       base = preset(args.preset)
       groups = workloads.kv_heads(base, kv)
-      config = base.replace(num_kv_heads=groups, dropout_rate=dropout, dtype=args.dtype)
+      config = base.replace(num_kv_heads=groups, dropout_rate=dropout, dtype=args.dtype,
+                            scan_layers=args.scan_layers, remat_policy=args.remat_policy)
       step_fn = workloads.train_step(config, pretrain)
       state = step_fn.init(jax.random.PRNGKey(0))
       batches = workloads.train_batches(step_fn, batch, enc_len, dec_len, count=4)
@@ -65,7 +66,8 @@ def measure(args) -> list:
       peak_model = common.matmul_rate(batch * max(enc_len, dec_len), config.emb_dim,
                                       config.mlp_dim, dtype=config.activation_dtype)
       row = {'setting': name, 'preset': args.preset, 'kv_heads': groups, 'batch': batch,
-             'dtype': args.dtype,
+             'dtype': args.dtype, 'scan_layers': args.scan_layers,
+             'remat_policy': args.remat_policy,
              'inputs_length': enc_len, 'targets_length': dec_len, 'dropout': dropout,
              'step_s': step_s, 'step_s_min': float(min(times)), 'compile_s': compile_s,
              'tokens_per_s': batch * (enc_len + dec_len) / step_s,
@@ -86,6 +88,9 @@ def main(argv=None):
   p.add_argument('--kv', default='mha')
   p.add_argument('--steps', type=int, default=6)
   p.add_argument('--batch', type=int, default=0, help='override the settings\' batch size')
+  p.add_argument('--scan-layers', action='store_true', help='one nn.scan per stack')
+  p.add_argument('--remat-policy', default='none', choices=('none', 'minimal', 'full'),
+                 help="T5Config.remat_policy (what the backward pass recomputes)")
   common.add_dtype_argument(p)  # the matmul peak is measured in it too
   common.add_ab_arguments(p)
   common.add_out_argument(p, __file__)

@@ -59,6 +59,46 @@ def random_params(model: Transformer, seed: int = 0, dtype: Optional[str] = None
   return _init(model, jax.random.PRNGKey(seed), dtype)
 
 
+def shaped_random_params(model: Transformer, seed: int = 0, dtype: Optional[str] = None):
+  """Parameters of `model`'s shapes without compiling its init: every floating leaf random normal
+  with std 1/sqrt(fan-in) (norm scales 1), made leaf by leaf in `dtype` (None: float32) on the
+  default device. Not the model's init distribution: for timings, which depend on shapes only."""
+  shapes = jax.eval_shape(lambda r: model.init(r, *(jnp.ones((1, 8), jnp.int32),) * 3,
+                                               enable_dropout=False)['params'],
+                          jax.random.PRNGKey(seed))
+  paths, tree = jax.tree_util.tree_flatten_with_path(shapes)
+  out_dtype = jnp.dtype(dtype or 'float32')
+  keys = jax.random.split(jax.random.PRNGKey(seed), len(paths))
+  made = []
+  for key, (path, leaf) in zip(keys, paths):
+    if getattr(path[-1], 'key', None) == 'scale':  # an RMSNorm scale
+      made.append(jnp.ones(leaf.shape, out_dtype))
+    else:
+      made.append(_normal(key, leaf.shape, out_dtype, 1.0 / np.sqrt(leaf.shape[0])))
+  return jax.tree_util.tree_unflatten(tree, made)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _normal(key, shape, dtype, std):
+  return (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+
+def shaped_random_state(shapes, params):
+  """A decode state of `shapes` (`jax.eval_shape` of a decoder's `init`) holding `params`: random
+  K/V (std 1, the cache's dtype), index and positions 0, every boolean (encoder mask) True."""
+  leaves, tree = jax.tree_util.tree_flatten(shapes.replace(params=None))
+  keys = jax.random.split(jax.random.PRNGKey(1), max(len(leaves), 1))
+  made = []
+  for key, leaf in zip(keys, leaves):
+    if jnp.issubdtype(leaf.dtype, jnp.floating):
+      made.append(_normal(key, leaf.shape, jnp.dtype(leaf.dtype), 1.0))
+    elif leaf.dtype == jnp.bool_:
+      made.append(jnp.ones(leaf.shape, jnp.bool_))
+    else:
+      made.append(jnp.zeros(leaf.shape, leaf.dtype))
+  return jax.tree_util.tree_unflatten(tree, made).replace(params=params)
+
+
 def kv_heads(config: T5Config, kv: str) -> int:
   """The K/V head count that `kv` (mha, mqa or gqaG) names for `config`'s query heads."""
   return {'mha': config.num_heads, 'mqa': 1}.get(kv) or int(kv[3:])

@@ -72,8 +72,9 @@ def register(subparsers) -> None:
                  help='cast the floating parameters (target and model draft) to this dtype once, '
                       'at load (default: as stored)')
   p.add_argument('--layout', choices=arguments.LAYOUTS, default=None,
-                 help="the target's layer layout, converted at load (scanned: one nn.scan per "
-                      'stack, compile time independent of depth; default: as stored)')
+                 help="the layer layout decoding runs in, converted at load (default: unrolled, "
+                      'as MaxText decodes, whatever the checkpoint was trained in; scanned: one '
+                      'nn.scan per stack, compile time independent of depth, slower steps)')
   p.add_argument('--loop-chunk', type=int, default=1, metavar='K',
                  help='autoregressive decoding: K decode steps per while-loop iteration, a static '
                       'trip count (same tokens; fewer host synchronisations on a GPU)')
@@ -167,9 +168,8 @@ def generate(args: argparse.Namespace) -> int:
   target_config, params, vocab_path = _load(args.model, 'model')
   from gqa_spec.checkpoints import param_dtype  # pylint: disable=g-import-not-at-top
   target_config, params = param_dtype.cast(target_config, params, args.param_dtype)
-  if args.layout is not None:
-    from gqa_spec.models import layout  # pylint: disable=g-import-not-at-top
-    target_config, params = layout.convert(target_config, params, args.layout == 'scanned')
+  from gqa_spec.models import layout  # pylint: disable=g-import-not-at-top
+  target_config, params = layout.for_decoding(target_config, params, args.layout)
   vocab = None
   if vocab_path:
     from gqa_spec.data.vocabulary import get_vocabulary  # pylint: disable=g-import-not-at-top

@@ -40,6 +40,7 @@ from gqa_spec import progress
 from gqa_spec.data import exported
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
+from gqa_spec.models.layout import DECODE_LAYOUT
 from gqa_spec.models.t5 import Transformer
 
 DECODINGS = ('greedy', 'beam', 'speculative')
@@ -429,8 +430,9 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
     tree: a token tree for 'speculative' (`topk:...` / `best:...`) in place of gamma.
     param_dtype: cast the floating parameters (target and model draft) to it once, at load
       ('float32' or 'bfloat16'; None: as stored).
-    layout: the target's layer layout, converted at load ('scanned': one `nn.scan` per stack,
-      compiles in time independent of depth; 'unrolled'; None: as stored).
+    layout: the layer layout decoding runs in, converted at load ('scanned': one `nn.scan` per
+      stack, compiles in time independent of depth, slower steps; 'unrolled'; None: unrolled,
+      `models.layout.DECODE_LAYOUT`).
 
   Returns:
     The metrics written.
@@ -438,7 +440,7 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
   from gqa_spec.checkpoints import param_dtype as dtype_lib  # pylint: disable=g-import-not-at-top
   from gqa_spec.checkpoints.load import load_any, scan_layers_of  # pylint: disable=g-import-not-at-top  (slow imports)
   dtype_lib.check(param_dtype, 'param_dtype')
-  config, params, step = load_any(checkpoint_path, scan_layers=scan_layers_of(layout))
+  config, params, step = load_any(checkpoint_path, scan_layers=scan_layers_of(layout or DECODE_LAYOUT))
   config, params = dtype_lib.cast(config, params, param_dtype, 'param_dtype')
   evaluator = InferenceEvaluator(mixture_or_task_name, config, split, task_feature_lengths,
                                  batch_size, num_examples, decoding, beam_size, draft=draft,

@@ -97,8 +97,8 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
     draft, gamma: of 'speculative' (draft: copy, unigram:PATH, bigram:PATH or a checkpoint dir).
     param_dtype: cast the floating parameters (target and model draft) to it once, at load
       ('float32' or 'bfloat16'; None: as stored).
-    layout: the target's layer layout, converted at load ('scanned', 'unrolled'; None: as
-      stored).
+    layout: the layer layout decoding runs in, converted at load ('scanned', 'unrolled'; None:
+      unrolled, `models.layout.DECODE_LAYOUT`).
 
   Returns:
     `{task name: file written}`.
@@ -115,7 +115,8 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
   dtype_lib.check(param_dtype, 'param_dtype')
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
   from gqa_spec.checkpoints.load import load_any, scan_layers_of  # pylint: disable=g-import-not-at-top
-  scan_layers = scan_layers_of(layout)
+  from gqa_spec.models.layout import DECODE_LAYOUT  # pylint: disable=g-import-not-at-top
+  scan_layers = scan_layers_of(layout or DECODE_LAYOUT)
   if exported.is_exported(mixture_or_task_name):
     task_batches, lengths = _exported_batches(mixture_or_task_name, split, task_feature_lengths,
                                               batch_size, num_examples)

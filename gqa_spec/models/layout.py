@@ -10,7 +10,7 @@ a checkpoint written in one layout loads into the other without changing the fun
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Tuple
+from typing import Any, Mapping, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -89,3 +89,24 @@ def convert(config: T5Config, params: Params, scan_layers: bool) -> Tuple[T5Conf
   """`(config, params)` of a model moved to the requested layout (the function is unchanged)."""
   return config.replace(scan_layers=scan_layers), to_layout(params, scan_layers)
 
+
+
+DECODE_LAYOUT = 'unrolled'  # what decoding uses when not told (see `for_decoding`)
+
+
+def for_decoding(config: T5Config, params: Params,
+                 layout: Optional[str] = None) -> Tuple[T5Config, Params]:
+  """`(config, params)` in the layer layout decoding runs in: `layout` ('unrolled' or 'scanned'),
+  or `DECODE_LAYOUT` (unrolled) when None, whatever layout the checkpoint was trained in.
+
+  Training scans (compile time independent of depth); decoding unrolls, as MaxText's inference does
+  (its decode configs set `scan_layers=false` and convert scanned checkpoints). In a scanned
+  decode loop XLA re-transposes every stacked weight `[in, layers, out] -> [layers, in, out]` and
+  every stacked cache leaf on each step (loop-invariant copies its while-loop code motion does not
+  hoist), so a scanned T5.1.1-small decodes at about half the unrolled speed on a CPU
+  (`benchmarks/decode_layouts.py`, docs/performance.md). Conversion is exact and done once, here.
+  """
+  scan = (layout or DECODE_LAYOUT) == 'scanned'
+  if config.scan_layers == scan and is_scanned(params) == scan:
+    return config, params
+  return convert(config, params, scan)

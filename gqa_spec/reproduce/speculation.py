@@ -71,16 +71,23 @@ def _without_outputs(grid: dict) -> dict:
           for t, a in grid['autoregressive'].items()}
 
 
-def _chain_job(ctx, task: str, lengths, target_name: str, finetuned: dict, memo) -> dict:
+def _load(path: str):
+  """`(config, params, step)` of a checkpoint in the layout decoding runs in (unrolled)."""
   from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
+  from gqa_spec.models import layout  # pylint: disable=g-import-not-at-top
+  config, params, step = native.load_checkpoint(path)
+  return (*layout.for_decoding(config, params), step)
+
+
+def _chain_job(ctx, task: str, lengths, target_name: str, finetuned: dict, memo) -> dict:
   from gqa_spec.decoding import speedup  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.drafts import CopyDraft, ModelDraft, NgramDraft  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.drafts.ngram import fit_ngram_on_task  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
   p = ctx.preset
-  config, params, _ = native.load_checkpoint(finetuned[(task, target_name)])
-  dconfig, dparams, _ = native.load_checkpoint(finetuned[(task, 'draft')])
+  config, params, _ = _load(finetuned[(task, target_name)])
+  dconfig, dparams, _ = _load(finetuned[(task, 'draft')])
   max_len = lengths[1]
   model_draft = ModelDraft.t5(Transformer(dconfig))
   ngram = NgramDraft(config.vocab_size)
@@ -112,7 +119,6 @@ def _bytes_per_token(row: dict, target_bytes: int, draft_bytes: int,
 def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
                 trained: dict, memo) -> dict:
   """Plain, distilled, Chimera and staged chains and the trees, side by side (module docstring)."""
-  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding import speedup  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding import drafts as d  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.drafts.ngram import fit_ngram_on_task  # pylint: disable=g-import-not-at-top
@@ -123,9 +129,9 @@ def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
   from gqa_spec.models.chimera import trigram_table  # pylint: disable=g-import-not-at-top
   p = ctx.preset
   L, gmax = lengths[1], max(p.gammas)
-  config, params, _ = native.load_checkpoint(finetuned[(task, target_name)])
-  dconfig, dparams, _ = native.load_checkpoint(finetuned[(task, 'draft')])
-  kconfig, kparams, _ = native.load_checkpoint(ctx.path(trained[(task, 'distilled')]['checkpoint']))
+  config, params, _ = _load(finetuned[(task, target_name)])
+  dconfig, dparams, _ = _load(finetuned[(task, 'draft')])
+  kconfig, kparams, _ = _load(ctx.path(trained[(task, 'distilled')]['checkpoint']))
   cconfig, cparams, _ = draft_records.load_chimera(ctx.path(trained[(task, 'chimera')]['run_dir']))
   emb = params['token_embedder']['embedding']  # [V, D] the frozen target's, Chimera's input
   table = jax.jit(trigram_table)(cparams, emb)  # [3, V, F] once, outside the timed decoding

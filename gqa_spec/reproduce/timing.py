@@ -25,7 +25,9 @@ def decode_fn(config, params, inputs, max_decode_len: int) -> Callable[[], objec
   import jax  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding import autoregressive  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
+  from gqa_spec.models import layout  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  config, params = layout.for_decoding(config, params)  # a scanned preset's models decode unrolled
   decoder = T5Decoder(Transformer(config))
 
   def run():

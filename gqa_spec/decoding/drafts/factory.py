@@ -83,12 +83,14 @@ def _model_decoder(spec: str, target_config, mesh: Any, param_dtype: Optional[st
   batch); floating parameters cast to `param_dtype` (None: as stored)."""
   from gqa_spec.checkpoints import native, param_dtype as dtype_lib  # pylint: disable=g-import-not-at-top  (slow imports)
   from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
+  from gqa_spec.models import layout  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
   config, params, _ = native.load_checkpoint(spec)
   if config.vocab_size != target_config.vocab_size:
     raise UserError(f'draft vocabulary {config.vocab_size} != target vocabulary '
                     f'{target_config.vocab_size}')
   config, params = dtype_lib.cast(config, params, param_dtype)
+  config, params = layout.for_decoding(config, params)
   if mesh is None:
     return T5Decoder(Transformer(config)), params
   from gqa_spec.decoding import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
