@@ -173,12 +173,14 @@ def _seqio_batches(name: str, split: str, lengths: Optional[Mapping[str, int]], 
     ds = task.get_dataset(sequence_length=lengths, split=split, shuffle=False, num_epochs=1)
     if num_examples is not None:
       ds = ds.take(num_examples)
+    # The converter pads every row to the feature lengths, so its batches stack; the task's own
+    # examples (token rows of their own lengths, as t5x's infer keeps them) are read one by one.
     model_ds = seqio.EncDecFeatureConverter(pack=False)(ds, lengths)
-    for raw, features in zip(ds.batch(batch_size).as_numpy_iterator(),
-                             model_ds.batch(batch_size).as_numpy_iterator()):
+    raw = ({k: _json(v) for k, v in ex.items() if k.endswith('_pretokenized')}
+           for ex in ds.as_numpy_iterator())
+    for features in model_ds.batch(batch_size).as_numpy_iterator():
       inputs = np.asarray(features['encoder_input_tokens'], np.int32)  # [n, S]
-      yield ([{k: _json(v[i]) for k, v in raw.items() if k.endswith('_pretokenized')}
-              for i in range(len(inputs))], inputs)
+      yield [next(raw) for _ in range(len(inputs))], inputs
 
   return [(task.name, task.output_features['targets'].vocabulary, batches(task))
           for task in seqio.get_subtasks(seqio.get_mixture_or_task(name))], lengths
