@@ -309,7 +309,8 @@ def train_draft(*, kind: str, target_checkpoint: str, model_dir: str, train_data
                          initial_step=0 if initial_checkpoint_path else None)
   if kind == 'model':
     config, params, _ = load_any(model_dir)
-    native.save_checkpoint(os.path.join(model_dir, DRAFT_EXPORT_DIR), config, params, overwrite=True)
+    native.save_checkpoint(os.path.join(model_dir, DRAFT_EXPORT_DIR), config, params,
+                           vocab_path=native.vocab_path(model_dir), overwrite=True)
   return result
 
 
