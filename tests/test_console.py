@@ -42,6 +42,18 @@ def test_cli_start_up_on_cpu_is_quiet(tmp_path):
   assert result.stderr == '', result.stderr
 
 
+def test_library_use_on_cpu_is_quiet(tmp_path):
+  # The library, not the command: importing the DDTP tasks imports seqio, hence TensorFlow.
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  env.pop('TF_CPP_MIN_LOG_LEVEL', None)
+  code = ('from gqa_spec.data import tasks; import tensorflow as tf; '
+          'print(len(tf.config.list_physical_devices()))')
+  result = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True,
+                          cwd=tmp_path)
+  assert result.returncode == 0 and result.stdout.strip() == '1', result.stderr[-3000:]
+  assert not console.NOISE.search(result.stderr), result.stderr
+
+
 @pytest.mark.parametrize('argv, verbose', [
     (['train', '--gin_file=x.gin'], False), (['train', '--verbose', '--gin.A=1'], True),
     (['--verbose', 'reproduce'], True), (['reproduce', '--verbose'], True),

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gqa_spec.data import exported, vocab_fit
+from gqa_spec.evaluation import outputs
 from gqa_spec.errors import UserError
 
 DECODINGS = ('greedy', 'sample', 'beam', 'speculative')
@@ -135,10 +136,11 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
   if decoding == 'speculative':
     decode = _speculative(model, params, config, length, draft, gamma, param_dtype)
   os.makedirs(output_dir, exist_ok=True)
+  outputs.note_replaced(output_dir, [_file_name(name, mode) for name, _, _ in task_batches])
   written = {}
   rng = jax.random.PRNGKey(seed)
   for name, vocab, batches in task_batches:
-    path = os.path.join(output_dir, f'{name}-{mode}.jsonl-00000-of-00001')
+    path = os.path.join(output_dir, _file_name(name, mode))
     with open(path, 'w') as f:
       for raw, inputs in batches:
         n = inputs.shape[0]  # inputs: [n, S]
@@ -155,6 +157,10 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
           f.write(json.dumps(line, ensure_ascii=False) + '\n')
     written[name] = path
   return written
+
+
+def _file_name(task: str, mode: str) -> str:
+  return f'{task}-{mode}.jsonl-00000-of-00001'  # t5x's name for one shard
 
 
 # Per task: (name, vocabulary, batches of ([raw text features per example], [n, S] int32 inputs)).

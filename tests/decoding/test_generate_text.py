@@ -104,3 +104,15 @@ def test_vocab_errors_are_one_line(workdir, tmp_path, capsys):
   assert cli.main(['generate', '--model', carried, '--inputs', texts, '--out', out,
                    '--max-decode-len', '4']) == 0  # its own vocabulary: text in, text out
   assert 'output' in json.loads(open(out).readline())
+
+
+def test_missing_chimera_directory_is_named_and_help_lists_chimera(tmp_path, capsys):
+  missing = tmp_path / 'no_such_chimera'
+  assert cli.main(['generate', '--model', str(tmp_path), '--inputs', str(tmp_path / 'in.jsonl'),
+                   '--out', str(tmp_path / 'out.jsonl'), '--draft', f'chimera:{missing}']) == 2
+  err = capsys.readouterr().err
+  assert err == (f'gqa-spec: error: --draft chimera:{missing}: Chimera draft directory not found: '
+                 f'{missing}\n')
+  with pytest.raises(SystemExit):
+    cli.main(['generate', '--help'])
+  assert 'chimera:DIR' in capsys.readouterr().out

@@ -13,6 +13,7 @@ import pytest
 from gqa_spec.checkpoints import native
 from gqa_spec.data import commands as data_commands
 from gqa_spec.data import tasks
+from gqa_spec.errors import UserError
 from gqa_spec.evaluation import infer
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
@@ -63,3 +64,15 @@ def test_batches_of_rows_of_different_lengths(setup, tmp_path):
   assert [l['prediction'] for l in one] == [l['prediction'] for l in lines]
   exported = _infer(ckpt, f'exported:{export}/{TASK}', str(tmp_path / 'e3'), 3)
   assert exported == lines
+
+
+def test_rerun_names_the_files_it_replaces_and_a_missing_checkpoint(setup, tmp_path, capsys):
+  ckpt, _ = setup
+  out = str(tmp_path / 'again')
+  first = _infer(ckpt, TASK, out, 3)
+  assert 'replacing' not in capsys.readouterr().err
+  assert _infer(ckpt, TASK, out, 3) == first  # replaced, as t5x's infer does, with one line
+  assert capsys.readouterr().err == (f'gqa-spec: replacing 1 existing file(s) in {out}: '
+                                     f'{TASK}-predict.jsonl-00000-of-00001\n')
+  with pytest.raises(UserError, match=r'^\S*/nope: checkpoint not found$'):
+    infer.infer(str(tmp_path / 'nope'), TASK, out)
