@@ -6,4 +6,4 @@ __version__ = '0.1.0'
 
 # Library use too (not only the `gqa-spec` command): TensorFlow's CUDA-probing lines on a machine
 # without a GPU ("failed call to cuInit") are dropped when seqio first imports it (`console`).
-_console.quiet_startup()
+_console.quiet_tensorflow_import()

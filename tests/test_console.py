@@ -22,8 +22,11 @@ def test_filtered_stderr_drops_probing_noise_and_keeps_real_lines(capfd):
 
 def test_verbose_restores_tensorflow_logs(monkeypatch):
   monkeypatch.setenv('TF_CPP_MIN_LOG_LEVEL', '2')
+  monkeypatch.setattr(sys, 'meta_path', list(sys.meta_path))
+  sys.meta_path.insert(0, console._QuietTensorFlowFinder())  # as the package's import installs it
   console.setup(verbose=True, user_tf_level=False)
   assert os.environ['TF_CPP_MIN_LOG_LEVEL'] == '0'
+  assert not any(isinstance(f, console._QuietTensorFlowFinder) for f in sys.meta_path)
   monkeypatch.setenv('TF_CPP_MIN_LOG_LEVEL', '3')
   console.setup(verbose=True, user_tf_level=True)  # the user's own setting wins
   assert os.environ['TF_CPP_MIN_LOG_LEVEL'] == '3'
