@@ -1,6 +1,7 @@
 """`gqa-spec generate` (autoregressive or speculative decoding of a checkpoint) and `gqa-spec ngram fit`.
 
   gqa-spec generate --model CKPT --inputs IN.jsonl --out OUT.jsonl [--stats STATS.json]
+      [--vocab SPM] [--task TASK]
       [--max-decode-len N] [--batch-size B] [--draft {none,CKPT_DIR,unigram:PATH,bigram:PATH,copy}]
       [--gamma G] [--tree {topk:K1,K2,...|best:N,depth:D[,width:W]}[,replace]]
       [--stage2 bigram:PATH [--stage2-gamma G2]] [--temperature T]
@@ -8,7 +9,8 @@
       [--param-dtype {float32,bfloat16}] [--loop-chunk K]
   gqa-spec ngram fit --task TASK --order {1,2} --out PATH [--split train] [--max-examples N]
 
-Input lines hold `input_ids` (ints) or `inputs` (text; needs a checkpoint vocabulary). Output
+Input lines hold `input_ids` (ints) or `inputs` (text: the checkpoint's vocabulary, `--vocab`'s
+where it carries none, or with `--task` that seqio task's own preprocessing and tokenizer). Output
 lines hold `output_ids` (no decoder start token, cut at and excluding EOS) and `output` text when
 a vocabulary is known. All inputs are padded to one length and the last batch is filled with dummy
 rows, so decoding compiles once; `--stats` `seconds` is the decode wall time after that compile
@@ -194,7 +196,11 @@ def generate(args: argparse.Namespace) -> int:
     from gqa_spec.data import vocab_fit  # pylint: disable=g-import-not-at-top
     from gqa_spec.data.vocabulary import get_vocabulary  # pylint: disable=g-import-not-at-top
     vocab = get_vocabulary(vocab_path)
-    vocab_fit.check({vocab_path: vocab.vocab_size}, target_config.vocab_size, args.model)
+    try:
+      size = vocab.vocab_size  # seqio reads the model file here
+    except Exception as e:  # pylint: disable=broad-except; sentencepiece raises several types
+      raise UserError(f'{vocab_path}: not a SentencePiece model ({type(e).__name__})') from None
+    vocab_fit.check({vocab_path: size}, target_config.vocab_size, args.model)
   rows = _read_inputs(args.inputs, vocab, args.task)
   for ids in rows:
     bad = [t for t in ids if t < 0 or t >= target_config.vocab_size]

@@ -89,6 +89,10 @@ def test_vocab_errors_are_one_line(workdir, tmp_path, capsys):
   assert 'carries none; pass --vocab or --task' in capsys.readouterr().err
   assert cli.main(base + ['--vocab', str(tmp_path / 'missing.model')]) == 2
   assert 'missing.model: vocabulary file not found' in capsys.readouterr().err
+  garbage = tmp_path / 'garbage.model'
+  garbage.write_bytes(b'not a model')
+  assert cli.main(base + ['--vocab', str(garbage)]) == 2
+  assert capsys.readouterr().err.startswith(f'gqa-spec: error: {garbage}: not a SentencePiece model')
   # convert --vocab: the result carries it; then another --vocab is refused.
   carried = str(tmp_path / 'carried')
   assert cli.main(['convert', str(d / 'ckpt'), carried, '--kv-heads', '1', '--method', 'mean',
