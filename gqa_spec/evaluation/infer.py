@@ -180,7 +180,7 @@ def _seqio_batches(name: str, split: str, lengths: Optional[Mapping[str, int]], 
     if num_examples is not None:
       ds = ds.take(num_examples)
     # The converter pads every row to the feature lengths, so its batches stack; the task's own
-    # examples (token rows of their own lengths, as t5x's infer keeps them) are read one by one.
+    # examples (token rows of their own lengths) are read one by one, for their raw text.
     model_ds = seqio.EncDecFeatureConverter(pack=False)(ds, lengths)
     raw = ({k: _json(v) for k, v in ex.items() if k.endswith('_pretokenized')}
            for ex in ds.as_numpy_iterator())

@@ -3,9 +3,9 @@
   step = outputs.checkpoint_step('RUN/best', None)       # RUN/best.json's step for a run's best/
   outputs.note_replaced(output_dir, ['metrics.json'])    # one stderr line when files are replaced
 
-An output directory that exists is written into, and files of the same names are replaced, as
-t5x's eval and infer do; a line on stderr names the files replaced, so a rerun never overwrites
-earlier results without a word.
+An output directory that exists is written into, and files of the same names are replaced (a rerun
+needs no flag); a line on stderr names the files replaced, so a rerun never overwrites earlier
+results without a word.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`gqa-spec infer` at batch > 1 on rows of different lengths, through seqio and an export: the
-last batch padded and trimmed, as t5x's infer does, and the same predictions at every batch size."""
+last batch padded and its padding rows dropped, and the same predictions at every batch size."""
 
 import argparse
 import json
@@ -71,7 +71,7 @@ def test_rerun_names_the_files_it_replaces_and_a_missing_checkpoint(setup, tmp_p
   out = str(tmp_path / 'again')
   first = _infer(ckpt, TASK, out, 3)
   assert 'replacing' not in capsys.readouterr().err
-  assert _infer(ckpt, TASK, out, 3) == first  # replaced, as t5x's infer does, with one line
+  assert _infer(ckpt, TASK, out, 3) == first  # replaced, with one line naming the file
   assert capsys.readouterr().err == (f'gqa-spec: replacing 1 existing file(s) in {out}: '
                                      f'{TASK}-predict.jsonl-00000-of-00001\n')
   with pytest.raises(UserError, match=r'^\S*/nope: checkpoint not found$'):
