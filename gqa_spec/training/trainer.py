@@ -327,9 +327,9 @@ def _copy_vocab(task: str, model_dir: str) -> None:
   """Copies the task's vocabulary into the run directory (`rundir.VOCAB_FILE`), where the
   checkpoints written from the run (best/, drafts, uptraining's converted/) take it from."""
   source = None if task == 'synthetic' else vocab_file(task)
-  if source is None:
-    return
   path = os.path.join(model_dir, rundir.VOCAB_FILE)
+  if source is None or os.path.abspath(source) == os.path.abspath(path):
+    return
   os.makedirs(os.path.dirname(path), exist_ok=True)
   shutil.copyfile(source, path)
 
