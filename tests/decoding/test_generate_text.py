@@ -2,7 +2,6 @@
 own input preprocessing, the `output` text beside `output_ids`; `--vocab` on `convert`."""
 
 import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +12,7 @@ from gqa_spec import cli
 from gqa_spec.checkpoints import native
 from gqa_spec.data import corpus, tasks, text_inputs
 from gqa_spec.data.vocabulary import get_vocabulary
+from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
 
@@ -59,7 +59,7 @@ def test_task_inputs_apply_the_tasks_prefix_and_eos(workdir):
   assert [vocab.decode(i) for i in ids] == [PREFIX + t for t in TEXTS]
   assert all(i[-1] == 1 and 1 not in i[:-1] for i in ids)
   assert text_inputs.vocab_file(TASK) == vocab_path
-  with pytest.raises(Exception, match='does not tokenize text inputs|makes no inputs'):
+  with pytest.raises(UserError, match='does not tokenize text inputs|makes no inputs'):
     text_inputs.task_inputs('ddtp_span_corruption', TEXTS)
 
 

@@ -3,7 +3,6 @@ last batch padded and its padding rows dropped, and the same predictions at ever
 
 import argparse
 import json
-import os
 
 import jax
 import jax.numpy as jnp
