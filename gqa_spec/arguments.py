@@ -11,6 +11,7 @@ model is loaded, so a bad path never costs a decode.
 from __future__ import annotations
 
 import argparse
+import filecmp
 import os
 from typing import Mapping, Optional
 
@@ -72,3 +73,17 @@ def _inside(path: str, directory: str) -> bool:
   """Whether `path` is `directory` or lies inside it (replacing `directory` deletes it)."""
   path, directory = os.path.realpath(path), os.path.realpath(directory)
   return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+def vocab_file(carried: Optional[str], given: Optional[str], checkpoint: str) -> Optional[str]:
+  """The vocabulary of a checkpoint command: `--vocab` (`given`) where the checkpoint carries none
+  (`carried`), else the checkpoint's own; a `--vocab` that differs from the carried one is refused
+  (it would decode the model's ids into another vocabulary's text)."""
+  if given is None:
+    return carried
+  if not os.path.isfile(given):
+    raise UserError(f'--vocab {given}: vocabulary file not found')
+  if carried is not None and not filecmp.cmp(carried, given, shallow=False):
+    raise UserError(f'--vocab {given}: {checkpoint} carries another vocabulary ({carried}); drop '
+                    '--vocab')
+  return given

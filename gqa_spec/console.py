@@ -84,8 +84,15 @@ class _QuietLoader(importlib.abc.Loader):
 
 
 def quiet_startup() -> None:
-  """Hides TensorFlow's accelerator-probing lines (see the module docstring); idempotent."""
+  """Hides TensorFlow's accelerator-probing lines and INFO notices (see the module docstring);
+  idempotent."""
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TF's INFO notices (oneDNN, CPU features)
+  quiet_tensorflow_import()
+
+
+def quiet_tensorflow_import() -> None:
+  """Drops the `NOISE` lines of TensorFlow's import, whenever it happens (library use: the package
+  calls it on import; it sets no environment variable); idempotent."""
   if 'tensorflow' in sys.modules or any(isinstance(f, _QuietTensorFlowFinder)
                                         for f in sys.meta_path):
     return
@@ -106,5 +113,8 @@ def setup(verbose: bool = False, user_tf_level: bool = False) -> None:
   INFO logs back (unless the user set TF_CPP_MIN_LOG_LEVEL: `user_tf_level`)."""
   if not verbose:
     quiet_startup()
-  elif not user_tf_level:
+    return
+  # everything TensorFlow writes, the probing lines too (the package's import filters them)
+  sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _QuietTensorFlowFinder)]
+  if not user_tf_level:
     os.environ['TF_CPP_MIN_LOG_LEVEL'] = '0'

@@ -5,6 +5,8 @@ directory is `trainer.train`'s model_dir; a reproduction's work dir holds many o
 
   <model_dir>/
     checkpoints/<step>/   orbax checkpoints (`CHECKPOINTS_DIR`, `checkpoints.manager`)
+    vocab/sentencepiece.model  the task's vocabulary, carried into every checkpoint written from
+                          the run, as in a native checkpoint (`VOCAB_FILE`)
     best/ + best.json     the best evaluation's native export and its record (`BEST_DIR`, `BEST_FILE`)
     train_log.jsonl       one JSON object per logged train/eval record (`TRAIN_LOG_FILE`)
     train/, eval/         TensorBoard event files
@@ -44,6 +46,7 @@ CONVERTED_DIR = 'converted'
 UPTRAIN_FILE = 'uptrain.json'
 DRAFT_FILE = 'draft.json'
 DRAFT_EXPORT_DIR = 'draft'
+VOCAB_FILE = os.path.join('vocab', 'sentencepiece.model')
 
 
 @contextlib.contextmanager

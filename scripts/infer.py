@@ -2,8 +2,8 @@
 """t5x-style inference entry point: swap `python -m t5x.infer` for `python scripts/infer.py`.
 
   python scripts/infer.py --gin_file=runs/infer.gin \
-    --gin.CHECKPOINT_PATH="'/tmp/gqa_spec/nano_mha_translate/best'" \
-    --gin.MIXTURE_OR_TASK_NAME="'ddtp_translate_en_de'" --gin.INFER_OUTPUT_DIR="'/tmp/inf'" \
+    --gin.CHECKPOINT_PATH="'/tmp/gqa_spec/nano_gqa2_translate/best'" \
+    --gin.MIXTURE_OR_TASK_NAME="'ddtp_translate_en_de'" --gin.INFER_OUTPUT_DIR="'/tmp/gqa_spec/infer_gqa2'" \
     [--gin.MODE="'predict_with_aux'"] [--gin.DECODING="'beam'"]
 
 t5x's flags (--gin_file, --gin_bindings, --gin_search_paths, --gin.MACRO=VALUE); runs

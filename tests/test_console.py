@@ -22,8 +22,11 @@ def test_filtered_stderr_drops_probing_noise_and_keeps_real_lines(capfd):
 
 def test_verbose_restores_tensorflow_logs(monkeypatch):
   monkeypatch.setenv('TF_CPP_MIN_LOG_LEVEL', '2')
+  monkeypatch.setattr(sys, 'meta_path', list(sys.meta_path))
+  sys.meta_path.insert(0, console._QuietTensorFlowFinder())  # as the package's import installs it
   console.setup(verbose=True, user_tf_level=False)
   assert os.environ['TF_CPP_MIN_LOG_LEVEL'] == '0'
+  assert not any(isinstance(f, console._QuietTensorFlowFinder) for f in sys.meta_path)
   monkeypatch.setenv('TF_CPP_MIN_LOG_LEVEL', '3')
   console.setup(verbose=True, user_tf_level=True)  # the user's own setting wins
   assert os.environ['TF_CPP_MIN_LOG_LEVEL'] == '3'
@@ -40,6 +43,18 @@ def test_cli_start_up_on_cpu_is_quiet(tmp_path):
   assert 'tensorflow' not in result.stderr.lower() and not console.NOISE.search(result.stderr), \
       result.stderr
   assert result.stderr == '', result.stderr
+
+
+def test_library_use_on_cpu_is_quiet(tmp_path):
+  # The library, not the command: importing the DDTP tasks imports seqio, hence TensorFlow.
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  env.pop('TF_CPP_MIN_LOG_LEVEL', None)
+  code = ('from gqa_spec.data import tasks; import tensorflow as tf; '
+          'print(len(tf.config.list_physical_devices()))')
+  result = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True,
+                          cwd=tmp_path)
+  assert result.returncode == 0 and result.stdout.strip() == '1', result.stderr[-3000:]
+  assert not console.NOISE.search(result.stderr), result.stderr
 
 
 @pytest.mark.parametrize('argv, verbose', [

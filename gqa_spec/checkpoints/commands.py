@@ -19,6 +19,12 @@ def _layout_flag(p, default) -> None:
                  ('' if default else '; default: the input\'s'))
 
 
+def _vocab_flag(p) -> None:
+  p.add_argument('--vocab', metavar='SPM', default=None,
+                 help='SentencePiece model to store with the result, where the input checkpoint '
+                      'carries none (its own travels with it)')
+
+
 def register(subparsers) -> None:
   """Adds the checkpoint commands to the `gqa-spec` parser."""
   p = subparsers.add_parser('import-hf', help='HF T5 checkpoint dir -> native checkpoint')
@@ -27,6 +33,7 @@ def register(subparsers) -> None:
   p.add_argument('out_dir', metavar='OUT_DIR')
   p.add_argument('--param-dtype', default='float32', choices=('float32', 'bfloat16'))
   _layout_flag(p, 'unrolled')
+  _vocab_flag(p)
   p.add_argument('--overwrite', action='store_true', help='replace OUT_DIR if it exists')
   p.set_defaults(func=import_hf)
 
@@ -60,6 +67,7 @@ def register(subparsers) -> None:
   p.add_argument('--method', required=True, choices=('mean', 'first', 'random'))
   p.add_argument('--seed', type=int, default=0, help='PRNG seed of --method random')
   _layout_flag(p, None)
+  _vocab_flag(p)
   p.add_argument('--overwrite', action='store_true', help='replace OUT_DIR if it exists')
   p.set_defaults(func=convert)
 
@@ -76,6 +84,7 @@ def import_hf(args: argparse.Namespace) -> int:
   from gqa_spec.checkpoints import hf, native  # pylint: disable=g-import-not-at-top
   _check_out('OUT_DIR', args.out_dir, args.overwrite, {'HF_DIR': args.hf_dir})
   config, params, vocab = hf.load_hf(args.hf_dir, args.param_dtype, args.layout == 'scanned')
+  vocab = arguments.vocab_file(vocab, args.vocab, args.hf_dir)
   native.save_checkpoint(args.out_dir, config, params, vocab, overwrite=args.overwrite)
   print(f'imported {args.hf_dir} -> {args.out_dir}')
   return 0
@@ -121,6 +130,7 @@ def convert(args: argparse.Namespace) -> int:
   from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
   _check_out('OUT_DIR', args.out_dir, args.overwrite, {'CKPT_DIR': args.ckpt_dir})
   config, params, vocab = native.load_checkpoint(args.ckpt_dir)
+  vocab = arguments.vocab_file(vocab, args.vocab, args.ckpt_dir)
   params, config = convert_lib.convert_params(params, config, args.kv_heads, args.method, args.seed)
   if args.layout is not None:
     from gqa_spec.models import layout  # pylint: disable=g-import-not-at-top

@@ -303,8 +303,12 @@ def save_hf(hf_dir: str, config: T5Config, params: Params, vocab_path: Optional[
   hf_config = config_to_hf(config)
   state = params_to_hf(params, config)
   fresh_output_dir(hf_dir, overwrite)
-  save_file({k: np.ascontiguousarray(v, np.float32) for k, v in state.items()},
-            os.path.join(hf_dir, 'model.safetensors'), metadata={'format': 'pt'})
+  weights = os.path.join(hf_dir, 'model.safetensors')
+  save_file({k: np.ascontiguousarray(v, np.float32) for k, v in state.items()}, weights,
+            metadata={'format': 'pt'})
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(weights, 0o666 & ~umask)  # safetensors writes 0600; the mode of the files beside it
   with open(os.path.join(hf_dir, 'config.json'), 'w') as f:
     json.dump(hf_config, f, indent=2, sort_keys=True)
     f.write('\n')

@@ -19,7 +19,7 @@ from typing import Any, Optional, Tuple
 
 import jax
 
-from gqa_spec import arguments
+from gqa_spec import arguments, rundir
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 
@@ -53,11 +53,20 @@ def load_any(path: str, t5x_config: Optional[T5Config] = None,
   return config, params, step
 
 
+def vocab_of(path: str) -> Optional[str]:
+  """The vocabulary file a checkpoint carries: a run directory's or a native checkpoint's
+  `vocab/sentencepiece.model`, an HF directory's `spiece.model`; None when it carries none."""
+  for name in (rundir.VOCAB_FILE, 'spiece.model'):  # native / run directory, HF
+    if os.path.isfile(os.path.join(path, name)):
+      return os.path.join(path, name)
+  return None
+
+
 def _load(path: str, t5x_config: Optional[T5Config]) -> Tuple[T5Config, Params, Optional[int]]:
   from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top  (slow imports)
   from gqa_spec.checkpoints import manager  # pylint: disable=g-import-not-at-top
   if not os.path.exists(path):
-    raise UserError(f'{path}: initial checkpoint not found')
+    raise UserError(f'{path}: checkpoint not found')
   if manager.has_checkpoints(path):
     ckpt = manager.Checkpointer(path)
     step = ckpt.latest_step()

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gqa_spec import rundir
 from gqa_spec.checkpoints import aborted_reads, integrity
 from gqa_spec.checkpoints.orbax_lock import LOCK
 from gqa_spec.errors import UserError
@@ -36,7 +37,7 @@ Params = Any  # nested dict of arrays, the flax 'params' collection
 CONFIG_FILE = 'config.json'
 PARAMS_DIR = 'params'
 INTEGRITY_FILE = 'integrity.json'
-VOCAB_FILE = os.path.join('vocab', 'sentencepiece.model')
+VOCAB_FILE = rundir.VOCAB_FILE  # also a run directory's
 HF_FILES = ('model.safetensors', 'model.safetensors.index.json', 'pytorch_model.bin',
             'pytorch_model.bin.index.json')
 

@@ -1,6 +1,7 @@
 """`gqa-spec generate` (autoregressive or speculative decoding of a checkpoint) and `gqa-spec ngram fit`.
 
   gqa-spec generate --model CKPT --inputs IN.jsonl --out OUT.jsonl [--stats STATS.json]
+      [--vocab SPM] [--task TASK]
       [--max-decode-len N] [--batch-size B] [--draft {none,CKPT_DIR,unigram:PATH,bigram:PATH,copy}]
       [--gamma G] [--tree {topk:K1,K2,...|best:N,depth:D[,width:W]}[,replace]]
       [--stage2 bigram:PATH [--stage2-gamma G2]] [--temperature T]
@@ -8,7 +9,8 @@
       [--param-dtype {float32,bfloat16}] [--loop-chunk K]
   gqa-spec ngram fit --task TASK --order {1,2} --out PATH [--split train] [--max-examples N]
 
-Input lines hold `input_ids` (ints) or `inputs` (text; needs a checkpoint vocabulary). Output
+Input lines hold `input_ids` (ints) or `inputs` (text: the checkpoint's vocabulary, `--vocab`'s
+where it carries none, or with `--task` that seqio task's own preprocessing and tokenizer). Output
 lines hold `output_ids` (no decoder start token, cut at and excluding EOS) and `output` text when
 a vocabulary is known. All inputs are padded to one length and the last batch is filled with dummy
 rows, so decoding compiles once; `--stats` `seconds` is the decode wall time after that compile
@@ -28,7 +30,7 @@ import argparse
 import json
 import os
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from gqa_spec import arguments
 from gqa_spec.errors import UserError
@@ -40,14 +42,21 @@ def register(subparsers) -> None:
   p = subparsers.add_parser('generate', help='decode a checkpoint on JSONL inputs (optionally '
                             'speculative, with a draft)')
   p.add_argument('--model', required=True, help='native checkpoint directory (the target)')
-  p.add_argument('--inputs', required=True, help='JSONL: input_ids or inputs per line')
+  p.add_argument('--inputs', required=True, help='JSONL: input_ids or inputs (text) per line')
+  p.add_argument('--vocab', metavar='SPM', default=None,
+                 help="SentencePiece model for text inputs and the `output` text, where the "
+                      'checkpoint carries no vocabulary')
+  p.add_argument('--task', metavar='NAME', default=None,
+                 help="text inputs go through this seqio task's own preprocessing (e.g. "
+                      "ddtp_translate_en_de's `translate English to German: ` prefix) and tokenizer")
   p.add_argument('--out', required=True, help='JSONL output path')
   p.add_argument('--stats', help='write timing and acceptance statistics JSON here')
   p.add_argument('--max-decode-len', type=int, default=64)
   p.add_argument('--batch-size', type=int, default=8)
   p.add_argument('--draft', default='none',
                  help='none | CKPT_DIR (a smaller T5, same vocabulary) | unigram:PATH | '
-                      'bigram:PATH (from `gqa-spec ngram fit`) | copy (prompt lookup)')
+                      'bigram:PATH (from `gqa-spec ngram fit`) | copy (prompt lookup) | '
+                      'chimera:DIR (a `train-draft --kind chimera` run)')
   p.add_argument('--gamma', type=int, default=4, help='draft tokens per target call')
   p.add_argument('--tree', default=None,
                  help='verify a token tree instead of a chain (model, bigram or chimera drafts): '
@@ -92,10 +101,12 @@ def register(subparsers) -> None:
   f.set_defaults(func=ngram_fit)
 
 
-def _read_inputs(path: str, vocab) -> List[List[int]]:
+def _read_inputs(path: str, vocab, task: Optional[str]) -> List[List[int]]:
+  """Each line's ids: `input_ids` as given, `inputs` text through `task`'s preprocessing and
+  tokenizer (`data.text_inputs`) or, without a task, `vocab` + EOS."""
   if not os.path.isfile(path):
     raise UserError(f'inputs file not found: {path}')
-  rows = []
+  rows: List[Any] = []  # ids, or the text of an `inputs` line
   with open(path) as f:
     for n, line in enumerate(f, 1):
       if not line.strip():
@@ -112,18 +123,24 @@ def _read_inputs(path: str, vocab) -> List[List[int]]:
             or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
           raise UserError(f'{path}:{n}: input_ids must be a non-empty list of integers')
       elif 'inputs' in obj:
-        if vocab is None:
+        if vocab is None and task is None:
           raise UserError(f'{path}:{n}: text `inputs` need a vocabulary, and the checkpoint '
-                          'carries none; give `input_ids`')
+                          'carries none; pass --vocab or --task, or give `input_ids`')
         if not isinstance(obj['inputs'], str):
           raise UserError(f'{path}:{n}: inputs must be a string')
-        ids = list(vocab.encode(obj['inputs'])) + [EOS]
+        ids = obj['inputs']
       else:
         raise UserError(f'{path}:{n}: needs `input_ids` or `inputs`')
       rows.append(ids)
   if not rows:
     raise UserError(f'{path}: no inputs')
-  return rows
+  texts = [r for r in rows if isinstance(r, str)]
+  if texts and task is not None:
+    from gqa_spec.data import text_inputs  # pylint: disable=g-import-not-at-top  (TensorFlow)
+    encoded = iter(text_inputs.task_inputs(task, texts))
+  else:
+    encoded = iter([list(vocab.encode(t)) + [EOS] for t in texts])
+  return [next(encoded) if isinstance(r, str) else r for r in rows]
 
 
 def _positive(name: str, value: int) -> None:
@@ -170,11 +187,19 @@ def generate(args: argparse.Namespace) -> int:
   target_config, params = param_dtype.cast(target_config, params, args.param_dtype)
   from gqa_spec.models import layout  # pylint: disable=g-import-not-at-top
   target_config, params = layout.for_decoding(target_config, params, args.layout)
+  vocab_path = arguments.vocab_file(vocab_path, args.vocab, args.model)
+  if vocab_path is None and args.task is not None:
+    from gqa_spec.data.text_inputs import vocab_file  # pylint: disable=g-import-not-at-top
+    vocab_path = vocab_file(args.task)  # the task's own: the output text as the task reads it
   vocab = None
   if vocab_path:
     from gqa_spec.data.vocabulary import get_vocabulary  # pylint: disable=g-import-not-at-top
     vocab = get_vocabulary(vocab_path)
-  rows = _read_inputs(args.inputs, vocab)
+    try:
+      vocab.vocab_size  # pylint: disable=pointless-statement; seqio reads the model file here
+    except Exception as e:  # pylint: disable=broad-except; sentencepiece raises several types
+      raise UserError(f'{vocab_path}: not a SentencePiece model ({type(e).__name__})') from None
+  rows = _read_inputs(args.inputs, vocab, args.task)
   for ids in rows:
     bad = [t for t in ids if t < 0 or t >= target_config.vocab_size]
     if bad:

@@ -38,6 +38,7 @@ import numpy as np
 
 from gqa_spec import progress
 from gqa_spec.data import exported
+from gqa_spec.evaluation import outputs
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.layout import DECODE_LAYOUT
@@ -446,8 +447,11 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
                                  batch_size, num_examples, decoding, beam_size, draft=draft,
                                  gamma=gamma, model_parallel=model_parallel, tree=tree,
                                  param_dtype=param_dtype)
+  step = outputs.checkpoint_step(checkpoint_path, step)
   metrics, predictions = evaluator.run(params, step)
   os.makedirs(output_dir, exist_ok=True)
+  outputs.note_replaced(output_dir, ['metrics.json'] + [f'predictions-{t}.jsonl'
+                                                        for t in predictions])
   report = {'checkpoint': os.path.abspath(checkpoint_path), 'step': step,
             'task': mixture_or_task_name, 'split': split, 'decoding': decoding,
             'num_kv_heads': config.num_kv_heads, 'param_dtype': config.param_dtype,

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gqa_spec.data import exported, vocab_fit
+from gqa_spec.evaluation import outputs
 from gqa_spec.errors import UserError
 
 DECODINGS = ('greedy', 'sample', 'beam', 'speculative')
@@ -136,10 +137,11 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
   if decoding == 'speculative':
     decode = _speculative(model, params, config, length, draft, gamma, param_dtype)
   os.makedirs(output_dir, exist_ok=True)
+  outputs.note_replaced(output_dir, [_file_name(name, mode) for name, _, _ in task_batches])
   written = {}
   rng = jax.random.PRNGKey(seed)
   for name, vocab, batches in task_batches:
-    path = os.path.join(output_dir, f'{name}-{mode}.jsonl-00000-of-00001')
+    path = os.path.join(output_dir, _file_name(name, mode))
     with open(path, 'w') as f:
       for raw, inputs in batches:
         n = inputs.shape[0]  # inputs: [n, S]
@@ -158,6 +160,10 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
   return written
 
 
+def _file_name(task: str, mode: str) -> str:
+  return f'{task}-{mode}.jsonl-00000-of-00001'  # t5x's name for one shard
+
+
 # Per task: (name, vocabulary, batches of ([raw text features per example], [n, S] int32 inputs)).
 TaskBatches = Tuple[str, Any, Iterator[Tuple[List[Dict[str, Any]], np.ndarray]]]
 
@@ -174,12 +180,14 @@ def _seqio_batches(name: str, split: str, lengths: Optional[Mapping[str, int]], 
     ds = task.get_dataset(sequence_length=lengths, split=split, shuffle=False, num_epochs=1)
     if num_examples is not None:
       ds = ds.take(num_examples)
+    # The converter pads every row to the feature lengths, so its batches stack; the task's own
+    # examples (token rows of their own lengths) are read one by one, for their raw text.
     model_ds = seqio.EncDecFeatureConverter(pack=False)(ds, lengths)
-    for raw, features in zip(ds.batch(batch_size).as_numpy_iterator(),
-                             model_ds.batch(batch_size).as_numpy_iterator()):
+    raw = ({k: _json(v) for k, v in ex.items() if k.endswith('_pretokenized')}
+           for ex in ds.as_numpy_iterator())
+    for features in model_ds.batch(batch_size).as_numpy_iterator():
       inputs = np.asarray(features['encoder_input_tokens'], np.int32)  # [n, S]
-      yield ([{k: _json(v[i]) for k, v in raw.items() if k.endswith('_pretokenized')}
-              for i in range(len(inputs))], inputs)
+      yield [next(raw) for _ in range(len(inputs))], inputs
 
   return [(task.name, task.output_features['targets'].vocabulary, batches(task))
           for task in seqio.get_subtasks(seqio.get_mixture_or_task(name))], lengths

@@ -84,7 +84,8 @@ def _quiet_gin_search(record: logging.LogRecord) -> bool:
 
 def _parse(args: argparse.Namespace) -> None:
   from gqa_spec import console  # pylint: disable=g-import-not-at-top
-  console.configure_logging(getattr(args, 'verbose', False))  # orbax logs every step of a save
+  # orbax logs every step of a save, and warns of a read-only manager at every restore
+  console.configure_logging(getattr(args, 'verbose', False), library_level=logging.ERROR)
   for handler in logging.getLogger().handlers:
     handler.addFilter(_quiet_gin_search)
   mesh = getattr(args, 'model_parallel', None)
@@ -105,8 +106,12 @@ def _write_operative_config() -> None:
 
 
 def _print_result(result) -> None:
-  metrics = ', '.join(f'{k}={v:.4g}' for k, v in result.train_metrics.items())
-  print(f'step {result.step}: {metrics}')
+  if not result.train_metrics and result.stop_signal is None:  # no step ran
+    print(f'step {result.step}: the run is already at its last step; nothing to train (raise '
+          'TRAIN_STEPS to train on)')
+  else:
+    metrics = ', '.join(f'{k}={v:.4g}' for k, v in result.train_metrics.items())
+    print(f'step {result.step}: {metrics}')
   if result.best:
     print(f"best {result.best['metric']} = {result.best['value']:.4g} at step {result.best['step']}")
 

@@ -283,7 +283,7 @@ def train_draft(*, kind: str, target_checkpoint: str, model_dir: str, train_data
   from gqa_spec.models import chimera  # pylint: disable=g-import-not-at-top
   from gqa_spec.checkpoints import drafts as draft_records  # pylint: disable=g-import-not-at-top
   from gqa_spec.training import optimizer as opt, trainer  # pylint: disable=g-import-not-at-top
-  from gqa_spec.checkpoints.load import load_any  # pylint: disable=g-import-not-at-top
+  from gqa_spec.checkpoints.load import load_any, vocab_of  # pylint: disable=g-import-not-at-top
   check_choice('kind', kind, KINDS)
   if train_dataset_cfg.pack:
     raise UserError('draft training needs unpacked examples: set DatasetConfig.pack = False')
@@ -309,7 +309,10 @@ def train_draft(*, kind: str, target_checkpoint: str, model_dir: str, train_data
                          initial_step=0 if initial_checkpoint_path else None)
   if kind == 'model':
     config, params, _ = load_any(model_dir)
-    native.save_checkpoint(os.path.join(model_dir, DRAFT_EXPORT_DIR), config, params, overwrite=True)
+    native.save_checkpoint(os.path.join(model_dir, DRAFT_EXPORT_DIR), config, params,
+                           # the run's task vocabulary, else the target's: a draft shares it
+                           vocab_path=vocab_of(model_dir) or vocab_of(target_checkpoint),
+                           overwrite=True)
   return result
 
 

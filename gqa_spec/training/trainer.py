@@ -36,6 +36,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import signal
 import threading
 import time
@@ -54,6 +55,7 @@ from gqa_spec.checkpoints.load import load_any
 from gqa_spec.data import vocab_fit
 from gqa_spec.training import summaries
 from gqa_spec.training.data import DatasetConfig, get_batches, vocab_sizes
+from gqa_spec.data.text_inputs import vocab_file
 from gqa_spec.training.optimizer import LearningRateFn, adafactor, rsqrt_decay
 from gqa_spec.partitioning import Partitioner, initialize_distributed
 from gqa_spec.training.train_step import TrainState, TrainStep
@@ -195,6 +197,7 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
   if is_writer:
     with open(os.path.join(model_dir, 'config.json'), 'w') as f:
       f.write(model_config.to_json() + '\n')
+    _copy_vocab(train_dataset_cfg.mixture_or_task_name, model_dir)
   step = int(state.step)
   meta = {'model_config': model_config.to_dict(), 'data_start_step': data_start_step,
           'dataset': dataclasses.asdict(train_dataset_cfg)}
@@ -320,6 +323,17 @@ def _read_best(model_dir: str) -> Optional[dict]:
     return json.load(f)
 
 
+def _copy_vocab(task: str, model_dir: str) -> None:
+  """Copies the task's vocabulary into the run directory (`rundir.VOCAB_FILE`), where the
+  checkpoints written from the run (best/, drafts, uptraining's converted/) take it from."""
+  source = None if task == 'synthetic' else vocab_file(task)
+  path = os.path.join(model_dir, rundir.VOCAB_FILE)
+  if source is None or os.path.abspath(source) == os.path.abspath(path):
+    return
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  shutil.copyfile(source, path)
+
+
 def _evaluate(evaluator: Evaluator, state: TrainState, step: int, config: T5Config, model_dir: str,
               writer: summaries.MetricWriter, best: Optional[dict], best_metric: Optional[str],
               best_mode: str, is_writer: bool) -> Optional[dict]:
@@ -339,7 +353,8 @@ def _evaluate(evaluator: Evaluator, state: TrainState, step: int, config: T5Conf
   params = jax.device_get(state.params)  # every host joins the gather; one writes
   if is_writer:
     from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
-    native.save_checkpoint(os.path.join(model_dir, BEST_DIR), config, params, overwrite=True)
+    native.save_checkpoint(os.path.join(model_dir, BEST_DIR), config, params,
+                           vocab_path=native.vocab_path(model_dir), overwrite=True)
     with open(os.path.join(model_dir, BEST_FILE), 'w') as f:
       json.dump(best, f, indent=2)
   log.info('step %d: new best %s = %.4f', step, best_metric, value)

@@ -33,7 +33,7 @@ import jax
 from gqa_spec.rundir import CONVERTED_DIR, UPTRAIN_FILE
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
-from gqa_spec.checkpoints.load import load_any
+from gqa_spec.checkpoints.load import load_any, vocab_of
 from gqa_spec.training import trainer
 
 
@@ -58,7 +58,8 @@ def convert_checkpoint(model_dir: str, initial_checkpoint_path: str, model_confi
                     'count; set ORIGINAL_TRAIN_STEPS (uptraining runs alpha x that many steps)')
   params, config = convert.convert_params(jax.device_get(params), source_config,
                                           model_config.num_kv_heads, method, seed)
-  native.save_checkpoint(converted, config, params, overwrite=True)
+  native.save_checkpoint(converted, config, params, vocab_path=vocab_of(initial_checkpoint_path),
+                         overwrite=True)
   record = {'source': os.path.relpath(initial_checkpoint_path, converted),  # this file's dir
             'method': method,
             'source_num_kv_heads': source_config.num_kv_heads,

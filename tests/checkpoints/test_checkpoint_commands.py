@@ -4,6 +4,7 @@ that are one line with exit code 2, never a traceback."""
 import importlib.util
 import json
 import os
+import stat
 import subprocess
 import sys
 
@@ -45,9 +46,17 @@ def _one_line_error(code, err, match):
 def test_bar_import_convert_export_reproduces_gqa_logits(run, hf_dir, batch, logits_fns, tmp_path):
   # In the scanned layout throughout: HF import stacks, convert works on it, export unstacks.
   ckpt, gqa, exported = tmp_path / 'ckpt', tmp_path / 'gqa', tmp_path / 'gqa_hf'
-  assert run('import-hf', hf_dir, ckpt, '--layout', 'scanned')[0] == 0
+  vocab = tmp_path / 'spm.model'  # the HF dir has no spiece.model: --vocab supplies one
+  vocab.write_bytes(b'spm')
+  assert run('import-hf', hf_dir, ckpt, '--layout', 'scanned', '--vocab', vocab)[0] == 0
   assert run('convert', ckpt, gqa, '--kv-heads', 2, '--method', 'mean')[0] == 0
+  assert open(native.vocab_path(str(gqa)), 'rb').read() == b'spm'  # it travels through convert
   assert run('export-hf', gqa, exported)[0] == 0
+  modes = {f: stat.S_IMODE(os.stat(exported / f).st_mode) for f in os.listdir(exported)}
+  umask = os.umask(0)
+  os.umask(umask)
+  assert modes == dict.fromkeys(['config.json', 'model.safetensors', 'spiece.model'],
+                                0o666 & ~umask)
   config, params, _ = native.load_checkpoint(str(gqa))
   assert config.num_kv_heads == 2 and config.scan_layers and 'layers' in params['decoder']
   model = transformers.T5ForConditionalGeneration.from_pretrained(exported).eval()

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from gqa_spec.checkpoints import native
 from gqa_spec.checkpoints.load import load_any
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -48,12 +49,27 @@ def test_nano_ddtp_recipe_through_the_scripts(tmp_path, tiny_data_dir):
       f"--gin.MODEL_DIR='{ft}'", '--gin.TRAIN_STEPS=6', '--gin.EVAL_PERIOD=2',
       '--gin.EVAL_EXAMPLES=2', '--gin.EVAL_BATCH_SIZE=2', TRANSLATE, *SHRINK, env=env)
   assert load_any(ft)[2] == 6
+  # The task's vocabulary travels: into each run dir, uptraining's converted/ and best/.
+  for path in (mha, gqa, os.path.join(gqa, 'converted'), os.path.join(ft, 'best')):
+    assert native.vocab_path(path), path
+  # Text in, text out from the fine-tuned best/: the task's prefix applied to raw text.
+  text_in, text_out = str(tmp_path / 'text.jsonl'), str(tmp_path / 'text_out.jsonl')
+  with open(text_in, 'w') as f:
+    f.write(json.dumps({'inputs': 'Real-time strategy game of ancient warfare'}) + '\n')
+  result = subprocess.run([sys.executable, '-m', 'gqa_spec', 'generate', '--model',
+                           os.path.join(ft, 'best'), '--task', 'ddtp_translate_en_de', '--inputs',
+                           text_in, '--out', text_out, '--max-decode-len', '8'],
+                          env=env, capture_output=True, text=True, cwd=REPO)
+  assert result.returncode == 0, result.stderr[-3000:]
+  line = json.loads(open(text_out).read())
+  assert isinstance(line['output'], str) and isinstance(line['output_ids'], list)
   ev = str(tmp_path / 'eval')
-  run('eval.py', '--gin_file=experiments/nano_eval_translate_ddtp.gin',
-      f"--gin.CHECKPOINT_PATH='{ft}'", f"--gin.EVAL_OUTPUT_DIR='{ev}'",  # t5x's macro name
-      '--gin.EVAL_EXAMPLES=2', '--gin.EVAL_BATCH_SIZE=2', TRANSLATE, env=env)
+  ev_run = run('eval.py', '--gin_file=experiments/nano_eval_translate_ddtp.gin',
+               f"--gin.CHECKPOINT_PATH='{ft}'", f"--gin.EVAL_OUTPUT_DIR='{ev}'",  # t5x's macro name
+               '--gin.EVAL_EXAMPLES=2', '--gin.EVAL_BATCH_SIZE=2', TRANSLATE, env=env)
   report = json.load(open(os.path.join(ev, 'metrics.json')))
   assert report['step'] == 6 and 'bleu' in report['metrics']
+  assert 'read only' not in ev_run.stderr  # orbax's absl warning, shown only with --verbose
   inf = str(tmp_path / 'infer')
   run('infer.py', '--gin_file=runs/infer.gin', f"--gin.CHECKPOINT_PATH='{ft}'",
       "--gin.MIXTURE_OR_TASK_NAME='ddtp_translate_en_de'", f"--gin.INFER_OUTPUT_DIR='{inf}'",

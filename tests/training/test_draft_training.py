@@ -2,6 +2,7 @@
 
 import argparse
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -141,7 +142,7 @@ def test_cli_trains_saves_and_resumes_exactly(target_dir, tmp_path):
   assert init(np.ones((3, 5), np.int32)).hidden.shape == (3, 2 + 8 + 2, 32)
   with pytest.raises(UserError, match='gamma 3: the Chimera draft has 2 heads'):
     factory.make_draft(f'chimera:{reference}', TARGET, 3, 8)
-  with pytest.raises(UserError, match='chimera:RUN_DIR'):
+  with pytest.raises(UserError, match='Chimera draft directory not found: /nonexistent'):
     factory.check_spec('chimera:/nonexistent')
   # ... and as a tree proposer (`generate --tree`, the evaluator's TREE).
   from gqa_spec.decoding.drafts import ChimeraTreeDraft  # pylint: disable=g-import-not-at-top
@@ -179,18 +180,25 @@ def test_model_draft_starts_from_an_initial_checkpoint_and_a_chimera_cannot(targ
   start = str(tmp_path / 'independent')
   start_params = init_params(small, jax.random.PRNGKey(7))
   native.save_checkpoint(start, small, start_params)
+  target = str(tmp_path / 'target_with_vocab')  # the target's vocabulary goes to the draft
+  vocab = tmp_path / 'spm.model'
+  vocab.write_bytes(b'spm')
+  shutil.copytree(target_dir, target)
+  os.makedirs(os.path.join(target, 'vocab'))
+  shutil.copyfile(vocab, os.path.join(target, 'vocab', 'sentencepiece.model'))
   ckpt = trainer.CheckpointConfig(save_period=100, keep=1, asynchronous=False)
   run = str(tmp_path / 'distilled')
   # One step at learning rate 0 leaves the initial parameters exactly (a random start would not).
-  draft_training.train_draft(kind='model', target_checkpoint=target_dir, model_dir=run,
+  draft_training.train_draft(kind='model', target_checkpoint=target, model_dir=run,
                              train_dataset_cfg=DATA, total_steps=1, draft_model_config=small,
                              checkpoint_cfg=ckpt, initial_checkpoint_path=start,
                              learning_rate_fn=optimizer.constant(0.0))
-  _, exported, _ = native.load_checkpoint(os.path.join(run, rundir.DRAFT_EXPORT_DIR))
+  _, exported, exported_vocab = native.load_checkpoint(os.path.join(run, rundir.DRAFT_EXPORT_DIR))
+  assert open(exported_vocab, 'rb').read() == b'spm'
   jax.tree_util.tree_map(np.testing.assert_array_equal, exported, start_params)
   # The run resumes from its own step-1 checkpoint and trains on.
   result = draft_training.train_draft(
-      kind='model', target_checkpoint=target_dir, model_dir=run, train_dataset_cfg=DATA,
+      kind='model', target_checkpoint=target, model_dir=run, train_dataset_cfg=DATA,
       total_steps=3, draft_model_config=small, checkpoint_cfg=ckpt, initial_checkpoint_path=start)
   assert result.step == 3
   _, trained, _ = native.load_checkpoint(os.path.join(run, rundir.DRAFT_EXPORT_DIR))

@@ -9,7 +9,7 @@ import pytest
 
 from gqa_spec.checkpoints import native
 from gqa_spec.models.config import T5Config
-from gqa_spec.training import data, optimizer, trainer, uptrain
+from gqa_spec.training import commands, data, optimizer, trainer, uptrain
 from gqa_spec.checkpoints.load import load_any
 
 TINY = T5Config(vocab_size=256, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
@@ -61,8 +61,13 @@ def test_evaluation_selects_and_exports_best_checkpoint(tmp_path):
   assert os.listdir(tmp_path / 'train') and os.listdir(tmp_path / 'eval')  # TensorBoard events
 
 
-def test_uptrain_converts_and_continues_the_schedule(tmp_path):
+def test_uptrain_converts_and_continues_the_schedule(tmp_path, capsys):
   _train(tmp_path / 'mha', 20)
+  again = _train(tmp_path / 'mha', 20)  # a finished run, run again: one clear line, no step
+  assert again.step == 20 and not again.train_metrics
+  commands._print_result(again)
+  assert capsys.readouterr().out == ('step 20: the run is already at its last step; nothing to '
+                                     'train (raise TRAIN_STEPS to train on)\n')
   result = uptrain.uptrain(model_dir=str(tmp_path / 'gqa'), model_config=TINY.replace(num_kv_heads=2),
                            initial_checkpoint_path=str(tmp_path / 'mha'), alpha=0.25,
                            train_fn=lambda **kw: _train(**kw, log_period=1))

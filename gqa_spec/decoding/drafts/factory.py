@@ -23,7 +23,10 @@ def check_spec(spec: str, name: str = 'draft') -> None:
   """Raises a one-line `UserError` (naming the option `name`) unless `spec` is a draft spec."""
   if spec == 'copy' or spec.startswith(('unigram:', 'bigram:')) or os.path.isdir(spec):
     return
-  if spec.startswith('chimera:') and os.path.isdir(spec.split(':', 1)[1]):
+  if spec.startswith('chimera:'):
+    directory = spec.split(':', 1)[1]
+    if not os.path.isdir(directory):
+      raise UserError(f'{name} {spec}: Chimera draft directory not found: {directory}')
     return
   raise UserError(f'{name} must be {SPECS}; {spec!r} is none of these')
 
