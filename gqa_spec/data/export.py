@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from gqa_spec import atomic
 from gqa_spec.data import exported, features
 from gqa_spec.errors import UserError
 
@@ -137,10 +138,7 @@ def export_task(name: str, out_dir: str, lengths: Mapping[str, int],
       'metric_fns': [_qualified(f) for f in task.predict_metric_fns],
       'postprocess_fn': _qualified(task.postprocessor),
       'seqio_version': seqio.__version__, 'content_sha256': digest.hexdigest()}
-  tmp = os.path.join(task_dir, exported.MANIFEST + '.tmp')
-  with open(tmp, 'w') as f:
-    json.dump(manifest, f, indent=2)
-  os.replace(tmp, os.path.join(task_dir, exported.MANIFEST))
+  atomic.write_json(os.path.join(task_dir, exported.MANIFEST), manifest, indent=2)
   return manifest
 
 
@@ -173,8 +171,8 @@ def export(names: Sequence[str], out_dir: str, splits: Optional[Sequence[str]] =
         manifests.append(export_task(sub.name, out_dir, task_lengths, sub_splits, max_examples,
                                      seed))
       os.makedirs(os.path.join(out_dir, name), exist_ok=True)
-      with open(os.path.join(out_dir, name, exported.MIXTURE_FILE), 'w') as f:
-        json.dump({'mixture': name, 'rates': rates, 'lengths': task_lengths}, f, indent=2)
+      atomic.write_json(os.path.join(out_dir, name, exported.MIXTURE_FILE),
+                        {'mixture': name, 'rates': rates, 'lengths': task_lengths}, indent=2)
     else:
       manifests.append(export_task(name, out_dir, task_lengths, splits, max_examples, seed))
   return manifests

@@ -30,7 +30,7 @@ import os
 import time
 from typing import Any, Dict, List
 
-from gqa_spec import arguments
+from gqa_spec import arguments, atomic
 from gqa_spec.errors import UserError
 
 EOS = 1
@@ -95,8 +95,13 @@ def _read_inputs(path: str, vocab) -> List[List[int]]:
   if not os.path.isfile(path):
     raise UserError(f'inputs file not found: {path}')
   rows = []
-  with open(path) as f:
-    for n, line in enumerate(f, 1):
+  with open(path, 'rb') as f:
+    for n, raw in enumerate(f, 1):
+      try:
+        line = raw.decode('utf-8')
+      except UnicodeDecodeError as e:
+        raise UserError(f'{path}:{n}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column '
+                        f'{e.start + 1})') from None
       if not line.strip():
         continue
       try:
@@ -131,10 +136,11 @@ def _positive(name: str, value: int) -> None:
 
 
 def _load(path: str, what: str):
-  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
+  """A native checkpoint or a training run directory (`load.load_model`)."""
+  from gqa_spec.checkpoints import load  # pylint: disable=g-import-not-at-top
   if not os.path.isdir(path):
     raise UserError(f'{what} checkpoint directory not found: {path}')
-  return native.load_checkpoint(path)
+  return load.load_model(path)
 
 
 def generate(args: argparse.Namespace) -> int:
@@ -255,7 +261,7 @@ def generate(args: argparse.Namespace) -> int:
     outputs.extend(autoregressive.strip(seqs, lengths))
     results.append((result, n))
 
-  with open(args.out, 'w') as f:
+  with atomic.open_for_write(args.out) as f:  # whole or not at all
     for ids in outputs:
       line: Dict[str, Any] = {'output_ids': ids}
       if vocab is not None:
@@ -277,8 +283,7 @@ def generate(args: argparse.Namespace) -> int:
                      target_config, batch=batch, input_length=width,
                      cache_length=_cache_length(draft is not None, shape, max_len, gamma),
                      data=mesh_shape[0], model=mesh_shape[1]).to_dict())
-    with open(args.stats, 'w') as f:
-      json.dump(stats, f, indent=2)
+    atomic.write_json(args.stats, stats, indent=2)
   return 0
 
 

@@ -3,21 +3,18 @@
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Mapping, Sequence
 
+from gqa_spec import atomic
 from gqa_spec.reproduce.report import markdown_table
 
 MARKERS = ('o', 's', '^', 'D', 'v', 'P', 'X', '*')
 
 
 def write(out_dir: str, record: Mapping) -> None:
-  tmp = os.path.join(out_dir, f'calibration.json.{os.getpid()}.tmp')  # two runs may share out_dir
-  with open(tmp, 'w') as f:
-    json.dump(record, f, indent=1, sort_keys=True)
-    f.write('\n')
-  os.replace(tmp, os.path.join(out_dir, 'calibration.json'))
+  # The temporary name has the pid: two runs may share out_dir.
+  atomic.write_json(os.path.join(out_dir, 'calibration.json'), record, indent=1, sort_keys=True)
   plot(os.path.join(out_dir, 'calibration.png'), record)
   with open(os.path.join(out_dir, 'calibration.md'), 'w') as f:
     f.write(markdown(record))
