@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from typing import Any, Dict, List
 
@@ -39,12 +40,17 @@ EOS = 1
 def register(subparsers) -> None:
   p = subparsers.add_parser('generate', help='decode a checkpoint on JSONL inputs (optionally '
                             'speculative, with a draft)')
-  p.add_argument('--model', required=True, help='native checkpoint directory (the target)')
+  p.add_argument('--model', required=True,
+                 help='native checkpoint directory (the target), or a training run directory (its '
+                      'best/, else its latest checkpoint; RUN/checkpoints/N for step N)')
   p.add_argument('--inputs', required=True, help='JSONL: input_ids or inputs per line')
   p.add_argument('--out', required=True, help='JSONL output path')
   p.add_argument('--stats', help='write timing and acceptance statistics JSON here')
   p.add_argument('--max-decode-len', type=int, default=64)
   p.add_argument('--batch-size', type=int, default=8)
+  p.add_argument('--truncate-inputs', action='store_true',
+                 help='cut rows longer than the device can take (estimated from the model, the '
+                      'batch and its memory) to that length, with a warning, instead of refusing')
   p.add_argument('--draft', default='none',
                  help='none | CKPT_DIR (a smaller T5, same vocabulary) | unigram:PATH | '
                       'bigram:PATH (from `gqa-spec ngram fit`) | copy (prompt lookup)')
@@ -185,6 +191,8 @@ def generate(args: argparse.Namespace) -> int:
     bad = [t for t in ids if t < 0 or t >= target_config.vocab_size]
     if bad:
       raise UserError(f'input id {bad[0]} outside the model vocabulary [0, {target_config.vocab_size})')
+  rows = _fit_inputs(rows, args, target_config, _cache_length(
+      draft_spec != 'none', shape, args.max_decode_len, args.gamma))
 
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -332,6 +340,35 @@ def ngram_fit(args: argparse.Namespace) -> int:
   print(f'{args.out}: order {args.order}, {int(model.unigram.sum())} target tokens, '
         f'{len(model.bigram)} bigram types')
   return 0
+
+
+def _fit_inputs(rows: List[List[int]], args: argparse.Namespace, config,
+                cache_length: int) -> List[List[int]]:
+  """Rows longer than one device can take (`input_limit`) refused in one line, before anything
+  compiles, or with --truncate-inputs cut to that length (ending in EOS) with a warning."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding import input_limit  # pylint: disable=g-import-not-at-top
+  model = args.model_parallel or 1
+  data = max(jax.device_count() // model, 1)
+  if args.batch_size % data:
+    data = 1  # the rows do not shard: every device holds the whole batch
+  estimate = input_limit.estimator(config, batch=args.batch_size, cache_length=cache_length,
+                                   data=data, model=model)
+  available = input_limit.device_bytes()
+  limit = input_limit.longest_input(estimate, available)
+  longest = max(range(len(rows)), key=lambda i: len(rows[i]))
+  if len(rows[longest]) <= limit:
+    return rows
+  if not args.truncate_inputs or limit < 1:
+    raise UserError(
+        f'{args.inputs}: input row {longest + 1} has {len(rows[longest])} tokens, more than the '
+        f'{limit} one device can take at --batch-size {args.batch_size} (about '
+        f'{estimate(-(-len(rows[longest]) // 8) * 8) / 2**30:.3g} GiB of {available / 2**30:.3g} '
+        'GiB); pass --truncate-inputs to cut such rows, or lower --batch-size')
+  cut = sum(len(r) > limit for r in rows)
+  print(f'gqa-spec: warning: {args.inputs}: cut {cut} input row(s) to {limit} tokens (the longest, '
+        f'row {longest + 1}, had {len(rows[longest])})', file=sys.stderr)
+  return [r if len(r) <= limit else r[:limit - 1] + [EOS] for r in rows]
 
 
 def _cache_length(speculative_run: bool, shape, max_len: int, gamma: int) -> int:
