@@ -12,11 +12,12 @@ The estimate leaves out XLA's own temporaries: a row just under the limit may st
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Callable, Mapping
 
 import jax
 
 from gqa_spec.decoding import memory
+from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 
 _F32 = 4
@@ -60,3 +61,20 @@ def longest_input(estimate: Callable[[int], int], available: int) -> int:
     mid = (low + high) // 2 // _STEP * _STEP
     low, high = (mid, high) if estimate(mid) <= available else (low, mid)
   return low
+
+
+def check_feature_length(config: T5Config, lengths: Mapping[str, int], batch: int,
+                         beams: int = 1) -> None:
+  """`eval` / `infer`: a task's `inputs` feature length that one device cannot take (at this batch
+  size, with `targets` + 1 cache slots) refused in one line, before anything compiles."""
+  if not lengths.get('inputs'):
+    return
+  estimate = estimator(config, batch=batch * beams, cache_length=lengths.get('targets', 1) + 1)
+  available = device_bytes()
+  padded = -(-lengths['inputs'] // _STEP) * _STEP
+  if estimate(padded) > available:
+    raise UserError(
+        f"task_feature_lengths inputs={lengths['inputs']}: more than the "
+        f'{longest_input(estimate, available)} tokens one device can take at batch_size {batch} '
+        f'(about {estimate(padded) / 2**30:.3g} GiB of {available / 2**30:.3g} GiB); lower it or '
+        'batch_size')

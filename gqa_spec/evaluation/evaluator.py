@@ -38,6 +38,7 @@ import numpy as np
 
 from gqa_spec import atomic, progress
 from gqa_spec.data import exported
+from gqa_spec.decoding import input_limit
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
@@ -439,6 +440,8 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
   from gqa_spec.checkpoints.load import load_any, scan_layers_of  # pylint: disable=g-import-not-at-top  (slow imports)
   dtype_lib.check(param_dtype, 'param_dtype')
   config, params, step = load_any(checkpoint_path, scan_layers=scan_layers_of(layout), model=True)
+  input_limit.check_feature_length(config, task_feature_lengths, batch_size,
+                                   beam_size if decoding == 'beam' else 1)
   config, params = dtype_lib.cast(config, params, param_dtype, 'param_dtype')
   evaluator = InferenceEvaluator(mixture_or_task_name, config, split, task_feature_lengths,
                                  batch_size, num_examples, decoding, beam_size, draft=draft,
