@@ -110,3 +110,14 @@ def test_a_run_directory_that_is_a_file_is_one_line(tmp_path):
     with rundir_lock.running(str(path / 'run')):
       pass
   assert path.read_text() == 'x'
+
+
+def test_a_second_reproduction_on_the_same_work_dir_refuses(holder, tmp_path):
+  from gqa_spec.reproduce import pipeline  # pylint: disable=g-import-not-at-top
+  work, proc = holder  # another process holds the work directory
+  out = tmp_path / 'results'
+  with pytest.raises(rundir_lock.LockHeldError, match=f'^{work}: another process is writing this '
+                                                      rf'run directory \(pid {proc.pid} '):
+    pipeline.run('smoke', str(out), work, exported_dir=str(tmp_path))
+  assert not (out / 'preset.json').exists()  # nothing written
+  assert not (out / rundir.RUNNING_FILE).exists()  # its own lock on the results released

@@ -102,3 +102,15 @@ def test_a_native_save_that_fails_keeps_the_previous_checkpoint(tmp_path, monkey
   assert code == 2 and err == [f'gqa-spec: error: {tmp_path}/hf: cannot write: No space left on '
                                'device (ENOSPC); nothing was written there']
   assert sorted(os.listdir(tmp_path)) == ['best']
+
+
+def test_any_other_os_error_is_one_line_naming_path_and_errno(tmp_path, monkeypatch, capsys):
+  from gqa_spec import status  # pylint: disable=g-import-not-at-top
+
+  def appending_to_a_full_disk(directory):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(directory, 'log.jsonl'))
+
+  monkeypatch.setattr(status, 'status', appending_to_a_full_disk)
+  assert cli.main(['status', str(tmp_path)]) == 2
+  assert capsys.readouterr().err.splitlines() == [
+      f'gqa-spec: error: {tmp_path}/log.jsonl: No space left on device (ENOSPC)']
