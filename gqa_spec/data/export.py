@@ -69,7 +69,7 @@ def _write_split(task, split: str, lengths: Mapping[str, int], task_dir: str, dt
   if max_examples is not None:
     ds = ds.take(max_examples)
   tokens = {k: [] for k in features.KEYS}
-  with open(exported.text_path(task_dir, split), 'w') as f:
+  with atomic.open_for_write(exported.text_path(task_dir, split)) as f:
     for example in ds.as_numpy_iterator():
       for key in features.KEYS:
         tokens[key].append(np.asarray(example.get(key, np.zeros(0, np.int32)), np.int64))
@@ -86,8 +86,10 @@ def write_tokens(task_dir: str, split: str, key: str, seqs: Sequence[np.ndarray]
   offsets = np.zeros(len(seqs) + 1, np.int64)  # [n + 1]
   offsets[1:] = np.cumsum([len(s) for s in seqs])
   flat = np.concatenate(seqs) if len(seqs) else np.zeros(0, np.int64)  # [total]
-  np.save(exported.token_path(task_dir, split, key), flat.astype(dtype))
-  np.save(exported.token_path(task_dir, split, key, offsets=True), offsets)
+  for path, array in ((exported.token_path(task_dir, split, key), flat.astype(dtype)),
+                      (exported.token_path(task_dir, split, key, offsets=True), offsets)):
+    with atomic.open_for_write(path, 'wb') as f:  # a file object: np.save adds no suffix
+      np.save(f, array)
 
 
 def export_task(name: str, out_dir: str, lengths: Mapping[str, int],
@@ -118,7 +120,7 @@ def export_task(name: str, out_dir: str, lengths: Mapping[str, int],
   model = vocab.sp_model
   vocab_rel = os.path.join('vocab', hashlib.sha256(model).hexdigest()[:16] + '.model')
   os.makedirs(os.path.join(out_dir, 'vocab'), exist_ok=True)
-  with open(os.path.join(out_dir, vocab_rel), 'wb') as f:
+  with atomic.open_for_write(os.path.join(out_dir, vocab_rel), 'wb') as f:
     f.write(model)
   dtype = np.uint16 if vocab.vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
   counts = {s: _write_split(task, s, lengths, task_dir, dtype, max_examples, seed) for s in splits}
