@@ -121,3 +121,22 @@ def test_a_second_reproduction_on_the_same_work_dir_refuses(holder, tmp_path):
     pipeline.run('smoke', str(out), work, exported_dir=str(tmp_path))
   assert not (out / 'preset.json').exists()  # nothing written
   assert not (out / rundir.RUNNING_FILE).exists()  # its own lock on the results released
+
+
+def test_uptrain_and_train_draft_take_the_lock_before_writing(holder, tmp_path):
+  from gqa_spec.models.config import T5Config  # pylint: disable=g-import-not-at-top
+  from gqa_spec.training import draft_training, uptrain  # pylint: disable=g-import-not-at-top
+  from gqa_spec.training.data import DatasetConfig  # pylint: disable=g-import-not-at-top
+  run, proc = holder
+  held = rf'^{run}: another process is writing this run directory \(pid {proc.pid} '
+  missing = str(tmp_path / 'no_checkpoint')  # never read: the lock comes first
+  with pytest.raises(rundir_lock.LockHeldError, match=held):
+    uptrain.uptrain(model_dir=run, model_config=T5Config(num_kv_heads=1),
+                    initial_checkpoint_path=missing)
+  with pytest.raises(rundir_lock.LockHeldError, match=held):
+    draft_training.train_draft(kind='chimera', target_checkpoint=missing, model_dir=run,
+                               train_dataset_cfg=DatasetConfig('synthetic', {'inputs': 8,
+                                                                             'targets': 8},
+                                                               batch_size=2, pack=False),
+                               total_steps=1)
+  assert sorted(os.listdir(run)) == [rundir.RUNNING_FILE]  # no converted/, no draft.json
