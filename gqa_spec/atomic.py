@@ -39,7 +39,7 @@ def describe(path: str, error: OSError) -> str:
 
 
 def _temporary(path: str) -> str:
-  head, tail = os.path.split(path)
+  head, tail = os.path.split(os.path.normpath(path))  # 'out/' is 'out', not a name inside it
   return os.path.join(head, f'.{tail}.tmp{os.getpid()}')
 
 
@@ -85,6 +85,7 @@ def write_json(path: str, obj: Any, **dump_kwargs) -> None:
 def directory(path: str) -> Iterator[str]:
   """A temporary directory for the caller to fill; it replaces `path` (any directory there) only
   when the block ends without an error, and is removed otherwise."""
+  path = os.path.normpath(path)
   tmp = _temporary(path)
   _remove(tmp)  # a leftover of a killed process with this pid
   done = False

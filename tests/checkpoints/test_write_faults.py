@@ -112,3 +112,16 @@ def test_any_other_os_error_is_one_line_naming_path_and_errno(tmp_path, monkeypa
   assert cli.main(['status', str(tmp_path)]) == 2
   assert capsys.readouterr().err.splitlines() == [
       f'gqa-spec: error: {tmp_path}/log.jsonl: No space left on device (ENOSPC)']
+
+
+def test_atomic_directories_replace_whole_or_not_at_all(tmp_path):
+  target = tmp_path / 'export'
+  for name in ('a', 'b'):  # a trailing slash names the directory, not a place inside it
+    with atomic.directory(f'{target}/') as tmp:
+      (tmp_path / tmp / name).write_text(name)
+  assert os.listdir(target) == ['b'] and os.listdir(tmp_path) == ['export']
+  with pytest.raises(RuntimeError):
+    with atomic.directory(str(target)) as tmp:
+      (tmp_path / tmp / 'c').write_text('half')
+      raise RuntimeError('the caller failed while filling it')
+  assert os.listdir(target) == ['b'] and os.listdir(tmp_path) == ['export']
