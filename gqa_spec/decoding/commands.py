@@ -52,7 +52,8 @@ def register(subparsers) -> None:
                  help='cut rows longer than the device can take (estimated from the model, the '
                       'batch and its memory) to that length, with a warning, instead of refusing')
   p.add_argument('--draft', default='none',
-                 help='none | CKPT_DIR (a smaller T5, same vocabulary) | unigram:PATH | '
+                 help='none | CKPT_DIR (a smaller T5, same vocabulary; or its training run '
+                      'directory) | unigram:PATH | '
                       'bigram:PATH (from `gqa-spec ngram fit`) | copy (prompt lookup)')
   p.add_argument('--gamma', type=int, default=4, help='draft tokens per target call')
   p.add_argument('--tree', default=None,
