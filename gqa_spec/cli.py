@@ -2,7 +2,8 @@
 
 A module listed in `_COMMAND_MODULES` defines `register(subparsers)`, adding parsers whose
 `func(args) -> int` runs the command. Bad input (`UserError`, `ValueError`, `FileNotFoundError`)
-ends in a one-line `gqa-spec: error: ...` and exit code 2; set GQA_SPEC_DEBUG=1 for the traceback.
+and any other `OSError` (a full disk: path, reason and errno) end in a one-line
+`gqa-spec: error: ...` and exit code 2; set GQA_SPEC_DEBUG=1 for the traceback.
 Ctrl-C (SIGINT) and SIGTERM at any moment end in one line and exit code 130 / 143 (a training run
 saves first: its own handler turns them into a stop request, and it exits 0). As the process's
 command (`argv` None) the exit skips the interpreter's finalisation, which could crash (exit 139)
@@ -12,6 +13,7 @@ while XLA's compilation or compute threads were still running.
 from __future__ import annotations
 
 import argparse
+import errno
 import gc
 import importlib
 import os
@@ -204,6 +206,13 @@ def _run(argv: Optional[Sequence[str]]) -> int:
       raise
     message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     print(f'gqa-spec: error: {message}', file=sys.stderr)
+    return 2
+  except OSError as e:  # a write no helper wraps (an append to a log on a full disk): one line
+    if os.environ.get('GQA_SPEC_DEBUG'):
+      raise
+    name = errno.errorcode.get(e.errno or 0, 'no errno')
+    where = f'{e.filename}: ' if e.filename else ''
+    print(f'gqa-spec: error: {where}{e.strerror or e} ({name})', file=sys.stderr)
     return 2
 
 

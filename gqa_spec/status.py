@@ -6,7 +6,7 @@ whether a process is still writing it. A reproduction's results directory (`pres
 stages done and pending, the finished jobs of the first pending stage, and whether a process is
 still running it.
 
-"Still writing" is read from the run directory's lock (`gqa_spec.rundir.running`).
+"Still writing" is read from the run directory's lock (`gqa_spec.rundir_lock`), never taken.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import time
 from typing import List
 
 from gqa_spec.errors import UserError
-from gqa_spec.rundir import (BEST_DIR, BEST_FILE, CHECKPOINTS_DIR, RUNNING_FILE, TRAIN_LOG_FILE,
-                             process_state)
+from gqa_spec.rundir import BEST_DIR, BEST_FILE, CHECKPOINTS_DIR, RUNNING_FILE, TRAIN_LOG_FILE
+from gqa_spec.rundir_lock import process_state
 
 
 def _metrics(record: dict) -> str:

@@ -2,8 +2,8 @@
 
 Layers, bottom to top (ARCHITECTURE.md): models; partitioning, checkpoints (and convert); data;
 decoding; evaluation; training; reproduce; the command line (cli, status). `errors`, `progress`,
-`rundir` and `console` (process set-up: logging, stderr) are standard-library-only leaves below
-everything. Every import statement
+`rundir`, `rundir_lock`, `atomic` and `console` (process set-up: logging, stderr) are
+standard-library-only leaves below everything. Every import statement
 counts, the lazy ones inside functions included: a lazy import that hides a circle is a circle.
 The graph is read from the source with `ast` (nothing is imported), so the test takes a second.
 """
@@ -17,8 +17,8 @@ from typing import Dict, List, Set
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / 'gqa_spec'
 
 LAYERS = (
-    ('gqa_spec.errors', 'gqa_spec.progress', 'gqa_spec.rundir', 'gqa_spec.console',
-     'gqa_spec.arguments'),
+    ('gqa_spec.errors', 'gqa_spec.progress', 'gqa_spec.rundir', 'gqa_spec.rundir_lock',
+     'gqa_spec.atomic', 'gqa_spec.console', 'gqa_spec.arguments'),
     ('gqa_spec.models',),
     ('gqa_spec.partitioning', 'gqa_spec.checkpoints', 'gqa_spec.convert'),
     ('gqa_spec.data',),

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gqa_spec import rundir, status
+from gqa_spec import rundir, rundir_lock, status
 from gqa_spec.errors import UserError
 
 
@@ -32,7 +32,7 @@ def test_run_status_reports_checkpoints_metrics_best_and_process(tmp_path):
       {'step': 10, 'split': 'eval', 'bleu': 3.0},
       {'step': 12, 'split': 'train', 'loss': 4.25, 'accuracy': 0.3}]) + '{"step": 1')  # torn
   _write(os.path.join(run, 'best.json'), {'step': 10, 'metric': 'bleu', 'value': 3.0})
-  with rundir.running(run, total_steps=20):
+  with rundir_lock.running(run, total_steps=20):
     lines = status.status(run)
     assert lines[1].startswith(f'  process: running (pid {os.getpid()}, since ')
   assert not os.path.exists(os.path.join(run, rundir.RUNNING_FILE))  # removed at the end

@@ -13,8 +13,14 @@ checkpoint with one byte in 50 flipped, 12 runs in 12):
 - orbax's `_read_array_index_and_device_put` coroutines, closed when collected, turn the
   `GeneratorExit` into an `Exception` (printed by `sys.unraisablehook`).
 
-`install()` (before every restore) drops exactly these, for the rest of the process: the hook and
-the log filter it installs pass every other unraisable exception and record on.
+A failed *save* (a full disk: tensorstore's writes fail with RESOURCE_EXHAUSTED) leaves the same
+"Event loop is closed" aftermath, printed through `sys.excepthook` by tensorstore's threads, and
+orbax logs each failed background operation at ERROR with its traceback (measured: ~680 lines of
+stderr from `gqa-spec train` onto a full tmpfs before its one-line error). The failure itself
+reaches the caller, which names it in one line (`manager.Checkpointer`).
+
+`install()` (before every restore and save) drops exactly these, for the rest of the process: the
+hooks and log filters it installs pass every other exception and record on.
 """
 
 from __future__ import annotations
@@ -30,8 +36,9 @@ import threading
 _ORBAX_READ = '_read_array_index_and_device_put'
 _READ_ERROR = 'Encountered error while reading array index'  # what that coroutine raises
 # ... and what the tensorstore futures it awaited hold: an absl status, 'FAILED_PRECONDITION: Error
-# reading "encoder.layers_0.mlp.wi_0.kernel/0.0" in OCDBT database at local file ...'
-_TENSORSTORE_READ_ERROR = re.compile(r'[A-Z_]+: Error reading ')
+# reading "encoder.layers_0.mlp.wi_0.kernel/0.0" in OCDBT database at local file ...' (or, for a
+# failed save, 'RESOURCE_EXHAUSTED: Error writing ...').
+_TENSORSTORE_ERROR = re.compile(r'[A-Z_]+: Error (reading|writing) ')
 _install_lock = threading.Lock()
 _installed = False
 
@@ -43,8 +50,12 @@ def is_aftermath(unraisable) -> bool:
   if code is not None and code.co_name == _ORBAX_READ and f'{os.sep}orbax{os.sep}' in (
       code.co_filename):
     return True  # orbax's read coroutine, closed while its read was in flight
-  tb = unraisable.exc_traceback
-  return (obj is None and isinstance(value, RuntimeError) and str(value) == 'Event loop is closed'
+  return obj is None and _loop_closed(value, unraisable.exc_traceback)
+
+
+def _loop_closed(value, tb) -> bool:
+  """A tensorstore callback into orbax's closed event loop (`call_soon_threadsafe`)."""
+  return (isinstance(value, RuntimeError) and str(value) == 'Event loop is closed'
           and tb is not None and tb.tb_frame.f_code.co_name == 'call_soon_threadsafe'
           and tb.tb_frame.f_code.co_filename == asyncio.base_events.__file__)
 
@@ -64,7 +75,15 @@ def install() -> None:
         previous(unraisable)
 
     sys.unraisablehook = hook
+    previous_excepthook = sys.excepthook
+
+    def excepthook(kind, value, tb):
+      if not _loop_closed(value, tb):
+        previous_excepthook(kind, value, tb)
+
+    sys.excepthook = excepthook
     logging.getLogger('asyncio').addFilter(_NeverRetrieved())
+    logging.getLogger('absl').addFilter(_OrbaxFailure())
 
 
 def quiet() -> None:
@@ -75,9 +94,31 @@ def quiet() -> None:
 
 
 class _NeverRetrieved(logging.Filter):
-  """Drops asyncio's 'Task exception was never retrieved' records of orbax's failed reads."""
+  """Drops asyncio's 'Task exception was never retrieved' records of orbax's failed reads and
+  writes."""
 
   def filter(self, record: logging.LogRecord) -> bool:  # pylint: disable=redefined-outer-name
     error = str(record.exc_info[1]) if record.exc_info else ''
     return not ('exception was never retrieved' in record.getMessage() and
-                (error.startswith(_READ_ERROR) or _TENSORSTORE_READ_ERROR.match(error)))
+                (error.startswith(_READ_ERROR) or _TENSORSTORE_ERROR.match(error) or
+                 _from_orbax(record.exc_info)))
+
+
+def _from_orbax(exc_info) -> bool:
+  """An OSError raised in orbax's own file writes (`async_path`: a full disk)."""
+  if not exc_info or not isinstance(exc_info[1], OSError):
+    return False
+  tb = exc_info[2]
+  while tb is not None:
+    if f'{os.sep}orbax{os.sep}' in tb.tb_frame.f_code.co_filename:
+      return True
+    tb = tb.tb_next
+  return False
+
+
+class _OrbaxFailure(logging.Filter):
+  """Drops orbax's ERROR records (a failed background save, with its traceback): the failure is
+  raised to the caller, which names it in one line."""
+
+  def filter(self, record: logging.LogRecord) -> bool:  # pylint: disable=redefined-outer-name
+    return not (record.levelno >= logging.ERROR and f'{os.sep}orbax{os.sep}' in record.pathname)

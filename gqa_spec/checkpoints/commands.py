@@ -91,9 +91,9 @@ def import_hf(args: argparse.Namespace) -> int:
 
 
 def export_hf(args: argparse.Namespace) -> int:
-  from gqa_spec.checkpoints import hf, native  # pylint: disable=g-import-not-at-top
+  from gqa_spec.checkpoints import hf, load  # pylint: disable=g-import-not-at-top
   _check_out('HF_DIR', args.hf_dir, args.overwrite, {'CKPT_DIR': args.ckpt_dir})
-  config, params, vocab = native.load_checkpoint(args.ckpt_dir)
+  config, params, vocab = load.load_model(args.ckpt_dir)  # or a run directory
   hf.save_hf(args.hf_dir, config, params, vocab, overwrite=args.overwrite)
   print(f'exported {args.ckpt_dir} -> {args.hf_dir}')
   return 0
@@ -127,9 +127,9 @@ def import_t5x(args: argparse.Namespace) -> int:
 
 def convert(args: argparse.Namespace) -> int:
   from gqa_spec import convert as convert_lib  # pylint: disable=g-import-not-at-top
-  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
+  from gqa_spec.checkpoints import load, native  # pylint: disable=g-import-not-at-top
   _check_out('OUT_DIR', args.out_dir, args.overwrite, {'CKPT_DIR': args.ckpt_dir})
-  config, params, vocab = native.load_checkpoint(args.ckpt_dir)
+  config, params, vocab = load.load_model(args.ckpt_dir)  # or a run directory
   vocab = arguments.vocab_file(vocab, args.vocab, args.ckpt_dir)
   params, config = convert_lib.convert_params(params, config, args.kv_heads, args.method, args.seed)
   if args.layout is not None:

@@ -16,7 +16,7 @@ from typing import Any, Tuple
 import jax
 import jax.numpy as jnp
 
-from gqa_spec import rundir
+from gqa_spec import atomic, rundir
 from gqa_spec.checkpoints import manager
 from gqa_spec.errors import UserError
 from gqa_spec.models import chimera
@@ -46,8 +46,7 @@ def write_draft_file(model_dir: str, kind: str, target_path: str, draft_config: 
                       f'{old["target"]}); use a new MODEL_DIR')
     return
   os.makedirs(model_dir, exist_ok=True)
-  with open(path, 'w') as f:
-    json.dump(record, f, indent=2)
+  atomic.write_json(path, record, indent=2)
 
 
 @functools.lru_cache(maxsize=8)

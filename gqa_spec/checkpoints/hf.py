@@ -38,7 +38,8 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
-from gqa_spec.checkpoints.native import cast_params, check_params, fresh_output_dir
+from gqa_spec import atomic
+from gqa_spec.checkpoints.native import cast_params, check_params
 from gqa_spec.models import layout
 from gqa_spec.convert import repeat_kv_heads
 from gqa_spec.errors import UserError
@@ -302,15 +303,15 @@ def save_hf(hf_dir: str, config: T5Config, params: Params, vocab_path: Optional[
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   hf_config = config_to_hf(config)
   state = params_to_hf(params, config)
-  fresh_output_dir(hf_dir, overwrite)
-  weights = os.path.join(hf_dir, 'model.safetensors')
-  save_file({k: np.ascontiguousarray(v, np.float32) for k, v in state.items()}, weights,
-            metadata={'format': 'pt'})
-  umask = os.umask(0)
-  os.umask(umask)
-  os.chmod(weights, 0o666 & ~umask)  # safetensors writes 0600; the mode of the files beside it
-  with open(os.path.join(hf_dir, 'config.json'), 'w') as f:
-    json.dump(hf_config, f, indent=2, sort_keys=True)
-    f.write('\n')
-  if vocab_path is not None:
-    shutil.copyfile(vocab_path, os.path.join(hf_dir, HF_VOCAB_FILE))
+  if os.path.exists(hf_dir) and not overwrite:
+    raise UserError(f'{hf_dir}: output directory already exists (pass --overwrite to replace it)')
+  with atomic.directory(hf_dir) as tmp:  # renamed to hf_dir when complete
+    weights = os.path.join(tmp, 'model.safetensors')
+    save_file({k: np.ascontiguousarray(v, np.float32) for k, v in state.items()}, weights,
+              metadata={'format': 'pt'})
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(weights, 0o666 & ~umask)  # safetensors writes 0600; the mode of the files beside it
+    atomic.write_json(os.path.join(tmp, 'config.json'), hf_config, indent=2, sort_keys=True)
+    if vocab_path is not None:
+      shutil.copyfile(vocab_path, os.path.join(tmp, HF_VOCAB_FILE))

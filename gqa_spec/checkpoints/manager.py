@@ -22,12 +22,18 @@ logged note that they cannot be verified.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import logging
 import os
+import re
+import shutil
 from typing import Any, Optional, Tuple
 
 import jax
 import orbax.checkpoint as ocp
 
+from gqa_spec import atomic
 from gqa_spec.checkpoints import aborted_reads, integrity
 from gqa_spec.checkpoints.orbax_lock import LOCK
 from gqa_spec.errors import UserError
@@ -75,6 +81,8 @@ class Checkpointer:
       self._manager = ocp.CheckpointManager(self.directory, item_names=('state', 'meta'),
                                             options=options)
     self._params_reader = None  # `restore_params`' manager, made on first use
+    self._saving = None  # the step of the last save started (asynchronous: maybe still writing)
+    self._failed = None  # the `WriteError` of a failed save: raised once, then by every save
     if os.environ.get(STALL_ENV):
       _stall_commits(float(os.environ[STALL_ENV]))
 
@@ -86,14 +94,46 @@ class Checkpointer:
     return list(self._manager.all_steps())
 
   def save(self, step: int, state: Any, meta: dict, force: bool = False) -> bool:
-    """Saves if `step` is due (or `force`); returns whether a save started."""
+    """Saves if `step` is due (or `force`); returns whether a save started.
+
+    Raises:
+      WriteError: this save or the previous, asynchronous one failed (a full disk): one line naming
+        the step, the errno and the latest complete checkpoint, which stays loadable.
+    """
     if step in self._manager.all_steps() or not (force or step % self.save_period == 0):
       return False
     meta = dict(meta, integrity=integrity.record(state))  # before the next step donates `state`
-    with LOCK:
-      return self._manager.save(
+    aborted_reads.install()  # a failed save's aftermath: orbax's ERROR logs, tensorstore's threads
+    with self._write_errors(step), LOCK:
+      started = self._manager.save(
           step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                         meta=ocp.args.JsonSave(meta)), force=force)
+    self._saving = step
+    return started
+
+  @contextlib.contextmanager
+  def _write_errors(self, step: int):
+    """Turns a failed save into one line, and removes its uncommitted temporary directory."""
+    if self._failed:
+      raise self._failed
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except; orbax re-raises tensorstore's ValueError
+      failed = re.search(r'checkpoints/(\d+)\.orbax-checkpoint-tmp', str(e))
+      failed = int(failed.group(1)) if failed else (self._saving or step)
+      for name in os.listdir(self.directory) if os.path.isdir(self.directory) else ():
+        if name.startswith(f'{failed}.orbax-checkpoint-tmp'):
+          shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+      code = re.search(r"os_error_code='(\d+)'", str(e))
+      code = getattr(e, 'errno', None) or (int(code.group(1)) if code else None)
+      reason = (f'{os.strerror(code)} ({errno.errorcode.get(code, code)})' if code
+                else integrity.first_line(e))
+      latest = self._manager.latest_step()
+      self._failed = atomic.WriteError(
+          f'{self.directory}/{failed}: cannot save the checkpoint: {reason}; nothing was written '
+          'there, and the latest complete checkpoint is ' +
+          (f'step {latest} (the same command resumes from it)' if latest is not None else 'none'))
+      raise self._failed from None
 
   def restore(self, step: int, target: Any) -> Tuple[Any, dict]:
     """The state at `step`, laid out as `target` (`abstract_with_shardings`), and its meta."""
@@ -129,9 +169,11 @@ class Checkpointer:
     try:
       with LOCK:
         if self._params_reader is None:
+          logging.getLogger('absl').addFilter(_quiet_read_only)  # (once: a set of filters)
           self._params_reader = ocp.CheckpointManager(
               self.directory, item_names=('state', 'meta'),
-              options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+              options=ocp.CheckpointManagerOptions(read_only=True, create=False,
+                                                   save_interval_steps=0))
         else:
           self._params_reader.reload()  # the steps saved since
         restored = self._params_reader.restore(
@@ -155,14 +197,27 @@ class Checkpointer:
     return os.path.join(self.directory, str(step), 'state')
 
   def wait(self) -> None:
-    """Blocks until pending asynchronous saves are complete."""
-    self._manager.wait_until_finished()
+    """Blocks until pending asynchronous saves are complete (`WriteError` when one failed)."""
+    with self._write_errors(self._saving or 0):
+      self._manager.wait_until_finished()
 
   def close(self) -> None:
-    self._manager.wait_until_finished()
-    self._manager.close()
-    if self._params_reader is not None:
-      self._params_reader.close()
+    """Waits for pending saves (`WriteError` when one failed, unless already raised) and closes."""
+    try:
+      if not self._failed:
+        self.wait()
+    finally:
+      with contextlib.suppress(Exception):  # after a failed save, orbax re-raises it here
+        self._manager.close()
+      if self._params_reader is not None:
+        self._params_reader.close()
+
+
+def _quiet_read_only(record: logging.LogRecord) -> bool:
+  """Drops orbax's warnings that the read-only manager of `restore_params` is read-only (printed on
+  stderr by `generate --model RUN_DIR`)."""
+  return not record.getMessage().startswith(('Given directory is read only',
+                                             'CheckpointManagerOptions.read_only=True'))
 
 
 def _stall_commits(seconds: float) -> None:

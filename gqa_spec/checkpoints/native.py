@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gqa_spec import rundir
+from gqa_spec import atomic, rundir
 from gqa_spec.checkpoints import aborted_reads, integrity
 from gqa_spec.checkpoints.orbax_lock import LOCK
 from gqa_spec.errors import UserError
@@ -96,16 +96,6 @@ def cast_params(params: Params, config: T5Config) -> Params:
   return jax.tree.map(lambda x: np.asarray(x).astype(dtype), params)
 
 
-def fresh_output_dir(directory: str, overwrite: bool) -> None:
-  """Creates an empty output directory; an existing one is an error unless `overwrite`."""
-  if os.path.exists(directory):
-    if not overwrite:
-      raise UserError(f'{directory}: output directory already exists '
-                      '(pass --overwrite to replace it)')
-    shutil.rmtree(directory)
-  os.makedirs(directory)
-
-
 def save_checkpoint(directory: str, config: T5Config, params: Params,
                     vocab_path: Optional[str] = None, overwrite: bool = False) -> None:
   """Writes a native checkpoint.
@@ -121,19 +111,28 @@ def save_checkpoint(directory: str, config: T5Config, params: Params,
   check_params(params, config, 'parameters to save')
   if vocab_path is not None and not os.path.isfile(vocab_path):
     raise UserError(f'{vocab_path}: vocabulary file not found')
-  fresh_output_dir(directory, overwrite)
+  if os.path.exists(directory) and not overwrite:
+    raise UserError(f'{directory}: output directory already exists '
+                    '(pass --overwrite to replace it)')
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top; slow import, save/load only
-  with LOCK, ocp.StandardCheckpointer() as checkpointer:
-    # numpy leaves carry no sharding, so the checkpoint loads on any device layout.
-    host = jax.tree.map(np.asarray, params)
-    checkpointer.save(os.path.join(directory, PARAMS_DIR), host)
-  with open(os.path.join(directory, INTEGRITY_FILE), 'w') as f:
-    json.dump({'algorithm': 'crc32', 'arrays': checksums(host)}, f, indent=1)
-  if vocab_path is not None:
-    os.makedirs(os.path.join(directory, 'vocab'))
-    shutil.copyfile(vocab_path, os.path.join(directory, VOCAB_FILE))
-  with open(os.path.join(directory, CONFIG_FILE), 'w') as f:
-    f.write(config.to_json() + '\n')
+  # Filled beside `directory` and renamed over it when complete: a failed save (a full disk)
+  # leaves no partial checkpoint, and the one it would replace (`best/`) intact.
+  with atomic.directory(directory) as tmp:
+    with LOCK, ocp.StandardCheckpointer() as checkpointer:
+      # numpy leaves carry no sharding, so the checkpoint loads on any device layout.
+      host = jax.tree.map(np.asarray, params)
+      try:
+        checkpointer.save(os.path.join(tmp, PARAMS_DIR), host)
+      except (ValueError, RuntimeError) as e:  # tensorstore's errors carry no errno
+        raise atomic.WriteError(f'{directory}: cannot write the parameters: '
+                                f'{str(e).strip().splitlines()[0] if str(e).strip() else e!r}; '
+                                'nothing was written there') from e
+    atomic.write_json(os.path.join(tmp, INTEGRITY_FILE),
+                      {'algorithm': 'crc32', 'arrays': checksums(host)}, indent=1)
+    if vocab_path is not None:
+      os.makedirs(os.path.join(tmp, 'vocab'))
+      shutil.copyfile(vocab_path, os.path.join(tmp, VOCAB_FILE))
+    atomic.write_text(os.path.join(tmp, CONFIG_FILE), config.to_json() + '\n')
 
 
 def checksums(params: Params) -> dict:

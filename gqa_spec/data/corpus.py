@@ -23,6 +23,7 @@ import shutil
 import subprocess
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from gqa_spec import atomic
 from gqa_spec.data import ddtp
 from gqa_spec.data import vocabulary as vocabulary_lib
 from gqa_spec.errors import UserError
@@ -102,11 +103,9 @@ def prepare(lists_dir: str = ddtp.APT_LISTS_DIR, data_dir: Optional[str] = None,
   splits = ddtp.split_records(records, fractions, max_shared_text)
   os.makedirs(data_dir, exist_ok=True)
   for split, split_records in splits.items():
-    tmp = split_path(data_dir, split) + '.tmp'
-    with open(tmp, 'w', encoding='utf-8') as f:
+    with atomic.open_for_write(split_path(data_dir, split)) as f:
       for record in split_records:
         f.write(json.dumps(record.to_json(), ensure_ascii=False) + '\n')
-    os.replace(tmp, split_path(data_dir, split))
   stats = {
       'lists_dir': os.path.abspath(lists_dir),
       'reader': {'files': report.files, 'parsed': report.parsed, 'malformed': report.malformed,
@@ -120,8 +119,7 @@ def prepare(lists_dir: str = ddtp.APT_LISTS_DIR, data_dir: Optional[str] = None,
     vocabulary_lib.train_sentencepiece(texts, vocab_path(data_dir), vocab_size)
     stats['vocabulary'] = {'path': vocab_path(data_dir), 'pieces': vocab_size,
                            'extra_ids': vocabulary_lib.EXTRA_IDS}
-  with open(os.path.join(data_dir, STATS_FILENAME), 'w') as f:
-    json.dump(stats, f, indent=1, sort_keys=True)
+  atomic.write_json(os.path.join(data_dir, STATS_FILENAME), stats, indent=1, sort_keys=True)
   return stats
 
 

@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from gqa_spec import atomic
 from gqa_spec.data import exported, features
 from gqa_spec.errors import UserError
 
@@ -68,7 +69,7 @@ def _write_split(task, split: str, lengths: Mapping[str, int], task_dir: str, dt
   if max_examples is not None:
     ds = ds.take(max_examples)
   tokens = {k: [] for k in features.KEYS}
-  with open(exported.text_path(task_dir, split), 'w') as f:
+  with atomic.open_for_write(exported.text_path(task_dir, split)) as f:
     for example in ds.as_numpy_iterator():
       for key in features.KEYS:
         tokens[key].append(np.asarray(example.get(key, np.zeros(0, np.int32)), np.int64))
@@ -85,8 +86,10 @@ def write_tokens(task_dir: str, split: str, key: str, seqs: Sequence[np.ndarray]
   offsets = np.zeros(len(seqs) + 1, np.int64)  # [n + 1]
   offsets[1:] = np.cumsum([len(s) for s in seqs])
   flat = np.concatenate(seqs) if len(seqs) else np.zeros(0, np.int64)  # [total]
-  np.save(exported.token_path(task_dir, split, key), flat.astype(dtype))
-  np.save(exported.token_path(task_dir, split, key, offsets=True), offsets)
+  for path, array in ((exported.token_path(task_dir, split, key), flat.astype(dtype)),
+                      (exported.token_path(task_dir, split, key, offsets=True), offsets)):
+    with atomic.open_for_write(path, 'wb') as f:  # a file object: np.save adds no suffix
+      np.save(f, array)
 
 
 def export_task(name: str, out_dir: str, lengths: Mapping[str, int],
@@ -117,7 +120,7 @@ def export_task(name: str, out_dir: str, lengths: Mapping[str, int],
   model = vocab.sp_model
   vocab_rel = os.path.join('vocab', hashlib.sha256(model).hexdigest()[:16] + '.model')
   os.makedirs(os.path.join(out_dir, 'vocab'), exist_ok=True)
-  with open(os.path.join(out_dir, vocab_rel), 'wb') as f:
+  with atomic.open_for_write(os.path.join(out_dir, vocab_rel), 'wb') as f:
     f.write(model)
   dtype = np.uint16 if vocab.vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
   counts = {s: _write_split(task, s, lengths, task_dir, dtype, max_examples, seed) for s in splits}
@@ -137,10 +140,7 @@ def export_task(name: str, out_dir: str, lengths: Mapping[str, int],
       'metric_fns': [_qualified(f) for f in task.predict_metric_fns],
       'postprocess_fn': _qualified(task.postprocessor),
       'seqio_version': seqio.__version__, 'content_sha256': digest.hexdigest()}
-  tmp = os.path.join(task_dir, exported.MANIFEST + '.tmp')
-  with open(tmp, 'w') as f:
-    json.dump(manifest, f, indent=2)
-  os.replace(tmp, os.path.join(task_dir, exported.MANIFEST))
+  atomic.write_json(os.path.join(task_dir, exported.MANIFEST), manifest, indent=2)
   return manifest
 
 
@@ -173,8 +173,8 @@ def export(names: Sequence[str], out_dir: str, splits: Optional[Sequence[str]] =
         manifests.append(export_task(sub.name, out_dir, task_lengths, sub_splits, max_examples,
                                      seed))
       os.makedirs(os.path.join(out_dir, name), exist_ok=True)
-      with open(os.path.join(out_dir, name, exported.MIXTURE_FILE), 'w') as f:
-        json.dump({'mixture': name, 'rates': rates, 'lengths': task_lengths}, f, indent=2)
+      atomic.write_json(os.path.join(out_dir, name, exported.MIXTURE_FILE),
+                        {'mixture': name, 'rates': rates, 'lengths': task_lengths}, indent=2)
     else:
       manifests.append(export_task(name, out_dir, task_lengths, splits, max_examples, seed))
   return manifests

@@ -19,6 +19,7 @@ from typing import Dict, Optional
 import seqio
 import tensorflow as tf
 
+from gqa_spec import atomic
 from gqa_spec.errors import UserError
 
 SPLITS = ('train', 'validation', 'test')
@@ -40,7 +41,7 @@ def convert(dialogue_json: str, split_json: str, output_dir: str) -> Dict[str, i
   sizes = {}
   for release_name, split in _RELEASE_SPLITS.items():
     ids = [i for i in split_ids.get(release_name, []) if i in interviews]
-    with open(os.path.join(output_dir, f'{split}.jsonl'), 'w') as f:
+    with atomic.open_for_write(os.path.join(output_dir, f'{split}.jsonl')) as f:
       for i in ids:
         f.write(json.dumps(interviews[i], ensure_ascii=False) + '\n')
     sizes[split] = len(ids)

@@ -23,6 +23,7 @@ import seqio
 import sentencepiece as spm
 
 from gqa_spec.data.vocab_fit import EXTRA_IDS  # pylint: disable=unused-import  (defined seqio-free)
+from gqa_spec import atomic
 from gqa_spec.errors import UserError
 
 DEFAULT_VOCAB_SIZE = 8000  # pieces, before the extra ids
@@ -91,9 +92,7 @@ def train_sentencepiece(texts: Iterable[str], output_path: str,
   except RuntimeError as e:
     raise UserError(f'SentencePiece training failed: {str(e).strip().splitlines()[-1]}') from e
   os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
-  tmp = output_path + '.tmp'
-  with open(tmp, 'wb') as f:
+  with atomic.open_for_write(output_path, 'wb') as f:
     f.write(model.getvalue())
-  os.replace(tmp, output_path)
   get_vocabulary.cache_clear()
   return output_path

@@ -29,10 +29,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from typing import Any, Dict, List, Optional
 
-from gqa_spec import arguments
+from gqa_spec import arguments, atomic
 from gqa_spec.errors import UserError
 
 EOS = 1
@@ -41,7 +42,9 @@ EOS = 1
 def register(subparsers) -> None:
   p = subparsers.add_parser('generate', help='decode a checkpoint on JSONL inputs (optionally '
                             'speculative, with a draft)')
-  p.add_argument('--model', required=True, help='native checkpoint directory (the target)')
+  p.add_argument('--model', required=True,
+                 help='native checkpoint directory (the target), or a training run directory (its '
+                      'best/, else its latest checkpoint; RUN/checkpoints/N for step N)')
   p.add_argument('--inputs', required=True, help='JSONL: input_ids or inputs (text) per line')
   p.add_argument('--vocab', metavar='SPM', default=None,
                  help="SentencePiece model for text inputs and the `output` text, where the "
@@ -53,10 +56,13 @@ def register(subparsers) -> None:
   p.add_argument('--stats', help='write timing and acceptance statistics JSON here')
   p.add_argument('--max-decode-len', type=int, default=64)
   p.add_argument('--batch-size', type=int, default=8)
+  p.add_argument('--truncate-inputs', action='store_true',
+                 help='cut rows longer than the device can take (estimated from the model, the '
+                      'batch and its memory) to that length, with a warning, instead of refusing')
   p.add_argument('--draft', default='none',
-                 help='none | CKPT_DIR (a smaller T5, same vocabulary) | unigram:PATH | '
-                      'bigram:PATH (from `gqa-spec ngram fit`) | copy (prompt lookup) | '
-                      'chimera:DIR (a `train-draft --kind chimera` run)')
+                 help='none | CKPT_DIR (a smaller T5, same vocabulary; or its training run '
+                      'directory) | unigram:PATH | bigram:PATH (from `gqa-spec ngram fit`) | '
+                      'copy (prompt lookup) | chimera:DIR (a `train-draft --kind chimera` run)')
   p.add_argument('--gamma', type=int, default=4, help='draft tokens per target call')
   p.add_argument('--tree', default=None,
                  help='verify a token tree instead of a chain (model, bigram or chimera drafts): '
@@ -107,8 +113,13 @@ def _read_inputs(path: str, vocab, task: Optional[str]) -> List[List[int]]:
   if not os.path.isfile(path):
     raise UserError(f'inputs file not found: {path}')
   rows: List[Any] = []  # ids, or the text of an `inputs` line
-  with open(path) as f:
-    for n, line in enumerate(f, 1):
+  with open(path, 'rb') as f:
+    for n, raw in enumerate(f, 1):
+      try:
+        line = raw.decode('utf-8')
+      except UnicodeDecodeError as e:
+        raise UserError(f'{path}:{n}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column '
+                        f'{e.start + 1})') from None
       if not line.strip():
         continue
       try:
@@ -149,10 +160,11 @@ def _positive(name: str, value: int) -> None:
 
 
 def _load(path: str, what: str):
-  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
+  """A native checkpoint or a training run directory (`load.load_model`)."""
+  from gqa_spec.checkpoints import load  # pylint: disable=g-import-not-at-top
   if not os.path.isdir(path):
     raise UserError(f'{what} checkpoint directory not found: {path}')
-  return native.load_checkpoint(path)
+  return load.load_model(path)
 
 
 def generate(args: argparse.Namespace) -> int:
@@ -204,6 +216,8 @@ def generate(args: argparse.Namespace) -> int:
     bad = [t for t in ids if t < 0 or t >= target_config.vocab_size]
     if bad:
       raise UserError(f'input id {bad[0]} outside the model vocabulary [0, {target_config.vocab_size})')
+  rows = _fit_inputs(rows, args, target_config, _cache_length(
+      draft_spec != 'none', shape, args.max_decode_len, args.gamma))
 
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -280,7 +294,7 @@ def generate(args: argparse.Namespace) -> int:
     outputs.extend(autoregressive.strip(seqs, lengths))
     results.append((result, n))
 
-  with open(args.out, 'w') as f:
+  with atomic.open_for_write(args.out) as f:  # whole or not at all
     for ids in outputs:
       line: Dict[str, Any] = {'output_ids': ids}
       if vocab is not None:
@@ -302,8 +316,7 @@ def generate(args: argparse.Namespace) -> int:
                      target_config, batch=batch, input_length=width,
                      cache_length=_cache_length(draft is not None, shape, max_len, gamma),
                      data=mesh_shape[0], model=mesh_shape[1]).to_dict())
-    with open(args.stats, 'w') as f:
-      json.dump(stats, f, indent=2)
+    atomic.write_json(args.stats, stats, indent=2)
   return 0
 
 
@@ -352,6 +365,35 @@ def ngram_fit(args: argparse.Namespace) -> int:
   print(f'{args.out}: order {args.order}, {int(model.unigram.sum())} target tokens, '
         f'{len(model.bigram)} bigram types')
   return 0
+
+
+def _fit_inputs(rows: List[List[int]], args: argparse.Namespace, config,
+                cache_length: int) -> List[List[int]]:
+  """Rows longer than one device can take (`input_limit`) refused in one line, before anything
+  compiles, or with --truncate-inputs cut to that length (ending in EOS) with a warning."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding import input_limit  # pylint: disable=g-import-not-at-top
+  model = args.model_parallel or 1
+  data = max(jax.device_count() // model, 1)
+  if args.batch_size % data:
+    data = 1  # the rows do not shard: every device holds the whole batch
+  estimate = input_limit.estimator(config, batch=args.batch_size, cache_length=cache_length,
+                                   data=data, model=model)
+  available = input_limit.device_bytes()
+  limit = input_limit.longest_input(estimate, available)
+  longest = max(range(len(rows)), key=lambda i: len(rows[i]))
+  if len(rows[longest]) <= limit:
+    return rows
+  if not args.truncate_inputs or limit < 1:
+    raise UserError(
+        f'{args.inputs}: input row {longest + 1} has {len(rows[longest])} tokens, more than the '
+        f'{limit} one device can take at --batch-size {args.batch_size} (about '
+        f'{estimate(-(-len(rows[longest]) // 8) * 8) / 2**30:.3g} GiB of {available / 2**30:.3g} '
+        'GiB); pass --truncate-inputs to cut such rows, or lower --batch-size')
+  cut = sum(len(r) > limit for r in rows)
+  print(f'gqa-spec: warning: {args.inputs}: cut {cut} input row(s) to {limit} tokens (the longest, '
+        f'row {longest + 1}, had {len(rows[longest])})', file=sys.stderr)
+  return [r if len(r) <= limit else r[:limit - 1] + [EOS] for r in rows]
 
 
 def _cache_length(speculative_run: bool, shape, max_len: int, gamma: int) -> int:

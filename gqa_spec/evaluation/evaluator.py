@@ -36,9 +36,10 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 import jax
 import numpy as np
 
-from gqa_spec import progress
+from gqa_spec import atomic, progress
 from gqa_spec.data import exported
 from gqa_spec.evaluation import outputs
+from gqa_spec.decoding import input_limit
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.layout import DECODE_LAYOUT
@@ -441,7 +442,9 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
   from gqa_spec.checkpoints import param_dtype as dtype_lib  # pylint: disable=g-import-not-at-top
   from gqa_spec.checkpoints.load import load_any, scan_layers_of  # pylint: disable=g-import-not-at-top  (slow imports)
   dtype_lib.check(param_dtype, 'param_dtype')
-  config, params, step = load_any(checkpoint_path, scan_layers=scan_layers_of(layout or DECODE_LAYOUT))
+  config, params, step = load_any(checkpoint_path, scan_layers=scan_layers_of(layout or DECODE_LAYOUT), model=True)
+  input_limit.check_feature_length(config, task_feature_lengths, batch_size,
+                                   beam_size if decoding == 'beam' else 1)
   config, params = dtype_lib.cast(config, params, param_dtype, 'param_dtype')
   evaluator = InferenceEvaluator(mixture_or_task_name, config, split, task_feature_lengths,
                                  batch_size, num_examples, decoding, beam_size, draft=draft,
@@ -463,10 +466,9 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
   if decoding == 'speculative':
     report.update(draft=draft, gamma=None if tree else gamma, tree=tree,
                   speculative=evaluator.speculative_stats())
-  with open(os.path.join(output_dir, 'metrics.json'), 'w') as f:
-    json.dump(report, f, indent=2)
+  atomic.write_json(os.path.join(output_dir, 'metrics.json'), report, indent=2)
   for task_name, rows in predictions.items():
-    with open(os.path.join(output_dir, f'predictions-{task_name}.jsonl'), 'w') as f:
+    with atomic.open_for_write(os.path.join(output_dir, f'predictions-{task_name}.jsonl')) as f:
       for row in rows:
         f.write(json.dumps(row, ensure_ascii=False) + '\n')
   return metrics

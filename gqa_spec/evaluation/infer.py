@@ -26,8 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gqa_spec import atomic
 from gqa_spec.data import exported, vocab_fit
 from gqa_spec.evaluation import outputs
+from gqa_spec.decoding import input_limit
 from gqa_spec.errors import UserError
 
 DECODINGS = ('greedy', 'sample', 'beam', 'speculative')
@@ -125,7 +127,9 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
     task_batches, lengths = _seqio_batches(mixture_or_task_name, split, task_feature_lengths,
                                            batch_size, num_examples)
   length = lengths['targets']
-  config, params, _ = load_any(checkpoint_path, scan_layers=scan_layers)
+  config, params, _ = load_any(checkpoint_path, scan_layers=scan_layers, model=True)
+  input_limit.check_feature_length(config, lengths, batch_size,
+                                   beam_size if decoding == 'beam' else 1)
   vocab_fit.check({name: vocab.vocab_size for name, vocab, _ in task_batches}, config.vocab_size,
                   checkpoint_path)
   config, params = dtype_lib.cast(config, params, param_dtype, 'param_dtype')
@@ -142,7 +146,7 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
   rng = jax.random.PRNGKey(seed)
   for name, vocab, batches in task_batches:
     path = os.path.join(output_dir, _file_name(name, mode))
-    with open(path, 'w') as f:
+    with atomic.open_for_write(path) as f:
       for raw, inputs in batches:
         n = inputs.shape[0]  # inputs: [n, S]
         if n < batch_size:  # one compiled shape for every batch

@@ -10,7 +10,7 @@ a checkpoint written in one layout loads into the other without changing the fun
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import jax
 import jax.numpy as jnp

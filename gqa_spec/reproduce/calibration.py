@@ -30,7 +30,7 @@ import shutil
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from gqa_spec import progress
+from gqa_spec import atomic, progress
 from gqa_spec.errors import UserError
 from gqa_spec.reproduce import calibration_report
 from gqa_spec.reproduce import presets as presets_lib
@@ -264,11 +264,7 @@ def _read(path: str, point: Optional[Point] = None) -> Optional[dict]:
 
 def _write(path: str, obj) -> None:
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = path + '.tmp'
-  with open(tmp, 'w') as f:
-    json.dump(obj, f, indent=1, sort_keys=True)
-    f.write('\n')
-  os.replace(tmp, path)
+  atomic.write_json(path, obj, indent=1, sort_keys=True)
 
 
 def _best_pretrained(work_dir: str, plan_: Plan, sweep: Sweep) -> str:

@@ -3,24 +3,20 @@
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Mapping, Sequence
 
+from gqa_spec import atomic
 from gqa_spec.reproduce.report import markdown_table
 
 MARKERS = ('o', 's', '^', 'D', 'v', 'P', 'X', '*')
 
 
 def write(out_dir: str, record: Mapping) -> None:
-  tmp = os.path.join(out_dir, f'calibration.json.{os.getpid()}.tmp')  # two runs may share out_dir
-  with open(tmp, 'w') as f:
-    json.dump(record, f, indent=1, sort_keys=True)
-    f.write('\n')
-  os.replace(tmp, os.path.join(out_dir, 'calibration.json'))
+  # The temporary name has the pid: two runs may share out_dir.
+  atomic.write_json(os.path.join(out_dir, 'calibration.json'), record, indent=1, sort_keys=True)
   plot(os.path.join(out_dir, 'calibration.png'), record)
-  with open(os.path.join(out_dir, 'calibration.md'), 'w') as f:
-    f.write(markdown(record))
+  atomic.write_text(os.path.join(out_dir, 'calibration.md'), markdown(record))
 
 
 def _metric_keys(points: Sequence[Mapping]) -> list:
@@ -114,7 +110,8 @@ def plot(path: str, record: Mapping) -> None:
                                if record['pending_points'] else '')
   fig.suptitle(f"{record['command']}  [{status}]", fontsize=10)
   fig.tight_layout(rect=(0, 0, 1, 0.98))
-  fig.savefig(path, dpi=100)
+  with atomic.open_for_write(path, 'wb') as f:
+    fig.savefig(f, format='png', dpi=100)
   plt.close(fig)
 
 

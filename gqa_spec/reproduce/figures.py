@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from typing import List, Mapping, Optional, Sequence, Tuple
 
+from gqa_spec import atomic
 from gqa_spec.reproduce import bootstrap
 from gqa_spec.reproduce.report import TASK_LABELS, quality_rows
 
@@ -75,7 +76,8 @@ def plot_all(out_dir: str, evaluate_rows: Sequence[Mapping], timing_rows: Sequen
   written = []
 
   def save(fig, name):
-    fig.savefig(os.path.join(out_dir, name), dpi=DPI, bbox_inches='tight')
+    with atomic.open_for_write(os.path.join(out_dir, name), 'wb') as f:
+      fig.savefig(f, format=os.path.splitext(name)[1][1:], dpi=DPI, bbox_inches='tight')
     plt.close(fig)
     written.append(name)
 

@@ -16,7 +16,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from gqa_spec import progress
+from gqa_spec import atomic, progress
 from gqa_spec.errors import UserError
 from gqa_spec.reproduce.presets import Preset
 
@@ -115,11 +115,7 @@ def time_limit(ctx: Context, seconds: Optional[float]):
 
 
 def write_json(path: str, obj: Any) -> None:
-  tmp = path + '.tmp'
-  with open(tmp, 'w') as f:
-    json.dump(obj, f, indent=1, sort_keys=True)
-    f.write('\n')
-  os.replace(tmp, path)  # a stage counts as done only once its JSON is complete
+  atomic.write_json(path, obj, indent=1, sort_keys=True)  # a stage is done once its JSON is whole
 
 
 def jobs_dir(ctx: Context, stage: str) -> str:

@@ -34,7 +34,7 @@ import sys
 import time
 from typing import Dict, Optional, Sequence
 
-from gqa_spec import progress, rundir
+from gqa_spec import progress, rundir_lock
 from gqa_spec.errors import UserError
 from gqa_spec.reproduce import drafts, evaluate, finetune, pretraining, speculation, timing
 from gqa_spec.reproduce import jobs as jobs_lib
@@ -73,7 +73,6 @@ def run(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str]
       and jobs are kept, a training job saves a checkpoint, and the same call resumes. The
       returned records then hold `'stopped': {'stage': ...}`.
   """
-  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   preset = presets_lib.override(presets_lib.get(preset_name), overrides)
   if overrides and (out_dir is None or work_dir is None):
     raise UserError('--set changes the preset: give its own --out and --work-dir (the defaults '
@@ -90,12 +89,18 @@ def run(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str]
   ctx = Context(preset, out_dir or os.path.join('results', preset_name),
                 work_dir or os.path.join('runs', preset_name), overrides=tuple(overrides),
                 exported_dir=exported_dir)
-  os.makedirs(ctx.out_dir, exist_ok=True)
-  os.makedirs(ctx.work_dir, exist_ok=True)
+  with rundir_lock.running(ctx.out_dir), rundir_lock.running(ctx.work_dir):  # one reproduction each
+    return _run_stages(ctx, preset_name, todo, force, time_limit, progress_bar, overrides,
+                       exported_dir)
+
+
+def _run_stages(ctx, preset_name, todo, force, time_limit, progress_bar, overrides, exported_dir):
+  """`run`'s stages, in `ctx`'s directories (locked)."""
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   jobs_lib.write_json(os.path.join(ctx.out_dir, 'preset.json'),
-              dict(json.loads(json.dumps(dataclasses.asdict(preset), default=str)),
-                   work_dir=os.path.relpath(ctx.work_dir, ctx.out_dir),  # preset.json's dir
-                   overrides=list(overrides), exported=exported_dir is not None))
+                      dict(json.loads(json.dumps(dataclasses.asdict(ctx.preset), default=str)),
+                           work_dir=os.path.relpath(ctx.work_dir, ctx.out_dir),  # its own dir
+                           overrides=list(overrides), exported=exported_dir is not None))
   records = {}
   # Jobs on the same data share its batches (training/data.py; the smoke preset's 12 fine-tuning
   # jobs read 2 datasets) and their evaluators seqio's examples and targets (evaluator.py).
@@ -104,7 +109,7 @@ def run(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str]
   if progress_bar is None:
     progress_bar = sys.stderr.isatty()
   with tqdm(total=len(todo), desc=f'reproduce {preset_name}', unit='stage',
-            disable=not progress_bar) as bar, rundir.running(ctx.out_dir), \
+            disable=not progress_bar) as bar, \
        compilation_cache(ctx.work_dir), shared_batches(), shared_eval_data(), \
        jobs_lib.time_limit(ctx, time_limit):
     ctx.progress = bar

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import List, Tuple
 
+from gqa_spec import atomic
 from gqa_spec.reproduce import finetune
 from gqa_spec.reproduce import jobs as jobs_lib
 from gqa_spec.reproduce.jobs import Context
@@ -68,8 +69,7 @@ def stage_report(ctx: Context) -> dict:
             report.markdown_table(['Stage', 'Last run', 'Jobs'],
                                   [[s, w, '-' if job_walls[s] is None else job_walls[s]]
                                    for s, w in walls.items()]), '']
-  with open(os.path.join(ctx.out_dir, 'report.md'), 'w') as f:
-    f.write('\n'.join(lines))
+  atomic.write_text(os.path.join(ctx.out_dir, 'report.md'), '\n'.join(lines))
   return {'figures': figures, 'report': 'report.md', 'stage_wall_seconds': walls,
           'claims': [{'key': c.key, 'claim': c.claim, 'ours': c.ours, 'verdict': c.verdict,
                       'why': c.why} for c in claim_rows],

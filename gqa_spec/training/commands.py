@@ -25,7 +25,7 @@ import argparse
 import logging
 import os
 
-from gqa_spec import arguments
+from gqa_spec import arguments, atomic
 from gqa_spec.errors import UserError
 from gqa_spec.training import gin_utils
 
@@ -101,8 +101,7 @@ def _parse(args: argparse.Namespace) -> None:
 def _write_operative_config() -> None:
   import gin  # pylint: disable=g-import-not-at-top
   model_dir = gin.query_parameter('%MODEL_DIR')
-  with open(os.path.join(model_dir, 'config.gin'), 'w') as f:
-    f.write(gin_utils.operative_config())
+  atomic.write_text(os.path.join(model_dir, 'config.gin'), gin_utils.operative_config())
 
 
 def _print_result(result) -> None:

@@ -33,6 +33,7 @@ import optax
 
 from gqa_spec.decoding import autoregressive
 from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec import rundir_lock
 from gqa_spec.errors import UserError
 from gqa_spec.rundir import DRAFT_EXPORT_DIR
 from gqa_spec.models import chimera
@@ -287,33 +288,35 @@ def train_draft(*, kind: str, target_checkpoint: str, model_dir: str, train_data
   check_choice('kind', kind, KINDS)
   if train_dataset_cfg.pack:
     raise UserError('draft training needs unpacked examples: set DatasetConfig.pack = False')
-  target_config, target_params, _ = load_any(target_checkpoint)
-  if kind == 'chimera':
-    draft_config = chimera.ChimeraConfig.for_target(
-        target_config, num_draft_heads=num_draft_heads, **(chimera_overrides or {}))
-  elif draft_model_config is None:
-    raise UserError('--kind model needs the draft architecture: a model gin (e.g. '
-                    '--gin_file=models/t5_1_1/nano.gin) setting DRAFT_MODEL_CONFIG')
-  else:
-    draft_config = draft_model_config
-  draft_records.write_draft_file(model_dir, kind, target_checkpoint, draft_config)
-  step = DraftTrainStep.create(
-      kind, draft_config, target_config, target_params, optimizer or adam(),
-      learning_rate_fn or opt.constant(1e-3), label_source=label_source, z_loss=z_loss,
-      mse_weight=mse_weight, kl_weight=kl_weight)
-  result = trainer.train(model_dir=model_dir, model_config=draft_config,
-                         train_dataset_cfg=train_dataset_cfg, total_steps=total_steps,
-                         checkpoint_cfg=checkpoint_cfg or trainer.CheckpointConfig(),
-                         log_period=log_period, random_seed=random_seed, step_fn=step,
-                         initial_checkpoint_path=initial_checkpoint_path,
-                         initial_step=0 if initial_checkpoint_path else None)
-  if kind == 'model':
-    config, params, _ = load_any(model_dir)
-    native.save_checkpoint(os.path.join(model_dir, DRAFT_EXPORT_DIR), config, params,
-                           # the run's task vocabulary, else the target's: a draft shares it
-                           vocab_path=vocab_of(model_dir) or vocab_of(target_checkpoint),
-                           overwrite=True)
-  return result
+  with rundir_lock.running(model_dir, enabled=jax.process_index() == 0):
+    # Held from the draft record to the export (the trainer takes it again, as the same process).
+    target_config, target_params, _ = load_any(target_checkpoint)
+    if kind == 'chimera':
+      draft_config = chimera.ChimeraConfig.for_target(
+          target_config, num_draft_heads=num_draft_heads, **(chimera_overrides or {}))
+    elif draft_model_config is None:
+      raise UserError('--kind model needs the draft architecture: a model gin (e.g. '
+                      '--gin_file=models/t5_1_1/nano.gin) setting DRAFT_MODEL_CONFIG')
+    else:
+      draft_config = draft_model_config
+    draft_records.write_draft_file(model_dir, kind, target_checkpoint, draft_config)
+    step = DraftTrainStep.create(
+        kind, draft_config, target_config, target_params, optimizer or adam(),
+        learning_rate_fn or opt.constant(1e-3), label_source=label_source, z_loss=z_loss,
+        mse_weight=mse_weight, kl_weight=kl_weight)
+    result = trainer.train(model_dir=model_dir, model_config=draft_config,
+                           train_dataset_cfg=train_dataset_cfg, total_steps=total_steps,
+                           checkpoint_cfg=checkpoint_cfg or trainer.CheckpointConfig(),
+                           log_period=log_period, random_seed=random_seed, step_fn=step,
+                           initial_checkpoint_path=initial_checkpoint_path,
+                           initial_step=0 if initial_checkpoint_path else None)
+    if kind == 'model':
+      config, params, _ = load_any(model_dir)
+      native.save_checkpoint(os.path.join(model_dir, DRAFT_EXPORT_DIR), config, params,
+                             # the run's task vocabulary, else the target's: a draft shares it
+                             vocab_path=vocab_of(model_dir) or vocab_of(target_checkpoint),
+                             overwrite=True)
+    return result
 
 
 def _hits(logits: jax.Array, targets: jax.Array, max_k: int) -> Tuple[jax.Array, jax.Array]:

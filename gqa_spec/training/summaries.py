@@ -24,6 +24,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from gqa_spec import atomic
 from gqa_spec.rundir import TRAIN_LOG_FILE
 
 
@@ -62,10 +63,8 @@ def drop_records_after(path: str, step: int) -> int:
       else:
         kept.append(line if line.endswith('\n') else line + '\n')
   if dropped:
-    tmp = path + '.tmp'
-    with open(tmp, 'w') as f:
+    with atomic.open_for_write(path) as f:
       f.writelines(kept)
-    os.replace(tmp, path)
   return dropped
 
 

@@ -8,7 +8,7 @@
   train_log.jsonl          one JSON object per logged step (`metrics.py`), train and eval
   train/, eval/            TensorBoard event files
   best/, best.json         native checkpoint of the best evaluation so far, and its metrics
-  RUNNING.json             pid and host while a process trains (`gqa-spec status`)
+  RUNNING.json             the one-writer lock while a process trains (`rundir_lock`)
 
 Start-up, in order of precedence:
   1. `model_dir` has checkpoints: resume from the latest (same step, same optimizer state, same
@@ -46,7 +46,7 @@ import jax
 import numpy as np
 
 from gqa_spec.rundir import BEST_DIR, BEST_FILE
-from gqa_spec import progress, rundir
+from gqa_spec import atomic, progress, rundir, rundir_lock
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 from gqa_spec.checkpoints import manager
@@ -187,92 +187,91 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
   if train_dataset_cfg.mixture_or_task_name != 'synthetic':  # before the run directory exists
     vocab_fit.check(vocab_sizes(train_dataset_cfg.mixture_or_task_name),
                     model_config.vocab_size, 'model_config')
-  is_writer = jax.process_index() == 0
-  os.makedirs(model_dir, exist_ok=True)
-  ckpt = manager.Checkpointer(model_dir, checkpoint_cfg.save_period, checkpoint_cfg.keep,
-                                    checkpoint_cfg.asynchronous)
-  state, data_start_step = _start(step_fn, ckpt, model_config, initial_checkpoint_path,
-                                  initial_checkpoint_config or model_config, initial_step,
-                                  random_seed)
-  if is_writer:
-    with open(os.path.join(model_dir, 'config.json'), 'w') as f:
-      f.write(model_config.to_json() + '\n')
-    _copy_vocab(train_dataset_cfg.mixture_or_task_name, model_dir)
-  step = int(state.step)
-  meta = {'model_config': model_config.to_dict(), 'data_start_step': data_start_step,
-          'dataset': dataclasses.asdict(train_dataset_cfg)}
-  log.info('training %s from step %d to %d on mesh %s', model_dir, step, total_steps,
-           dict(partitioner.mesh.shape))
-  writer = summaries.MetricWriter(model_dir, step, is_writer)
-  bar = progress.Progress('train', total_steps, step, bar=progress_bar, enabled=is_writer)
-  best = _read_best(model_dir)
-  batches = get_batches(train_dataset_cfg, skip_batches=step - data_start_step)
-  # Dispatched steps whose metrics the host has not read yet, oldest first: [(step, metrics)].
-  # At most MAX_IN_FLIGHT stay queued, so a stop request waits for at most that many steps.
-  in_flight = collections.deque()
-  window, last_metrics, window_start = [], {}, time.time()  # host metrics since the last record
+  is_writer = jax.process_index() == 0  # one process takes the lock and writes the files
+  # Before anything reads or writes the run directory: a second writer stops here, at once.
+  with rundir_lock.running(model_dir, enabled=is_writer, total_steps=total_steps):
+    ckpt = manager.Checkpointer(model_dir, checkpoint_cfg.save_period, checkpoint_cfg.keep,
+                                checkpoint_cfg.asynchronous)
+    state, data_start_step = _start(step_fn, ckpt, model_config, initial_checkpoint_path,
+                                    initial_checkpoint_config or model_config, initial_step,
+                                    random_seed)
+    if is_writer:
+      atomic.write_text(os.path.join(model_dir, 'config.json'), model_config.to_json() + '\n')
+      _copy_vocab(train_dataset_cfg.mixture_or_task_name, model_dir)
+    step = int(state.step)
+    meta = {'model_config': model_config.to_dict(), 'data_start_step': data_start_step,
+            'dataset': dataclasses.asdict(train_dataset_cfg)}
+    log.info('training %s from step %d to %d on mesh %s', model_dir, step, total_steps,
+             dict(partitioner.mesh.shape))
+    writer = summaries.MetricWriter(model_dir, step, is_writer)
+    bar = progress.Progress('train', total_steps, step, bar=progress_bar, enabled=is_writer)
+    best = _read_best(model_dir)
+    batches = get_batches(train_dataset_cfg, skip_batches=step - data_start_step)
+    # Dispatched steps whose metrics the host has not read yet, oldest first: [(step, metrics)].
+    # At most MAX_IN_FLIGHT stay queued, so a stop request waits for at most that many steps.
+    in_flight = collections.deque()
+    window, last_metrics, window_start = [], {}, time.time()  # host metrics since the last record
 
-  def retire(keep: int) -> None:
-    """Waits for the oldest in-flight steps until `keep` remain; checks and records each."""
-    while len(in_flight) > keep:
-      s, m = in_flight.popleft()
-      m = jax.device_get(m)
-      if not np.isfinite(m['loss_sum']):
-        latest = ckpt.latest_step()
-        raise NonFiniteLossError(
-            f'non-finite loss ({float(m["loss_sum"])}) at step {s}; training stopped, the last good '
-            f'checkpoint is ' + (f'step {latest} in {ckpt.directory}' if latest is not None
-                                 else 'none (no checkpoint was saved yet)'))
-      window.append(m)
-      bar.update(s, loss=float(m['loss_sum']) / max(float(m['weight_sum']), 1.0),
-                 tokens=float(m['weight_sum']) + float(m['input_tokens']))
+    def retire(keep: int) -> None:
+      """Waits for the oldest in-flight steps until `keep` remain; checks and records each."""
+      while len(in_flight) > keep:
+        s, m = in_flight.popleft()
+        m = jax.device_get(m)
+        if not np.isfinite(m['loss_sum']):
+          latest = ckpt.latest_step()
+          raise NonFiniteLossError(
+              f'non-finite loss ({float(m["loss_sum"])}) at step {s}; training stopped, the last '
+              f'good checkpoint is ' + (f'step {latest} in {ckpt.directory}' if latest is not None
+                                   else 'none (no checkpoint was saved yet)'))
+        window.append(m)
+        bar.update(s, loss=float(m['loss_sum']) / max(float(m['weight_sum']), 1.0),
+                   tokens=float(m['weight_sum']) + float(m['input_tokens']))
 
-  def check_and_log() -> None:
-    nonlocal window, last_metrics, window_start
-    retire(0)
-    if not window:
-      return
-    last_metrics = summaries.summarize(window, time.time() - window_start)
-    writer.write_scalars(step, last_metrics)
-    window, window_start = [], time.time()
+    def check_and_log() -> None:
+      nonlocal window, last_metrics, window_start
+      retire(0)
+      if not window:
+        return
+      last_metrics = summaries.summarize(window, time.time() - window_start)
+      writer.write_scalars(step, last_metrics)
+      window, window_start = [], time.time()
 
-  stop = _StopFlag(lambda: len(in_flight))
-  lock = (rundir.running(model_dir, total_steps=total_steps) if is_writer
-          else contextlib.nullcontext())
-  try:
-    with stop.installed(), lock:
-      while step < total_steps and not stop.requested:
-        batch = next(batches)
-        if stop.requested:  # arrived while the batch was read: do not queue another step
-          break
-        state, step_metrics = step_fn(state, partitioner.shard_batch(batch))
-        step += 1
-        in_flight.append((step, step_metrics))
-        retire(MAX_IN_FLIGHT)
-        save_due = step % checkpoint_cfg.save_period == 0
-        eval_due = evaluator is not None and eval_period is not None and step % eval_period == 0
-        if step % log_period == 0 or save_due or eval_due or step == total_steps:
-          check_and_log()
-        if save_due:
-          ckpt.save(step, state, meta)
-        if eval_due and not stop.requested:
+    stop = _StopFlag(lambda: len(in_flight))
+    try:
+      with stop.installed():
+        while step < total_steps and not stop.requested:
+          batch = next(batches)
+          if stop.requested:  # arrived while the batch was read: do not queue another step
+            break
+          state, step_metrics = step_fn(state, partitioner.shard_batch(batch))
+          step += 1
+          in_flight.append((step, step_metrics))
+          retire(MAX_IN_FLIGHT)
+          save_due = step % checkpoint_cfg.save_period == 0
+          eval_due = evaluator is not None and eval_period is not None and step % eval_period == 0
+          if step % log_period == 0 or save_due or eval_due or step == total_steps:
+            check_and_log()
+          if save_due:
+            ckpt.save(step, state, meta)
+          if eval_due and not stop.requested:
+            best = _evaluate(evaluator, state, step, model_config, model_dir, writer, best,
+                             best_metric, best_mode, is_writer)
+        check_and_log()
+        ckpt.save(step, state, meta, force=True)
+        if (evaluator is not None and (eval_period is None or step % eval_period)
+            and not stop.requested):
           best = _evaluate(evaluator, state, step, model_config, model_dir, writer, best,
                            best_metric, best_mode, is_writer)
-      check_and_log()
-      ckpt.save(step, state, meta, force=True)
-      if (evaluator is not None and (eval_period is None or step % eval_period)
-          and not stop.requested):
-        best = _evaluate(evaluator, state, step, model_config, model_dir, writer, best,
-                         best_metric, best_mode, is_writer)
-  finally:
-    bar.close()
-    writer.close()
-    ckpt.close()
-  if stop.requested:
-    by, after = ('signal', 'the signal') if stop.signum is not None else ('request', 'the request')
-    log.warning('stopped by %s at step %d; saved a checkpoint (%.1f s after %s)', by, step,
-                time.time() - stop.requested_at, after)
-  return TrainResult(step=step, train_metrics=last_metrics, best=best, stop_signal=stop.signum)
+    finally:
+      bar.close()
+      writer.close()
+      ckpt.close()
+    if stop.requested:
+      by, after = (('signal', 'the signal') if stop.signum is not None
+                   else ('request', 'the request'))
+      log.warning('stopped by %s at step %d; saved a checkpoint (%.1f s after %s)', by, step,
+                  time.time() - stop.requested_at, after)
+    return TrainResult(step=step, train_metrics=last_metrics, best=best, stop_signal=stop.signum)
 
 
 def _start(step_fn: TrainStep, ckpt: manager.Checkpointer, config: T5Config,
@@ -355,8 +354,7 @@ def _evaluate(evaluator: Evaluator, state: TrainState, step: int, config: T5Conf
     from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
     native.save_checkpoint(os.path.join(model_dir, BEST_DIR), config, params,
                            vocab_path=native.vocab_path(model_dir), overwrite=True)
-    with open(os.path.join(model_dir, BEST_FILE), 'w') as f:
-      json.dump(best, f, indent=2)
+    atomic.write_json(os.path.join(model_dir, BEST_FILE), best, indent=2)
   log.info('step %d: new best %s = %.4f', step, best_metric, value)
   return best
 

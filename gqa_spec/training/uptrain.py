@@ -31,6 +31,7 @@ from typing import Callable, Optional
 import jax
 
 from gqa_spec.rundir import CONVERTED_DIR, UPTRAIN_FILE
+from gqa_spec import atomic, rundir_lock
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 from gqa_spec.checkpoints.load import load_any, vocab_of
@@ -64,8 +65,8 @@ def convert_checkpoint(model_dir: str, initial_checkpoint_path: str, model_confi
             'method': method,
             'source_num_kv_heads': source_config.num_kv_heads,
             'num_kv_heads': config.num_kv_heads, 'original_train_steps': int(steps)}
-  with open(record_path, 'w') as f:  # written last: its presence marks a complete conversion
-    json.dump(record, f, indent=2)
+  # Written last: its presence marks a complete conversion.
+  atomic.write_json(record_path, record, indent=2)
   return record
 
 
@@ -91,9 +92,11 @@ def uptrain(*, model_dir: str, model_config: T5Config, initial_checkpoint_path: 
   """
   if not 0 < alpha <= 10:
     raise UserError(f'alpha must be in (0, 10], got {alpha}')
-  record = convert_checkpoint(model_dir, initial_checkpoint_path, model_config, method,
-                              original_train_steps, conversion_seed)
-  start = record['original_train_steps']
-  return train_fn(model_dir=model_dir, model_config=model_config,
-                  initial_checkpoint_path=os.path.join(model_dir, CONVERTED_DIR),
-                  initial_step=start, total_steps=start + math.ceil(alpha * start))
+  # Held across the conversion and the training (the trainer takes it again, as the same process).
+  with rundir_lock.running(model_dir, enabled=jax.process_index() == 0):
+    record = convert_checkpoint(model_dir, initial_checkpoint_path, model_config, method,
+                                original_train_steps, conversion_seed)
+    start = record['original_train_steps']
+    return train_fn(model_dir=model_dir, model_config=model_config,
+                    initial_checkpoint_path=os.path.join(model_dir, CONVERTED_DIR),
+                    initial_step=start, total_steps=start + math.ceil(alpha * start))

@@ -84,11 +84,11 @@ def _model_decoder(spec: str, target_config, mesh: Any, param_dtype: Optional[st
   """`(decoder, params)` of the draft checkpoint `spec`: a `T5Decoder`, or with `mesh` a
   `mesh.MeshT5Decoder` by the draft config's own rules with its parameters placed (once, not per
   batch); floating parameters cast to `param_dtype` (None: as stored)."""
-  from gqa_spec.checkpoints import native, param_dtype as dtype_lib  # pylint: disable=g-import-not-at-top  (slow imports)
+  from gqa_spec.checkpoints import load, param_dtype as dtype_lib  # pylint: disable=g-import-not-at-top  (slow imports)
   from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
   from gqa_spec.models import layout  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
-  config, params, _ = native.load_checkpoint(spec)
+  config, params, _ = load.load_model(spec)  # or a run directory
   if config.vocab_size != target_config.vocab_size:
     raise UserError(f'draft vocabulary {config.vocab_size} != target vocabulary '
                     f'{target_config.vocab_size}')

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gqa_spec import atomic
 from gqa_spec.decoding.drafts.base import last_tokens, one_hot
 from gqa_spec.errors import UserError
 
@@ -98,7 +99,7 @@ def save_ngram(model: NgramModel, path: str) -> None:
   rows = np.array([k[0] for k, _ in items], np.int32)
   cols = np.array([k[1] for k, _ in items], np.int32)
   counts = np.array([v for _, v in items], np.int64)
-  with open(path, 'wb') as f:  # np.savez would append '.npz' to a bare path
+  with atomic.open_for_write(path, 'wb') as f:  # np.savez would append '.npz' to a bare path
     np.savez(f, order=model.order, unigram=model.unigram, bigram_rows=rows, bigram_cols=cols,
              bigram_counts=counts)
 

@@ -1,0 +1,80 @@
+"""Inputs checked before compile: the longest encoder input one device can take.
+
+XLA allocates a batch's encoder attention whole: `[rows, heads, S, S]` scores and probabilities
+(float32), quadratic in the input length S, beside the parameters and the decode caches
+(`memory.memory_per_device`, linear in S). A 100,000-token row asked XLA for 2.7 TB and failed with
+a 16-line `JaxRuntimeError` after compiling; `longest_input` finds, before anything compiles, the
+longest S whose estimate fits the device's memory (an accelerator's `bytes_limit`, or the host's
+physical memory on CPU), so a longer row is refused in one line or truncated (`--truncate-inputs`).
+The estimate leaves out XLA's own temporaries: a row just under the limit may still not fit.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Mapping
+
+import jax
+
+from gqa_spec.decoding import memory
+from gqa_spec.errors import UserError
+from gqa_spec.models.config import T5Config
+
+_F32 = 4
+_STEP = 8  # `generate` pads every input to a multiple of 8
+
+
+def device_bytes() -> int:
+  """Memory of one device: an accelerator's `bytes_limit`, or the host's physical memory."""
+  stats = jax.devices()[0].memory_stats() or {}
+  if stats.get('bytes_limit'):
+    return int(stats['bytes_limit'])
+  return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+
+
+def encoder_bytes(config: T5Config, rows: int, heads: int, length: int) -> int:
+  """The encoder's attention at input length S on one device: scores and probabilities
+  `[rows, heads, S, S]` and the relative position bias `[1, heads, S, S]`, float32."""
+  return _F32 * heads * length * length * (2 * rows + 1)
+
+
+def estimator(config: T5Config, *, batch: int, cache_length: int, data: int = 1,
+              model: int = 1) -> Callable[[int], int]:
+  """Input length -> bytes of parameters, decode caches and encoder attention on one device (the
+  first two are linear in the length: measured at 8 and 16 tokens, `memory.memory_per_device`)."""
+  at = lambda n: memory.memory_per_device(config, batch=batch, input_length=n,
+                                          cache_length=cache_length, data=data, model=model)
+  short, longer = at(_STEP), at(2 * _STEP)
+  per_token = (longer.total_bytes - short.total_bytes) // _STEP
+  heads = config.num_heads // model if config.num_heads % model == 0 else config.num_heads
+  return lambda n: (short.total_bytes + per_token * (n - _STEP) +
+                    encoder_bytes(config, short.rows_per_device, heads, n))
+
+
+def longest_input(estimate: Callable[[int], int], available: int) -> int:
+  """The longest input length (a multiple of 8) whose `estimate` fits in `available` bytes; 0 when
+  not even 8 tokens fit."""
+  low, high = 0, _STEP
+  while estimate(high) <= available:  # doubling, then bisection over multiples of 8
+    low, high = high, high * 2
+  while high - low > _STEP:
+    mid = (low + high) // 2 // _STEP * _STEP
+    low, high = (mid, high) if estimate(mid) <= available else (low, mid)
+  return low
+
+
+def check_feature_length(config: T5Config, lengths: Mapping[str, int], batch: int,
+                         beams: int = 1) -> None:
+  """`eval` / `infer`: a task's `inputs` feature length that one device cannot take (at this batch
+  size, with `targets` + 1 cache slots) refused in one line, before anything compiles."""
+  if not lengths.get('inputs'):
+    return
+  estimate = estimator(config, batch=batch * beams, cache_length=lengths.get('targets', 1) + 1)
+  available = device_bytes()
+  padded = -(-lengths['inputs'] // _STEP) * _STEP
+  if estimate(padded) > available:
+    raise UserError(
+        f"task_feature_lengths inputs={lengths['inputs']}: more than the "
+        f'{longest_input(estimate, available)} tokens one device can take at batch_size {batch} '
+        f'(about {estimate(padded) / 2**30:.3g} GiB of {available / 2**30:.3g} GiB); lower it or '
+        'batch_size')
