@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # The throughput benchmarks on one GPU: writes results/benchmarks/*_gpu.{json,md} (or under $1).
+# For a lent device with minutes of time, `benchmarks/device_check.sh bench` is the one prepared call
+# (at most 6 minutes, bounded by its own clock); the parts below are longer.
 #
 #   bash benchmarks/gpu.sh [OUT_DIR] [PART ...]
 #

@@ -43,24 +43,37 @@ TIMED = ('target_step_ms', 'draft_step_ms', 'verify_ms', 'propose_ms', 'iteratio
          'overhead_ms', 'c', 'v', 'overhead_target_steps')
 
 
+def _draft_layers(args) -> list:
+  """`--draft-layers` as a list: None (the draft preset's own depth) or a layer count, per entry."""
+  return [None if d == 'all' else int(d) for d in args.draft_layers.split(',')]
+
+
+def _init(args):
+  init = workloads.shaped_random_params if args.shaped_setup else workloads.random_params
+  return lambda model: init(model, dtype=args.param_dtype)
+
+
+def _draft(args, layers):
+  """`(draft, draft params)`: `--draft-preset` with `layers` encoder and decoder layers (None: its
+  own), in `--dtype`, parameters cast to `--param-dtype`."""
+  depth = {} if layers is None else dict(num_encoder_layers=layers, num_decoder_layers=layers)
+  draft_model = Transformer(preset(args.draft_preset, dtype=args.dtype, **depth))
+  return ModelDraft.t5(draft_model), _init(args)(draft_model)
+
+
 def _setup(args, batch: int):
-  """The random-init target and draft named by `--target-preset` / `--draft-preset` (in `--dtype`,
-  parameters cast to `--param-dtype`)
-  as `(target, target params, draft, draft params, encoder tokens [batch, --input-length])`."""
-  layers = {} if args.draft_layers is None else dict(num_encoder_layers=args.draft_layers,
-                                                    num_decoder_layers=args.draft_layers)
+  """The random-init target named by `--target-preset` (in `--dtype`, parameters cast to
+  `--param-dtype`) and the first `--draft-layers` draft, as `(target, target params, draft, draft
+  params, encoder tokens [batch, --input-length])`."""
   target_model = Transformer(preset(args.target_preset, dtype=args.dtype))
-  draft_model = Transformer(preset(args.draft_preset, dtype=args.dtype, **layers))
   rng = np.random.default_rng(0)
   enc = jnp.asarray(rng.integers(2, 8000, size=(batch, args.input_length)), jnp.int32)  # [b, S]
-  init = workloads.shaped_random_params if args.shaped_setup else workloads.random_params
-  cast = lambda model: init(model, dtype=args.param_dtype)
-  return (T5Decoder(target_model), cast(target_model), ModelDraft.t5(draft_model),
-          cast(draft_model), enc)
+  return (T5Decoder(target_model), _init(args)(target_model),
+          *_draft(args, _draft_layers(args)[0]), enc)
 
 
 def measure(args) -> list:
-  """One row per (batch, gamma)."""
+  """One row per (batch, draft depth, gamma); the target's costs are measured once per batch."""
   gammas = [int(g) for g in args.gammas.split(',')]
   length = args.max_decode_len
   rows = []
@@ -68,39 +81,53 @@ def measure(args) -> list:
     target, tparams, draft, dparams, enc = _setup(args, batch)
     slots = speculative.target_cache_length(length, max(gammas))
     tstate = target.init(tparams, enc, slots)
-    dstate0 = draft.init(dparams, enc, length, max(gammas))
     t_target = speedup.step_time(target, tstate, 1, length // 2)
-    t_draft = speedup.step_time(draft.decoder, dstate0, 1, length // 2)
-    for gamma in gammas:
-      t_verify = speedup.step_time(target, tstate, gamma + 1, length // 2)
-      t_propose = speedup.propose_time(draft, dstate0, gamma, batch, length)
+    t_verify = {g: speedup.step_time(target, tstate, g + 1, length // 2) for g in gammas}
+    for i, layers in enumerate(_draft_layers(args)):
+      if i:
+        draft, dparams = _draft(args, layers)
+      rows += _draft_rows(args, batch, layers, gammas, target, tparams, draft, dparams, enc,
+                          t_target, t_verify)
+  return rows
 
-      def run(gamma=gamma):
-        return speculative.decode(target, target.init(tparams, enc, slots), draft,
-                                  draft.init(dparams, enc, length, gamma), jax.random.PRNGKey(1),
-                                  gamma=gamma, max_decode_len=length, eos_id=-1)
-      iterations = int(run().loop_iterations)
-      # The init calls (encoder passes) are timed apart and subtracted. Least disturbed runs, as
-      # for the step times (`speedup.step_time` / `propose_time`), so the difference compares like
-      # with like on a loaded machine.
-      init_secs = common.best_seconds(lambda gamma=gamma: (target.init(tparams, enc, slots),
-                                                        draft.init(dparams, enc, length, gamma)),
-                                   args.repeats)
-      loop_secs = common.best_seconds(run, args.repeats) - init_secs
-      t_iter = loop_secs / iterations
-      row = {'batch': batch, 'gamma': gamma, 'input_length': args.input_length,
-             'target': args.target_preset, 'draft': args.draft_preset,
-             'draft_layers': args.draft_layers, 'dtype': args.dtype,
-             'param_dtype': args.param_dtype or 'float32',
-             'max_decode_len': length, 'loop_iterations': iterations,
-             'target_step_ms': t_target * 1e3, 'draft_step_ms': t_draft * 1e3,
-             'verify_ms': t_verify * 1e3, 'propose_ms': t_propose * 1e3,
-             'iteration_ms': t_iter * 1e3, 'overhead_ms': (t_iter - t_propose - t_verify) * 1e3,
-             'c': t_draft / t_target, 'v': t_verify / t_target,
-             'overhead_target_steps': (t_iter - t_propose - t_verify) / t_target,
-             'loadavg': os.getloadavg()[0]}
-      rows.append(row)
-      common.print_row(row)
+
+def _draft_rows(args, batch, layers, gammas, target, tparams, draft, dparams, enc, t_target,
+                t_verify) -> list:
+  """The rows of one draft: its step, and per gamma its proposal and the loop's iteration."""
+  length = args.max_decode_len
+  slots = speculative.target_cache_length(length, max(gammas))
+  rows = []
+  dstate0 = draft.init(dparams, enc, length, max(gammas))
+  t_draft = speedup.step_time(draft.decoder, dstate0, 1, length // 2)
+  for gamma in gammas:
+    t_propose = speedup.propose_time(draft, dstate0, gamma, batch, length)
+
+    def run(gamma=gamma):
+      return speculative.decode(target, target.init(tparams, enc, slots), draft,
+                                draft.init(dparams, enc, length, gamma), jax.random.PRNGKey(1),
+                                gamma=gamma, max_decode_len=length, eos_id=-1)
+    iterations = int(run().loop_iterations)
+    # The init calls (encoder passes) are timed apart and subtracted. Least disturbed runs, as
+    # for the step times (`speedup.step_time` / `propose_time`), so the difference compares like
+    # with like on a loaded machine.
+    init_secs = common.best_seconds(lambda gamma=gamma: (target.init(tparams, enc, slots),
+                                                      draft.init(dparams, enc, length, gamma)),
+                                 args.repeats)
+    loop_secs = common.best_seconds(run, args.repeats) - init_secs
+    t_iter = loop_secs / iterations
+    row = {'batch': batch, 'gamma': gamma, 'input_length': args.input_length,
+           'target': args.target_preset, 'draft': args.draft_preset,
+           'draft_layers': layers, 'dtype': args.dtype,
+           'param_dtype': args.param_dtype or 'float32',
+           'max_decode_len': length, 'loop_iterations': iterations,
+           'target_step_ms': t_target * 1e3, 'draft_step_ms': t_draft * 1e3,
+           'verify_ms': t_verify[gamma] * 1e3, 'propose_ms': t_propose * 1e3,
+           'iteration_ms': t_iter * 1e3, 'overhead_ms': (t_iter - t_propose - t_verify[gamma]) * 1e3,
+           'c': t_draft / t_target, 'v': t_verify[gamma] / t_target,
+           'overhead_target_steps': (t_iter - t_propose - t_verify[gamma]) / t_target,
+           'loadavg': os.getloadavg()[0]}
+    rows.append(row)
+    common.print_row(row)
   return rows
 
 
@@ -144,9 +171,10 @@ def main(argv=None):
                  help='random normal parameters of the right shapes, no compiled init')
   p.add_argument('--target-preset', default='mini')
   p.add_argument('--draft-preset', default='nano')
-  p.add_argument('--draft-layers', type=int, default=None,
+  p.add_argument('--draft-layers', default='all',
                  help='the draft preset with this many encoder and decoder layers (e.g. a 2-layer '
-                      'small: --draft-preset small --draft-layers 2)')
+                      'small: --draft-preset small --draft-layers 2); a comma list measures each '
+                      "against the same target ('all': the preset's own depth)")
   common.add_dtype_argument(p)
   common.add_ab_arguments(p)
   p.add_argument('--profile', default=None, help='B,GAMMA: write the loop\'s per-op profile')
@@ -156,7 +184,8 @@ def main(argv=None):
     profile_loop(args, argv)
     return
   load_before = os.getloadavg()
-  rows = common.rows(__file__, args, argv, measure, key=lambda r: (r['batch'], r['gamma']),
+  rows = common.rows(__file__, args, argv, measure,
+                     key=lambda r: (r['batch'], str(r['draft_layers']), r['gamma']),
                      timed=TIMED + ('loadavg',))
   if rows is None:  # an A/B child: its rows are written
     return
@@ -188,11 +217,12 @@ def write(results, args) -> None:
                               ' (no other jobs).'), '']
   base = bool(args.baseline)
   lines += common.table_head(
-      ['batch', 'gamma', 'target ms', 'draft ms', 'c', 'verify ms', 'v', 'propose ms', 'iter ms']
+      ['batch', 'draft layers', 'gamma', 'target ms', 'draft ms', 'c', 'verify ms', 'v', 'propose ms', 'iter ms']
       + (['base iter ms', 'iter speedup'] if base else []) + ['overhead ms', 'overhead / target step'])
   for r in results['rows']:
     extra = (f' {r["baseline_iteration_ms"]:.3f} | {r["iteration_speedup"]:.2f} |' if base else '')
-    lines.append(f'| {r["batch"]} | {r["gamma"]} | {r["target_step_ms"]:.3f} | '
+    depth = 'all' if r.get('draft_layers') is None else r['draft_layers']
+    lines.append(f'| {r["batch"]} | {depth} | {r["gamma"]} | {r["target_step_ms"]:.3f} | '
                  f'{r["draft_step_ms"]:.3f} | {r["c"]:.3f} | {r["verify_ms"]:.3f} | {r["v"]:.2f} | '
                  f'{r["propose_ms"]:.3f} | {r["iteration_ms"]:.3f} |{extra} '
                  f'{r["overhead_ms"]:.3f} | {r["overhead_target_steps"]:.2f} |')

@@ -69,8 +69,9 @@ def register(subparsers) -> None:
                           'the function whatever the gin files bind; also sets the macro '
                           'PARAM_DTYPE)')
       p.add_argument('--layout', choices=arguments.LAYOUTS, default=None,
-                     help="the target's layer layout, converted at load (scanned: one nn.scan per "
-                          'stack, compile time independent of depth; default: as stored)')
+                     help='the layer layout decoding runs in, converted at load (default: '
+                          'unrolled, as MaxText decodes; scanned: one nn.scan per stack, compile '
+                          'time independent of depth, slower steps)')
     p.add_argument('--verbose', action='store_true', default=argparse.SUPPRESS,
                    help="show the libraries' logs (as `gqa-spec --verbose`)")
     p.set_defaults(func=func)
