@@ -26,7 +26,7 @@ def test_bfloat16_halves_the_caches_but_not_the_float32_parameters(tmp_path):
   assert bf16['decoder_param_mib'] == f32['decoder_param_mib']
   assert bf16['self_kv_mib'] == pytest.approx(f32['self_kv_mib'] / 2)
   assert bf16['cross_kv_mib'] == pytest.approx(f32['cross_kv_mib'] / 2)
-  assert '| nano (bfloat16) | 1 | 16 | 2 |' in open(str(tmp_path / 'bfloat16') + '.md').read()
+  assert '| nano (bfloat16) | 1 | unrolled | 16 | 2 |' in open(str(tmp_path / 'bfloat16') + '.md').read()
 
 
 def test_profile_writes_one_profile_per_entry(tmp_path):
@@ -46,7 +46,8 @@ def test_profile_writes_one_profile_per_entry(tmp_path):
 def test_batch_reaches_the_rows(tmp_path):
   out = str(tmp_path / 't')
   train_throughput.main(['--preset', 'nano', '--settings', 'finetune', '--steps', '1',
-                         '--batch', '2', '--out', out])
+                         '--batch', '2', '--scan-layers', '--remat-policy', 'full', '--out', out])
   [row] = _rows(out)['rows']
   assert (row['preset'], row['batch'], row['tokens_per_s']) == ('nano', 2, pytest.approx(
       2 * 128 / row['step_s']))
+  assert (row['scan_layers'], row['remat_policy']) == (True, 'full')
