@@ -8,7 +8,7 @@ the process (its start costs more than the work): `gqa-spec train` (2x4 mesh, sy
 checkpoints), a restore of the last checkpoint onto that mesh and a native export of its
 parameters (spread over the processes when N = 2), then `gqa-spec generate` greedy and speculative
 with that export as model draft. Files a process writes go to OUT (process 1's outputs get their
-own names, so the test sees that it wrote none).
+own names, p1_*, so the test sees that it wrote none).
 """
 
 import os
@@ -55,8 +55,9 @@ def _run(argv):
 def main(out: str, n: int, i: int, port: int) -> None:
   flags = [] if n == 1 else ['--coordinator', f'localhost:{port}', '--num-processes', str(n),
                              '--process-id', str(i), '--distributed-timeout', '60']
-  run_dir, mine = os.path.join(out, 'run'), (lambda name: os.path.join(out, f'{name}{i or ""}'))
-  gin_file = os.path.join(out, f'tiny{i}.gin')
+  run_dir = os.path.join(out, 'run')
+  mine = lambda name: os.path.join(out, name if i == 0 else f'p{i}_{name}')
+  gin_file = mine('tiny.gin')
   with open(gin_file, 'w') as f:
     f.write(GIN)
   _run(['train', f'--gin_file={gin_file}', f"--gin.MODEL_DIR='{run_dir}'",
