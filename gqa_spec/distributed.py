@@ -38,6 +38,9 @@ HEARTBEAT_SECONDS = 30
 # Seconds a finishing process waits for the others at the exit barrier (JAX: 300).
 SHUTDOWN_SECONDS = 60
 
+# Seconds a connected peer waits for process 0's answer beyond the common deadline: a peer that came
+# hears why start-up failed (a missing peer named by process 0), not only that it timed out.
+_GRACE = 5
 _ADDRESS = re.compile(r'^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$')
 
 
@@ -227,7 +230,7 @@ def _join_rendezvous(address, host, port, num_processes, process_id, deadline, t
     try:
       with socket.create_connection((host, port), timeout=min(left, 5)) as conn:
         conn.sendall(f'{num_processes} {process_id}\n'.encode())
-        conn.settimeout(left)
+        conn.settimeout(left + _GRACE)  # process 0's verdict (its deadline is ours) comes first
         reply = conn.makefile().readline().strip()
     except socket.timeout:
       continue

@@ -88,15 +88,16 @@ def test_training_equals_one_process(runs):
   # The 2-process checkpoint restored by one process on one device (another process count and
   # mesh) against the reference's. Adafactor divides each update by the root of its second-moment
   # estimate, which amplifies that rounding where a gradient is near 0: after 6 steps at learning
-  # rate 0.32 a parameter (scale ~0.1) differs by up to ~8e-5 (CI's tolerance 2e-4), where one
-  # step's update is ~0.03 (learning rate x the parameter's RMS).
+  # rate 0.32 a parameter (scale ~0.1) differed by up to 8e-5 and 3.2e-4 in two runs (gloo's
+  # order varies), so the tolerance is 1e-3, where one step's update is ~0.03 (learning rate x
+  # the parameter's RMS): a lost or doubled update is 30x the tolerance.
   _, params_two, step_two = load_any(str(two / 'run'))
   _, params_one, step_one = load_any(str(one / 'run'))
   assert step_two == step_one == 6
   flat_two, flat_one = native._flat(params_two), native._flat(params_one)  # pylint: disable=protected-access
   assert sorted(flat_two) == sorted(flat_one)
   for name in flat_one:
-    np.testing.assert_allclose(flat_two[name], flat_one[name], rtol=0, atol=2e-4, err_msg=name)
+    np.testing.assert_allclose(flat_two[name], flat_one[name], rtol=0, atol=1e-3, err_msg=name)
 
 
 def test_native_export_of_spread_params(runs):
