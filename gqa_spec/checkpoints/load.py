@@ -64,7 +64,7 @@ def _load(path: str, t5x_config: Optional[T5Config]) -> Tuple[T5Config, Params, 
     if step is None:
       raise UserError(f'{ckpt.directory}: holds no complete checkpoint')
     config = T5Config.from_dict(ckpt.restore_meta(step)['model_config'])
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
                                     native.abstract_params(config))
     params = ckpt.restore_params(step, target)
