@@ -57,7 +57,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
   g.add_argument('--distributed', choices=('auto',), default=None,
                  help="auto: JAX's cluster detection (TPU pod, SLURM, Open MPI) fills what the "
                       'three flags above leave out')
-  g.add_argument('--distributed-timeout', type=int, metavar='S', default=DEFAULT_TIMEOUT,
+  g.add_argument('--distributed-timeout', type=int, metavar='S', default=None,
                  help=f'seconds start-up waits for every process (default {DEFAULT_TIMEOUT})')
 
 
@@ -66,6 +66,9 @@ def start_from_args(args: argparse.Namespace) -> bool:
   given = {'--coordinator': args.coordinator, '--num-processes': args.num_processes,
            '--process-id': args.process_id}
   if args.distributed is None and all(v is None for v in given.values()):
+    if args.distributed_timeout is not None:
+      raise UserError('--distributed-timeout applies to a multi-process start: give --coordinator, '
+                      '--num-processes and --process-id, or --distributed auto')
     return False
   if args.distributed is None:
     missing = [name for name, value in given.items() if value is None]
@@ -73,7 +76,7 @@ def start_from_args(args: argparse.Namespace) -> bool:
       raise UserError(f'{", ".join(missing)} missing: give --coordinator, --num-processes and '
                       '--process-id together, or --distributed auto')
   initialize(args.coordinator, args.num_processes, args.process_id,
-             timeout=args.distributed_timeout)
+             timeout=DEFAULT_TIMEOUT if args.distributed_timeout is None else args.distributed_timeout)
   if not is_writer():  # process 0 reports; the others only warn
     logging.getLogger('gqa_spec').setLevel(logging.WARNING)
   return True
@@ -128,6 +131,10 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
       raise UserError(f'jax.distributed ({where}): not every process joined within {timeout} s '
                       f'(a peer missing, or given another --num-processes/--coordinator): '
                       f'{_short(text)}') from None
+    if coordinator_address is None and 'should be defined' in text:
+      raise UserError('jax.distributed: no cluster detected (TPU pod, SLURM, Open MPI) to fill in '
+                      f'what the flags leave out ({_short(text)}); give --coordinator, '
+                      '--num-processes and --process-id') from None
     raise UserError(f'jax.distributed ({where}): {_short(text)}') from None
 
 

@@ -3,6 +3,7 @@ port in use and processes that disagree end in one line within the timeout, befo
 (the rendezvous runs first, so these run in the test's own process, peers as threads)."""
 
 import argparse
+import os
 import socket
 import subprocess
 import sys
@@ -84,6 +85,7 @@ def test_port_in_use():
     (['--coordinator', 'h:1', '--num-processes', '2', '--process-id', '2'], 'process id 2 outside'),
     (['--coordinator', 'h:1', '--num-processes', '0', '--process-id', '0'], 'must be >= 1'),
     (['--coordinator', 'h:99999', '--num-processes', '2', '--process-id', '0'], 'out of range'),
+    (['--distributed-timeout', '5'], '--distributed-timeout applies to a multi-process start'),
 ])
 def test_bad_flags(argv, message):
   parser = argparse.ArgumentParser()
@@ -98,14 +100,29 @@ def test_no_flags_start_nothing():
   assert distributed.start_from_args(parser.parse_args([])) is False
 
 
-def test_cli_missing_peer_is_one_line(tmp_path):
+def _generate(tmp_path, *flags):
   (tmp_path / 'in.jsonl').write_text('{"input_ids": [5, 1]}\n')
-  result = subprocess.run(
+  return subprocess.run(
       [sys.executable, '-m', 'gqa_spec', 'generate', '--model', str(tmp_path), '--inputs',
-       str(tmp_path / 'in.jsonl'), '--out', str(tmp_path / 'out.jsonl'), '--coordinator',
-       f'localhost:{_port()}', '--num-processes', '2', '--process-id', '0',
-       '--distributed-timeout', '1'], capture_output=True, text=True, timeout=120)
+       str(tmp_path / 'in.jsonl'), '--out', str(tmp_path / 'out.jsonl'), *flags],
+      capture_output=True, text=True, timeout=120)
+
+
+def test_cli_missing_peer_is_one_line(tmp_path):
+  address = f'localhost:{_port()}'
+  result = _generate(tmp_path, '--coordinator', address, '--num-processes', '2', '--process-id',
+                     '0', '--distributed-timeout', '1')
   assert result.returncode == 2, result.stderr
   assert result.stderr.strip().splitlines() == [
-      f'gqa-spec: error: jax.distributed: process(es) 1 of 2 did not reach coordinator '
-      f'{result.args[result.args.index("--coordinator") + 1]} within 1 s']
+      f'gqa-spec: error: jax.distributed: process(es) 1 of 2 did not reach coordinator {address} '
+      'within 1 s']
+
+
+def test_cli_auto_without_a_cluster_is_one_line(tmp_path, monkeypatch):
+  for name in list(os.environ):  # no cluster for JAX to detect
+    if name.startswith(('SLURM_', 'OMPI_', 'PMI_', 'TPU_')):
+      monkeypatch.delenv(name)
+  result = _generate(tmp_path, '--distributed', 'auto')
+  assert result.returncode == 2, result.stderr
+  [line] = result.stderr.strip().splitlines()
+  assert line.startswith('gqa-spec: error: jax.distributed: no cluster detected'), line
