@@ -22,10 +22,15 @@ No JAX import at module level: the CLI registers its flags without starting JAX.
 from __future__ import annotations
 
 import argparse
+import atexit
 import errno
 import logging
+import os
 import re
+import select
 import socket
+import sys
+import threading
 import time
 from typing import Optional
 
@@ -117,8 +122,9 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
       raise UserError(f'jax.distributed already runs as process {jax.process_index()} of '
                       f'{jax.process_count()}; asked for process {process_id} of {num_processes}')
     return
+  links = {}
   if None not in (coordinator_address, num_processes, process_id) and num_processes > 1:
-    rendezvous(coordinator_address, num_processes, process_id, timeout)
+    links = rendezvous(coordinator_address, num_processes, process_id, timeout)
   where = f'coordinator {coordinator_address}' if coordinator_address else 'auto-detected cluster'
   try:
     jax.distributed.initialize(coordinator_address, num_processes, process_id,
@@ -126,6 +132,8 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
                                heartbeat_timeout_seconds=HEARTBEAT_SECONDS,
                                shutdown_timeout_seconds=SHUTDOWN_SECONDS)
   except Exception as e:  # pylint: disable=broad-except; XlaRuntimeError, ValueError, RuntimeError
+    for conn in links.values():
+      conn.close()
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     if 'DEADLINE_EXCEEDED' in text or 'timed out' in text.lower():
       raise UserError(f'jax.distributed ({where}): not every process joined within {timeout} s '
@@ -136,6 +144,8 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
                       f'what the flags leave out ({_short(text)}); give --coordinator, '
                       '--num-processes and --process-id') from None
     raise UserError(f'jax.distributed ({where}): {_short(text)}') from None
+  if links:
+    _watch(links, process_id, num_processes)
 
 
 def is_writer() -> bool:
@@ -148,7 +158,7 @@ def _short(text: str, limit: int = 300) -> str:
   return text if len(text) <= limit else text[:limit] + '...'
 
 
-def rendezvous(address: str, num_processes: int, process_id: int, timeout: float) -> None:
+def rendezvous(address: str, num_processes: int, process_id: int, timeout: float) -> dict:
   """Checks, before JAX starts, that all `num_processes` processes are there and agree.
 
   JAX's coordination client aborts the process (a C++ fatal error and a stack trace) when a peer
@@ -156,6 +166,10 @@ def rendezvous(address: str, num_processes: int, process_id: int, timeout: float
   0 listens, every other process connects and sends its `(N, I)`, process 0 answers OK when all N-1
   distinct ids have come with its N, and then releases the port to JAX's coordination service
   (JAX's clients retry until it listens).
+
+  Returns:
+    The handshake's connections, kept open for `_watch`: process 0 holds one to every peer
+    (process id -> socket), every peer one to process 0 ({0: socket}).
 
   Raises:
     UserError: the port is in use (process 0), a process missing after `timeout` s (naming the
@@ -165,12 +179,11 @@ def rendezvous(address: str, num_processes: int, process_id: int, timeout: float
   host = host.strip('[]')
   deadline = time.monotonic() + timeout
   if process_id == 0:
-    _host_rendezvous(address, int(port), num_processes, deadline, timeout)
-  else:
-    _join_rendezvous(address, host, int(port), num_processes, process_id, deadline, timeout)
+    return _host_rendezvous(address, int(port), num_processes, deadline, timeout)
+  return _join_rendezvous(address, host, int(port), num_processes, process_id, deadline, timeout)
 
 
-def _host_rendezvous(address, port, num_processes, deadline, timeout) -> None:
+def _host_rendezvous(address, port, num_processes, deadline, timeout) -> dict:
   try:
     server = socket.create_server(('', port), family=socket.AF_INET6, dualstack_ipv6=True)
   except (OSError, ValueError):
@@ -182,13 +195,13 @@ def _host_rendezvous(address, port, num_processes, deadline, timeout) -> None:
                         'free one') from None
       raise UserError(f'coordinator {address}: cannot listen on port {port} '
                       f'({e.strerror})') from None
-  joined, conns, error = set(), [], None  # process ids seen, their connections
+  joined, conns, error = {}, [], None  # process id -> connection; every connection
   try:
     with server:
       while len(joined) < num_processes - 1 and error is None:
         left = deadline - time.monotonic()
         if left <= 0:
-          missing = sorted(set(range(1, num_processes)) - joined)
+          missing = sorted(set(range(1, num_processes)) - set(joined))
           error = (f'process(es) {", ".join(map(str, missing))} of {num_processes} did not '
                    f'reach coordinator {address} within {timeout:g} s')
           break
@@ -199,7 +212,7 @@ def _host_rendezvous(address, port, num_processes, deadline, timeout) -> None:
           continue
         conn.settimeout(max(deadline - time.monotonic(), 1))
         try:
-          n, i = (int(x) for x in conn.makefile().readline().split())
+          n, i = (int(x) for x in _read_line(conn).split())
         except (OSError, ValueError):
           conn.close()
           continue
@@ -211,23 +224,23 @@ def _host_rendezvous(address, port, num_processes, deadline, timeout) -> None:
           error = f'two processes were started with --process-id {i}'
         elif not 0 < i < num_processes:
           error = f'process id {i} outside 1..{num_processes - 1}'
-        joined.add(i)
+        joined.setdefault(i, conn)
       for conn in conns:  # every process that came hears the outcome
         try:
           conn.sendall(f'{"ERR " + error if error else "OK"}\n'.encode())
-          conn.settimeout(max(deadline - time.monotonic(), 1))
-          conn.recv(1)  # the peer closes first: its side keeps TIME_WAIT, not the port
         except OSError:
           pass
   finally:
-    for conn in conns:
-      conn.close()
+    if error or len(joined) < num_processes - 1:
+      for conn in conns:
+        conn.close()
   if error:
     raise UserError(f'jax.distributed: {error}')
+  return joined
 
 
-def _join_rendezvous(address, host, port, num_processes, process_id, deadline, timeout) -> None:
-  reply = ''
+def _join_rendezvous(address, host, port, num_processes, process_id, deadline, timeout) -> dict:
+  reply, conn = '', None
   while not reply:
     left = deadline - time.monotonic()
     if left <= 0:
@@ -235,13 +248,104 @@ def _join_rendezvous(address, host, port, num_processes, process_id, deadline, t
                       f'{address} within {timeout:g} s (is process 0 running, and every process '
                       'started?)')
     try:
-      with socket.create_connection((host, port), timeout=min(left, 5)) as conn:
-        conn.sendall(f'{num_processes} {process_id}\n'.encode())
-        conn.settimeout(left + _GRACE)  # process 0's verdict (its deadline is ours) comes first
-        reply = conn.makefile().readline().strip()
+      conn = socket.create_connection((host, port), timeout=min(left, 5))
+      conn.sendall(f'{num_processes} {process_id}\n'.encode())
+      conn.settimeout(left + _GRACE)  # process 0's verdict (its deadline is ours) comes first
+      reply = _read_line(conn)
     except socket.timeout:
       continue
     except OSError:
       time.sleep(0.2)  # not listening yet
+    finally:
+      if not reply and conn is not None:
+        conn.close()
   if reply != 'OK':
+    conn.close()
     raise UserError(f'jax.distributed: {reply[4:] if reply.startswith("ERR ") else reply}')
+  conn.settimeout(None)
+  return {0: conn}
+
+
+def _read_line(conn: socket.socket) -> str:
+  """One '\\n'-ended line, read byte by byte (no buffered reader that could swallow what follows)."""
+  data = b''
+  while not data.endswith(b'\n'):
+    byte = conn.recv(1)
+    if not byte:
+      break
+    data += byte
+  return data.decode().strip()
+
+
+_exiting = threading.Event()
+
+
+def _watch(links: dict, process_id: int, num_processes: int) -> None:
+  """Ends this process with one line when a peer dies (JAX's heartbeat would abort it only after
+  `HEARTBEAT_SECONDS`, with pages of C++ log).
+
+  The handshake's connections stay open: the kernel closes a killed process's sockets, so process
+  0 sees a peer's connection close at once, tells the others which process was lost, and every
+  process exits (code 1) naming it. A process that finishes says goodbye first (`atexit`), so an
+  ordinary end is no loss. Checkpoints are renamed into place only when complete
+  (`checkpoints/manager.py`), so an exit here never leaves one marked complete that is not.
+  """
+  # this process's stderr as it is now: fd 2 itself may be captured at the moment of the loss
+  # (`console.filtered_stderr` around TensorFlow's import); no Python stream or lock either
+  stderr = os.dup(2)
+
+  def lost(message: str) -> None:
+    if _exiting.is_set():
+      return
+    os.write(stderr, f'gqa-spec: error: jax.distributed: {message}; stopping process '
+                     f'{process_id}\n'.encode())
+    os._exit(1)  # pylint: disable=protected-access; JAX's runtime cannot be shut down cleanly now
+
+  def watch_peers() -> None:  # process 0
+    live = dict(links)
+    while live:
+      ready, _, _ = select.select(list(live.values()), [], [])
+      for conn in ready:
+        peer = next(i for i, c in live.items() if c is conn)
+        try:
+          data = conn.recv(64)
+        except OSError:
+          data = b''
+        if data.startswith(b'BYE'):
+          del live[peer]
+          continue
+        for other in live.values():  # the others learn which process was lost
+          if other is not conn:
+            _send(other, f'LOST {peer}\n')
+        lost(f'process {peer} of {num_processes} was lost (its connection to process 0 closed: '
+             'killed, or its host down)')
+
+  def watch_coordinator() -> None:  # every other process
+    try:
+      data = links[0].recv(64)
+    except OSError:
+      data = b''
+    if data.startswith(b'BYE'):
+      return
+    if data.startswith(b'LOST '):
+      lost(f'process {data.split()[1].decode()} of {num_processes} was lost (process 0 says)')
+    lost(f'process 0 of {num_processes} was lost (its connection closed: killed, or its host '
+         'down)')
+
+  def goodbye() -> None:
+    _exiting.set()
+    for conn in links.values():
+      _send(conn, 'BYE\n')
+
+  atexit.register(goodbye)
+  threading.Thread(target=watch_peers if process_id == 0 else watch_coordinator,
+                   name='gqa-spec-peer-watch', daemon=True).start()
+
+
+def _send(conn: socket.socket, text: str) -> None:
+  try:
+    conn.sendall(text.encode())
+  except OSError:
+    pass
+
+
