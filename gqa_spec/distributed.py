@@ -12,9 +12,11 @@ Gin users of `train` may set the same through `trainer.PartitioningConfig` (`mul
 `coordinator_address`, `num_processes`, `process_id`); both paths end in `initialize`.
 
 Start-up never hangs: a missing peer, a port in use or processes that disagree on N end in a
-`UserError` after at most `timeout` seconds. Once started, the runtime's heartbeat ends every
-process within about `HEARTBEAT_SECONDS` of a peer's death (JAX's own handling, which aborts).
-Only process 0 writes files (`is_writer`); every process computes.
+`UserError` after at most `timeout` seconds (`rendezvous`, a socket handshake before JAX starts).
+Once started, a process that dies is named in one line by every other one, which exits (`_watch`,
+over the handshake's connections); JAX's heartbeat (`HEARTBEAT_SECONDS`) is the fallback, and
+the only guard under `--distributed auto`. Only process 0 writes files (`is_writer`); every process
+computes.
 
 No JAX import at module level: the CLI registers its flags without starting JAX.
 """
