@@ -31,7 +31,6 @@ import os
 import re
 import select
 import socket
-import sys
 import threading
 import time
 from typing import Optional

@@ -93,6 +93,11 @@ def test_training_equals_one_process(runs):
   # RMS). So each tensor is compared as a whole: its difference's norm below 0.5% of its own norm
   # (that run: 0.03% at most), where steps 4-6 moved every tensor by 14% or more of its norm, so a
   # lost or doubled batch shard in any step would show.
+  _, params_two, step_two = load_any(str(two / 'run'))
+  _, params_one, step_one = load_any(str(one / 'run'))
+  assert step_two == step_one == 6
+  flat_two, flat_one = native._flat(params_two), native._flat(params_one)  # pylint: disable=protected-access
+  assert sorted(flat_two) == sorted(flat_one)
   for name in flat_one:
     a, b = np.asarray(flat_two[name], np.float64), np.asarray(flat_one[name], np.float64)
     assert np.linalg.norm(a - b) <= 5e-3 * np.linalg.norm(b), (name, np.linalg.norm(a - b),
