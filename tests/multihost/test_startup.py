@@ -28,7 +28,8 @@ def _together(*calls):
 
   def run(k, args):
     try:
-      distributed.rendezvous(*args)
+      for conn in distributed.rendezvous(*args).values():  # the links `_watch` would keep
+        conn.close()
       results[k] = 'ok'
     except UserError as e:
       results[k] = str(e)
