@@ -14,8 +14,9 @@ Scanned stacks (`T5Config.scan_layers`) hold their parameters' layer axis on the
 `layers` to a mesh axis, so every device holds every layer, as in the unrolled layout.
 
 Optimizer state is sharded like the parameter it belongs to (Adafactor's factored row/column
-statistics drop the factored axis), batches along `data`. Multi-host runs call
-`initialize_distributed` first; each host then feeds its own slice of the global batch.
+statistics drop the factored axis), batches along `data`. Multi-process runs start JAX's runtime
+first (`gqa_spec.distributed`); each process then feeds its own slice of the global batch
+(`shard_batch`), and `to_host` gathers an array spread over processes.
 
 Decoding uses the same rules: the decode cache (`cache_logical_axes`) has its rows on `batch` and
 its K/V heads on `kv_heads`, so G K/V heads shard over `model` exactly when the K/V kernels do,
@@ -169,12 +170,37 @@ def create_mesh(data: int = -1, model: int = 1,
   return Mesh(np.asarray(devices).reshape(data, model), ('data', 'model'))
 
 
-def initialize_distributed(coordinator_address: Optional[str] = None,
-                           num_processes: Optional[int] = None,
-                           process_id: Optional[int] = None) -> None:
-  """Multi-host start-up: `jax.distributed.initialize` (arguments auto-detected on TPU/SLURM)."""
-  jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                             process_id=process_id)
+def put(tree: Any, shardings: Any) -> Any:
+  """`jax.device_put(tree, shardings)` that also works across processes: a leaf held by this
+  process alone (numpy, or a jax array on its own devices: the same value on every process) is
+  placed into a sharding that spans processes by each process copying in its own shards
+  (`jax.make_array_from_callback`); a multi-process runtime has no cross-host device transfer."""
+
+  def one(x, sharding):
+    if sharding.is_fully_addressable or (isinstance(x, jax.Array) and
+                                         not x.is_fully_addressable):
+      return jax.device_put(x, sharding)
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+  is_sharding = lambda s: isinstance(s, jax.sharding.Sharding)
+  # `shardings` may be a prefix of `tree` (one sharding for a subtree), as for `jax.device_put`
+  return jax.tree_util.tree_map(
+      lambda sharding, sub: jax.tree_util.tree_map(lambda x: one(x, sharding), sub),
+      shardings, tree, is_leaf=is_sharding)
+
+
+def to_host(tree: Any) -> Any:
+  """Arrays -> numpy on every process: what this process does not hold is all-gathered
+  (`multihost_utils.process_allgather`, a collective: every process must call it)."""
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+  def get(a):
+    if isinstance(a, jax.Array) and not a.is_fully_addressable:
+      return np.asarray(multihost_utils.process_allgather(a, tiled=True))
+    return np.asarray(a)
+
+  return jax.tree_util.tree_map(get, tree)
 
 
 @dataclasses.dataclass(frozen=True)

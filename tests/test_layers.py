@@ -20,7 +20,7 @@ LAYERS = (
     ('gqa_spec.errors', 'gqa_spec.progress', 'gqa_spec.rundir', 'gqa_spec.rundir_lock',
      'gqa_spec.atomic', 'gqa_spec.console', 'gqa_spec.arguments'),
     ('gqa_spec.models',),
-    ('gqa_spec.partitioning', 'gqa_spec.checkpoints', 'gqa_spec.convert'),
+    ('gqa_spec.partitioning', 'gqa_spec.distributed', 'gqa_spec.checkpoints', 'gqa_spec.convert'),
     ('gqa_spec.data',),
     ('gqa_spec.decoding',),
     ('gqa_spec.evaluation',),

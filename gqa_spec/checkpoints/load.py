@@ -158,12 +158,13 @@ def _load(path: str, t5x_config: Optional[T5Config]) -> Tuple[T5Config, Params, 
 
 
 def _run_params(run_dir: str, step: int) -> Tuple[T5Config, Params]:
-  """The config and parameters (on the default device) of a trainer checkpoint."""
+  """The config and parameters (on this process's first device) of a trainer checkpoint."""
   from gqa_spec.checkpoints import manager, native  # pylint: disable=g-import-not-at-top
   ckpt = manager.Checkpointer(run_dir)
   try:
     config = T5Config.from_dict(ckpt.restore_meta(step)['model_config'])
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    # this process's own device: on several processes jax.devices()[0] may be another host's
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
         native.abstract_params(config))

@@ -31,6 +31,7 @@ from gqa_spec.checkpoints.orbax_lock import LOCK
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
+from gqa_spec.partitioning import to_host
 
 Params = Any  # nested dict of arrays, the flax 'params' collection
 
@@ -101,7 +102,9 @@ def save_checkpoint(directory: str, config: T5Config, params: Params,
   """Writes a native checkpoint.
 
   Args:
-    directory: the checkpoint directory; created, and must not exist unless `overwrite`.
+    directory: the checkpoint directory; created, and must not exist unless `overwrite`. On
+      several processes every one calls this (the parameters are gathered), only process 0 writes,
+      and it returns on all once the checkpoint is complete.
     config: the model config, saved as `config.json`.
     params: the flax 'params' tree; checked against `config` before anything is written.
     vocab_path: optional SentencePiece model copied to `vocab/sentencepiece.model`.
@@ -111,28 +114,41 @@ def save_checkpoint(directory: str, config: T5Config, params: Params,
   check_params(params, config, 'parameters to save')
   if vocab_path is not None and not os.path.isfile(vocab_path):
     raise UserError(f'{vocab_path}: vocabulary file not found')
-  if os.path.exists(directory) and not overwrite:
+  if os.path.exists(directory) and not overwrite:  # on every process, before the gather
     raise UserError(f'{directory}: output directory already exists '
                     '(pass --overwrite to replace it)')
+  # numpy leaves carry no sharding, so the checkpoint loads on any device layout. Parameters
+  # spread over processes are gathered first: every process calls this, process 0 writes.
+  host = to_host(params)
+  if jax.process_index() == 0:
+    # Filled beside `directory` and renamed over it when complete: a failed save (a full disk)
+    # leaves no partial checkpoint, and the one it would replace (`best/`) intact.
+    with atomic.directory(directory) as tmp:
+      with LOCK, _local_checkpointer() as checkpointer:
+        try:
+          checkpointer.save(os.path.join(tmp, PARAMS_DIR), host)
+        except (ValueError, RuntimeError) as e:  # tensorstore's errors carry no errno
+          raise atomic.WriteError(f'{directory}: cannot write the parameters: '
+                                  f'{str(e).strip().splitlines()[0] if str(e).strip() else e!r}; '
+                                  'nothing was written there') from e
+      atomic.write_json(os.path.join(tmp, INTEGRITY_FILE),
+                        {'algorithm': 'crc32', 'arrays': checksums(host)}, indent=1)
+      if vocab_path is not None:
+        os.makedirs(os.path.join(tmp, 'vocab'))
+        shutil.copyfile(vocab_path, os.path.join(tmp, VOCAB_FILE))
+      atomic.write_text(os.path.join(tmp, CONFIG_FILE), config.to_json() + '\n')
+  if jax.process_count() > 1:  # every process may read the checkpoint once this returns
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices(f'native checkpoint {directory}')
+
+
+def _local_checkpointer():
+  """An orbax checkpointer of this process alone: a native checkpoint is written by one process
+  and read by each on its own, so no orbax barrier waits for the others."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top; slow import, save/load only
-  # Filled beside `directory` and renamed over it when complete: a failed save (a full disk)
-  # leaves no partial checkpoint, and the one it would replace (`best/`) intact.
-  with atomic.directory(directory) as tmp:
-    with LOCK, ocp.StandardCheckpointer() as checkpointer:
-      # numpy leaves carry no sharding, so the checkpoint loads on any device layout.
-      host = jax.tree.map(np.asarray, params)
-      try:
-        checkpointer.save(os.path.join(tmp, PARAMS_DIR), host)
-      except (ValueError, RuntimeError) as e:  # tensorstore's errors carry no errno
-        raise atomic.WriteError(f'{directory}: cannot write the parameters: '
-                                f'{str(e).strip().splitlines()[0] if str(e).strip() else e!r}; '
-                                'nothing was written there') from e
-    atomic.write_json(os.path.join(tmp, INTEGRITY_FILE),
-                      {'algorithm': 'crc32', 'arrays': checksums(host)}, indent=1)
-    if vocab_path is not None:
-      os.makedirs(os.path.join(tmp, 'vocab'))
-      shutil.copyfile(vocab_path, os.path.join(tmp, VOCAB_FILE))
-    atomic.write_text(os.path.join(tmp, CONFIG_FILE), config.to_json() + '\n')
+  me = jax.process_index()
+  return ocp.StandardCheckpointer(multiprocessing_options=ocp.options.MultiprocessingOptions(
+      primary_host=me, active_processes={me}, barrier_sync_key_prefix=f'native_{me}'))
 
 
 def checksums(params: Params) -> dict:
@@ -213,16 +229,15 @@ def load_checkpoint(directory: str) -> Tuple[T5Config, Params, Optional[str]]:
   if not os.path.isdir(params_dir):
     raise UserError(f'{params_dir}: missing; the checkpoint has no parameters')
   _check_storage(params_dir)
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   expected = abstract_params(config)
-  with LOCK, ocp.StandardCheckpointer() as checkpointer:
+  with LOCK, _local_checkpointer() as checkpointer:
     try:
       stored = checkpointer.metadata(params_dir).item_metadata.tree
     except Exception as e:  # pylint: disable=broad-except; orbax raises many types for bad data
       raise UserError(f'{params_dir}: unreadable orbax checkpoint ({type(e).__name__}: '
                       f'{integrity.first_line(e)})') from None
     check_params(stored, config, params_dir)
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, s.dtype, sharding=device),
                           expected, _unflat_like(expected, _flat(stored)))
     aborted_reads.install()

@@ -21,7 +21,10 @@ reports `memory_per_device`, the target's parameter and cache bytes per device o
 and of a model draft once, at load (`gqa_spec.checkpoints.param_dtype`), so the decode loop
 converts no weight per step. `--loop-chunk K` (autoregressive decoding) runs K decode steps per
 while-loop iteration with a static trip count (`autoregressive.decode`'s `loop_chunk`): the same
-tokens, one host round trip per K steps on XLA:GPU.
+tokens, one host round trip per K steps on XLA:GPU. With the multi-process flags
+(`gqa_spec.distributed`) every process reads the same inputs and decodes on one mesh of all
+processes' devices (model axis `--model-parallel`, default 1); process 0 writes `--out` and
+`--stats`.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-from gqa_spec import arguments, atomic
+from gqa_spec import arguments, atomic, distributed
 from gqa_spec.errors import UserError
 
 EOS = 1
@@ -90,6 +93,7 @@ def register(subparsers) -> None:
                  help="the layer layout decoding runs in, converted at load (default: unrolled, "
                       'as MaxText decodes, whatever the checkpoint was trained in; scanned: one '
                       'nn.scan per stack, compile time independent of depth, slower steps)')
+  distributed.add_flags(p)
   p.add_argument('--loop-chunk', type=int, default=1, metavar='K',
                  help='autoregressive decoding: K decode steps per while-loop iteration, a static '
                       'trip count (same tokens; fewer host synchronisations on a GPU)')
@@ -194,6 +198,8 @@ def generate(args: argparse.Namespace) -> int:
     raise UserError('--loop-chunk applies to autoregressive decoding; drop it or --draft')
   arguments.check_outputs({'--out': args.out, '--stats': args.stats},
                           inputs={'--inputs': args.inputs, '--model': args.model})
+  if distributed.start_from_args(args) and args.model_parallel is None:
+    args.model_parallel = 1  # several processes decode on one mesh of all their devices
   target_config, params, vocab_path = _load(args.model, 'model')
   from gqa_spec.checkpoints import param_dtype  # pylint: disable=g-import-not-at-top
   target_config, params = param_dtype.cast(target_config, params, args.param_dtype)
@@ -294,6 +300,8 @@ def generate(args: argparse.Namespace) -> int:
     outputs.extend(autoregressive.strip(seqs, lengths))
     results.append((result, n))
 
+  if not distributed.is_writer():  # every process decoded the same rows; process 0 writes
+    return 0
   with atomic.open_for_write(args.out) as f:  # whole or not at all
     for ids in outputs:
       line: Dict[str, Any] = {'output_ids': ids}

@@ -21,10 +21,10 @@ move logits by ~1e-6 relative; greedy, beam and seeded sampling then pick the sa
 two candidates tie to that precision (`tests/decoding/test_mesh.py` checks token identity).
 Random draws are sharding-invariant: `jax.random` values depend on key and shape, not placement.
 
-Multi-host (untested here: one host): call `partitioning.initialize_distributed()` first, as
-training does; every process runs the same program on the same inputs; `shard_rows` builds the
-global input array from each process's addressable rows (`jax.make_array_from_callback`) and
-`to_host` all-gathers results (`multihost_utils.process_allgather`).
+Multi-process (`gqa_spec.distributed` started first, as training does; `tests/multihost`): every
+process runs the same program on the same inputs; `shard_rows` builds the global input array from
+each process's addressable rows (`jax.make_array_from_callback`) and `to_host` all-gathers results
+(`partitioning.to_host`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from typing import Any, Optional
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 
 from gqa_spec.decoding import autoregressive as ar_lib
@@ -48,7 +47,8 @@ from gqa_spec.decoding import xla_options
 from gqa_spec.decoding.targets import T5Decoder, T5State
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
-from gqa_spec.partitioning import Partitioner, logical_axis_rules
+from gqa_spec.partitioning import Partitioner, logical_axis_rules, put
+from gqa_spec.partitioning import to_host  # pylint: disable=unused-import; re-exported for callers
 
 PyTree = Any
 # Fields of the loops' results that hold one entry per row (rows on `data`); the rest replicate.
@@ -119,7 +119,7 @@ def draft_decoder(config: T5Config, mesh: Mesh) -> MeshT5Decoder:
 
 def place_params(partitioner: Partitioner, params: PyTree) -> PyTree:
   """Parameters (host or device arrays) in their sharded layout; no copy where already there."""
-  return jax.device_put(params, partitioner.param_shardings(params))
+  return put(params, partitioner.param_shardings(params))
 
 
 def shard_rows(partitioner: Partitioner, rows: Any) -> jax.Array:
@@ -131,15 +131,6 @@ def shard_rows(partitioner: Partitioner, rows: Any) -> jax.Array:
   rows = np.asarray(rows)
   sharding = partitioner.rows_sharding(rows.shape[0], rows.ndim)
   return jax.make_array_from_callback(rows.shape, sharding, lambda index: rows[index])
-
-
-def to_host(x: Any) -> Any:
-  """Device arrays -> numpy on every process (all-gathers what this process does not hold)."""
-  def get(a):
-    if isinstance(a, jax.Array) and not a.is_fully_addressable:
-      return np.asarray(multihost_utils.process_allgather(a, tiled=True))
-    return np.asarray(a)
-  return jax.tree_util.tree_map(get, x)
 
 
 _JITTED = {}
@@ -183,7 +174,7 @@ def _draft_shardings(partitioner: Partitioner, draft: Any, state: PyTree) -> PyT
 def _skip(decoder: MeshT5Decoder, state: T5State, skip) -> jax.Array:
   rows = decoder.index(state).shape[0]
   skip = np.zeros((rows,), bool) if skip is None else np.asarray(skip, bool)
-  return jax.device_put(skip, decoder.partitioner.rows_sharding(rows))
+  return put(skip, decoder.partitioner.rows_sharding(rows))
 
 
 def _run(key, fn, in_shardings, out_fn, args):
@@ -199,7 +190,7 @@ def _run(key, fn, in_shardings, out_fn, args):
 
   jitted = _jit_cached(key + (_signature(args), xla_options.key()), lambda: jax.jit(
       placed, in_shardings=in_shardings, compiler_options=xla_options.current()))
-  outputs = jitted(*jax.device_put(args, in_shardings))
+  outputs = jitted(*put(args, in_shardings))
   # XLA reports the constrained placement in its own words (size-1 axes and trailing Nones
   # dropped); labelled with the rules' specs again, the same buffers (no copy).
   return jax.device_put(outputs, out_fn(outputs))

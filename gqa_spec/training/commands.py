@@ -11,7 +11,8 @@
                    --gin.MIXTURE_OR_TASK_NAME="'ddtp_translate_en_de'" --gin.INFER_OUTPUT_DIR="'/tmp/inf'"
 
 Flags: `--gin_file` (repeatable), `--gin_bindings` (repeatable), `--gin.MACRO=VALUE` (a gin
-literal: strings need their own quotes), `--gin_search_paths`, `--model-parallel N` (sets
+literal: strings need their own quotes), `--gin_search_paths`, the multi-process flags (`gqa_spec.distributed`: `--coordinator HOST:PORT
+--num-processes N --process-id I`, or `--distributed auto`), `--model-parallel N` (sets
 `MODEL_PARALLEL`: the training mesh's model axis; `eval` then decodes on a mesh of all devices);
 eval and infer: `--param-dtype {float32,bfloat16}` (parameters cast once, at load) and `--layout
 {unrolled,scanned}` (the layer layout, converted at load): passed to the function even where a
@@ -25,7 +26,7 @@ import argparse
 import logging
 import os
 
-from gqa_spec import arguments, atomic
+from gqa_spec import arguments, atomic, distributed
 from gqa_spec.errors import UserError
 from gqa_spec.training import gin_utils
 
@@ -74,6 +75,7 @@ def register(subparsers) -> None:
                           'time independent of depth, slower steps)')
     p.add_argument('--verbose', action='store_true', default=argparse.SUPPRESS,
                    help="show the libraries' logs (as `gqa-spec --verbose`)")
+    distributed.add_flags(p)
     p.set_defaults(func=func)
     _parse_known_with_macros(p)
 
@@ -89,6 +91,7 @@ def _parse(args: argparse.Namespace) -> None:
   console.configure_logging(getattr(args, 'verbose', False), library_level=logging.ERROR)
   for handler in logging.getLogger().handlers:
     handler.addFilter(_quiet_gin_search)
+  distributed.start_from_args(args)  # before JAX computes anything
   mesh = getattr(args, 'model_parallel', None)
   if mesh is not None and mesh < 1:
     raise UserError(f'--model-parallel must be >= 1, got {mesh}')
@@ -100,12 +103,16 @@ def _parse(args: argparse.Namespace) -> None:
 
 
 def _write_operative_config() -> None:
+  if not distributed.is_writer():
+    return
   import gin  # pylint: disable=g-import-not-at-top
   model_dir = gin.query_parameter('%MODEL_DIR')
   atomic.write_text(os.path.join(model_dir, 'config.gin'), gin_utils.operative_config())
 
 
 def _print_result(result) -> None:
+  if not distributed.is_writer():
+    return
   if not result.train_metrics and result.stop_signal is None:  # no step ran
     print(f'step {result.step}: the run is already at its last step; nothing to train (raise '
           'TRAIN_STEPS to train on)')

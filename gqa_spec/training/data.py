@@ -207,13 +207,15 @@ def synthetic_batches(cfg: DatasetConfig, local_batch: int, skip_batches: int = 
   """Random batches in the EncDecFeatureConverter's packed format; batch `i` depends only on `i`.
 
   Each row packs examples of random lengths; targets end in EOS (1); decoder inputs are the targets
-  shifted right within each segment (0 starts a segment).
+  shifted right within each segment (0 starts a segment). On several processes each one draws the
+  global batch (`local_batch * process_count` rows) and keeps its own slice, so the global batch
+  is the one-process run's whatever the process count (`tests/multihost` compares the two).
   """
-  index = skip_batches
+  index, first = skip_batches, jax.process_index() * local_batch
   while True:
-    rng = np.random.default_rng([cfg.seed, jax.process_index(), index])
+    rng = np.random.default_rng([cfg.seed, 0, index])
     rows = [_synthetic_row(rng, cfg.task_feature_lengths, vocab_size, cfg.pack)
-            for _ in range(local_batch)]
+            for _ in range(first + local_batch)][first:]  # rows after this slice: not drawn
     yield {k: np.stack([r[k] for r in rows]) for k in rows[0]}
     index += 1
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from gqa_spec import distributed
 from gqa_spec.errors import UserError
 from gqa_spec.training import commands, draft_training, gin_utils
 
@@ -36,6 +37,7 @@ def register(subparsers) -> None:
   p.add_argument('--target', required=True, metavar='CKPT', help='the frozen target checkpoint')
   p.add_argument('--task', metavar='TASK', help='seqio task or mixture (MIXTURE_OR_TASK_NAME)')
   gin_utils.add_gin_flags(p)
+  distributed.add_flags(p)
   p.set_defaults(func=run)
   commands._parse_known_with_macros(p)  # pylint: disable=protected-access  (the same --gin.X flags)
 

@@ -41,7 +41,7 @@ from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
 from gqa_spec.training import losses
 from gqa_spec.training.optimizer import LearningRateFn
-from gqa_spec.partitioning import Partitioner, create_mesh, logical_axis_rules
+from gqa_spec.partitioning import Partitioner, create_mesh, logical_axis_rules, put
 from gqa_spec.training.train_step import TrainState, TrainStep, init_params as t5_init_params
 
 PyTree = Any
@@ -165,7 +165,7 @@ class DraftTrainStep:
       raise UserError(f'draft vocabulary {self.draft_config.vocab_size} != target vocabulary '
                       f'{self.target_config.vocab_size}')
     self._jitted = None
-    self.target_params = jax.device_put(self.target_params, self.partitioner.replicated)
+    self.target_params = put(self.target_params, self.partitioner.replicated)
 
   @classmethod
   def create(cls, kind: str, draft_config: Any, target_config: T5Config, target_params: PyTree,

@@ -29,7 +29,7 @@ from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
 from gqa_spec.training import losses
 from gqa_spec.training.optimizer import LearningRateFn
-from gqa_spec.partitioning import Partitioner, path_name
+from gqa_spec.partitioning import Partitioner, path_name, put
 
 # The features of seqio's EncDecFeatureConverter, packed or not; all `[batch, length]` int32.
 MODEL_FEATURES = ('encoder_input_tokens', 'decoder_input_tokens', 'decoder_target_tokens',
@@ -185,9 +185,9 @@ class TrainStep:
                       f'NUM_KV_HEADS the checkpoint\'s?): {name[0]} is {got.get(name[0])}, the '
                       f'config wants {want.get(name[0])}')
     shardings = self.state_shardings(abstract)
-    params = jax.device_put(params, shardings.params)
+    params = put(params, shardings.params)  # loaded on each process alike
     opt_state = jax.jit(self.tx.init, out_shardings=shardings.opt_state)(params)
-    return TrainState(step=jax.device_put(jnp.int32(step), shardings.step), params=params,
+    return TrainState(step=put(jnp.int32(step), shardings.step), params=params,
                       opt_state=opt_state)
 
   def __call__(self, state: TrainState, batch: Mapping[str, jax.Array]) -> Tuple[TrainState, dict]:

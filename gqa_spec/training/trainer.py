@@ -57,7 +57,8 @@ from gqa_spec.training import summaries
 from gqa_spec.training.data import DatasetConfig, get_batches, vocab_sizes
 from gqa_spec.data.text_inputs import vocab_file
 from gqa_spec.training.optimizer import LearningRateFn, adafactor, rsqrt_decay
-from gqa_spec.partitioning import Partitioner, initialize_distributed
+from gqa_spec import distributed
+from gqa_spec.partitioning import Partitioner
 from gqa_spec.training.train_step import TrainState, TrainStep
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,8 @@ class PartitioningConfig:
   Attributes:
     data: data-parallel size; -1 uses every device not taken by `model`.
     model: model-parallel size.
-    multihost: call `jax.distributed.initialize` (auto-detected cluster, or the fields below).
+    multihost: start JAX's multi-process runtime (`distributed.initialize`: the cluster
+      auto-detected, or the fields below); the CLI's `--coordinator ...` flags do the same.
     coordinator_address: `host:port` of process 0, for clusters JAX cannot detect.
     num_processes: number of processes in that case.
     process_id: this process's index in that case.
@@ -173,14 +175,18 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
     raise UserError(f"best_mode must be 'max' or 'min', got {best_mode!r}")
   if step_fn is not None and (optimizer is not None or learning_rate_fn is not None):
     raise UserError('with step_fn, the optimizer and learning rate belong to the step, not train()')
-  if partitioning.multihost:
-    initialize_distributed(partitioning.coordinator_address, partitioning.num_processes,
+  if partitioning.multihost:  # a no-op when the command's flags started the same job
+    distributed.initialize(partitioning.coordinator_address, partitioning.num_processes,
                            partitioning.process_id)
   partitioner = (step_fn.partitioner if step_fn is not None else
                  Partitioner.create(model_config, partitioning.data, partitioning.model))
   if train_dataset_cfg.batch_size % partitioner.data_size:
     raise UserError(f'batch_size {train_dataset_cfg.batch_size} is not divisible by the data-'
                     f'parallel size {partitioner.data_size}')
+  if partitioner.data_size % jax.process_count():
+    raise UserError(f'the data-parallel size {partitioner.data_size} is not divisible by the '
+                    f'{jax.process_count()} processes: each process feeds its own slice of the '
+                    'batch (use a model-parallel size that divides the devices of one process)')
   step_fn = step_fn or TrainStep(model_config, optimizer or adafactor(),
                                  learning_rate_fn or rsqrt_decay(), partitioner, z_loss,
                                  loss_normalizing_factor, dropout_seed=random_seed)
@@ -349,11 +355,11 @@ def _evaluate(evaluator: Evaluator, state: TrainState, step: int, config: T5Conf
   if not better:
     return best
   best = {'step': step, 'metric': best_metric, 'value': value, 'metrics': scores}
-  params = jax.device_get(state.params)  # every host joins the gather; one writes
+  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
+  # every process joins the gather of parameters spread over processes; process 0 writes
+  native.save_checkpoint(os.path.join(model_dir, BEST_DIR), config, state.params,
+                         vocab_path=native.vocab_path(model_dir), overwrite=True)
   if is_writer:
-    from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
-    native.save_checkpoint(os.path.join(model_dir, BEST_DIR), config, params,
-                           vocab_path=native.vocab_path(model_dir), overwrite=True)
     atomic.write_json(os.path.join(model_dir, BEST_FILE), best, indent=2)
   log.info('step %d: new best %s = %.4f', step, best_metric, value)
   return best

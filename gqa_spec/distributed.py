@@ -1,0 +1,352 @@
+"""Start-up of JAX's multi-controller runtime (`jax.distributed`): one process per host.
+
+Every command that computes takes the same flags (`add_flags`); without them nothing changes (one
+process, its local devices):
+
+  --coordinator HOST:PORT --num-processes N --process-id I   every process, the same HOST:PORT
+  --distributed auto                                         JAX detects the cluster (TPU pod,
+                                                             SLURM, Open MPI); explicit flags win
+  --distributed-timeout S                                    how long start-up waits for the peers
+
+Gin users of `train` may set the same through `trainer.PartitioningConfig` (`multihost`,
+`coordinator_address`, `num_processes`, `process_id`); both paths end in `initialize`.
+
+Start-up never hangs: a missing peer, a port in use or processes that disagree on N end in a
+`UserError` after at most `timeout` seconds (`rendezvous`, a socket handshake before JAX starts).
+Once started, a process that dies is named in one line by every other one, which exits (`_watch`,
+over the handshake's connections); JAX's heartbeat (`HEARTBEAT_SECONDS`) is the fallback, and
+the only guard under `--distributed auto`. Only process 0 writes files (`is_writer`); every process
+computes.
+
+No JAX import at module level: the CLI registers its flags without starting JAX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import errno
+import logging
+import os
+import re
+import select
+import socket
+import threading
+import time
+from typing import Optional
+
+from gqa_spec.errors import UserError
+
+# Seconds start-up waits for every peer (a pod's hosts may start minutes apart) by default.
+DEFAULT_TIMEOUT = 300
+# Seconds without a heartbeat after which the coordinator declares a process dead (JAX: 100).
+HEARTBEAT_SECONDS = 30
+# Seconds a finishing process waits for the others at the exit barrier (JAX: 300).
+SHUTDOWN_SECONDS = 60
+
+# Seconds a connected peer waits for process 0's answer beyond the common deadline: a peer that came
+# hears why start-up failed (a missing peer named by process 0), not only that it timed out.
+_GRACE = 5
+_ADDRESS = re.compile(r'^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$')
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+  """Adds the start-up flags (module docstring) to a command's parser."""
+  g = parser.add_argument_group('multi-process (jax.distributed; default: one process)')
+  g.add_argument('--coordinator', metavar='HOST:PORT', default=None,
+                 help='address of process 0, where the coordination service listens (same on '
+                      'every process)')
+  g.add_argument('--num-processes', type=int, metavar='N', default=None,
+                 help='number of processes in the job')
+  g.add_argument('--process-id', type=int, metavar='I', default=None,
+                 help="this process's index, 0 .. N-1")
+  g.add_argument('--distributed', choices=('auto',), default=None,
+                 help="auto: JAX's cluster detection (TPU pod, SLURM, Open MPI) fills what the "
+                      'three flags above leave out')
+  g.add_argument('--distributed-timeout', type=int, metavar='S', default=None,
+                 help=f'seconds start-up waits for every process (default {DEFAULT_TIMEOUT})')
+
+
+def start_from_args(args: argparse.Namespace) -> bool:
+  """Starts the runtime when the flags ask for it (before any JAX computation); whether it did."""
+  given = {'--coordinator': args.coordinator, '--num-processes': args.num_processes,
+           '--process-id': args.process_id}
+  if args.distributed is None and all(v is None for v in given.values()):
+    if args.distributed_timeout is not None:
+      raise UserError('--distributed-timeout applies to a multi-process start: give --coordinator, '
+                      '--num-processes and --process-id, or --distributed auto')
+    return False
+  if args.distributed is None:
+    missing = [name for name, value in given.items() if value is None]
+    if missing:
+      raise UserError(f'{", ".join(missing)} missing: give --coordinator, --num-processes and '
+                      '--process-id together, or --distributed auto')
+  initialize(args.coordinator, args.num_processes, args.process_id,
+             timeout=DEFAULT_TIMEOUT if args.distributed_timeout is None else args.distributed_timeout)
+  if not is_writer():  # process 0 reports; the others only warn
+    logging.getLogger('gqa_spec').setLevel(logging.WARNING)
+  return True
+
+
+def check(coordinator_address: Optional[str], num_processes: Optional[int],
+          process_id: Optional[int], timeout: int = DEFAULT_TIMEOUT) -> None:
+  """Raises `UserError` for settings that cannot work, before anything is started."""
+  if coordinator_address is not None and not _ADDRESS.match(coordinator_address):
+    raise UserError(f'coordinator {coordinator_address!r} is not HOST:PORT')
+  if coordinator_address is not None and not 0 < int(coordinator_address.rsplit(':', 1)[1]) < 65536:
+    raise UserError(f'coordinator {coordinator_address}: port out of range 1..65535')
+  if num_processes is not None and num_processes < 1:
+    raise UserError(f'number of processes must be >= 1, got {num_processes}')
+  if process_id is not None and (process_id < 0 or (num_processes is not None and
+                                                    process_id >= num_processes)):
+    raise UserError(f'process id {process_id} outside 0..{(num_processes or 1) - 1}')
+  if timeout < 1:
+    raise UserError(f'distributed timeout must be >= 1 second, got {timeout}')
+
+
+def initialize(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
+               process_id: Optional[int] = None, timeout: int = DEFAULT_TIMEOUT) -> None:
+  """`jax.distributed.initialize` with bounded waits and one-line errors.
+
+  Arguments left None are detected by JAX (TPU, SLURM, Open MPI). A second call (the CLI flags,
+  then a gin `PartitioningConfig`) is a no-op when it asks for the same job, an error otherwise.
+
+  Raises:
+    UserError: bad settings, the coordinator's port in use, a peer missing after `timeout` s,
+      processes that disagree, or a cluster JAX cannot detect.
+  """
+  check(coordinator_address, num_processes, process_id, timeout)
+  import jax  # pylint: disable=g-import-not-at-top; the CLI's flags come before JAX
+  if jax.distributed.is_initialized():
+    if ((num_processes is not None and num_processes != jax.process_count()) or
+        (process_id is not None and process_id != jax.process_index())):
+      raise UserError(f'jax.distributed already runs as process {jax.process_index()} of '
+                      f'{jax.process_count()}; asked for process {process_id} of {num_processes}')
+    return
+  links = {}
+  if None not in (coordinator_address, num_processes, process_id) and num_processes > 1:
+    links = rendezvous(coordinator_address, num_processes, process_id, timeout)
+  where = f'coordinator {coordinator_address}' if coordinator_address else 'auto-detected cluster'
+  try:
+    jax.distributed.initialize(coordinator_address, num_processes, process_id,
+                               initialization_timeout=timeout,
+                               heartbeat_timeout_seconds=HEARTBEAT_SECONDS,
+                               shutdown_timeout_seconds=SHUTDOWN_SECONDS)
+  except Exception as e:  # pylint: disable=broad-except; XlaRuntimeError, ValueError, RuntimeError
+    for conn in links.values():
+      conn.close()
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if 'DEADLINE_EXCEEDED' in text or 'timed out' in text.lower():
+      raise UserError(f'jax.distributed ({where}): not every process joined within {timeout} s '
+                      f'(a peer missing, or given another --num-processes/--coordinator): '
+                      f'{_short(text)}') from None
+    if coordinator_address is None and 'should be defined' in text:
+      raise UserError('jax.distributed: no cluster detected (TPU pod, SLURM, Open MPI) to fill in '
+                      f'what the flags leave out ({_short(text)}); give --coordinator, '
+                      '--num-processes and --process-id') from None
+    raise UserError(f'jax.distributed ({where}): {_short(text)}') from None
+  if links:
+    _watch(links, process_id, num_processes)
+
+
+def is_writer() -> bool:
+  """Whether this process writes the files (process 0; always true on one process)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.process_index() == 0
+
+
+def _short(text: str, limit: int = 300) -> str:
+  return text if len(text) <= limit else text[:limit] + '...'
+
+
+def rendezvous(address: str, num_processes: int, process_id: int, timeout: float) -> dict:
+  """Checks, before JAX starts, that all `num_processes` processes are there and agree.
+
+  JAX's coordination client aborts the process (a C++ fatal error and a stack trace) when a peer
+  is missing or late, so this plain-socket handshake runs first on the coordinator's port: process
+  0 listens, every other process connects and sends its `(N, I)`, process 0 answers OK when all N-1
+  distinct ids have come with its N, and then releases the port to JAX's coordination service
+  (JAX's clients retry until it listens).
+
+  Returns:
+    The handshake's connections, kept open for `_watch`: process 0 holds one to every peer
+    (process id -> socket), every peer one to process 0 ({0: socket}).
+
+  Raises:
+    UserError: the port is in use (process 0), a process missing after `timeout` s (naming the
+      ids), or processes that disagree on N or share an id.
+  """
+  host, port = address.rsplit(':', 1)
+  host = host.strip('[]')
+  deadline = time.monotonic() + timeout
+  if process_id == 0:
+    return _host_rendezvous(address, int(port), num_processes, deadline, timeout)
+  return _join_rendezvous(address, host, int(port), num_processes, process_id, deadline, timeout)
+
+
+def _host_rendezvous(address, port, num_processes, deadline, timeout) -> dict:
+  try:
+    server = socket.create_server(('', port), family=socket.AF_INET6, dualstack_ipv6=True)
+  except (OSError, ValueError):
+    try:
+      server = socket.create_server(('', port))
+    except OSError as e:
+      if e.errno == errno.EADDRINUSE:
+        raise UserError(f'coordinator {address}: port {port} is in use on this host; pick a '
+                        'free one') from None
+      raise UserError(f'coordinator {address}: cannot listen on port {port} '
+                      f'({e.strerror})') from None
+  joined, conns, error = {}, [], None  # process id -> connection; every connection
+  try:
+    with server:
+      while len(joined) < num_processes - 1 and error is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+          missing = sorted(set(range(1, num_processes)) - set(joined))
+          error = (f'process(es) {", ".join(map(str, missing))} of {num_processes} did not '
+                   f'reach coordinator {address} within {timeout:g} s')
+          break
+        server.settimeout(left)
+        try:
+          conn, _ = server.accept()
+        except socket.timeout:
+          continue
+        conn.settimeout(max(deadline - time.monotonic(), 1))
+        try:
+          n, i = (int(x) for x in _read_line(conn).split())
+        except (OSError, ValueError):
+          conn.close()
+          continue
+        conns.append(conn)
+        if n != num_processes:
+          error = (f'process {i} was started with --num-processes {n}, process 0 with '
+                   f'{num_processes}')
+        elif i in joined:
+          error = f'two processes were started with --process-id {i}'
+        elif not 0 < i < num_processes:
+          error = f'process id {i} outside 1..{num_processes - 1}'
+        joined.setdefault(i, conn)
+      for conn in conns:  # every process that came hears the outcome
+        try:
+          conn.sendall(f'{"ERR " + error if error else "OK"}\n'.encode())
+        except OSError:
+          pass
+  finally:
+    if error or len(joined) < num_processes - 1:
+      for conn in conns:
+        conn.close()
+  if error:
+    raise UserError(f'jax.distributed: {error}')
+  return joined
+
+
+def _join_rendezvous(address, host, port, num_processes, process_id, deadline, timeout) -> dict:
+  reply, conn = '', None
+  while not reply:
+    left = deadline - time.monotonic()
+    if left <= 0:
+      raise UserError(f'jax.distributed: process {process_id} got no answer from coordinator '
+                      f'{address} within {timeout:g} s (is process 0 running, and every process '
+                      'started?)')
+    try:
+      conn = socket.create_connection((host, port), timeout=min(left, 5))
+      conn.sendall(f'{num_processes} {process_id}\n'.encode())
+      conn.settimeout(left + _GRACE)  # process 0's verdict (its deadline is ours) comes first
+      reply = _read_line(conn)
+    except socket.timeout:
+      continue
+    except OSError:
+      time.sleep(0.2)  # not listening yet
+    finally:
+      if not reply and conn is not None:
+        conn.close()
+  if reply != 'OK':
+    conn.close()
+    raise UserError(f'jax.distributed: {reply[4:] if reply.startswith("ERR ") else reply}')
+  conn.settimeout(None)
+  return {0: conn}
+
+
+def _read_line(conn: socket.socket) -> str:
+  """One '\\n'-ended line, read byte by byte (no buffered reader that could swallow what follows)."""
+  data = b''
+  while not data.endswith(b'\n'):
+    byte = conn.recv(1)
+    if not byte:
+      break
+    data += byte
+  return data.decode().strip()
+
+
+_exiting = threading.Event()
+
+
+def _watch(links: dict, process_id: int, num_processes: int) -> None:
+  """Ends this process with one line when a peer dies (JAX's heartbeat would abort it only after
+  `HEARTBEAT_SECONDS`, with pages of C++ log).
+
+  The handshake's connections stay open: the kernel closes a killed process's sockets, so process
+  0 sees a peer's connection close at once, tells the others which process was lost, and every
+  process exits (code 1) naming it. A process that finishes says goodbye first (`atexit`), so an
+  ordinary end is no loss. Checkpoints are renamed into place only when complete
+  (`checkpoints/manager.py`), so an exit here never leaves one marked complete that is not.
+  """
+  # this process's stderr as it is now: fd 2 itself may be captured at the moment of the loss
+  # (`console.filtered_stderr` around TensorFlow's import); no Python stream or lock either
+  stderr = os.dup(2)
+
+  def lost(message: str) -> None:
+    if _exiting.is_set():
+      return
+    os.write(stderr, f'gqa-spec: error: jax.distributed: {message}; stopping process '
+                     f'{process_id}\n'.encode())
+    os._exit(1)  # pylint: disable=protected-access; JAX's runtime cannot be shut down cleanly now
+
+  def watch_peers() -> None:  # process 0
+    live = dict(links)
+    while live:
+      ready, _, _ = select.select(list(live.values()), [], [])
+      for conn in ready:
+        peer = next(i for i, c in live.items() if c is conn)
+        try:
+          data = conn.recv(64)
+        except OSError:
+          data = b''
+        if data.startswith(b'BYE'):
+          del live[peer]
+          continue
+        for other in live.values():  # the others learn which process was lost
+          if other is not conn:
+            _send(other, f'LOST {peer}\n')
+        lost(f'process {peer} of {num_processes} was lost (its connection to process 0 closed: '
+             'killed, or its host down)')
+
+  def watch_coordinator() -> None:  # every other process
+    try:
+      data = links[0].recv(64)
+    except OSError:
+      data = b''
+    if data.startswith(b'BYE'):
+      return
+    if data.startswith(b'LOST '):
+      lost(f'process {data.split()[1].decode()} of {num_processes} was lost (process 0 says)')
+    lost(f'process 0 of {num_processes} was lost (its connection closed: killed, or its host '
+         'down)')
+
+  def goodbye() -> None:
+    _exiting.set()
+    for conn in links.values():
+      _send(conn, 'BYE\n')
+
+  atexit.register(goodbye)
+  threading.Thread(target=watch_peers if process_id == 0 else watch_coordinator,
+                   name='gqa-spec-peer-watch', daemon=True).start()
+
+
+def _send(conn: socket.socket, text: str) -> None:
+  try:
+    conn.sendall(text.encode())
+  except OSError:
+    pass
+
+

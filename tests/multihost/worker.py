@@ -1,0 +1,99 @@
+"""One process of `test_multihost.py`'s runs: the documented commands, in one Python process.
+
+  python tests/multihost/worker.py OUT N I PORT
+
+N = 1: the reference (one process, 8 virtual devices); N = 2: process I of two (4 devices each),
+started with `--coordinator localhost:PORT --num-processes 2 --process-id I`. In sequence, sharing
+the process (its start costs more than the work): `gqa-spec train` (2x4 mesh, synthetic data,
+checkpoints), a restore of the last checkpoint onto that mesh and a native export of its
+parameters (spread over the processes when N = 2), then `gqa-spec generate` greedy and speculative
+with that export as model draft. Files a process writes go to OUT (process 1's outputs get their
+own names, p1_*, so the test sees that it wrote none).
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from gqa_spec import cli  # pylint: disable=g-import-not-at-top
+
+TRAIN_STEPS = 6
+MODEL_PARALLEL = 4
+GIN = """
+include 'models/t5_1_1/nano.gin'
+include 'runs/pretrain.gin'
+from __gin__ import dynamic_registration
+from gqa_spec.models import config
+from gqa_spec.training import trainer
+config.T5Config:
+  vocab_size = 256
+  emb_dim = 32
+  num_heads = 4
+  num_kv_heads = 2
+  head_dim = 8
+  mlp_dim = 64
+  num_encoder_layers = 1
+  num_decoder_layers = 1
+MIXTURE_OR_TASK_NAME = 'synthetic'
+TASK_FEATURE_LENGTHS = {'inputs': 16, 'targets': 8}
+BATCH_SIZE = 8
+DROPOUT_RATE = 0.1
+WARMUP_STEPS = 10
+trainer.train.log_period = 1
+trainer.CheckpointConfig.save_period = 3
+"""
+INPUTS = [[5, 6, 7, 1], [9, 10, 11, 12, 13, 1], [20, 1], [30, 31, 32, 1], [40, 41, 1]]
+
+
+def _run(argv):
+  code = cli.main(argv)
+  if code:
+    raise SystemExit(f'worker: gqa-spec {argv[0]} exited {code}')
+
+
+def main(out: str, n: int, i: int, port: int) -> None:
+  flags = [] if n == 1 else ['--coordinator', f'localhost:{port}', '--num-processes', str(n),
+                             '--process-id', str(i), '--distributed-timeout', '60']
+  run_dir = os.path.join(out, 'run')
+  mine = lambda name: os.path.join(out, name if i == 0 else f'p{i}_{name}')
+  gin_file = mine('tiny.gin')
+  with open(gin_file, 'w') as f:
+    f.write(GIN)
+  _run(['train', f'--gin_file={gin_file}', f"--gin.MODEL_DIR='{run_dir}'",
+        f'--gin.TRAIN_STEPS={TRAIN_STEPS}', '--model-parallel', str(MODEL_PARALLEL)] + flags)
+
+  import jax  # pylint: disable=g-import-not-at-top; after the runtime started
+  from gqa_spec.checkpoints import manager, native  # pylint: disable=g-import-not-at-top
+  from gqa_spec.models.config import T5Config  # pylint: disable=g-import-not-at-top
+  from gqa_spec.partitioning import Partitioner  # pylint: disable=g-import-not-at-top
+  from gqa_spec.training import optimizer, train_step  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(run_dir, 'config.json')) as f:
+    config = T5Config.from_json(f.read())
+  step = train_step.TrainStep(config, optimizer.adafactor(), optimizer.rsqrt_decay(),
+                              Partitioner.create(config, model=MODEL_PARALLEL))
+  ckpt = manager.Checkpointer(run_dir)
+  state, _ = ckpt.restore(ckpt.latest_step(), manager.abstract_with_shardings(
+      step.abstract_state(), step.state_shardings()))
+  ckpt.close()
+  spread = not all(x.is_fully_addressable for x in jax.tree_util.tree_leaves(state.params))
+  assert spread == (n > 1), spread
+  native.save_checkpoint(os.path.join(out, "export"), config, state.params)  # process 0 writes
+
+  export = os.path.join(out, 'export')  # process 0's, read by every process
+  inputs = os.path.join(out, 'inputs.jsonl')
+  if i == 0:
+    with open(inputs, 'w') as f:
+      f.writelines(f'{{"input_ids": {ids}}}\n' for ids in INPUTS)
+  if n > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices('inputs written')
+  common = ['--model', export, '--inputs', inputs, '--max-decode-len', '8', '--batch-size', '4']
+  _run(['generate', *common, '--out', mine('greedy.jsonl'), '--stats', mine('greedy_stats.json')]
+       + flags)
+  _run(['generate', *common, '--draft', export, '--gamma', '3', '--out', mine('spec.jsonl'),
+        '--model-parallel', '2'] + flags)
+
+
+if __name__ == '__main__':
+  main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
