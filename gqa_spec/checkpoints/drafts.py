@@ -64,7 +64,7 @@ def load_chimera(run_dir: str) -> Tuple[chimera.ChimeraConfig, PyTree, str]:
   step = ckpt.latest_step()
   if step is None:
     raise UserError(f'{ckpt.directory}: holds no complete checkpoint')
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   d = config.emb_dim
   abstract = jax.eval_shape(lambda: chimera.Chimera(config).init(
       jax.random.PRNGKey(0), jnp.zeros((config.vocab_size, d)), jnp.zeros((1, 4), jnp.int32),

@@ -26,7 +26,7 @@ _STEP = 8  # `generate` pads every input to a multiple of 8
 
 def device_bytes() -> int:
   """Memory of one device: an accelerator's `bytes_limit`, or the host's physical memory."""
-  stats = jax.devices()[0].memory_stats() or {}
+  stats = jax.local_devices()[0].memory_stats() or {}  # this process's own (multi-process)
   if stats.get('bytes_limit'):
     return int(stats['bytes_limit'])
   return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
