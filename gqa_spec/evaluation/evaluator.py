@@ -452,6 +452,8 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
                                  param_dtype=param_dtype)
   step = outputs.checkpoint_step(checkpoint_path, step)
   metrics, predictions = evaluator.run(params, step)
+  if jax.process_index() != 0:  # every process evaluated (the mesh spans them); process 0 writes
+    return metrics
   os.makedirs(output_dir, exist_ok=True)
   outputs.note_replaced(output_dir, ['metrics.json'] + [f'predictions-{t}.jsonl'
                                                         for t in predictions])

@@ -140,13 +140,15 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
       topk=topk if decoding == 'sample' else 0, topp=topp if decoding == 'sample' else 0.0)
   if decoding == 'speculative':
     decode = _speculative(model, params, config, length, draft, gamma, param_dtype)
-  os.makedirs(output_dir, exist_ok=True)
-  outputs.note_replaced(output_dir, [_file_name(name, mode) for name, _, _ in task_batches])
+  writer = jax.process_index() == 0  # every process decodes every batch; process 0 writes
+  if writer:
+    os.makedirs(output_dir, exist_ok=True)
+    outputs.note_replaced(output_dir, [_file_name(name, mode) for name, _, _ in task_batches])
   written = {}
   rng = jax.random.PRNGKey(seed)
   for name, vocab, batches in task_batches:
     path = os.path.join(output_dir, _file_name(name, mode))
-    with atomic.open_for_write(path) as f:
+    with atomic.open_for_write(path) if writer else open(os.devnull, 'w') as f:
       for raw, inputs in batches:
         n = inputs.shape[0]  # inputs: [n, S]
         if n < batch_size:  # one compiled shape for every batch
