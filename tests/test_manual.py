@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -123,6 +124,11 @@ def test_every_block_runs_or_says_why():
   assert not problems, '\n'.join(problems)
 
 
+def _children_cpu_seconds() -> float:
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return usage.ru_utime + usage.ru_stime
+
+
 def _jsonl(path: str) -> list[dict]:
   with open(path, encoding='utf-8') as f:
     return [json.loads(line) for line in f if line.strip()]
@@ -135,18 +141,20 @@ def test_manual_runs_as_written(tmp_path):
   env['PATH'] = os.pathsep.join([os.path.dirname(sys.executable), env.get('PATH', '')])
   work = tmp_path / 'work'
   work.mkdir()
-  start = time.monotonic()
+  start, cpu = time.monotonic(), _children_cpu_seconds()
   result = subprocess.run(['bash', '-c', script(read_blocks())], cwd=work, env=env,
                           capture_output=True, text=True, timeout=900, check=False)
-  seconds = time.monotonic() - start
-  print(f'the manual ran in {seconds:.0f} s; its commands started at:')
+  seconds, cpu = time.monotonic() - start, _children_cpu_seconds() - cpu
+  print(f'the manual ran in {seconds:.0f} s ({cpu:.0f} s of CPU); its commands started at:')
   print('\n'.join(line[:160] for line in result.stderr.splitlines() if line.startswith('+ [')))
   assert result.returncode == 0, (result.stdout[-3000:] + result.stderr[-6000:])
-  check_outputs(runs)
+  check_outputs(runs, result.stdout)
 
 
-def check_outputs(runs) -> None:
-  """What the three pages promise their commands leave in `RUNS` (a `pathlib.Path`)."""
+def check_outputs(runs, stdout: str) -> None:
+  """What the three pages promise their commands print and leave in `RUNS` (a `pathlib.Path`)."""
+  assert re.search(r'^best bleu = \S+ at step 5$', stdout, re.M), stdout[-3000:]
+  assert re.search(r'^bleu: \S+$', stdout, re.M), stdout[-3000:]
   # Training: the runs, uptraining's converted models, the selected checkpoint, eval, the draft.
   for path in ('nano_mha/checkpoints/2', 'nano_gqa2/converted/config.json',
                'nano_mqa/converted/config.json', 'nano_gqa2_translate/best/vocab/sentencepiece.model',
