@@ -185,7 +185,9 @@ def _command_lines(text: str) -> list[str]:
 
 
 def _argv(line: str) -> list[str]:
-  """A documented command line as argv: comments, shell redirections, `...` and `[ ]` dropped."""
+  """A documented command line as argv: comments, shell redirections, `...` and `[ ]` dropped;
+  `${VAR:-default}` read as its default (the variables the manual's pages shrink by, unset)."""
+  line = re.sub(r'\$\{\w+:-([^}]*)\}', r'\1', line)
   words = shlex.split(line, comments=True)[1:]
   argv = []
   for word in words:
@@ -234,6 +236,8 @@ def test_command_check():
   assert _argv('gqa-spec generate --model CKPT [--gamma 4] ... > out.log  # comment') == [
       'generate', '--model', 'CKPT', '--gamma', '4']
   assert _parse_error("gqa-spec train --gin_file=x.gin --gin.MODEL_DIR=\"'/tmp/r'\"") is None
+  assert _parse_error('gqa-spec data prepare --vocab-size "${PIECES:-8000}"') is None
+  assert 'expected an integer' in _parse_error('gqa-spec data prepare --vocab-size "${PIECES:-x}"')
   assert _parse_error('gqa-spec generate') is None
   assert _parse_error('gqa-spec generate --model CKPT --gamma 3 ...') is None
   assert 'required' in _parse_error('gqa-spec generate --model CKPT --gamma 3')

@@ -132,6 +132,24 @@ def test_ngram_round_trip_and_successors(tmp_path):
   assert succ[20] == int(np.argmax(loaded.unigram))  # unseen predecessor: unigram backoff
 
 
+def test_ngram_over_a_smaller_vocabulary_drafts_for_a_padded_model(workdir, tmp_path, capsys):
+  """A model's embedding may outgrow its vocabulary (nano's 8192 rows over a 400-id DDTP one): a
+  bigram fitted on the vocabulary pads to the model's and gives greedy decoding's tokens; a
+  bigram over more ids than the model has is one line."""
+  small = fit_ngram([[5, 6, 7, 8], [6, 7, 1]], order=2, vocab_size=VOCAB // 2)
+  save_ngram(small, str(tmp_path / 'small.npz'))
+  padded = small.for_model(VOCAB, 'small.npz')
+  assert padded.vocab_size == VOCAB and (padded.successor()[:VOCAB // 2] == small.successor()).all()
+  ref, _ = _generate(workdir, 'ar_small')
+  out, stats = _generate(workdir, 'bigram_small', '--draft', f'bigram:{tmp_path / "small.npz"}')
+  assert out == ref and stats['proposed'] > 0
+  save_ngram(fit_ngram([[5, 6]], order=2, vocab_size=VOCAB * 2), str(tmp_path / 'big.npz'))
+  assert cli.main(['generate', '--model', str(workdir / 'ckpt'), '--inputs', str(workdir / 'in.jsonl'),
+                   '--out', str(tmp_path / 'o.jsonl'), '--draft', f'bigram:{tmp_path / "big.npz"}']) == 2
+  err = capsys.readouterr().err.strip()
+  assert f'n-gram vocabulary {VOCAB * 2} > model vocabulary {VOCAB}' in err and '\n' not in err
+
+
 def test_ngram_fit_unknown_task_is_a_one_line_error(tmp_path, capsys):
   assert cli.main(['ngram', 'fit', '--task', 'no_such_task', '--order', '2', '--out',
                    str(tmp_path / 'x.npz')]) == 2

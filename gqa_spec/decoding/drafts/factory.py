@@ -63,9 +63,7 @@ def make_draft(spec: str, target_config, gamma: int, max_decode_len: int,
     return draft, draft.init, 'copy (prompt lookup over the encoder input)'
   if spec.startswith(('unigram:', 'bigram:')):
     kind, path = spec.split(':', 1)
-    model = load_ngram(path)
-    if model.vocab_size != vocab_size:
-      raise UserError(f'{path}: n-gram vocabulary {model.vocab_size} != model vocabulary {vocab_size}')
+    model = load_ngram(path).for_model(vocab_size, path)
     order = 1 if kind == 'unigram' else 2
     if order > model.order:
       raise UserError(f'{path} holds order-{model.order} counts; a bigram draft needs order 2')
@@ -143,10 +141,9 @@ def make_tree_draft(spec: str, target_config, shape, max_decode_len: int, mesh: 
     from gqa_spec.decoding.drafts.ngram_tree import NgramTreeDraft  # pylint: disable=g-import-not-at-top
     path = spec.split(':', 1)[1]
     model = load_ngram(path)
-    if model.order < 2 or model.vocab_size != target_config.vocab_size:
-      raise UserError(f'{path}: a bigram tree draft needs order-2 counts over the model vocabulary '
-                      f'({target_config.vocab_size}); got order {model.order}, vocabulary '
-                      f'{model.vocab_size}')
+    if model.order < 2:
+      raise UserError(f'{path}: a bigram tree draft needs order-2 counts; got order {model.order}')
+    model = model.for_model(target_config.vocab_size, path)
     draft = NgramTreeDraft(target_config.vocab_size)
     state = draft.init(model, shape)
     return draft, lambda enc: state, f'bigram tree ({path}, {shape.describe()})'
@@ -183,9 +180,7 @@ def make_staged_draft(spec: str, stage2: str, target_config, gamma: int, inner_g
   ngram = load_ngram(path)
   if ngram.order < 2:
     raise UserError(f'{path} holds order-{ngram.order} counts; the second stage needs order 2')
-  if ngram.vocab_size != target_config.vocab_size:
-    raise UserError(f'{path}: n-gram vocabulary {ngram.vocab_size} != model vocabulary '
-                    f'{target_config.vocab_size}')
+  ngram = ngram.for_model(target_config.vocab_size, path)
   decoder, params = _model_decoder(spec, target_config, mesh, param_dtype)
   successor = ngram.successor()
   if shape is not None:

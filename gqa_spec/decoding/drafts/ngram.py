@@ -37,6 +37,20 @@ class NgramModel:
   def vocab_size(self) -> int:
     return int(self.unigram.shape[0])
 
+  def for_model(self, vocab_size: int, path: str) -> 'NgramModel':
+    """These counts over a model's vocabulary of `vocab_size` ids.
+
+    A model's embedding is often larger than the vocabulary it was trained on (T5's 32128 rows
+    for 32100 pieces; nano's 8192 for a 400-id DDTP vocabulary): the ids past the n-gram's are
+    never seen, so its counts are padded with zeros. A larger n-gram vocabulary cannot be the
+    model's and is refused in one line naming `path`.
+    """
+    if self.vocab_size > vocab_size:
+      raise UserError(f'{path}: n-gram vocabulary {self.vocab_size} > model vocabulary {vocab_size}'
+                      ' (fitted on another vocabulary?)')
+    unigram = np.pad(self.unigram, (0, vocab_size - self.vocab_size))  # [vocab_size]
+    return dataclasses.replace(self, unigram=unigram)
+
   def successor(self) -> np.ndarray:
     """`[V]` int32: the proposed next token after each token."""
     fallback = int(np.argmax(self.unigram)) if self.unigram.sum() else 1
