@@ -37,7 +37,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from gqa_spec.decoding import sampling, theory, xla_options
+from gqa_spec.decoding import sampling, speedup, theory, xla_options
 from gqa_spec.decoding.autoregressive import EOS
 from gqa_spec.decoding.drafts.base import Draft
 from gqa_spec.decoding.sampling import SamplingConfig
@@ -116,6 +116,17 @@ class AdaptiveState:
 
 def target_cache_length(max_decode_len: int, adaptive: AdaptiveGamma) -> int:
   return max_decode_len + adaptive.gamma_max + 1
+
+
+def measure_cost_ratio(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
+                       max_decode_len: int) -> float:
+  """c of Theorem 8 on this machine and batch: one draft proposal of one token (its commit
+  included) over one single-token target call, both at half the output length, each the fastest
+  of 5 runs (`speedup.propose_time`, `speedup.step_time`; a few seconds, compiles included)."""
+  batch = target.index(target_state).shape[0]
+  t_target = speedup.step_time(target, target_state, 1, max_decode_len // 2)
+  t_draft = speedup.propose_time(draft, draft_state, 1, batch, max_decode_len)
+  return t_draft / t_target
 
 
 @functools.partial(xla_options.jit, static_argnames=('target', 'draft', 'adaptive',

@@ -244,10 +244,10 @@ def summarize(result: SpeculativeResult) -> Dict[str, Any]:
   }
 
 
-def adaptive_summary(r: SpeculativeResult) -> Dict[str, Any]:
-  """The draft lengths of an adaptive run (`adaptive.decode`), host-side."""
-  histogram = np.asarray(r.gamma_histogram)  # [b, gamma_max + 1]
-  trace = np.asarray(r.gamma_trace)  # [b, max_decode_len]
+def adaptive_summary(r: SpeculativeResult, rows: Optional[int] = None) -> Dict[str, Any]:
+  """The draft lengths of an adaptive run (`adaptive.decode`), host-side, of its first `rows`."""
+  histogram = np.asarray(r.gamma_histogram)[:rows]  # [b, gamma_max + 1]
+  trace = np.asarray(r.gamma_trace)[:rows]  # [b, max_decode_len]
   gamma_max = histogram.shape[1] - 1
   iterations = int(r.loop_iterations)
   return {
