@@ -7,7 +7,8 @@ row has its gamma_r tokens, `ModelDraft.propose_upto`; other drafts propose gamm
 scores gamma_max + 1 positions, and `sampling.verify(limit=gamma_r)` verifies only each row's own
 prefix: positions past gamma_r are rejected and, when the prefix is accepted whole, the bonus token
 comes from p_{gamma_r + 1}. The causal mask keeps the positions past gamma_r from changing p at
-the ones before. When no active row speculates, the iteration is a plain one-token target step.
+the ones before. Once no active row speculates (every one at gamma_r = 0, which is final), the rest
+runs as plain one-token target steps in a second loop, without the draft.
 
 Exactness: gamma_r depends only on the row's past (and, with a confidence stop, on the draft's
 distributions at the positions already proposed), so it is a stopping rule; Leviathan et al.'s
@@ -17,7 +18,8 @@ output is token-identical to greedy decoding.
 Policies (`AdaptiveGamma.policy`):
   'optimal'   (default) alpha_r, an exponential moving average of the per-iteration mean beta of
               the positions the row tried (Corollary 6's estimator), and the cost ratio c give
-              gamma_r = argmax_gamma of Theorem 8 over [0, gamma_max] (`theory.optimal_gammas`).
+              gamma_r = argmax_gamma of Theorem 8 over [0, gamma_max] (`theory.optimal_gammas`;
+              with a measured verification cost v, a gamma >= 1 costs gamma c + v steps).
               At gamma_r = 0 the row learns nothing more, so 0 is final for it; once no active row
               speculates the draft is no longer kept up to date and the batch stays on plain
               target steps.
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import flax
 import jax
@@ -58,6 +60,8 @@ class AdaptiveGamma:
     gamma_max: the longest proposal (the compiled width is gamma_max + 1).
     policy: 'optimal' (Theorem 8 from a running alpha and `cost_ratio`) or 'heuristic' (HF's).
     cost_ratio: c, one draft call's time over one target call's (policy 'optimal').
+    verify_ratio: v, the verification call (gamma_max + 1 tokens) over a one-token target call
+      (policy 'optimal'; 1 = Theorem 8 as printed, which assumes verification costs one step).
     confidence: stop a row's proposal after a token whose draft top probability is below this
       (0 = off).
     gamma_init: every row's first draft length (None: the policy's choice at `alpha_init`, or
@@ -69,6 +73,7 @@ class AdaptiveGamma:
   gamma_max: int = 8
   policy: str = 'optimal'
   cost_ratio: float = 0.0
+  verify_ratio: float = 1.0
   confidence: float = 0.0
   gamma_init: Optional[int] = None
   alpha_init: float = 0.6
@@ -81,6 +86,8 @@ class AdaptiveGamma:
       raise UserError(f'gamma policy must be one of {", ".join(POLICIES)}, got {self.policy!r}')
     if not self.cost_ratio >= 0:
       raise UserError(f'cost ratio must be >= 0, got {self.cost_ratio}')
+    if not self.verify_ratio > 0:
+      raise UserError(f'verify ratio must be > 0, got {self.verify_ratio}')
     if not 0.0 <= self.confidence < 1.0:
       raise UserError(f'draft confidence must be in [0, 1), got {self.confidence}')
     if self.gamma_init is not None and not 0 <= self.gamma_init <= self.gamma_max:
@@ -97,11 +104,12 @@ class AdaptiveGamma:
     else:
       with jax.ensure_compile_time_eval():  # a Python int, also while tracing
         g = int(theory.optimal_gammas(jnp.full((1,), self.alpha_init), self.cost_ratio,
-                                      self.gamma_max)[0])
+                                      self.gamma_max, self.verify_ratio)[0])
     return jnp.full((batch,), g, jnp.int32)
 
   def describe(self) -> str:
-    extra = f',c={self.cost_ratio:.3g}' if self.policy == 'optimal' else ''
+    extra = (f',c={self.cost_ratio:.3g},v={self.verify_ratio:.3g}' if self.policy == 'optimal'
+             else '')
     conf = f',confidence={self.confidence:g}' if self.confidence else ''
     return f'auto({self.policy},max={self.gamma_max}{extra}{conf})'
 
@@ -111,22 +119,23 @@ class AdaptiveState:
   loop: LoopState
   want: jax.Array  # [b] the draft length each row asks for next
   alpha: jax.Array  # [b] running acceptance estimate
-  stale: jax.Array  # [] an iteration ran no draft (every active row at 0): never propose again
 
 
 def target_cache_length(max_decode_len: int, adaptive: AdaptiveGamma) -> int:
   return max_decode_len + adaptive.gamma_max + 1
 
 
-def measure_cost_ratio(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
-                       max_decode_len: int) -> float:
-  """c of Theorem 8 on this machine and batch: one draft proposal of one token (its commit
-  included) over one single-token target call, both at half the output length, each the fastest
-  of 5 runs (`speedup.propose_time`, `speedup.step_time`; a few seconds, compiles included)."""
+def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
+                  max_decode_len: int, gamma_max: int) -> Tuple[float, float]:
+  """(c, v) on this machine and batch, both at half the output length, each time the fastest of 5
+  runs (`speedup.propose_time`, `speedup.step_time`; a few seconds, compiles included):
+  c = one draft proposal of one token (its commit included) over one one-token target call;
+  v = one target call of gamma_max + 1 tokens (the loop's verification) over a one-token call."""
   batch = target.index(target_state).shape[0]
   t_target = speedup.step_time(target, target_state, 1, max_decode_len // 2)
+  t_verify = speedup.step_time(target, target_state, gamma_max + 1, max_decode_len // 2)
   t_draft = speedup.propose_time(draft, draft_state, 1, batch, max_decode_len)
-  return t_draft / t_target
+  return t_draft / t_target, t_verify / t_target
 
 
 @functools.partial(xla_options.jit, static_argnames=('target', 'draft', 'adaptive',
@@ -156,8 +165,7 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
       gamma_trace=jnp.full((batch, max_decode_len), -1, jnp.int32),
       draft_steps=jnp.zeros((), jnp.int32)))
   init = AdaptiveState(loop=loop, want=adaptive.first(batch),
-                       alpha=jnp.full((batch,), adaptive.alpha_init, jnp.float32),
-                       stale=jnp.zeros((), bool))
+                       alpha=jnp.full((batch,), adaptive.alpha_init, jnp.float32))
   positions = jnp.arange(gmax + 1)  # [gmax + 1]
 
   def speculate(s: LoopState, want, draft_rng, verify_rng):
@@ -187,24 +195,25 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
     last = jnp.take_along_axis(r.sequences, r.lengths[:, None], axis=1)  # [b, 1]
     logits, tstate = target.tokens_to_logits(s.target_state, last)  # [b, 1, V]
     t, _ = sampling.choose(verify_rng, logits[:, 0], config)  # [b]
-    new = jnp.zeros((batch, gmax + 1), jnp.int32).at[:, 0].set(t)  # [b, gmax + 1]
+    new = jnp.pad(t[:, None], ((0, 0), (0, gmax)))  # [b, gmax + 1]: t, then junk
     zeros_b = jnp.zeros((batch,), jnp.int32)
     return (new, zeros_b, zeros_b, jnp.zeros((batch, gmax), jnp.float32),
             jnp.zeros((), jnp.int32), tstate, s.draft_state)
 
-  def cond(a: AdaptiveState):
-    return ~jnp.all(a.loop.done)
+  def speculating(a: AdaptiveState):  # some active row wants a proposal
+    return jnp.any(~a.loop.done & (a.want > 0))
 
-  def body(a: AdaptiveState) -> AdaptiveState:
+  def body(a: AdaptiveState, spec: bool) -> AdaptiveState:
     s, r = a.loop, a.loop.result
     rng, draft_rng, verify_rng = jax.random.split(s.rng, 3)
     active = ~s.done  # [b]
-    want = jnp.where(active & ~a.stale, a.want, 0)  # [b]
-    new, k, limit, beta, steps, tstate, dstate = jax.lax.cond(
-        jnp.any(want > 0), speculate, plain, s, want, draft_rng, verify_rng)
+    want = jnp.where(active, a.want, 0)  # [b]
+    new, k, limit, beta, steps, tstate, dstate = (speculate if spec else plain)(
+        s, want, draft_rng, verify_rng)
     sequences, lengths, ended = append_accepted(r, new, k, active, max_decode_len, eos_id)
     tstate = target.rollback(tstate, lengths)
-    dstate = draft.commit(dstate, sequences, lengths)
+    if spec:  # after the speculative loop the draft is not used again
+      dstate = draft.commit(dstate, sequences, lengths)
     done = s.done | ended | (lengths >= max_decode_len)
 
     act = active.astype(jnp.int32)  # [b]
@@ -218,7 +227,8 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
     if adaptive.policy == 'heuristic':
       nxt = jnp.clip(jnp.where(k == a.want, a.want + 2, a.want - 1), 1, gmax)  # HF's schedule
     else:
-      nxt = jnp.where(a.want > 0, theory.optimal_gammas(alpha, adaptive.cost_ratio, gmax), 0)
+      nxt = jnp.where(a.want > 0, theory.optimal_gammas(alpha, adaptive.cost_ratio, gmax,
+                                                        adaptive.verify_ratio), 0)
     rows = jnp.arange(batch)
     result = r.replace(
         sequences=sequences, lengths=lengths, target_calls=r.target_calls + act,
@@ -234,8 +244,12 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
             limit, mode='drop'),
         draft_steps=r.draft_steps + steps)
     loop = LoopState(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
-    return AdaptiveState(loop=loop, want=jnp.where(active, nxt, a.want), alpha=alpha,
-                         stale=a.stale | jnp.all(want == 0))
+    return AdaptiveState(loop=loop, want=jnp.where(active, nxt, a.want), alpha=alpha)
 
-  final = jax.lax.while_loop(cond, body, init)
+  # Speculative iterations while some active row wants a proposal; then, every active row at 0
+  # (final for it), plain target steps in a loop of their own, with no draft and no branch.
+  final = jax.lax.while_loop(lambda a: ~jnp.all(a.loop.done) & speculating(a),
+                             functools.partial(body, spec=True), init)
+  final = jax.lax.while_loop(lambda a: ~jnp.all(a.loop.done), functools.partial(body, spec=False),
+                             final)
   return with_draft_calls(final.loop)

@@ -24,7 +24,7 @@ converts no weight per step. `--loop-chunk K` (autoregressive decoding) runs K d
 while-loop iteration with a static trip count (`autoregressive.decode`'s `loop_chunk`): the same
 tokens, one host round trip per K steps on XLA:GPU. `--gamma auto`: each row chooses its own draft
 length in the loop (`gqa_spec.decoding.adaptive`); without `--cost-ratio`, c is measured once on
-the first batch before the timed runs (`adaptive.measure_cost_ratio`).
+the first batch before the timed runs, with the verification call's cost v (`adaptive.measure_costs`).
 """
 
 from __future__ import annotations
@@ -77,8 +77,9 @@ def register(subparsers) -> None:
                       "alpha and the cost ratio c, 0 = plain target steps) or heuristic (HF's "
                       'schedule: +2 after a proposal accepted whole, else -1)')
   p.add_argument('--cost-ratio', type=float, default=None, metavar='C',
-                 help='--gamma auto, optimal policy: a draft call\'s time over a target call\'s '
-                      '(default: measured once on the first batch)')
+                 help='--gamma auto, optimal policy: a draft call\'s time over a target call\'s, '
+                      'with verification taken as one step as in Theorem 8 (default: both measured '
+                      'once on the first batch)')
   p.add_argument('--draft-confidence', type=float, default=None, metavar='T',
                  help="--gamma auto, model drafts: end a row's proposal after a token whose draft "
                       'top probability is below T (HF\'s assistant_confidence_threshold)')
@@ -342,9 +343,10 @@ def generate(args: argparse.Namespace) -> int:
   cost_measured = auto is not None and auto.policy == 'optimal' and args.cost_ratio is None
   if cost_measured:
     enc = jax.numpy.asarray(batches[0][0])
-    auto = dataclasses.replace(auto, cost_ratio=adaptive.measure_cost_ratio(
+    c, v = adaptive.measure_costs(
         target, target.init(params, enc, speculative.target_cache_length(max_len, gamma)),
-        draft, draft_init(enc), max_len))
+        draft, draft_init(enc), max_len, gamma)
+    auto = dataclasses.replace(auto, cost_ratio=c, verify_ratio=v)
   rng = jax.random.PRNGKey(args.seed)
   t0 = time.perf_counter()
   jax.block_until_ready(run(*batches[0], rng))  # compile (and warm) once
@@ -370,6 +372,7 @@ def generate(args: argparse.Namespace) -> int:
     stats.update(draft=draft_spec if draft is None else draft_desc,
                  gamma=(auto.describe() if auto else gamma) if draft and shape is None else None,
                  cost_ratio=None if auto is None or auto.policy != 'optimal' else auto.cost_ratio,
+                 verify_ratio=None if auto is None or auto.policy != 'optimal' else auto.verify_ratio,
                  cost_ratio_measured=cost_measured if auto else None,
                  tree=None if shape is None else shape.describe(),
                  stage2=args.stage2,

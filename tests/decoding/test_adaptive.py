@@ -121,6 +121,13 @@ def test_optimal_gammas_follow_theorem_8():
   assert got[0] == got[1] == 0  # alpha <= c: speculation does not pay
   assert 0 < got[2] < got[3] <= got[4] <= got[5] == 8
   assert theory.optimal_gamma(0.8, 0.3, max_gamma=8) == got[3]
+  # A verification call costing v = 3 steps (Theorem 8 generalised): speculation pays later.
+  got = np.asarray(theory.optimal_gammas(jnp.asarray(alphas), 0.05, 8, verify_ratio=3.0))
+  for a, g in zip(alphas, got):
+    values = [1.0] + [theory.speedup_measured_costs(float(a), gamma, 0.05, 3.0)
+                      for gamma in range(1, 9)]
+    assert values[g] >= max(values) - 1e-5, (a, g)
+  assert got[2] == 0 < got[4]  # alpha 0.6 does not pay for v = 3; alpha 0.95 does
 
 
 @pytest.mark.parametrize('kwargs, message', [

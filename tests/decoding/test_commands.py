@@ -174,11 +174,15 @@ def test_gamma_auto_gives_greedy_outputs_and_reports_gammas(workdir):
   assert out == ref
   assert stats['gamma'].startswith('auto(optimal,max=3,c=') and stats['cost_ratio_measured']
   assert 0 < stats['cost_ratio'] < 1  # a bigram lookup against a T5 decoder step
+  assert stats['verify_ratio'] > 0
   trace = stats['gamma_per_call_per_row']
   assert len(trace) == 3 and sum(len(t) for t in trace) == stats['target_calls']
   assert sum(stats['gamma_histogram']) == stats['target_calls']
-  assert stats['proposed'] == sum(map(sum, trace)) > 0
-  assert stats['draft_steps'] > 0 and stats['draft_steps_saved'] == 0  # a bigram cannot stop early
+  assert stats['proposed'] == sum(map(sum, trace))
+  # A bigram proposes gamma_max whenever a row speculates (it cannot stop early); whether rows do
+  # depends on the measured c and v, so only the accounting is checked here.
+  assert stats['draft_steps'] % 3 == 0
+  assert (stats['draft_steps'] > 0) == (stats['proposed'] > 0)
 
 
 @pytest.mark.parametrize('extra, message', [
