@@ -11,9 +11,9 @@ the ones before. Once no active row speculates (every one at gamma_r = 0, which 
 runs as plain one-token target steps in a second loop, without the draft.
 
 Exactness: gamma_r depends only on the row's past (and, with a confidence stop, on the draft's
-distributions at the positions already proposed), so it is a stopping rule; Leviathan et al.'s
-Theorem 1 / Chen et al.'s Theorem 1 hold for each iteration whatever gamma it used, and greedy
-output is token-identical to greedy decoding.
+distributions at the positions already proposed), so it is a stopping rule; the
+correctness argument (Leviathan et al. App. A.1; Chen et al. Theorem 1) holds for each iteration
+whatever gamma it used, and greedy output is token-identical to greedy decoding.
 
 Policies (`AdaptiveGamma.policy`):
   'optimal'   (default) alpha_r, an exponential moving average of the per-iteration mean beta of
@@ -66,7 +66,8 @@ class AdaptiveGamma:
       (0 = off).
     gamma_init: every row's first draft length (None: the policy's choice at `alpha_init`, or
       gamma_max // 2 for 'heuristic').
-    alpha_init: the running alpha's starting value (policy 'optimal').
+    alpha_init: the running alpha's starting value (policy 'optimal'): optimistic, so that a row
+      tries speculating (at the gamma this alpha would pay for) before its own alpha decides.
     decay: weight of the old alpha in each update (policy 'optimal').
   """
 
@@ -76,7 +77,7 @@ class AdaptiveGamma:
   verify_ratio: float = 1.0
   confidence: float = 0.0
   gamma_init: Optional[int] = None
-  alpha_init: float = 0.6
+  alpha_init: float = 0.9
   decay: float = 0.7
 
   def __post_init__(self):
