@@ -190,31 +190,18 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
     new = jnp.where(positions[None] == k[:, None], t[:, None], new)  # x_1..x_k, t, junk
     return new, k, limit, beta, steps, tstate, dstate
 
-  def plain(s: LoopState, want, draft_rng, verify_rng):
-    del want, draft_rng
-    r = s.result
-    last = jnp.take_along_axis(r.sequences, r.lengths[:, None], axis=1)  # [b, 1]
-    logits, tstate = target.tokens_to_logits(s.target_state, last)  # [b, 1, V]
-    t, _ = sampling.choose(verify_rng, logits[:, 0], config)  # [b]
-    new = jnp.pad(t[:, None], ((0, 0), (0, gmax)))  # [b, gmax + 1]: t, then junk
-    zeros_b = jnp.zeros((batch,), jnp.int32)
-    return (new, zeros_b, zeros_b, jnp.zeros((batch, gmax), jnp.float32),
-            jnp.zeros((), jnp.int32), tstate, s.draft_state)
-
   def speculating(a: AdaptiveState):  # some active row wants a proposal
     return jnp.any(~a.loop.done & (a.want > 0))
 
-  def body(a: AdaptiveState, spec: bool) -> AdaptiveState:
+  def body(a: AdaptiveState) -> AdaptiveState:
     s, r = a.loop, a.loop.result
     rng, draft_rng, verify_rng = jax.random.split(s.rng, 3)
     active = ~s.done  # [b]
     want = jnp.where(active, a.want, 0)  # [b]
-    new, k, limit, beta, steps, tstate, dstate = (speculate if spec else plain)(
-        s, want, draft_rng, verify_rng)
+    new, k, limit, beta, steps, tstate, dstate = speculate(s, want, draft_rng, verify_rng)
     sequences, lengths, ended = append_accepted(r, new, k, active, max_decode_len, eos_id)
     tstate = target.rollback(tstate, lengths)
-    if spec:  # after the speculative loop the draft is not used again
-      dstate = draft.commit(dstate, sequences, lengths)
+    dstate = draft.commit(dstate, sequences, lengths)
     done = s.done | ended | (lengths >= max_decode_len)
 
     act = active.astype(jnp.int32)  # [b]
@@ -247,10 +234,37 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
     loop = LoopState(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
     return AdaptiveState(loop=loop, want=jnp.where(active, nxt, a.want), alpha=alpha)
 
+  def plain_step(s: LoopState) -> LoopState:
+    """One target step, its token appended for the active rows; the draft lengths of these calls
+    (0) are added to the statistics once, after the loop (`plain_statistics`)."""
+    r = s.result
+    rng, step_rng = jax.random.split(s.rng)
+    active = ~s.done  # [b]
+    last = jnp.take_along_axis(r.sequences, r.lengths[:, None], axis=1)  # [b, 1]
+    logits, tstate = target.tokens_to_logits(s.target_state, last)  # [b, 1, V]
+    t, _ = sampling.choose(step_rng, logits[:, 0], config)  # [b]
+    rows = jnp.arange(batch)
+    slot = r.lengths + 1  # [b]
+    sequences = r.sequences.at[rows, slot].set(
+        jnp.where(active, t, r.sequences[rows, slot]))  # [b, width]
+    lengths = r.lengths + active  # [b]
+    done = s.done | (active & (t == eos_id)) | (lengths >= max_decode_len)
+    result = r.replace(sequences=sequences, lengths=lengths, target_calls=r.target_calls + active,
+                       loop_iterations=r.loop_iterations + 1)
+    return LoopState(target_state=target.rollback(tstate, lengths), draft_state=s.draft_state,
+                     done=done, result=result, rng=rng)
+
+  def plain_statistics(s: LoopState, calls_before: jax.Array) -> LoopState:
+    """The plain steps' draft length 0 in `gamma_trace` and `gamma_histogram`."""
+    r = s.result
+    calls = jnp.arange(max_decode_len)[None]  # [1, max_decode_len]
+    plain = (calls >= calls_before[:, None]) & (calls < r.target_calls[:, None])  # [b, max_len]
+    return s.replace(result=r.replace(
+        gamma_trace=jnp.where(plain, 0, r.gamma_trace),
+        gamma_histogram=r.gamma_histogram.at[:, 0].add(r.target_calls - calls_before)))
+
   # Speculative iterations while some active row wants a proposal; then, every active row at 0
   # (final for it), plain target steps in a loop of their own, with no draft and no branch.
-  final = jax.lax.while_loop(lambda a: ~jnp.all(a.loop.done) & speculating(a),
-                             functools.partial(body, spec=True), init)
-  final = jax.lax.while_loop(lambda a: ~jnp.all(a.loop.done), functools.partial(body, spec=False),
-                             final)
-  return with_draft_calls(final.loop)
+  final = jax.lax.while_loop(lambda a: ~jnp.all(a.loop.done) & speculating(a), body, init)
+  loop = jax.lax.while_loop(lambda s: ~jnp.all(s.done), plain_step, final.loop)
+  return with_draft_calls(plain_statistics(loop, final.loop.result.target_calls))
