@@ -241,7 +241,8 @@ def test_command_check():
   assert _parse_error('gqa-spec generate') is None
   assert _parse_error('gqa-spec generate --model CKPT --gamma 3 ...') is None
   assert 'required' in _parse_error('gqa-spec generate --model CKPT --gamma 3')
-  assert 'invalid int' in _parse_error('gqa-spec generate --model CKPT --gamma x ...')
+  assert 'invalid int' in _parse_error('gqa-spec generate --model CKPT --max-decode-len x ...')
+  assert 'integer or auto' in _parse_error('gqa-spec generate --model CKPT --gamma x ...')
   assert 'unrecognized arguments' in _parse_error('gqa-spec reproduce --no-such-flag')
   assert 'invalid choice' in _parse_error('gqa-spec no-such-command')
 

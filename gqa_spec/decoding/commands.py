@@ -3,7 +3,8 @@
   gqa-spec generate --model CKPT --inputs IN.jsonl --out OUT.jsonl [--stats STATS.json]
       [--vocab SPM] [--task TASK]
       [--max-decode-len N] [--batch-size B] [--draft {none,CKPT_DIR,unigram:PATH,bigram:PATH,copy}]
-      [--gamma G] [--tree {topk:K1,K2,...|best:N,depth:D[,width:W]}[,replace]]
+      [--gamma {G,auto} [--gamma-max G] [--gamma-policy {optimal,heuristic}] [--cost-ratio C]
+       [--draft-confidence T]] [--tree {topk:K1,K2,...|best:N,depth:D[,width:W]}[,replace]]
       [--stage2 bigram:PATH [--stage2-gamma G2]] [--temperature T]
       [--top-k K] [--top-p P] [--lenience L] [--seed S] [--model-parallel N]
       [--param-dtype {float32,bfloat16}] [--loop-chunk K]
@@ -21,15 +22,18 @@ reports `memory_per_device`, the target's parameter and cache bytes per device o
 and of a model draft once, at load (`gqa_spec.checkpoints.param_dtype`), so the decode loop
 converts no weight per step. `--loop-chunk K` (autoregressive decoding) runs K decode steps per
 while-loop iteration with a static trip count (`autoregressive.decode`'s `loop_chunk`): the same
-tokens, one host round trip per K steps on XLA:GPU. With the multi-process flags
-(`gqa_spec.distributed`) every process reads the same inputs and decodes on one mesh of all
-processes' devices (model axis `--model-parallel`, default 1); process 0 writes `--out` and
-`--stats`.
+tokens, one host round trip per K steps on XLA:GPU. `--gamma auto`: each row chooses its own draft
+length in the loop (`gqa_spec.decoding.adaptive`); without `--cost-ratio`, c is measured once on
+the first batch before the timed runs, with the verification call's cost v (`adaptive.measure_costs`).
+With the multi-process flags (`gqa_spec.distributed`) every process reads the same inputs and
+decodes on one mesh of all processes' devices (model axis `--model-parallel`, default 1); process 0
+writes `--out` and `--stats`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -66,7 +70,22 @@ def register(subparsers) -> None:
                  help='none | CKPT_DIR (a smaller T5, same vocabulary; or its training run '
                       'directory) | unigram:PATH | bigram:PATH (from `gqa-spec ngram fit`) | '
                       'copy (prompt lookup) | chimera:DIR (a `train-draft --kind chimera` run)')
-  p.add_argument('--gamma', type=int, default=4, help='draft tokens per target call')
+  p.add_argument('--gamma', type=_gamma, default=4,
+                 help='draft tokens per target call, or auto: each row its own, chosen in the loop '
+                      '(--gamma-policy)')
+  p.add_argument('--gamma-max', type=arguments.positive_int, default=8,
+                 help='--gamma auto: the longest proposal')
+  p.add_argument('--gamma-policy', choices=('optimal', 'heuristic'), default=None,
+                 help="--gamma auto: optimal (default; Leviathan's Theorem 8 from each row's running "
+                      "alpha and the cost ratio c, 0 = plain target steps) or heuristic (HF's "
+                      'schedule: +2 after a proposal accepted whole, else -1)')
+  p.add_argument('--cost-ratio', type=float, default=None, metavar='C',
+                 help='--gamma auto, optimal policy: a draft call\'s time over a target call\'s, '
+                      'with verification taken as one step as in Theorem 8 (default: both measured '
+                      'once on the first batch)')
+  p.add_argument('--draft-confidence', type=float, default=None, metavar='T',
+                 help="--gamma auto, model drafts: end a row's proposal after a token whose draft "
+                      'top probability is below T (HF\'s assistant_confidence_threshold)')
   p.add_argument('--tree', default=None,
                  help='verify a token tree instead of a chain (model, bigram or chimera drafts): '
                       'topk:K1,K2,... (K_d children per node at depth d) or best:N,depth:D[,width:W] '
@@ -158,6 +177,38 @@ def _read_inputs(path: str, vocab, task: Optional[str]) -> List[List[int]]:
   return [next(encoded) if isinstance(r, str) else r for r in rows]
 
 
+def _gamma(text: str):
+  """An argparse `type`: an integer (checked >= 1 by `generate`) or `auto`."""
+  if text == 'auto':
+    return text
+  try:
+    return int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f'expected an integer or auto, got {text!r}') from None
+
+
+def _adaptive(args: argparse.Namespace, draft_spec: str, shape):
+  """The `AdaptiveGamma` of `--gamma auto` (cost ratio filled in later when measured), or None."""
+  auto_only = {'--gamma-policy': args.gamma_policy, '--cost-ratio': args.cost_ratio,
+               '--draft-confidence': args.draft_confidence}
+  if args.gamma != 'auto':
+    given = [flag for flag, value in auto_only.items() if value is not None]
+    if given:
+      raise UserError(f'{given[0]} needs --gamma auto')
+    return None
+  for flag, bad in (('--draft', draft_spec == 'none'), ('--tree', shape is not None),
+                    ('--stage2', args.stage2 is not None),
+                    ('--model-parallel', args.model_parallel is not None)):
+    if bad:
+      raise UserError('--gamma auto needs a --draft' if flag == '--draft' else
+                      f'--gamma auto is not supported with {flag}')
+  if args.gamma_policy == 'heuristic' and args.cost_ratio is not None:
+    raise UserError('--cost-ratio applies to --gamma-policy optimal')
+  from gqa_spec.decoding.adaptive import AdaptiveGamma  # pylint: disable=g-import-not-at-top
+  return AdaptiveGamma(gamma_max=args.gamma_max, policy=args.gamma_policy or 'optimal',
+                       cost_ratio=args.cost_ratio or 0.0, confidence=args.draft_confidence or 0.0)
+
+
 def _positive(name: str, value: int) -> None:
   if value < 1:
     raise UserError(f'--{name} must be >= 1, got {value}')
@@ -172,7 +223,7 @@ def _load(path: str, what: str):
 
 
 def generate(args: argparse.Namespace) -> int:
-  for name in ('max_decode_len', 'batch_size', 'gamma', 'loop_chunk'):
+  for name in ('max_decode_len', 'batch_size', 'loop_chunk'):
     _positive(name.replace('_', '-'), getattr(args, name))
   if args.model_parallel is not None:
     _positive('model-parallel', args.model_parallel)
@@ -196,6 +247,10 @@ def generate(args: argparse.Namespace) -> int:
       raise UserError('--stage2 needs a model --draft')
   if args.loop_chunk != 1 and draft_spec != 'none':
     raise UserError('--loop-chunk applies to autoregressive decoding; drop it or --draft')
+  auto = _adaptive(args, draft_spec, shape)
+  if not auto:
+    _positive('gamma', args.gamma)
+  gamma = args.gamma_max if auto else args.gamma
   arguments.check_outputs({'--out': args.out, '--stats': args.stats},
                           inputs={'--inputs': args.inputs, '--model': args.model})
   if distributed.start_from_args(args) and args.model_parallel is None:
@@ -223,17 +278,17 @@ def generate(args: argparse.Namespace) -> int:
     if bad:
       raise UserError(f'input id {bad[0]} outside the model vocabulary [0, {target_config.vocab_size})')
   rows = _fit_inputs(rows, args, target_config, _cache_length(
-      draft_spec != 'none', shape, args.max_decode_len, args.gamma))
+      draft_spec != 'none', shape, args.max_decode_len, gamma))
 
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding import autoregressive, speculative  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding import adaptive, autoregressive, speculative  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
 
   from gqa_spec.decoding import memory, mesh  # pylint: disable=g-import-not-at-top
 
-  max_len, gamma, batch = args.max_decode_len, args.gamma, args.batch_size
+  max_len, batch = args.max_decode_len, args.batch_size
   width = -(-max(len(r) for r in rows) // 8) * 8  # one input length for all batches
   partitioner, mesh_shape = None, (1, 1)
   from gqa_spec.decoding import tree_speculative  # pylint: disable=g-import-not-at-top
@@ -274,6 +329,9 @@ def generate(args: argparse.Namespace) -> int:
       return run_tree(target, state, draft, draft_init(enc), rng, shape=shape,
                       max_decode_len=max_len, config=config, skip=skip)
     state = target.init(params, enc, speculative.target_cache_length(max_len, gamma))
+    if auto:
+      return adaptive.decode(target, state, draft, draft_init(enc), rng, adaptive=auto,
+                             max_decode_len=max_len, config=config, skip=skip)
     return run_spec(target, state, draft, draft_init(enc), rng, gamma=gamma,
                     max_decode_len=max_len, config=config, skip=skip)
 
@@ -286,6 +344,15 @@ def generate(args: argparse.Namespace) -> int:
     enc[len(chunk):, 0] = EOS  # dummy rows filling the last batch
     batches.append((enc, len(chunk)))
 
+  if auto and auto.confidence and not hasattr(draft, 'propose_upto'):
+    raise UserError(f'--draft-confidence needs a model draft, not {draft_spec}')
+  cost_measured = auto is not None and auto.policy == 'optimal' and args.cost_ratio is None
+  if cost_measured:
+    enc = jax.numpy.asarray(batches[0][0])
+    c, v = adaptive.measure_costs(
+        target, target.init(params, enc, speculative.target_cache_length(max_len, gamma)),
+        draft, draft_init(enc), max_len, gamma)
+    auto = dataclasses.replace(auto, cost_ratio=c, verify_ratio=v)
   rng = jax.random.PRNGKey(args.seed)
   t0 = time.perf_counter()
   jax.block_until_ready(run(*batches[0], rng))  # compile (and warm) once
@@ -311,7 +378,10 @@ def generate(args: argparse.Namespace) -> int:
   if args.stats:
     stats = _stats(results, draft is not None, seconds, compile_seconds)
     stats.update(draft=draft_spec if draft is None else draft_desc,
-                 gamma=gamma if draft and shape is None else None,
+                 gamma=(auto.describe() if auto else gamma) if draft and shape is None else None,
+                 cost_ratio=None if auto is None or auto.policy != 'optimal' else auto.cost_ratio,
+                 verify_ratio=None if auto is None or auto.policy != 'optimal' else auto.verify_ratio,
+                 cost_ratio_measured=cost_measured if auto else None,
                  tree=None if shape is None else shape.describe(),
                  stage2=args.stage2,
                  stage2_gamma=args.stage2_gamma if args.stage2 else None,
@@ -356,6 +426,15 @@ def _stats(results, speculative_run: bool, seconds: float, compile_seconds: floa
     histogram = h if histogram is None else histogram + h
     beta_sum += float(r.beta_sum)
     beta_count += float(r.beta_count)
+  if results[0][0].gamma_histogram is not None:  # --gamma auto
+    from gqa_spec.decoding.speculative import adaptive_summary  # pylint: disable=g-import-not-at-top
+    parts = [adaptive_summary(r, n) for r, n in results]
+    out.update({key: [x for p in parts for x in p[key]] for key in (
+        'gamma_histogram_per_row', 'gamma_per_call_per_row')})
+    out.update(gamma_histogram=[int(x) for x in np.sum([p['gamma_histogram'] for p in parts], 0)],
+               draft_steps=sum(p['draft_steps'] for p in parts),
+               draft_steps_saved=sum(p['draft_steps_saved'] for p in parts),
+               draft_steps_note=parts[0]['draft_steps_note'])
   out.update(acceptance_rate=accepted / proposed if proposed else None,
              accepted_per_position=[int(x) for x in per_position],
              accept_histogram=[int(x) for x in histogram],

@@ -19,7 +19,7 @@ every token at l = 1; we follow its stated intent and its reported alphas).
 from __future__ import annotations
 
 import dataclasses
-from typing import Tuple
+from typing import Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -102,7 +102,7 @@ def _first_rejection(accept: jax.Array) -> jax.Array:
 
 
 def verify(rng: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array,
-           target_logits: jax.Array, config: SamplingConfig
+           target_logits: jax.Array, config: SamplingConfig, limit: Optional[jax.Array] = None
            ) -> Tuple[jax.Array, jax.Array, jax.Array]:
   """Modified rejection sampling of one speculative iteration.
 
@@ -113,6 +113,9 @@ def verify(rng: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array,
       unused at temperature 0).
     target_logits: `[b, gamma + 1, V]` target logits for p_1..p_{gamma+1}.
     config: sampling method and lenience.
+    limit: optional `[b]` in [0, gamma]: row r verifies only its first limit[r] draft tokens (a
+      shorter proposal, `adaptive.py`): positions >= limit are rejected and, if the whole prefix
+      is accepted, t is the bonus token from p_{limit+1} (q counted as 0 there).
 
   Returns:
     (`[b]` n, the number of accepted draft tokens; `[b]` the corrected / bonus token t;
@@ -128,6 +131,8 @@ def verify(rng: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array,
       p = jax.nn.softmax(target_logits[:, :gamma].astype(jnp.float32), axis=-1)  # [b, gamma, V]
       p_x = jnp.take_along_axis(p, draft_tokens[..., None], axis=-1)[..., 0]  # [b, gamma]
       accept |= p_x >= lenience * jnp.max(p, axis=-1)
+    if limit is not None:
+      accept &= jnp.arange(gamma)[None] < limit[:, None]  # [b, gamma]
     n = _first_rejection(accept)  # [b]
     # Rejected or all accepted, the next token is the target's argmax at position n + 1.
     token = jnp.take_along_axis(argmax, n[:, None], axis=1)[:, 0]  # [b]
@@ -135,11 +140,15 @@ def verify(rng: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array,
 
   p = adjust_logits(target_logits, config)  # [b, gamma + 1, V]
   q = draft_probs.astype(jnp.float32)  # [b, gamma, V]
+  if limit is not None:
+    q = jnp.where((jnp.arange(gamma)[None] < limit[:, None])[..., None], q, 0.0)  # [b, gamma, V]
   p_x = jnp.take_along_axis(p[:, :gamma], draft_tokens[..., None], axis=-1)[..., 0]  # [b, gamma]
   q_x = jnp.take_along_axis(q, draft_tokens[..., None], axis=-1)[..., 0]  # [b, gamma]
   r_rng, t_rng = jax.random.split(rng)
   r = jax.random.uniform(r_rng, p_x.shape)  # [b, gamma] in [0, 1)
   accept = r * lenience * q_x < p_x  # r < p / (l q), without dividing by q = 0
+  if limit is not None:
+    accept &= jnp.arange(gamma)[None] < limit[:, None]  # [b, gamma]
   n = _first_rejection(accept)  # [b]
   p_n = jnp.take_along_axis(p, n[:, None, None], axis=1)[:, 0]  # [b, V] p_{n+1}
   q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)  # [b, gamma + 1, V]

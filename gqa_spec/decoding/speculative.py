@@ -55,6 +55,7 @@ class SpeculativeResult:
     loop_iterations: `[]`.
     draft_calls: `[]` decode calls of a draft that counts them (`StagedDraft`, `TreeModelDraft`),
       all rows together; None for other drafts.
+    gamma_histogram, gamma_trace, draft_steps: adaptive draft lengths only (`adaptive.decode`).
   """
 
   sequences: jax.Array
@@ -68,6 +69,9 @@ class SpeculativeResult:
   beta_count: jax.Array
   loop_iterations: jax.Array
   draft_calls: Optional[jax.Array] = None
+  gamma_histogram: Optional[jax.Array] = None
+  gamma_trace: Optional[jax.Array] = None
+  draft_steps: Optional[jax.Array] = None
 
 
 @flax.struct.dataclass
@@ -236,4 +240,22 @@ def summarize(result: SpeculativeResult) -> Dict[str, Any]:
       'accept_histogram': [int(x) for x in r.accept_histogram],
       'alpha': float(r.beta_sum / r.beta_count) if r.beta_count else None,
       'draft_calls': None if r.draft_calls is None else int(r.draft_calls),
+      **({} if r.gamma_histogram is None else adaptive_summary(r)),
+  }
+
+
+def adaptive_summary(r: SpeculativeResult, rows: Optional[int] = None) -> Dict[str, Any]:
+  """The draft lengths of an adaptive run (`adaptive.decode`), host-side, of its first `rows`."""
+  histogram = np.asarray(r.gamma_histogram)[:rows]  # [b, gamma_max + 1]
+  trace = np.asarray(r.gamma_trace)[:rows]  # [b, max_decode_len]
+  gamma_max = histogram.shape[1] - 1
+  iterations = int(r.loop_iterations)
+  return {
+      'gamma_histogram': [int(x) for x in histogram.sum(axis=0)],
+      'gamma_histogram_per_row': histogram.tolist(),
+      'gamma_per_call_per_row': [[int(g) for g in row if g >= 0] for row in trace],
+      'draft_steps': int(r.draft_steps),
+      'draft_steps_saved': gamma_max * iterations - int(r.draft_steps),
+      'draft_steps_note': 'draft decode calls (all rows together); saved: against gamma_max '
+                          'per loop iteration',
   }

@@ -181,3 +181,37 @@ def test_hf_folder_as_model_suggests_import_hf(tmp_path, capsys):
   assert cli.main(['generate', '--model', str(hf), '--inputs', str(tmp_path / 'in.jsonl'),
                    '--out', str(tmp_path / 'o.jsonl')]) == 2
   assert f'gqa-spec import-hf {hf} OUT_DIR' in capsys.readouterr().err
+
+
+def test_gamma_auto_gives_greedy_outputs_and_reports_gammas(workdir):
+  from tests.decoding.test_speculative_t5 import greedy_reference  # cached: shared compiles
+  seqs, lengths = greedy_reference('gqa', len(INPUTS))  # max_decode_len 10, batch 4
+  ref = [[int(t) for t in s[1:1 + min(n, 8)] if t != 1] for s, n in zip(seqs[:3], lengths)]
+  out, stats = _generate(workdir, 'auto', '--draft', 'bigram:' + str(workdir / 'bigram.npz'),
+                         '--gamma', 'auto', '--gamma-max', '3')
+  assert out == ref
+  assert stats['gamma'].startswith('auto(optimal,max=3,c=') and stats['cost_ratio_measured']
+  assert 0 < stats['cost_ratio'] < 1  # a bigram lookup against a T5 decoder step
+  assert stats['verify_ratio'] > 0
+  trace = stats['gamma_per_call_per_row']
+  assert len(trace) == 3 and sum(len(t) for t in trace) == stats['target_calls']
+  assert sum(stats['gamma_histogram']) == stats['target_calls']
+  assert stats['proposed'] == sum(map(sum, trace))
+  # A bigram proposes gamma_max whenever a row speculates (it cannot stop early); whether rows do
+  # depends on the measured c and v, so only the accounting is checked here.
+  assert stats['draft_steps'] % 3 == 0
+  assert (stats['draft_steps'] > 0) == (stats['proposed'] > 0)
+
+
+@pytest.mark.parametrize('extra, message', [
+    (['--gamma', 'auto'], '--gamma auto needs a --draft'),
+    (['--draft-confidence', '0.4', '--draft', 'copy'], '--draft-confidence needs --gamma auto'),
+    (['--gamma', 'auto', '--draft', 'copy', '--draft-confidence', '0.4'],
+     '--draft-confidence needs a model draft'),
+    (['--gamma', 'auto', '--draft', 'copy', '--tree', 'topk:2'], 'not supported with --tree'),
+    (['--gamma', 'auto', '--draft', 'copy', '--cost-ratio', '-1'], 'cost ratio must be >= 0'),
+    (['--gamma', 'auto', '--draft', 'copy', '--gamma-policy', 'heuristic', '--cost-ratio', '1'],
+     '--cost-ratio applies to --gamma-policy optimal'),
+])
+def test_gamma_auto_bad_arguments_are_one_line_errors(workdir, capsys, extra, message):
+  test_bad_arguments_are_one_line_errors(workdir, capsys, extra, message)

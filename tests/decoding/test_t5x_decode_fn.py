@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from gqa_spec.decoding import t5x_compat
+from gqa_spec.decoding.adaptive import AdaptiveGamma
 from gqa_spec.decoding.drafts.copy import CopyDraft
 
 V, L, GAMMA = 6, 8, 3
@@ -54,6 +55,22 @@ def test_greedy_speculative_decode_fn_matches_t5x_greedy_sampling():
                        max_decode_steps=2)
   np.testing.assert_array_equal(np.asarray(short)[:, 0, 2:], 0)
   np.testing.assert_array_equal(np.asarray(short)[:, 0, :2], np.asarray(expected)[:, 0, :2])
+
+
+def test_adaptive_gamma_decode_fn_matches_t5x_greedy_sampling():
+  batch = 3
+  encoder_tokens = jnp.asarray(np.random.RandomState(1).randint(2, V, (batch, 5)), jnp.int32)
+  draft = CopyDraft(vocab_size=V)
+  decodes, _ = t5x_compat.speculative_sample(
+      inputs=jnp.zeros((batch, L), jnp.int32), cache=fresh_cache(batch),
+      tokens_to_logits=t5x_style_tokens_to_logits, eos_id=1, num_decodes=1,
+      decode_rng=jax.random.PRNGKey(0), cache_offset=0, draft=draft,
+      draft_state=draft.init(encoder_tokens), temperature=0.0,
+      gamma=AdaptiveGamma(gamma_max=GAMMA, policy='heuristic', gamma_init=1))
+  expected, _ = t5x_compat.temperature_sample(jnp.zeros((batch, L), jnp.int32), fresh_cache(batch),
+                                              t5x_style_tokens_to_logits, 1, temperature=0.0)
+  np.testing.assert_array_equal(decodes, expected)
+  assert np.asarray(decodes).any()
 
 
 def test_sampled_first_token_follows_the_target_distribution():

@@ -45,13 +45,17 @@ class ModelDraft:
     """Encodes once; cache of `max_decode_len + gamma + 2` slots so no write ever clamps."""
     return self.decoder.init(params, encoder_input_tokens, max_decode_len + gamma + 2)
 
-  def propose(self, state, sequences, lengths, rng, gamma, config):
+  def _feed_pending(self, state, sequences, lengths):
+    """The first call: feeds the 1 or 2 pending tokens; `[b, V]` logits of x_1 and the state."""
     m = self.decoder.index(state)  # [b]
     pending = lengths + 1 - m  # [b] in {1, 2}
     feed = jnp.take_along_axis(sequences, m[:, None] + jnp.arange(2), axis=1)  # [b, 2]
     logits, state = self.decoder.tokens_to_logits(state, feed)  # [b, 2, V]
     logits = jnp.take_along_axis(logits, (pending - 1)[:, None, None], axis=1)[:, 0]  # [b, V]
-    state = self.decoder.rollback(state, m + pending)  # forget the junk slot
+    return logits, self.decoder.rollback(state, m + pending)  # forget the junk slot
+
+  def propose(self, state, sequences, lengths, rng, gamma, config):
+    logits, state = self._feed_pending(state, sequences, lengths)  # [b, V]
     rngs = jax.random.split(rng, gamma)
     token, q = sampling.choose(rngs[0], logits, config)  # [b], [b, V]
 
@@ -65,6 +69,59 @@ class ModelDraft:
     tokens = jnp.concatenate([token[:, None], jnp.swapaxes(rest, 0, 1)], axis=1)  # [b, gamma]
     q = jnp.concatenate([q[:, None], jnp.swapaxes(rest_q, 0, 1)], axis=1)  # [b, gamma, V]
     return tokens, q, state
+
+  def propose_upto(self, state, sequences, lengths, rng, gamma_max, config, want, confidence):
+    """Up to `want[r]` tokens per row, in as many calls as the longest row needs (adaptive.py).
+
+    Row r stops after x_i when i == want[r] or (confidence > 0) when the top probability of the
+    draft's softmax at x_i (temperature 1, before top-k/p) is below `confidence` (x_i is kept, as
+    HF's `assistant_confidence_threshold`). No call at all when every want is 0; the cache then
+    keeps its pending tokens (the caller must not propose again: `adaptive.py` marks it stale).
+
+    Returns:
+      (`[b, gamma_max]` tokens, `[b, gamma_max, V]` q (zeros past a row's proposal), `[b]` tokens
+       each row proposed, `[]` decode calls made, state).
+    """
+    batch = lengths.shape[0]
+    rngs = jax.random.split(rng, gamma_max)
+
+    def pick(i, logits, tokens, q, live, count):
+      """Draws x_{i+1} from `[b, V]` logits into slot i for the rows still proposing."""
+      tok, qi = sampling.choose(rngs[i], logits, config)  # [b], [b, V]
+      tokens = jax.lax.dynamic_update_slice(tokens, tok[:, None], (0, i))  # [b, gamma_max]
+      q = jax.lax.dynamic_update_slice(q, (qi * live[:, None])[:, None], (0, i, 0))
+      count = count + live  # [b]
+      sure = jnp.max(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), axis=-1) >= confidence
+      return tok, tokens, q, live & (count < want) & sure, count
+
+    def run(state):
+      logits, state = self._feed_pending(state, sequences, lengths)  # [b, V]
+      vocab = logits.shape[-1]
+      tokens = jnp.zeros((batch, gamma_max), jnp.int32)
+      q = jnp.zeros((batch, gamma_max, vocab), jnp.float32)
+      live, count = want > 0, jnp.zeros((batch,), jnp.int32)
+      tok, tokens, q, live, count = pick(0, logits, tokens, q, live, count)
+
+      def cond(c):
+        return (c[0] < gamma_max) & jnp.any(c[5])
+
+      def body(c):
+        i, st, tok, tokens, q, live, count = c
+        lg, st = self.decoder.tokens_to_logits(st, tok[:, None])  # [b, 1, V]
+        tok, tokens, q, live, count = pick(i, lg[:, 0], tokens, q, live, count)
+        return i + 1, st, tok, tokens, q, live, count
+
+      i, state, _, tokens, q, _, count = jax.lax.while_loop(
+          cond, body, (jnp.ones((), jnp.int32), state, tok, tokens, q, live, count))
+      return tokens, q, count, i, state
+
+    def skip(state):
+      vocab = jax.eval_shape(self._feed_pending, state, sequences, lengths)[0].shape[-1]
+      return (jnp.zeros((batch, gamma_max), jnp.int32),
+              jnp.zeros((batch, gamma_max, vocab), jnp.float32),
+              jnp.zeros((batch,), jnp.int32), jnp.zeros((), jnp.int32), state)
+
+    return jax.lax.cond(jnp.any(want > 0), run, skip, state)
 
   def commit(self, state, sequences, lengths):
     del sequences

@@ -31,7 +31,7 @@ t5x sampling argument (callbacks, rescale_log_probs, max_decode_steps_hard_limit
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple, Union
 
 import flax
 import jax
@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from gqa_spec.decoding import sampling, speculative
+from gqa_spec.decoding import adaptive, sampling, speculative
 from gqa_spec.decoding.t5x_compat.common import MIN_TEMPERATURE, DecodingState, is_tracer
 
 PyTree = Any
@@ -106,7 +106,8 @@ def _config(temperature, topk, topp) -> sampling.SamplingConfig:
 
 def speculative_sample(*, inputs: jax.Array, cache: PyTree, tokens_to_logits: Callable,
                        eos_id: int, num_decodes: int = 1, decode_rng: Optional[jax.Array] = None,
-                       cache_offset: int = 0, draft: Any, draft_state: PyTree, gamma: int,
+                       cache_offset: int = 0, draft: Any, draft_state: PyTree,
+                       gamma: Union[int, adaptive.AdaptiveGamma],
                        temperature: float = 1.0, topk: int = 1, topp: float = 0.0,
                        max_decode_steps: Optional[int] = None,
                        initial_index: Optional[jax.Array] = None,
@@ -123,7 +124,9 @@ def speculative_sample(*, inputs: jax.Array, cache: PyTree, tokens_to_logits: Ca
     cache_offset: must be 0.
     draft: a gqa-spec `Draft` (by partial application).
     draft_state: its state for this batch (by partial application).
-    gamma: draft tokens per iteration.
+    gamma: draft tokens per iteration, or an `adaptive.AdaptiveGamma`: each row its own draft
+      length, chosen in the loop (`gqa_spec.decoding.adaptive`; cache of
+      `adaptive.target_cache_length(L, gamma)` slots).
     temperature, topk, topp: t5x's meanings and defaults (temperature <= 1e-4 is greedy, topk /
       topp 0 = off), Python scalars; applied to target and draft alike.
     max_decode_steps: optional Python int <= L.
@@ -153,8 +156,12 @@ def speculative_sample(*, inputs: jax.Array, cache: PyTree, tokens_to_logits: Ca
       raise ValueError('Cannot decode more steps than the sequence length.')
     steps = int(max_decode_steps)
   rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
-  result = speculative.decode(CallableDecoder(tokens_to_logits), cache, draft, draft_state, rng,
-                              gamma=gamma, max_decode_len=steps, config=config, eos_id=eos_id)
+  if isinstance(gamma, adaptive.AdaptiveGamma):
+    result = adaptive.decode(CallableDecoder(tokens_to_logits), cache, draft, draft_state, rng,
+                             adaptive=gamma, max_decode_len=steps, config=config, eos_id=eos_id)
+  else:
+    result = speculative.decode(CallableDecoder(tokens_to_logits), cache, draft, draft_state, rng,
+                                gamma=gamma, max_decode_len=steps, config=config, eos_id=eos_id)
   decodes = jnp.zeros((batch, length), jnp.int32).at[:, :steps].set(
       result.sequences[:, 1:steps + 1])  # [b, L]
   return decodes[:, None], jnp.full((batch, 1), jnp.nan, jnp.float32)

@@ -1,0 +1,270 @@
+"""Speculative decoding that tunes its own draft length per row (`generate --gamma auto`).
+
+The loop of `speculative.py` with one change: every row r keeps its own draft length gamma_r in
+[0, gamma_max], chosen inside the jitted loop from what the row has seen. Shapes stay static: the
+draft proposes into `[b, gamma_max]` buffers (a model draft stops calling its decoder once every
+row has its gamma_r tokens, `ModelDraft.propose_upto`; other drafts propose gamma_max), the target
+scores gamma_max + 1 positions, and `sampling.verify(limit=gamma_r)` verifies only each row's own
+prefix: positions past gamma_r are rejected and, when the prefix is accepted whole, the bonus token
+comes from p_{gamma_r + 1}. The causal mask keeps the positions past gamma_r from changing p at
+the ones before. Once no active row speculates (every one at gamma_r = 0, which is final), the rest
+runs as plain one-token target steps in a second loop, without the draft.
+
+Exactness: gamma_r depends only on the row's past (and, with a confidence stop, on the draft's
+distributions at the positions already proposed), so it is a stopping rule; the
+correctness argument (Leviathan et al. App. A.1; Chen et al. Theorem 1) holds for each iteration
+whatever gamma it used, and greedy output is token-identical to greedy decoding.
+
+Policies (`AdaptiveGamma.policy`):
+  'optimal'   (default) alpha_r, an exponential moving average of the per-iteration mean beta of
+              the positions the row tried (Corollary 6's estimator), and the cost ratio c give
+              gamma_r = argmax_gamma of Theorem 8 over [0, gamma_max] (`theory.optimal_gammas`;
+              with a measured verification cost v, a gamma >= 1 costs gamma c + v steps).
+              At gamma_r = 0 the row learns nothing more, so 0 is final for it; once no active row
+              speculates the draft is no longer kept up to date and the batch stays on plain
+              target steps.
+  'heuristic' HF's `num_assistant_tokens_schedule="heuristic"`: +2 after a proposal accepted whole,
+              else -1, within [1, gamma_max].
+`confidence` > 0 (`--draft-confidence`, model drafts only) also ends a row's proposal after the
+first token whose draft top probability is below it (HF's `assistant_confidence_threshold`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Optional, Tuple
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from gqa_spec.decoding import sampling, speedup, theory, xla_options
+from gqa_spec.decoding.autoregressive import EOS
+from gqa_spec.decoding.drafts.base import Draft
+from gqa_spec.decoding.sampling import SamplingConfig
+from gqa_spec.decoding.speculative import (LoopState, SpeculativeResult, append_accepted,
+                                           init_loop, with_draft_calls)
+from gqa_spec.decoding.targets import Decoder
+from gqa_spec.errors import UserError
+
+PyTree = Any
+POLICIES = ('optimal', 'heuristic')
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveGamma:
+  """How each row chooses its draft length; hashable (a static `jax.jit` argument).
+
+  Attributes:
+    gamma_max: the longest proposal (the compiled width is gamma_max + 1).
+    policy: 'optimal' (Theorem 8 from a running alpha and `cost_ratio`) or 'heuristic' (HF's).
+    cost_ratio: c, one draft call's time over one target call's (policy 'optimal').
+    verify_ratio: v, the verification call (gamma_max + 1 tokens) over a one-token target call
+      (policy 'optimal'; 1 = Theorem 8 as printed, which assumes verification costs one step).
+    confidence: stop a row's proposal after a token whose draft top probability is below this
+      (0 = off).
+    gamma_init: every row's first draft length (None: the policy's choice at `alpha_init`, or
+      gamma_max // 2 for 'heuristic').
+    alpha_init: the running alpha's starting value (policy 'optimal'): optimistic, so that a row
+      tries speculating (at the gamma this alpha would pay for) before its own alpha decides.
+    decay: weight of the old alpha in each update (policy 'optimal').
+  """
+
+  gamma_max: int = 8
+  policy: str = 'optimal'
+  cost_ratio: float = 0.0
+  verify_ratio: float = 1.0
+  confidence: float = 0.0
+  gamma_init: Optional[int] = None
+  alpha_init: float = 0.9
+  decay: float = 0.7
+
+  def __post_init__(self):
+    if int(self.gamma_max) != self.gamma_max or self.gamma_max < 1:
+      raise UserError(f'gamma_max must be a positive integer, got {self.gamma_max}')
+    if self.policy not in POLICIES:
+      raise UserError(f'gamma policy must be one of {", ".join(POLICIES)}, got {self.policy!r}')
+    if not self.cost_ratio >= 0:
+      raise UserError(f'cost ratio must be >= 0, got {self.cost_ratio}')
+    if not self.verify_ratio > 0:
+      raise UserError(f'verify ratio must be > 0, got {self.verify_ratio}')
+    if not 0.0 <= self.confidence < 1.0:
+      raise UserError(f'draft confidence must be in [0, 1), got {self.confidence}')
+    if self.gamma_init is not None and not 0 <= self.gamma_init <= self.gamma_max:
+      raise UserError(f'gamma_init must be in [0, {self.gamma_max}], got {self.gamma_init}')
+    if not 0.0 <= self.alpha_init <= 1.0 or not 0.0 <= self.decay < 1.0:
+      raise UserError('alpha_init must be in [0, 1] and decay in [0, 1)')
+
+  def first(self, batch: int) -> jax.Array:
+    """`[b]` the first iteration's draft lengths."""
+    if self.gamma_init is not None:
+      g = self.gamma_init
+    elif self.policy == 'heuristic':
+      g = max(1, self.gamma_max // 2)
+    else:
+      with jax.ensure_compile_time_eval():  # a Python int, also while tracing
+        g = int(theory.optimal_gammas(jnp.full((1,), self.alpha_init), self.cost_ratio,
+                                      self.gamma_max, self.verify_ratio)[0])
+    return jnp.full((batch,), g, jnp.int32)
+
+  def describe(self) -> str:
+    extra = (f',c={self.cost_ratio:.3g},v={self.verify_ratio:.3g}' if self.policy == 'optimal'
+             else '')
+    conf = f',confidence={self.confidence:g}' if self.confidence else ''
+    return f'auto({self.policy},max={self.gamma_max}{extra}{conf})'
+
+
+@flax.struct.dataclass
+class AdaptiveState:
+  loop: LoopState
+  want: jax.Array  # [b] the draft length each row asks for next
+  alpha: jax.Array  # [b] running acceptance estimate
+
+
+def target_cache_length(max_decode_len: int, adaptive: AdaptiveGamma) -> int:
+  return max_decode_len + adaptive.gamma_max + 1
+
+
+def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
+                  max_decode_len: int, gamma_max: int) -> Tuple[float, float]:
+  """(c, v) on this machine and batch, both at half the output length, each time the fastest of 5
+  runs (`speedup.propose_time`, `speedup.step_time`; a few seconds, compiles included):
+  c = one draft proposal of one token (its commit included) over one one-token target call;
+  v = one target call of gamma_max + 1 tokens (the loop's verification) over a one-token call."""
+  batch = target.index(target_state).shape[0]
+  t_target = speedup.step_time(target, target_state, 1, max_decode_len // 2)
+  t_verify = speedup.step_time(target, target_state, gamma_max + 1, max_decode_len // 2)
+  t_draft = speedup.propose_time(draft, draft_state, 1, batch, max_decode_len)
+  return t_draft / t_target, t_verify / t_target
+
+
+@functools.partial(xla_options.jit, static_argnames=('target', 'draft', 'adaptive',
+                                                     'max_decode_len', 'config', 'eos_id'))
+def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
+           rng: jax.Array, *, adaptive: AdaptiveGamma, max_decode_len: int,
+           config: SamplingConfig = sampling.GREEDY, eos_id: int = EOS,
+           skip: Optional[jax.Array] = None) -> SpeculativeResult:
+  """Speculative decoding with per-row adaptive draft lengths (arguments as `speculative.decode`).
+
+  Returns:
+    `SpeculativeResult` with depth gamma_max, plus `gamma_histogram` `[b, gamma_max + 1]` (how
+    often each row verified a proposal of each length), `gamma_trace` `[b, max_decode_len]` (the
+    length of each of the row's target calls, -1 after its last) and `draft_steps` `[]` (draft
+    decode calls made, all rows together; gamma_max per iteration for drafts that cannot stop
+    early).
+  """
+  gmax = adaptive.gamma_max
+  upto = getattr(draft, 'propose_upto', None)
+  if adaptive.confidence and upto is None:
+    raise UserError(f'--draft-confidence needs a model draft (one with draft probabilities); '
+                    f'{type(draft).__name__} has none')
+  loop = init_loop(target, target_state, draft_state, rng, max_decode_len, gmax, skip)
+  batch = loop.done.shape[0]
+  loop = loop.replace(result=loop.result.replace(
+      gamma_histogram=jnp.zeros((batch, gmax + 1), jnp.int32),
+      gamma_trace=jnp.full((batch, max_decode_len), -1, jnp.int32),
+      draft_steps=jnp.zeros((), jnp.int32)))
+  init = AdaptiveState(loop=loop, want=adaptive.first(batch),
+                       alpha=jnp.full((batch,), adaptive.alpha_init, jnp.float32))
+  positions = jnp.arange(gmax + 1)  # [gmax + 1]
+
+  def speculate(s: LoopState, want, draft_rng, verify_rng):
+    r = s.result
+    if upto is not None:
+      tokens, q, limit, steps, dstate = upto(s.draft_state, r.sequences, r.lengths, draft_rng, gmax,
+                                             config, want, adaptive.confidence)
+    else:
+      tokens, q, dstate = draft.propose(s.draft_state, r.sequences, r.lengths, draft_rng, gmax,
+                                        config)  # [b, gmax], [b, gmax, V]
+      limit, steps = want, jnp.asarray(gmax, jnp.int32)
+    last = jnp.take_along_axis(r.sequences, r.lengths[:, None], axis=1)  # [b, 1]
+    inputs = jnp.concatenate([last, tokens], axis=1)  # [b, gmax + 1]
+    if getattr(draft, 'reads_target_hidden', False):
+      logits, hidden, tstate = target.tokens_to_logits_and_hidden(s.target_state, inputs)
+      dstate = draft.observe(dstate, hidden, r.lengths)
+    else:
+      logits, tstate = target.tokens_to_logits(s.target_state, inputs)  # [b, gmax + 1, V]
+    k, t, beta = sampling.verify(verify_rng, tokens, q, logits, config, limit)  # [b], [b], [b, g]
+    new = jnp.concatenate([tokens, jnp.zeros_like(tokens[:, :1])], axis=1)  # [b, gmax + 1]
+    new = jnp.where(positions[None] == k[:, None], t[:, None], new)  # x_1..x_k, t, junk
+    return new, k, limit, beta, steps, tstate, dstate
+
+  def speculating(a: AdaptiveState):  # some active row wants a proposal
+    return jnp.any(~a.loop.done & (a.want > 0))
+
+  def body(a: AdaptiveState) -> AdaptiveState:
+    s, r = a.loop, a.loop.result
+    rng, draft_rng, verify_rng = jax.random.split(s.rng, 3)
+    active = ~s.done  # [b]
+    want = jnp.where(active, a.want, 0)  # [b]
+    new, k, limit, beta, steps, tstate, dstate = speculate(s, want, draft_rng, verify_rng)
+    sequences, lengths, ended = append_accepted(r, new, k, active, max_decode_len, eos_id)
+    tstate = target.rollback(tstate, lengths)
+    dstate = draft.commit(dstate, sequences, lengths)
+    done = s.done | ended | (lengths >= max_decode_len)
+
+    act = active.astype(jnp.int32)  # [b]
+    tried = (positions[None, :gmax] <= k[:, None]) & (positions[None, :gmax] < limit[:, None])
+    tried &= active[:, None]  # [b, gmax]
+    acc = (positions[None, :gmax] < k[:, None]) & active[:, None]  # [b, gmax]
+    n_tried = jnp.sum(tried, axis=1)  # [b]
+    mean_beta = jnp.sum(jnp.where(tried, beta, 0.0), axis=1) / jnp.maximum(n_tried, 1)  # [b]
+    alpha = jnp.where(n_tried > 0, adaptive.decay * a.alpha + (1 - adaptive.decay) * mean_beta,
+                      a.alpha)  # [b]
+    if adaptive.policy == 'heuristic':
+      nxt = jnp.clip(jnp.where(k == a.want, a.want + 2, a.want - 1), 1, gmax)  # HF's schedule
+    else:
+      nxt = jnp.where(a.want > 0, theory.optimal_gammas(alpha, adaptive.cost_ratio, gmax,
+                                                        adaptive.verify_ratio), 0)
+    rows = jnp.arange(batch)
+    result = r.replace(
+        sequences=sequences, lengths=lengths, target_calls=r.target_calls + act,
+        proposed=r.proposed + limit * act, accepted=r.accepted + k * act,
+        accepted_per_position=r.accepted_per_position + jnp.sum(acc, axis=0, dtype=jnp.int32),
+        accept_histogram=r.accept_histogram + jnp.sum(
+            jax.nn.one_hot(k, gmax + 1, dtype=jnp.int32) * act[:, None], axis=0),
+        beta_sum=r.beta_sum + jnp.sum(jnp.where(tried, beta, 0.0)),
+        beta_count=r.beta_count + jnp.sum(tried),
+        loop_iterations=r.loop_iterations + 1,
+        gamma_histogram=r.gamma_histogram.at[rows, limit].add(act),
+        gamma_trace=r.gamma_trace.at[rows, jnp.where(active, r.target_calls, max_decode_len)].set(
+            limit, mode='drop'),
+        draft_steps=r.draft_steps + steps)
+    loop = LoopState(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
+    return AdaptiveState(loop=loop, want=jnp.where(active, nxt, a.want), alpha=alpha)
+
+  def plain_step(s: LoopState) -> LoopState:
+    """One target step, its token appended for the active rows; the draft lengths of these calls
+    (0) are added to the statistics once, after the loop (`plain_statistics`)."""
+    r = s.result
+    rng, step_rng = jax.random.split(s.rng)
+    active = ~s.done  # [b]
+    last = jnp.take_along_axis(r.sequences, r.lengths[:, None], axis=1)  # [b, 1]
+    logits, tstate = target.tokens_to_logits(s.target_state, last)  # [b, 1, V]
+    t, _ = sampling.choose(step_rng, logits[:, 0], config)  # [b]
+    rows = jnp.arange(batch)
+    slot = r.lengths + 1  # [b]
+    sequences = r.sequences.at[rows, slot].set(
+        jnp.where(active, t, r.sequences[rows, slot]))  # [b, width]
+    lengths = r.lengths + active  # [b]
+    done = s.done | (active & (t == eos_id)) | (lengths >= max_decode_len)
+    result = r.replace(sequences=sequences, lengths=lengths, target_calls=r.target_calls + active,
+                       loop_iterations=r.loop_iterations + 1)
+    return LoopState(target_state=target.rollback(tstate, lengths), draft_state=s.draft_state,
+                     done=done, result=result, rng=rng)
+
+  def plain_statistics(s: LoopState, calls_before: jax.Array) -> LoopState:
+    """The plain steps' draft length 0 in `gamma_trace` and `gamma_histogram`."""
+    r = s.result
+    calls = jnp.arange(max_decode_len)[None]  # [1, max_decode_len]
+    plain = (calls >= calls_before[:, None]) & (calls < r.target_calls[:, None])  # [b, max_len]
+    return s.replace(result=r.replace(
+        gamma_trace=jnp.where(plain, 0, r.gamma_trace),
+        gamma_histogram=r.gamma_histogram.at[:, 0].add(r.target_calls - calls_before)))
+
+  # Speculative iterations while some active row wants a proposal; then, every active row at 0
+  # (final for it), plain target steps in a loop of their own, with no draft and no branch.
+  final = jax.lax.while_loop(lambda a: ~jnp.all(a.loop.done) & speculating(a), body, init)
+  loop = jax.lax.while_loop(lambda s: ~jnp.all(s.done), plain_step, final.loop)
+  return with_draft_calls(plain_statistics(loop, final.loop.result.target_calls))

@@ -1,0 +1,139 @@
+"""Adaptive per-row draft lengths (`decoding/adaptive.py`): exact outputs whatever each row chose.
+
+Greedy: tiny T5 target (GQA-2) and a perturbed copy as the draft on the ragged batch of 4, every
+policy; the rows end up with different draft lengths (0 included), and the output is greedy
+decoding's, token for token. Sampling: the table stubs of `test_speculative_stub.py` (40k rows, one
+jitted batch), chi-square on the joint distribution of the first three tokens.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gqa_spec.decoding import adaptive, speculative, theory
+from gqa_spec.decoding.adaptive import AdaptiveGamma
+from gqa_spec.decoding.drafts import CopyDraft, ModelDraft
+from gqa_spec.decoding.sampling import SamplingConfig
+from gqa_spec.decoding.targets import T5Decoder, TableDecoder
+from gqa_spec.errors import UserError
+from tests.decoding.conftest import INPUTS, MAX_LEN, model_and_params
+from tests.decoding.test_speculative_stub import (N, NO_EOS, P_VALUE_THRESHOLD, TARGET, _chisquare,
+                                                  _empirical, _exact_first_three, _tables)
+from tests.decoding.test_speculative_t5 import greedy_reference, perturbed_params
+
+GAMMA_MAX = 4
+
+
+def _greedy(adaptive_gamma, draft_kind='perturbed'):
+  model, params = model_and_params(2)
+  target = T5Decoder(model)
+  enc = jnp.asarray(INPUTS)
+  if draft_kind == 'perturbed':
+    draft = ModelDraft.t5(model)
+    dstate = draft.decoder.init(perturbed_params('gqa'), enc, MAX_LEN + GAMMA_MAX + 2)
+  else:
+    draft = CopyDraft(model.config.vocab_size)
+    dstate = draft.init(enc)
+  result = adaptive.decode(
+      target, target.init(params, enc, adaptive.target_cache_length(MAX_LEN, adaptive_gamma)),
+      draft, dstate, jax.random.PRNGKey(0), adaptive=adaptive_gamma, max_decode_len=MAX_LEN)
+  ref_seqs, ref_lengths = greedy_reference('gqa', len(INPUTS))
+  np.testing.assert_array_equal(np.asarray(result.lengths), ref_lengths)
+  np.testing.assert_array_equal(np.asarray(result.sequences)[:, :MAX_LEN + 1], ref_seqs)
+  summary = speculative.summarize(result)
+  trace = summary['gamma_per_call_per_row']
+  assert [len(t) for t in trace] == list(np.asarray(result.target_calls))
+  np.testing.assert_array_equal(  # the histogram counts the trace
+      summary['gamma_histogram_per_row'],
+      [np.bincount(t, minlength=GAMMA_MAX + 1) for t in trace])
+  assert summary['proposed'] == sum(map(sum, trace))
+  return summary
+
+
+def test_optimal_policy_is_greedy_exact_with_rows_at_different_gammas():
+  summary = _greedy(AdaptiveGamma(gamma_max=GAMMA_MAX, cost_ratio=0.4, alpha_init=0.9))
+  trace = summary['gamma_per_call_per_row']
+  assert trace[0][0] == GAMMA_MAX  # alpha_init 0.9 at c = 0.4: Theorem 8's best is gamma_max
+  assert len({tuple(t) for t in trace}) == len(trace)  # every row its own schedule
+  assert any(0 in t for t in trace) and any(t[-1] > 0 for t in trace)  # some rows stop speculating
+  for t in trace:  # gamma 0 is final for a row
+    assert all(g == 0 for g in t[t.index(0):]) if 0 in t else True
+  # Iteration i is row r's call i (rows are active from the start): some iterations had no row
+  # speculating, so they ran as plain target steps, without the draft.
+  plain = [i for i in range(max(map(len, trace))) if all(t[i] == 0 for t in trace if len(t) > i)]
+  assert plain
+  assert summary['draft_steps'] <= GAMMA_MAX * (summary['loop_iterations'] - len(plain))
+  assert summary['draft_steps_saved'] >= GAMMA_MAX * len(plain)
+
+
+def test_heuristic_schedule_with_confidence_stop_is_greedy_exact():
+  summary = _greedy(AdaptiveGamma(gamma_max=GAMMA_MAX, policy='heuristic', gamma_init=2,
+                                  confidence=0.5))
+  trace = summary['gamma_per_call_per_row']
+  assert all(t[0] <= 2 for t in trace)
+  assert len({g for t in trace for g in t}) >= 2
+  assert min(g for t in trace for g in t) >= 1  # the heuristic never goes below 1
+  # The confidence stop cut proposals below the schedule: fewer draft calls than the schedule's.
+  assert 0 < summary['draft_steps'] < summary['loop_iterations'] * GAMMA_MAX
+
+
+def test_draft_without_propose_upto_is_greedy_exact_and_refuses_confidence():
+  summary = _greedy(AdaptiveGamma(gamma_max=GAMMA_MAX, policy='heuristic'), draft_kind='copy')
+  assert summary['draft_steps'] == GAMMA_MAX * summary['loop_iterations']  # cannot stop early
+  with pytest.raises(UserError, match='draft-confidence needs a model draft'):
+    _greedy(AdaptiveGamma(gamma_max=GAMMA_MAX, confidence=0.5), draft_kind='copy')
+
+
+@pytest.mark.parametrize('adaptive_gamma, config', [
+    (AdaptiveGamma(gamma_max=3, cost_ratio=0.6, alpha_init=0.9, decay=0.3),
+     SamplingConfig(temperature=1.0)),
+    (AdaptiveGamma(gamma_max=3, policy='heuristic', gamma_init=1, confidence=0.35),
+     SamplingConfig(temperature=0.7, top_k=3)),
+])
+def test_sampling_distribution_is_unchanged(adaptive_gamma, config):
+  p, q = _tables()
+  max_len = 3
+  ts = TARGET.init(p, N, adaptive.target_cache_length(max_len, adaptive_gamma))
+  ds = TableDecoder().init(q, N, max_len + adaptive_gamma.gamma_max + 2)
+  result = adaptive.decode(TARGET, ts, ModelDraft(TableDecoder()), ds, jax.random.PRNGKey(0),
+                           adaptive=adaptive_gamma, max_decode_len=max_len, config=config,
+                           eos_id=NO_EOS)
+  assert (np.asarray(result.lengths) == max_len).all()
+  histogram = np.asarray(result.gamma_histogram).sum(axis=0)  # [gamma_max + 1]
+  assert np.count_nonzero(histogram) >= 2  # the rows used several draft lengths
+  if adaptive_gamma.policy == 'optimal':
+    assert histogram[0] > 0  # some rows took plain target steps
+  summary = speculative.summarize(result)
+  assert 0.05 < summary['acceptance_rate'] < 0.95
+  seqs = np.asarray(result.sequences)
+  assert _chisquare(_empirical(seqs), _exact_first_three(p, config)) > P_VALUE_THRESHOLD
+
+
+def test_optimal_gammas_follow_theorem_8():
+  alphas = np.array([0.05, 0.3, 0.6, 0.8, 0.95, 1.0], np.float32)
+  for c in (0.0, 0.05, 0.3, 1.0):
+    got = np.asarray(theory.optimal_gammas(jnp.asarray(alphas), c, 8))
+    for a, g in zip(alphas, got):
+      values = [theory.walltime_improvement(float(a), gamma, c) for gamma in range(9)]
+      assert values[g] >= max(values) - 1e-5, (a, c, g)  # Theorem 8's best, 0 included
+  got = np.asarray(theory.optimal_gammas(jnp.asarray(alphas), 0.3, 8))
+  assert got[0] == got[1] == 0  # alpha <= c: speculation does not pay
+  assert 0 < got[2] < got[3] <= got[4] <= got[5] == 8
+  assert theory.optimal_gamma(0.8, 0.3, max_gamma=8) == got[3]
+  # A verification call costing v = 3 steps (Theorem 8 generalised): speculation pays later.
+  got = np.asarray(theory.optimal_gammas(jnp.asarray(alphas), 0.05, 8, verify_ratio=3.0))
+  for a, g in zip(alphas, got):
+    values = [1.0] + [theory.speedup_measured_costs(float(a), gamma, 0.05, 3.0)
+                      for gamma in range(1, 9)]
+    assert values[g] >= max(values) - 1e-5, (a, g)
+  assert got[2] == 0 < got[4]  # alpha 0.6 does not pay for v = 3; alpha 0.95 does
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    (dict(gamma_max=0), 'gamma_max'), (dict(policy='fast'), 'policy'),
+    (dict(cost_ratio=-1.0), 'cost ratio'), (dict(confidence=1.0), 'confidence'),
+    (dict(gamma_init=9), 'gamma_init'), (dict(decay=1.0), 'decay')])
+def test_bad_settings_are_user_errors(kwargs, message):
+  with pytest.raises(UserError, match=message):
+    AdaptiveGamma(**kwargs)
