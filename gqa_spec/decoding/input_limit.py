@@ -12,7 +12,7 @@ The estimate leaves out XLA's own temporaries: a row just under the limit may st
 from __future__ import annotations
 
 import os
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Optional
 
 import jax
 
@@ -63,11 +63,12 @@ def longest_input(estimate: Callable[[int], int], available: int) -> int:
   return low
 
 
-def check_feature_length(config: T5Config, lengths: Mapping[str, int], batch: int,
+def check_feature_length(config: T5Config, lengths: Optional[Mapping[str, int]], batch: int,
                          beams: int = 1) -> None:
   """`eval` / `infer`: a task's `inputs` feature length that one device cannot take (at this batch
-  size, with `targets` + 1 cache slots) refused in one line, before anything compiles."""
-  if not lengths.get('inputs'):
+  size, with `targets` + 1 cache slots) refused in one line, before anything compiles. None: the
+  task's own lengths, checked where the batches are built."""
+  if not lengths or not lengths.get('inputs'):
     return
   estimate = estimator(config, batch=batch * beams, cache_length=lengths.get('targets', 1) + 1)
   available = device_bytes()

@@ -19,13 +19,19 @@ from gqa_spec import rundir
 
 
 def checkpoint_step(checkpoint_path: str, step: Optional[int]) -> Optional[int]:
-  """The training step of a checkpoint: as loaded (a run dir's latest), else for a run's `best/`
-  export the step its `best.json` records; None when nothing records one."""
+  """The training step of a checkpoint: as loaded (a train-state checkpoint's), else for a run's
+  `best/` export, named itself or taken for its run directory (`load_any(..., model=True)`), the
+  step its `best.json` records; None when nothing records one."""
   if step is not None:
     return step
   path = os.path.normpath(os.path.abspath(checkpoint_path))
-  record = os.path.join(os.path.dirname(path), rundir.BEST_FILE)
-  if os.path.basename(path) != rundir.BEST_DIR or not os.path.isfile(record):
+  if os.path.basename(path) == rundir.BEST_DIR:
+    record = os.path.join(os.path.dirname(path), rundir.BEST_FILE)
+  elif os.path.isdir(os.path.join(path, rundir.BEST_DIR)):  # a run directory: its best/ was taken
+    record = os.path.join(path, rundir.BEST_FILE)
+  else:
+    return None
+  if not os.path.isfile(record):
     return None
   try:
     with open(record) as f:
