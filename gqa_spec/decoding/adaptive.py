@@ -44,7 +44,7 @@ from gqa_spec.decoding.autoregressive import EOS
 from gqa_spec.decoding.drafts.base import Draft
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.speculative import (LoopState, SpeculativeResult, append_accepted,
-                                           init_loop, with_draft_calls)
+                                           init_loop, record_call, with_draft_calls)
 from gqa_spec.decoding.targets import Decoder
 from gqa_spec.errors import UserError
 
@@ -204,7 +204,6 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
     dstate = draft.commit(dstate, sequences, lengths)
     done = s.done | ended | (lengths >= max_decode_len)
 
-    act = active.astype(jnp.int32)  # [b]
     tried = (positions[None, :gmax] <= k[:, None]) & (positions[None, :gmax] < limit[:, None])
     tried &= active[:, None]  # [b, gmax]
     acc = (positions[None, :gmax] < k[:, None]) & active[:, None]  # [b, gmax]
@@ -218,16 +217,8 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
       nxt = jnp.where(a.want > 0, theory.optimal_gammas(alpha, adaptive.cost_ratio, gmax,
                                                         adaptive.verify_ratio), 0)
     rows = jnp.arange(batch)
-    result = r.replace(
-        sequences=sequences, lengths=lengths, target_calls=r.target_calls + act,
-        proposed=r.proposed + limit * act, accepted=r.accepted + k * act,
-        accepted_per_position=r.accepted_per_position + jnp.sum(acc, axis=0, dtype=jnp.int32),
-        accept_histogram=r.accept_histogram + jnp.sum(
-            jax.nn.one_hot(k, gmax + 1, dtype=jnp.int32) * act[:, None], axis=0),
-        beta_sum=r.beta_sum + jnp.sum(jnp.where(tried, beta, 0.0)),
-        beta_count=r.beta_count + jnp.sum(tried),
-        loop_iterations=r.loop_iterations + 1,
-        gamma_histogram=r.gamma_histogram.at[rows, limit].add(act),
+    result = record_call(r, sequences, lengths, active, limit, k, acc, tried, beta, gmax).replace(
+        gamma_histogram=r.gamma_histogram.at[rows, limit].add(active.astype(jnp.int32)),
         gamma_trace=r.gamma_trace.at[rows, jnp.where(active, r.target_calls, max_decode_len)].set(
             limit, mode='drop'),
         draft_steps=r.draft_steps + steps)

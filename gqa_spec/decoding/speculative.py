@@ -106,6 +106,24 @@ def init_loop(target: Decoder, target_state: PyTree, draft_state: PyTree, rng: j
                    result=result, rng=rng)
 
 
+def record_call(r: SpeculativeResult, sequences: jax.Array, lengths: jax.Array,
+                active: jax.Array, proposed: Any, k: jax.Array, acc: jax.Array, tried: jax.Array,
+                beta: jax.Array, gamma_max: int) -> SpeculativeResult:
+  """`r` after one verification call: the new `sequences [b, L]` / `lengths [b]`, and the
+  statistics of the `active [b]` rows that proposed `proposed` tokens each ([b] or a scalar),
+  accepted `k [b]` (`acc [b, gamma_max]`), with `beta [b, gamma_max]` over the `tried` positions."""
+  act = active.astype(jnp.int32)  # [b]
+  return r.replace(
+      sequences=sequences, lengths=lengths, target_calls=r.target_calls + act,
+      proposed=r.proposed + proposed * act, accepted=r.accepted + k * act,
+      accepted_per_position=r.accepted_per_position + jnp.sum(acc, axis=0, dtype=jnp.int32),
+      accept_histogram=r.accept_histogram + jnp.sum(
+          jax.nn.one_hot(k, gamma_max + 1, dtype=jnp.int32) * act[:, None], axis=0),
+      beta_sum=r.beta_sum + jnp.sum(jnp.where(tried, beta, 0.0)),
+      beta_count=r.beta_count + jnp.sum(tried),
+      loop_iterations=r.loop_iterations + 1)
+
+
 def append_accepted(r: SpeculativeResult, new: jax.Array, k: jax.Array, active: jax.Array,
                     max_decode_len: int, eos_id: int) -> Tuple[jax.Array, jax.Array, jax.Array]:
   """Writes each row's accepted tokens and its corrected/bonus token after its prefix.
@@ -192,18 +210,9 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
     dstate = draft.commit(dstate, sequences, lengths)
     done = s.done | ended | (lengths >= max_decode_len)
 
-    act = active.astype(jnp.int32)  # [b]
     tried = (positions[None, :gamma] <= k[:, None]) & active[:, None]  # [b, gamma]
     acc = (positions[None, :gamma] < k[:, None]) & active[:, None]  # [b, gamma]
-    result = r.replace(
-        sequences=sequences, lengths=lengths, target_calls=r.target_calls + act,
-        proposed=r.proposed + gamma * act, accepted=r.accepted + k * act,
-        accepted_per_position=r.accepted_per_position + jnp.sum(acc, axis=0, dtype=jnp.int32),
-        accept_histogram=r.accept_histogram + jnp.sum(
-            jax.nn.one_hot(k, gamma + 1, dtype=jnp.int32) * act[:, None], axis=0),
-        beta_sum=r.beta_sum + jnp.sum(jnp.where(tried, beta, 0.0)),
-        beta_count=r.beta_count + jnp.sum(tried),
-        loop_iterations=r.loop_iterations + 1)
+    result = record_call(r, sequences, lengths, active, gamma, k, acc, tried, beta, gamma)
     return LoopState(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
 
   final = jax.lax.while_loop(cond, body, init)
