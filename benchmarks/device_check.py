@@ -1,4 +1,5 @@
-"""The accelerator evidence as one clock-bounded call: `benchmarks/device_check.sh bench`.
+"""The accelerator evidence as one clock-bounded call: `benchmarks/device_check.sh bench`
+(`study`: the gpu reproduction in one call, `benchmarks/device_study.py`).
 
   python -m benchmarks.device_check bench [--out DIR] [--budget SECONDS] [--size full|nano]
 
@@ -261,14 +262,28 @@ def bench(out: str, size: str, budget: float, parts: Optional[Sequence[str]] = N
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-  p.add_argument('mode', choices=('bench',))
-  p.add_argument('--out', default=os.environ.get('OUT', 'results/gpu/device_check_bench'))
+  p.add_argument('mode', choices=('bench', 'study'),
+                 help='bench: this module; study: the gpu reproduction (benchmarks/device_study.py)')
+  p.add_argument('--out', default=None,
+                 help='where the summary and the archive go (default $OUT, else '
+                      'results/gpu/device_check_MODE)')
   p.add_argument('--size', default='full', choices=('full', 'nano'))
   p.add_argument('--budget', type=float, default=BUDGET_S)
-  p.add_argument('--parts', default=None, help='comma list: run only these parts')
-  p.add_argument('--work', default=None, help="the parts' own files (default: a temporary dir)")
+  p.add_argument('--parts', default=None, help='bench: comma list: run only these parts')
+  p.add_argument('--work', default=None,
+                 help="bench: the parts' own files; study: its data, models and results "
+                      '(default: a temporary dir)')
+  p.add_argument('--kit', default='gpu_kit', help='study: the kit (benchmarks/gpu_study_kit.sh)')
+  p.add_argument('--exported', default=None, help="study: exported tasks in place of the kit's")
+  p.add_argument('--set', dest='sets', action='append', default=[],
+                 help='study: a preset override (KEY=VALUE), as `reproduce --set`')
   args = p.parse_args(argv)
-  return bench(args.out, args.size, args.budget, args.parts.split(',') if args.parts else None,
+  out = args.out or os.environ.get('OUT') or f'results/gpu/device_check_{args.mode}'
+  if args.mode == 'study':
+    from benchmarks import device_study  # pylint: disable=g-import-not-at-top
+    return device_study.study(out, args.size, args.budget, args.kit, args.exported, args.work,
+                              args.sets)
+  return bench(out, args.size, args.budget, args.parts.split(',') if args.parts else None,
                args.work)
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds gpu_kit/ (git-ignored): what `benchmarks/gpu_study.sh` needs on a GPU machine without
+# Builds gpu_kit/ (git-ignored): what `benchmarks/device_check.sh study` needs on a GPU machine without
 # TensorFlow, seqio or gin. Run HERE, in the repository root, where they are installed:
 #
 #   bash benchmarks/gpu_study_kit.sh        # then carry gpu_kit to the GPU (docs/reproduce.md)

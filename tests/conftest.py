@@ -40,6 +40,7 @@ SLOW_FILES = (
     'tests/decoding/test_tree_t5.py',  # 61
     'tests/test_convert.py',  # 57
     'tests/decoding/test_mesh.py',  # ~48 (shared states, the suite's XLA flags)
+    'tests/scripts/test_device_study.py',  # ~135 at load 6 (the gpu reproduction at nano size)
     'tests/reproduce/test_gpu_preset.py',  # 46
     'tests/training/test_sharding.py',  # ~42 (the suite's XLA flags)
     'tests/training/test_mesh_eval.py',  # ~32 (the suite's XLA flags)
@@ -113,6 +114,24 @@ def tiny_data_dir(tmp_path_factory):
   corpus.prepare(corpus.SAMPLE_LISTS_DIR, data_dir, vocab_size=300,
                  fractions=corpus.SAMPLE_FRACTIONS)
   return data_dir
+
+
+@pytest.fixture(scope='session')
+def tiny_gpu_export(tiny_data_dir, tmp_path_factory):
+  """`gqa-spec data export` of the gpu preset's tasks (pre-training mixture, translate +
+  summarize) from `tiny_data_dir` at its pre-training lengths: what the preset reads on a machine
+  without TensorFlow or seqio (`--exported`)."""
+  from gqa_spec.data import export, tasks  # pylint: disable=g-import-not-at-top
+  from gqa_spec.reproduce import presets  # pylint: disable=g-import-not-at-top
+  out = str(tmp_path_factory.mktemp('gpu_export') / 'export')
+  tasks.register_ddtp_tasks(tiny_data_dir)
+  try:
+    export.export([presets.PRETRAIN_MIXTURE, presets.MULTITASK], out,
+                  splits=('train', 'validation', 'test'),
+                  lengths=dict(zip(('inputs', 'targets'), presets.get('gpu').pretrain_lengths)))
+  finally:
+    tasks.register_ddtp_tasks()  # back to the default data dir for other modules
+  return out
 
 
 @pytest.fixture(scope='module', autouse=True)

@@ -120,8 +120,11 @@ def _independent_job(ctx, task: str, lengths, target_path: str, independent: str
 def stage_drafts(ctx) -> dict:
   """Chimera and distilled drafts per task against the fine-tuned MHA target (module docstring)."""
 
-  jobs_lib.register_tasks(ctx)
   p = ctx.preset
+  if not p.trained_drafts:  # a time-boxed study (`Preset.trained_drafts`)
+    return {'rows': [], 'skipped': 'the preset trains no drafts against the target '
+                                   '(trained_drafts false)'}
+  jobs_lib.register_tasks(ctx)
   chimera_heads(p)  # a bad preset fails before any training
   finetuned = {(r['task'], r['name']): ctx.path(r['best_checkpoint'])
                for r in ctx.read_stage('finetune')['rows']}

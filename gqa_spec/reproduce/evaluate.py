@@ -46,7 +46,8 @@ def stage_evaluate(ctx: Context) -> dict:
               'examples': len(bootstrap.decode(TASK_METRIC[row['task']], per_example)),
               'best_step': row['best']['step'] if row['best'] else None}
     jobs.append((f"{row['task']}.{row['name']}", job))
-  return {'rows': jobs_lib.run_jobs(ctx, 'evaluate', jobs), 'baselines': _baselines(ctx)}
+  return {'rows': jobs_lib.run_jobs(ctx, 'evaluate', jobs, p.eval_workers),
+          'eval_workers': p.eval_workers, 'baselines': _baselines(ctx)}
 
 
 def _baselines(ctx: Context) -> List[dict]:

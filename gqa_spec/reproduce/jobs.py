@@ -216,7 +216,7 @@ def run_jobs(ctx: Context, stage: str, jobs: Sequence[tuple], workers: int = 1,
 
   `workers` > 1 runs that many jobs side by side in threads (training stages of small models,
   whose steps keep about one core busy: `Preset.workers`), started in the given order;
-  never for jobs that time anything. Signals reach only the main thread: on a stop (the time
+  for jobs that time anything only where the preset says so (`Preset.eval_workers`). Signals reach only the main thread: on a stop (the time
   limit, a signal, a failed job) the running jobs' trainers stop after their queued steps and save
   (`trainer.stop_when`), nothing more starts, and nothing is recorded for a job that did not finish.
   `start_order` (every key once) is the order to start them in, e.g. jobs that compile different

@@ -217,12 +217,15 @@ def spector_table(spec: Mapping) -> str:
   over autoregressive and over plain speculation, parameter bytes read per generated token."""
   body = []
   for job in spec.get('jobs', []):
-    if 'drafts_rows' not in job:
-      continue
+    chains = job.get('drafts_rows')
+    if chains is None:  # a chain job with trees (no drafts job: `Preset.trained_drafts` false)
+      if 'tree_rows' not in job:
+        continue
+      chains = [r for r in job['rows'] if r['draft'] == 'draft model']
     for temp, ar in sorted(job['autoregressive'].items(), key=lambda kv: float(kv[0])):
       t = float(temp)
       best: Dict[str, Mapping] = {}
-      for r in job['drafts_rows']:
+      for r in chains:
         if r['temperature'] == t and (r['draft'] not in best or
                                       r['speedup_measured'] > best[r['draft']]['speedup_measured']):
           best[r['draft']] = r
@@ -230,7 +233,7 @@ def spector_table(spec: Mapping) -> str:
       ar_tps = ar['tokens'] / ar['seconds']
       body.append([job['task'], _fmt(t, 0), 'autoregressive', '1.00', f'{ar_tps:.1f}', '1.00x',
                    '-' if plain is None else f"{1 / plain['speedup_measured']:.2f}x",
-                   _mb(ar['target_bytes_per_token']), '-', '-'])
+                   _mb(ar.get('target_bytes_per_token')), '-', '-'])
       methods = [(f"chain {name} (gamma={r['gamma']})", r) for name, r in best.items()]
       methods += [(r['draft'], r) for r in job['tree_rows'] if r['temperature'] == t]
       for label, r in methods:
@@ -239,7 +242,7 @@ def spector_table(spec: Mapping) -> str:
                      f"{r['tokens'] / r['seconds']:.1f}", f"{r['speedup_measured']:.2f}x",
                      '-' if plain is None else
                      f"{r['speedup_measured'] / plain['speedup_measured']:.2f}x",
-                     _mb(r['target_bytes_per_token']), _mb(r['draft_bytes_per_token']),
+                     _mb(r.get('target_bytes_per_token')), _mb(r.get('draft_bytes_per_token')),
                      '-' if eq is None else str(eq)])
   return markdown_table(['Task', 'Temp', 'Method', 'tokens/call', 'tokens/s', 'vs AR',
                          'vs plain spec', 'target MB/token', 'draft MB/token', '= AR (greedy)'],

@@ -25,6 +25,9 @@ Jobs (each skipped once finished):
                          counted; the staged chain's draft calls vary, not counted; the staged
                          tree's are counted, `draft_calls`) and, at
                          temperature 0, whether the output equals greedy autoregressive decoding.
+A time-boxed preset narrows this (`Preset.chain_drafts`, `speculative_tasks`, `speculative_gqa`)
+and without `trained_drafts` runs no drafts job: the MHA chain job then also grows `tree_shapes`
+with the fine-tuned draft (`tree_rows`), against its own autoregressive runs.
 Presets with `fast_compile_decoding` (smoke) compile the stage's loops with XLA's fast-compile
 options (`gqa_spec.decoding.xla_options`): their times are of unoptimised code.
 """
@@ -81,7 +84,7 @@ def _load(path: str):
 
 def _chain_job(ctx, task: str, lengths, target_name: str, finetuned: dict, memo) -> dict:
   from gqa_spec.decoding import speedup  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding.drafts import CopyDraft, ModelDraft, NgramDraft  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.drafts import CopyDraft, ModelDraft, NgramDraft, TreeModelDraft  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.drafts.ngram import fit_ngram_on_task  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
@@ -91,21 +94,42 @@ def _chain_job(ctx, task: str, lengths, target_name: str, finetuned: dict, memo)
   max_len = lengths[1]
   model_draft = ModelDraft.t5(Transformer(dconfig))
   ngram = NgramDraft(config.vocab_size)
-  table = ngram.init(memo(('ngram', task, p.ngram_order),
-                          lambda: fit_ngram_on_task(ctx.task(task), p.ngram_order)))
+  table = (ngram.init(memo(('ngram', task, p.ngram_order),
+                           lambda: fit_ngram_on_task(ctx.task(task), p.ngram_order)))
+           if 'bigram' in p.chain_drafts else None)
   drafts = {
       'draft model': (model_draft, lambda enc: model_draft.init(dparams, enc, max_len, max(p.gammas))),
       'bigram': (ngram, lambda enc: table),
       'copy': (CopyDraft(config.vocab_size), lambda enc: enc),
   }
-  grid = speedup.measure_grid(T5Decoder(Transformer(config)), params, drafts,
-                              memo(('batches', task), lambda: _batches(ctx, task, lengths)),
+  drafts = {name: drafts[name] for name in p.chain_drafts}
+  target = T5Decoder(Transformer(config))
+  batches = memo(('batches', task), lambda: _batches(ctx, task, lengths))
+  grid = speedup.measure_grid(target, params, drafts, batches,
                               max_decode_len=max_len, gammas=p.gammas,
                               temperatures=p.temperatures, repeats=p.speculative_repeats,
                               workers=p.workers)
   rows = [dict(r, task=task, target=target_name) for r in grid['rows']]
-  return {'rows': rows, 'target_step_seconds': grid['target_step_seconds'],
-          'autoregressive': _without_outputs(grid)}
+  out = {'task': task, 'target': target_name, 'rows': rows,
+         'target_step_seconds': grid['target_step_seconds'],
+         'autoregressive': _without_outputs(grid)}
+  if not p.trained_drafts and target_name == p.variants()[0].name:
+    # No drafts job (`Preset.trained_drafts`): the MHA target's trees with the fine-tuned draft
+    # here, on the same batches and against the same autoregressive runs.
+    tree_model = TreeModelDraft.t5(Transformer(dconfig))
+    trees = {f'draft model tree {s}': (tree_model, TreeShape.parse(s),
+                                       lambda enc, s=s: tree_model.init(dparams, enc, max_len,
+                                                                        TreeShape.parse(s)))
+             for s in p.tree_shapes}
+    tree_rows = speedup.measure_trees(target, params, trees, batches, max_decode_len=max_len,
+                                      autoregressive_runs=grid['autoregressive'],
+                                      repeats=p.speculative_repeats, workers=p.workers)
+    t_bytes, d_bytes = param_bytes(params), param_bytes(dparams)
+    out['tree_rows'] = [  # the draft model runs once per level, root included
+        _bytes_per_token(dict(r, task=task, target=target_name), t_bytes, d_bytes,
+                         r['depth'] if r['draft_calls'] is None
+                         else r['draft_calls'] / r['loop_iterations']) for r in tree_rows]
+  return out
 
 
 def _bytes_per_token(row: dict, target_bytes: int, draft_bytes: int,
@@ -216,7 +240,8 @@ def stage_speculative(ctx) -> dict:
   p = ctx.preset
   finetuned = {(r['task'], r['name']): ctx.path(r['best_checkpoint'])
                for r in ctx.read_stage('finetune')['rows']}
-  trained = {(r['task'], r['draft']): r for r in ctx.read_stage('drafts')['rows']}
+  trained = ({(r['task'], r['draft']): r for r in ctx.read_stage('drafts')['rows']}
+             if p.trained_drafts else {})
   mha = p.variants()[0].name
   fitted = {}  # what the jobs of a task share: its bigram, its test batches (read once)
 
@@ -226,12 +251,13 @@ def stage_speculative(ctx) -> dict:
     return fitted[key]
 
   jobs = []
-  for task, lengths in p.finetune_lengths.items():
+  for task, lengths in p.speculative_task_lengths().items():
     for target_name in p.speculative_targets():
       jobs.append((f'{task}.{target_name}', lambda t=task, l=lengths, n=target_name:
                    _chain_job(ctx, t, l, n, finetuned, memo)))
-    jobs.append((f'{task}.{mha}.drafts', lambda t=task, l=lengths:
-                 _drafts_job(ctx, t, l, mha, finetuned, trained, memo)))
+    if p.trained_drafts:
+      jobs.append((f'{task}.{mha}.drafts', lambda t=task, l=lengths:
+                   _drafts_job(ctx, t, l, mha, finetuned, trained, memo)))
   from gqa_spec.decoding import xla_options  # pylint: disable=g-import-not-at-top
   with xla_options.fast_compile(p.fast_compile_decoding):
     records = jobs_lib.run_jobs(ctx, 'speculative', jobs)
@@ -239,7 +265,7 @@ def stage_speculative(ctx) -> dict:
   extra = [r for r in records if 'drafts_rows' in r]
   return {'rows': [r for rec in chain for r in rec['rows']],
           'drafts_rows': [r for rec in extra for r in rec['drafts_rows']],
-          'tree_rows': [r for rec in extra for r in rec['tree_rows']],
+          'tree_rows': [r for rec in records for r in rec.get('tree_rows', [])],
           'jobs': records, 'batch_size': p.speculative_batch,
           'examples': p.speculative_examples}
 

@@ -67,23 +67,30 @@ _ADAFACTORS: Dict[Tuple[Any, ...], optax.GradientTransformation] = {}  # `adafac
 
 
 class LayersAsBatchState(NamedTuple):
-  scanned: Any  # `tx`'s state of the scanned stacks' parameters, one per layer: leaves [layers, ...]
+  # `tx`'s state of the scanned stacks' parameters, one per layer: leaves [layers, ...]. Stacks of
+  # different depths (an encoder and a decoder with different layer counts) are mapped apart:
+  # then a tuple of states, one per depth, shallowest first.
+  scanned: Any
   rest: Any  # `tx`'s state of every other parameter
 
 
 def _split(tree: Any):
-  """`(scanned, rest)`: the leaves under a scanned stack (`.../layers/...`) and the others."""
+  """`(scanned, rest)`: the leaves under a scanned stack (`.../layers/...`) and the others;
+  `scanned` is a list of trees, one per stack depth (shallowest first), or None."""
   flat = flax.traverse_util.flatten_dict(tree)
-  scanned = {k: v for k, v in flat.items() if SCANNED_NAME in k}
+  depths: Dict[int, dict] = {}
+  for k, v in flat.items():
+    if SCANNED_NAME in k:
+      depths.setdefault(v.shape[PARAM_SCAN_AXIS], {})[k] = v
   rest = {k: v for k, v in flat.items() if SCANNED_NAME not in k}
-  return (flax.traverse_util.unflatten_dict(scanned) if scanned else None,
-          flax.traverse_util.unflatten_dict(rest))
+  scanned = [flax.traverse_util.unflatten_dict(depths[d]) for d in sorted(depths)]
+  return scanned or None, flax.traverse_util.unflatten_dict(rest)
 
 
 def _merge(scanned: Any, rest: Any) -> Any:
   flat = flax.traverse_util.flatten_dict(rest)
-  if scanned is not None:
-    flat.update(flax.traverse_util.flatten_dict(scanned))
+  for tree in scanned or ():
+    flat.update(flax.traverse_util.flatten_dict(tree))
   return flax.traverse_util.unflatten_dict(flat)
 
 
@@ -92,23 +99,30 @@ def layers_as_batch(tx: optax.GradientTransformation) -> optax.GradientTransform
 
   Parameters outside scanned stacks (all of them in the unrolled layout, whose optimizer state is
   then `tx`'s own) go through `tx` unchanged; those under `.../layers/...` through `tx` mapped over
-  their layer axis (`PARAM_SCAN_AXIS`), their state holding the layer axis first.
+  their layer axis (`PARAM_SCAN_AXIS`), their state holding the layer axis first; stacks of
+  different depths in separate maps (`LayersAsBatchState`).
   """
+  init_one = jax.vmap(tx.init, in_axes=PARAM_SCAN_AXIS)
+  update_one = jax.vmap(tx.update, in_axes=(PARAM_SCAN_AXIS, 0, PARAM_SCAN_AXIS),
+                        out_axes=(PARAM_SCAN_AXIS, 0))
+
   def init(params):
     scanned, rest = _split(params)
     if scanned is None:
       return tx.init(params)
-    return LayersAsBatchState(jax.vmap(tx.init, in_axes=PARAM_SCAN_AXIS)(scanned), tx.init(rest))
+    states = tuple(init_one(tree) for tree in scanned)
+    return LayersAsBatchState(states[0] if len(states) == 1 else states, tx.init(rest))
 
   def update(updates, state, params=None):
     if not isinstance(state, LayersAsBatchState):
       return tx.update(updates, state, params)
     (u_scanned, u_rest), (p_scanned, p_rest) = _split(updates), _split(params)
-    u_scanned, s_scanned = jax.vmap(tx.update, in_axes=(PARAM_SCAN_AXIS, 0, PARAM_SCAN_AXIS),
-                                    out_axes=(PARAM_SCAN_AXIS, 0))(u_scanned, state.scanned,
-                                                                   p_scanned)
+    states = (state.scanned,) if len(u_scanned) == 1 else state.scanned
+    mapped = [update_one(u, s, p) for u, s, p in zip(u_scanned, states, p_scanned)]
     u_rest, s_rest = tx.update(u_rest, state.rest, p_rest)
-    return _merge(u_scanned, u_rest), LayersAsBatchState(s_scanned, s_rest)
+    states = tuple(s for _, s in mapped)
+    return (_merge([u for u, _ in mapped], u_rest),
+            LayersAsBatchState(states[0] if len(states) == 1 else states, s_rest))
 
   return optax.GradientTransformation(init, update)
 

@@ -10,7 +10,6 @@ import sys
 
 import pytest
 
-from gqa_spec.data import export, tasks
 from gqa_spec.errors import UserError
 from gqa_spec.reproduce import jobs, presets, writeup
 
@@ -21,7 +20,8 @@ TINY = ['vocab_pieces=300', 'target.vocab_size=512', 'target.emb_dim=32', 'targe
         'draft.vocab_size=512', 'draft.emb_dim=16', 'draft.num_heads=2', 'draft.head_dim=8',
         'draft.mlp_dim=32', 'draft.num_encoder_layers=1', f'pretrain_steps={STEPS}',
         'pretrain_batch=4', 'warmup_steps=10', 'kv_heads=2', 'alphas=0',
-        'method_ablation_kv_heads=2', 'method_ablation_alpha=0', 'timing_groups=1,2,4']
+        'method_ablation_kv_heads=2', 'method_ablation_alpha=0', 'timing_groups=1,2,4',
+        'method_ablation=true']  # the conversion ablation the gpu preset leaves out, back on
 
 
 def _reproduce(out, work, exported, *extra):
@@ -39,18 +39,11 @@ def _steps_logged(model_dir):
     return [r['step'] for r in map(json.loads, f) if r.get('split') == 'train']
 
 
-def test_tiny_gpu_preset_stops_at_the_time_limit_and_resumes_without_tensorflow(tiny_data_dir,
+def test_tiny_gpu_preset_stops_at_the_time_limit_and_resumes_without_tensorflow(tiny_gpu_export,
                                                                                  tmp_path):
   preset = presets.override(presets.get('gpu'), TINY)
   assert preset.target.num_heads == 4 and preset.target.num_kv_heads == 4
-  tasks.register_ddtp_tasks(tiny_data_dir)
-  try:
-    exported = str(tmp_path / 'export')
-    export.export([presets.PRETRAIN_MIXTURE, presets.MULTITASK], exported,
-                  splits=('train', 'validation', 'test'),
-                  lengths=dict(zip(('inputs', 'targets'), preset.pretrain_lengths)))
-  finally:
-    tasks.register_ddtp_tasks()  # back to the default data dir for other modules
+  exported = tiny_gpu_export
   out, work = str(tmp_path / 'results'), str(tmp_path / 'work')
   target_dir = os.path.join(work, 'models', 'pretrain', 'target')
 

@@ -1,5 +1,6 @@
 """`--set KEY=VALUE` preset overrides: typed parsing, clear errors, and their own output dirs."""
 
+import dataclasses
 import json
 import os
 
@@ -96,3 +97,24 @@ def test_cli_records_overrides_and_the_exact_command(tmp_path, monkeypatch):
                                f'--set finetune_multitask=true --out {out} --work-dir {work} '
                                '--stages corpus')
   assert cli.main(['reproduce', '--preset', 'smoke', '--set', 'gammas=1,x']) == 2
+
+
+def test_the_time_boxed_fields_narrow_the_study_and_bad_values_are_refused():
+  gpu = presets.get('gpu')  # the 6-minute device call's study
+  assert [v.method for v in gpu.variants()] == [None, 'mean', 'mean']  # no first / random
+  assert gpu.speculative_targets() == ('mha_g16',)
+  assert list(gpu.speculative_task_lengths()) == [presets.TRANSLATE]
+  full = presets.override(gpu, ['method_ablation=true', 'speculative_gqa=true'])
+  assert [v.method for v in full.variants()][-2:] == ['first', 'random']
+  assert full.speculative_targets() == ('mha_g16', 'g4_mean_a0.05')
+  cpu = presets.get('cpu')  # the defaults keep the whole study
+  assert cpu.trained_drafts and cpu.chain_drafts == presets.CHAIN_DRAFTS
+  assert list(cpu.speculative_task_lengths()) == list(cpu.finetune_lengths)
+  with pytest.raises(UserError, match="chain_drafts .*'tree'.*draft model, bigram, copy"):
+    dataclasses.replace(cpu, chain_drafts=('draft model', 'tree'))
+  with pytest.raises(UserError, match=r"speculative_tasks \['ddtp_qa'\] are not fine-tuning"):
+    dataclasses.replace(cpu, speculative_tasks=('ddtp_qa',))
+  with pytest.raises(UserError, match='eval_workers must be a positive integer'):
+    dataclasses.replace(cpu, eval_workers=0.5)
+  with pytest.raises(UserError, match='--set trained_drafts=maybe: expected true or false'):
+    presets.override(cpu, ['trained_drafts=maybe'])

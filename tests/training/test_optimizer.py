@@ -89,3 +89,32 @@ def test_scanned_layers_are_a_batch_axis_for_adafactor():
   u, _ = pooled.update(grad(scanned, 0), pooled.init(scanned), scanned)
   u_ours, _ = tx.update(grad(scanned, 0), tx.init(scanned), scanned)
   assert not np.allclose(u['decoder']['layers']['w'], u_ours['decoder']['layers']['w'], rtol=1e-3)
+
+
+def test_scanned_stacks_of_different_depths_map_apart():
+  """An encoder of 3 scanned layers beside a decoder of 2 (the gpu preset's 1-decoder-layer
+  draft): each stack's layers are updated as the unrolled layers would be (one map per depth: a
+  single map over both failed with "vmap got inconsistent sizes")."""
+  layer = lambda i: {'w': (i + 1.0) * jnp.linspace(-1, 1, 128 * 130).reshape(128, 130),
+                     'scale': jnp.full((130,), i + 2.0)}
+  stack = lambda ids: jax.tree.map(lambda *x: jnp.stack(x, axis=1), *[layer(i) for i in ids])
+  scanned = {'encoder': {'layers': stack([0, 1, 2])}, 'decoder': {'layers': stack([3, 5])},
+             'emb': jnp.ones((3, 5))}
+  unrolled = {'encoder': {f'layers_{j}': layer(i) for j, i in enumerate([0, 1, 2])},
+              'decoder': {f'layers_{j}': layer(i) for j, i in enumerate([3, 5])},
+              'emb': jnp.ones((3, 5))}
+  grad = lambda p, t: jax.tree.map(lambda x: jnp.cos(2 * x + t), p)
+  tx = optimizer.adafactor()
+  out = {}
+  for name, params in (('unrolled', unrolled), ('scanned', scanned)):
+    state = tx.init(params)
+    for t in range(2):
+      updates, state = jax.jit(tx.update)(grad(params, t), state, params)
+      params = optax.apply_updates(params, updates)
+    out[name] = params
+  assert isinstance(state.scanned, tuple) and len(state.scanned) == 2  # one state per depth
+  for part, n in (('encoder', 3), ('decoder', 2)):
+    stacked = jax.tree.map(lambda *x: jnp.stack(x, axis=1),
+                           *[out['unrolled'][part][f'layers_{j}'] for j in range(n)])
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4),
+                 out['scanned'][part]['layers'], stacked)
