@@ -14,6 +14,7 @@ loads with a logged note that it cannot be verified.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -46,7 +47,15 @@ log = logging.getLogger(__name__)
 
 
 def abstract_params(config: T5Config) -> Params:
-  """The parameter tree `config` defines, as `jax.ShapeDtypeStruct`s (nothing is allocated)."""
+  """The parameter tree `config` defines, as `jax.ShapeDtypeStruct`s (nothing is allocated).
+
+  Traced once per config (`_abstract_params`: tracing a 12-layer model's init takes seconds, and
+  a load asked for it up to four times); each call returns its own copy of the tree."""
+  return jax.tree_util.tree_map(lambda x: x, _abstract_params(config))
+
+
+@functools.lru_cache(maxsize=64)
+def _abstract_params(config: T5Config) -> Params:
   tokens = jnp.zeros((1, 1), jnp.int32)
   variables = jax.eval_shape(
       lambda: Transformer(config).init(jax.random.PRNGKey(0), tokens, tokens, tokens,

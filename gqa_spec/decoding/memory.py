@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -91,6 +92,13 @@ def abstract_cache(config: T5Config, batch: int, input_length: int, cache_length
       params, encoded, tokens)
 
 
+@functools.lru_cache(maxsize=64)
+def _abstract_cache(config: T5Config, batch: int, input_length: int, cache_length: int) -> Any:
+  """`abstract_cache` of the config's own parameter shapes, traced once per argument set (the
+  input-length check of every eval / infer / generate asks for it; tracing takes seconds)."""
+  return abstract_cache(config, batch, input_length, cache_length)
+
+
 def _device_bytes(x: Any, spec: PartitionSpec, mesh_shape: Dict[str, int]) -> int:
   """Bytes of one shard of `x` laid out by the mesh `spec` (every axis in it divides)."""
   shape = list(x.shape)
@@ -126,7 +134,7 @@ def memory_per_device(config: T5Config, *, batch: int, input_length: int, cache_
   rules = partitioning.logical_axis_rules(config, model)
   mesh_shape = {'data': data, 'model': model}
   params = native.abstract_params(config)
-  cache = abstract_cache(config, batch, input_length, cache_length, params)
+  cache = _abstract_cache(config, batch, input_length, cache_length)
 
   param_bytes = param_total = 0
   for _, x, logical in partitioning._with_paths(params, partitioning.logical_axes(params)):  # pylint: disable=protected-access
