@@ -4,8 +4,7 @@
 
 N = 1: the reference (one process, 8 virtual devices); N = 2: process I of two (4 devices each).
 In sequence, in one Python process: `gqa-spec eval` with beam search on a mesh of all processes'
-devices (model axis 2) and with a token tree (one device per process), `gqa-spec infer` with beam
-search, and `gqa-spec generate --tree` (a model tree draft: CKPT itself) on the mesh. The DDTP
+devices (model axis 2), `gqa-spec infer` with beam search (one device per process), and `gqa-spec generate --tree` (a model tree draft: CKPT itself) on the mesh. The DDTP
 tasks read `GQA_SPEC_DATA_DIR`. Process 1's outputs get their own names (p1_*), so the test sees
 that it wrote none; each command's stdout goes to OUT/<name>.stdout (p1_ likewise).
 """
@@ -38,9 +37,6 @@ def main(out: str, ckpt: str, n: int, i: int, port: int) -> None:
   run('eval_beam', ['eval', '--gin_file=runs/eval.gin', *task, f"--gin.OUTPUT_DIR='{mine('eval_beam')}'",
                     '--gin.EVAL_BATCH_SIZE=4', '--gin.EVAL_EXAMPLES=5', "--gin.DECODING='beam'",
                     '--gin.BEAM_SIZE=2', '--model-parallel', '2'])
-  run('eval_tree', ['eval', '--gin_file=runs/eval.gin', *task, f"--gin.OUTPUT_DIR='{mine('eval_tree')}'",
-                    '--gin.EVAL_BATCH_SIZE=4', '--gin.EVAL_EXAMPLES=5',
-                    "--gin.DECODING='speculative'", f"--gin.DRAFT='{ckpt}'", "--gin.TREE='topk:2,2'"])
   run('infer_beam', ['infer', '--gin_file=runs/infer.gin', *task,
                      f"--gin.INFER_OUTPUT_DIR='{mine('infer_beam')}'", '--gin.BATCH_SIZE=4',
                      '--gin.NUM_EXAMPLES=5', "--gin.DECODING='beam'", '--gin.BEAM_SIZE=2'])

@@ -73,6 +73,7 @@ def test_one_process_ending_first_is_no_loss():
   assert not any('was lost' in err for _, err in outs)
 
 
+@pytest.mark.slow  # ~30 s: two training processes
 def test_sigterm_to_every_process_saves_one_checkpoint_at_one_step(tmp_path):
   """Pre-emption: SIGTERM reaches the processes of a training job at different moments (here
   process 1 first, process 0 0.5 s = a step or more later). Every process must stop after the
