@@ -57,7 +57,7 @@ def test_page_blocks_run_or_say_why():
   assert sum(b.lang == 'bash' and not b.not_run for b in found) >= 5
 
 
-@pytest.mark.slow  # 100-170 s: eight processes, mostly one after another
+@pytest.mark.slow  # ~70 s: eight processes, up to three at a time
 def test_walk_through_as_written(tmp_path):
   runs, work = tmp_path / 'runs', tmp_path / 'work'
   work.mkdir()
