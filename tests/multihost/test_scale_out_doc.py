@@ -1,7 +1,9 @@
 """docs/scale-out.md's walk-through, run as written: two processes x 4 virtual CPU devices train,
 one is killed (SIGKILL) after the first complete checkpoint, the other names it in one line and
 exits; both resume from the last complete checkpoint to the end; `generate` over both processes
-gives the one-process outputs; the resumed run's parameters are an uninterrupted one-process run's.
+gives the one-process outputs; the resumed run's parameters are bitwise those of the same two
+processes run without a loss (the test runs that beside the page), and within tolerance those of
+an uninterrupted one-process run.
 
 The page's `bash` blocks run in one `bash -e` process (the manual's mechanism, `tests/test_manual.py`),
 shrunk only by the variables the page names (`MODEL_GIN`, `RUNS`, `PORT`). The test hook
@@ -10,6 +12,7 @@ is still between checkpoint 2 and its end (a save cut off, or the steps before i
 The script and every process it starts are one process group, killed when the test ends.
 """
 
+import json
 import os
 import re
 import signal
@@ -57,31 +60,50 @@ def test_page_blocks_run_or_say_why():
   assert sum(b.lang == 'bash' and not b.not_run for b in found) >= 5
 
 
-@pytest.mark.slow  # ~70 s: eight processes, up to three at a time
+# Beside the page, the test's own reference: the page's setup block, then its two training
+# processes run to the end without a loss (another port, another run directory).
+UNINTERRUPTED = """
+"${train[@]}" --gin.MODEL_DIR="'$RUNS/uninterrupted'" $(process 0) > uninterrupted0.log 2>&1 & p0=$!
+"${train[@]}" --gin.MODEL_DIR="'$RUNS/uninterrupted'" $(process 1) > uninterrupted1.log 2>&1
+wait "$p0"
+"""
+
+
+@pytest.mark.slow  # ~110 s: ten processes, up to five at a time
 def test_walk_through_as_written(tmp_path):
-  runs, work = tmp_path / 'runs', tmp_path / 'work'
+  runs, work, other = tmp_path / 'runs', tmp_path / 'work', tmp_path / 'uninterrupted'
   work.mkdir()
+  other.mkdir()
   (tmp_path / 'tiny.gin').write_text(TINY_GIN)
-  env = dict(os.environ, RUNS=str(runs), PORT=str(free_port()), MODEL_GIN=str(tmp_path / 'tiny.gin'),
-             JAX_PLATFORMS='cpu', **{manager.STALL_ENV: '2'})
+  env = dict(os.environ, RUNS=str(runs), MODEL_GIN=str(tmp_path / 'tiny.gin'), JAX_PLATFORMS='cpu',
+             **{manager.STALL_ENV: '2'})
   env['PYTHONPATH'] = os.pathsep.join(filter(None, [REPO, os.environ.get('PYTHONPATH')]))
   env['PATH'] = os.pathsep.join([os.path.dirname(sys.executable), env.get('PATH', '')])
+  page = _page_blocks()
+  setup = next(b for b in page if b.lang == 'bash' and not b.not_run)
   start = time.monotonic()
-  proc = subprocess.Popen(['bash', '-c', script(_page_blocks())], cwd=work, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+  procs = [subprocess.Popen(['bash', '-c', code], cwd=cwd, env=dict(env, PORT=str(free_port())),
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+           for code, cwd in ((script(page), work),
+                             ('set -e\n' + setup.text + UNINTERRUPTED, other))]
   try:
-    stdout, stderr = proc.communicate(timeout=TIMEOUT)
+    stdout, stderr = procs[0].communicate(timeout=TIMEOUT)
+    reference = procs[1].communicate(timeout=max(TIMEOUT - (time.monotonic() - start), 1))
   finally:
-    try:  # the script, if it ran over, and any process it left behind
-      os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-      pass
-    proc.wait()
+    for proc in procs:
+      try:  # the script, if it ran over, and any process it left behind
+        os.killpg(proc.pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+      proc.wait()
   print(f'the walk-through ran in {time.monotonic() - start:.0f} s; its commands started at:')
   print('\n'.join(line[:160] for line in stderr.splitlines() if line.startswith('+ [')))
-  logs = {p.name: p.read_text() for p in work.glob('*.log')}
-  assert proc.returncode == 0, stdout[-2000:] + stderr[-4000:] + ''.join(
+  logs = {p.name: p.read_text() for p in [*work.glob('*.log'), *other.glob('*.log')]}
+  assert procs[0].returncode == 0, stdout[-2000:] + stderr[-4000:] + ''.join(
       f'\n--- {name}\n{text[-2000:]}' for name, text in logs.items())
+  assert procs[1].returncode == 0, reference[1][-3000:] + ''.join(
+      f'\n--- {name}\n{text[-2000:]}' for name, text in logs.items() if 'uninterrupted' in name)
 
   # The loss: process 0 exits 1 within seconds, its last line naming process 1.
   waited = re.search(r'^process 0 exited (\d+) after (\d+) s$', stdout, re.M)
@@ -96,6 +118,20 @@ def test_walk_through_as_written(tmp_path):
   assert logs['resume0.log'].strip().splitlines()[-1].startswith('step 6: loss=')
   assert 'step 6' not in logs['resume1.log'] and 'train step' not in logs['resume1.log']
   assert sorted(n for n in os.listdir(runs / 'two' / 'checkpoints') if n.isdigit()) == ['2', '4', '6']
+
+  # The resume is exact: the interrupted two-process run's parameters equal bitwise those of the
+  # same two processes run without a loss, and so does every array of the whole train state
+  # (optimizer statistics too: the fingerprints each save recorded). Two processes sum in one
+  # fixed order (two addends commute): two such runs hours apart were bitwise equal.
+  _, uninterrupted, step = load_any(str(runs / 'uninterrupted'))
+  assert step == 6
+  interrupted = native._flat(load_any(str(runs / 'two'))[1])  # pylint: disable=protected-access
+  for name, value in native._flat(uninterrupted).items():  # pylint: disable=protected-access
+    np.testing.assert_array_equal(np.asarray(interrupted[name]), np.asarray(value), err_msg=name)
+  for step in (2, 4, 6):
+    records = [json.loads((runs / run / 'checkpoints' / str(step) / 'meta' / 'metadata').read_text(
+        ))['integrity'] for run in ('two', 'uninterrupted')]
+    assert records[0] == records[1], step
 
   # The parameters: the interrupted two-process run against the uninterrupted one-process run,
   # within test_multihost.py's tolerance (gloo sums in another order than XLA:CPU in-process; not
