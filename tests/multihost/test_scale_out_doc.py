@@ -121,8 +121,9 @@ def test_walk_through_as_written(tmp_path):
 
   # The resume is exact: the interrupted two-process run's parameters equal bitwise those of the
   # same two processes run without a loss, and so does every array of the whole train state
-  # (optimizer statistics too: the fingerprints each save recorded). Two processes sum in one
-  # fixed order (two addends commute): two such runs hours apart were bitwise equal.
+  # (optimizer statistics too: the fingerprints each save recorded). Two-process runs were bitwise
+  # equal in every pair compared (tests/multihost/worker.py's, two hours apart, under other
+  # loads): a cross-process sum of two addends does not depend on their order.
   _, uninterrupted, step = load_any(str(runs / 'uninterrupted'))
   assert step == 6
   interrupted = native._flat(load_any(str(runs / 'two'))[1])  # pylint: disable=protected-access
