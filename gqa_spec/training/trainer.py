@@ -252,8 +252,10 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
 
     stop = _StopFlag(lambda: len(in_flight))
     stopping = lambda: agreed if votes is not None else stop.requested
-    try:
-      with stop.installed():
+    # The handlers stay until the last save is committed (`ckpt.close`): a process of several that
+    # stops on its peers' request may get its own SIGTERM only then, and must still finish it.
+    with stop.installed():
+      try:
         while step < total_steps and not stopping():
           batch = next(batches)
           if votes is None and stop.requested:  # arrived while the batch was read: no more steps
@@ -271,17 +273,18 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
           if eval_due and not stopping():
             best = _evaluate(evaluator, state, step, model_config, model_dir, writer, best,
                              best_metric, best_mode, is_writer)
+        own_request = stop.requested  # (a signal from now on only waits for the last save)
         check_and_log()
         ckpt.save(step, state, meta, force=True)
         if (evaluator is not None and (eval_period is None or step % eval_period)
             and not stopping()):
           best = _evaluate(evaluator, state, step, model_config, model_dir, writer, best,
                            best_metric, best_mode, is_writer)
-    finally:
-      bar.close()
-      writer.close()
-      ckpt.close()
-    if stopping() and not stop.requested:  # a peer's request
+      finally:
+        bar.close()
+        writer.close()
+        ckpt.close()
+    if stopping() and not own_request:  # a peer's request
       log.warning('stopped at step %d as another process asked; saved a checkpoint', step)
     elif stopping():
       by, after = (('signal', 'the signal') if stop.signum is not None
