@@ -4,8 +4,8 @@
 
 N = 1: the reference (one process, 8 virtual devices); N = 2: process I of two (4 devices each).
 In sequence, in one Python process: `gqa-spec eval` with beam search on a mesh of all processes'
-devices (model axis 2), `gqa-spec infer` with beam search (one device per process), and `gqa-spec generate --tree` (a model tree draft: CKPT itself) on the mesh. The DDTP
-tasks read `GQA_SPEC_DATA_DIR`. Process 1's outputs get their own names (p1_*), so the test sees
+devices (model axis 2), `gqa-spec infer` with beam search (one device per process), and
+`gqa-spec generate --tree` (a model tree draft: CKPT itself) on the mesh. The DDTP tasks read `GQA_SPEC_DATA_DIR`. Process 1's outputs get their own names (p1_*), so the test sees
 that it wrote none; each command's stdout goes to OUT/<name>.stdout (p1_ likewise).
 """
 
@@ -34,7 +34,8 @@ def main(out: str, ckpt: str, n: int, i: int, port: int) -> None:
 
   task = [f"--gin.CHECKPOINT_PATH='{ckpt}'", f"--gin.MIXTURE_OR_TASK_NAME='{TASK}'",
           "--gin.TASK_FEATURE_LENGTHS={'inputs': 48, 'targets': 6}"]
-  run('eval_beam', ['eval', '--gin_file=runs/eval.gin', *task, f"--gin.OUTPUT_DIR='{mine('eval_beam')}'",
+  run('eval_beam', ['eval', '--gin_file=runs/eval.gin', *task,
+                    f"--gin.OUTPUT_DIR='{mine('eval_beam')}'",
                     '--gin.EVAL_BATCH_SIZE=4', '--gin.EVAL_EXAMPLES=5', "--gin.DECODING='beam'",
                     '--gin.BEAM_SIZE=2', '--model-parallel', '2'])
   run('infer_beam', ['infer', '--gin_file=runs/infer.gin', *task,

@@ -1,7 +1,8 @@
 """eval, infer and generate over two processes x 4 virtual CPU devices give the one-process (8
 devices) outputs, and only process 0 writes and prints: `gqa-spec eval` with beam search on a 4x2
-mesh spanning both processes, `gqa-spec infer` with beam search (each process on one device), `gqa-spec generate --tree` on a 4x2 mesh (`decode.py` runs them; three processes side by side, each under a
-timeout)."""
+mesh spanning both processes, `gqa-spec infer` with beam search (each process on one device),
+`gqa-spec generate` with a token tree on a 4x2 mesh (`decode.py` runs them; three processes side
+by side, each under a timeout)."""
 
 import json
 import os
@@ -20,7 +21,8 @@ from tests.multihost.test_multihost import env, free_port, run_all
 pytestmark = pytest.mark.slow  # ~50 s: three processes, TensorFlow and four compiled loops in each
 
 DECODE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'decode.py')
-EVAL, INFER = 'predictions-ddtp_translate_en_de.jsonl', 'ddtp_translate_en_de-predict.jsonl-00000-of-00001'
+EVAL = 'predictions-ddtp_translate_en_de.jsonl'
+INFER = 'ddtp_translate_en_de-predict.jsonl-00000-of-00001'
 
 
 @pytest.fixture(scope='module')
@@ -42,7 +44,8 @@ def runs(tiny_data_dir, tmp_path_factory):
   port = free_port()
   data = {'GQA_SPEC_DATA_DIR': tiny_data_dir}
   codes = run_all(
-      [([sys.executable, DECODE, str(one), ckpt, '1', '0', '0'], dict(env(8), **data), one / 'log0')]
+      [([sys.executable, DECODE, str(one), ckpt, '1', '0', '0'], dict(env(8), **data),
+        one / 'log0')]
       + [([sys.executable, DECODE, str(two), ckpt, '2', str(i), str(port)], dict(env(4), **data),
           two / f'log{i}') for i in (0, 1)])
   logs = [(one / 'log0').read_text()] + [(two / f'log{i}').read_text() for i in (0, 1)]

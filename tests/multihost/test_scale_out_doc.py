@@ -5,8 +5,8 @@ gives the one-process outputs; the resumed run's parameters are bitwise those of
 processes run without a loss (the test runs that beside the page), and within tolerance those of
 an uninterrupted one-process run.
 
-The page's `bash` blocks run in one `bash -e` process (the manual's mechanism, `tests/test_manual.py`),
-shrunk only by the variables the page names (`MODEL_GIN`, `RUNS`, `PORT`). The test hook
+The page's `bash` blocks run in one `bash -e` process (the manual's mechanism,
+`tests/test_manual.py`), shrunk only by the variables the page names (`MODEL_GIN`, `RUNS`, `PORT`). The test hook
 `manager.STALL_ENV` makes every save wait 2 s before its commit, so the kill lands while the run
 is still between checkpoint 2 and its end (a save cut off, or the steps before it), never after.
 The script and every process it starts are one process group, killed when the test ends.
@@ -117,7 +117,8 @@ def test_walk_through_as_written(tmp_path):
   # The resume: both processes to step 6; process 0 alone reports.
   assert logs['resume0.log'].strip().splitlines()[-1].startswith('step 6: loss=')
   assert 'step 6' not in logs['resume1.log'] and 'train step' not in logs['resume1.log']
-  assert sorted(n for n in os.listdir(runs / 'two' / 'checkpoints') if n.isdigit()) == ['2', '4', '6']
+  steps = sorted(n for n in os.listdir(runs / 'two' / 'checkpoints') if n.isdigit())
+  assert steps == ['2', '4', '6']
 
   # The resume is exact: the interrupted two-process run's parameters equal bitwise those of the
   # same two processes run without a loss, and so does every array of the whole train state
@@ -142,7 +143,8 @@ def test_walk_through_as_written(tmp_path):
   _, one, step_one = load_any(str(runs / 'one'))
   _, one_at_2, _ = load_any(str(runs / 'one' / 'checkpoints' / '2'), model=True)
   assert step_two == step_one == 6
-  two, one, one_at_2 = native._flat(two), native._flat(one), native._flat(one_at_2)  # pylint: disable=protected-access
+  flat = native._flat  # pylint: disable=protected-access
+  two, one, one_at_2 = flat(two), flat(one), flat(one_at_2)
   assert sorted(two) == sorted(one)
   for name in one:
     a, b, c = (np.asarray(x[name], np.float64) for x in (two, one, one_at_2))
