@@ -391,7 +391,9 @@ class _StopVotes:
 
   def __init__(self):
     from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
-    mesh = Mesh(np.asarray(jax.devices()), ('processes',))  # each process's devices, in a block
+    # each process's devices in one block (the local votes fill it), whatever order jax.devices() has
+    mesh = Mesh(np.asarray(sorted(jax.devices(), key=lambda d: (d.process_index, d.id))),
+                ('processes',))
     self._sharding = NamedSharding(mesh, PartitionSpec('processes'))
     self._any = jax.jit(lambda votes: votes.max(),  # [devices] -> []
                         out_shardings=NamedSharding(mesh, PartitionSpec()))
