@@ -252,6 +252,7 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
 
     stop = _StopFlag(lambda: len(in_flight))
     stopping = lambda: agreed if votes is not None else stop.requested
+    own_request = False  # whether this process asked to stop before the loop ended
     # The handlers stay until the last save is committed (`ckpt.close`): a process of several that
     # stops on its peers' request may get its own SIGTERM only then, and must still finish it.
     with stop.installed():
@@ -262,7 +263,7 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
             break
           state, step_metrics = step_fn(state, partitioner.shard_batch(batch))
           step += 1
-          in_flight.append((step, step_metrics, votes and votes.cast(stop.requested)))
+          in_flight.append((step, step_metrics, votes.cast(stop.requested) if votes else None))
           retire(MAX_IN_FLIGHT)
           save_due = step % checkpoint_cfg.save_period == 0
           eval_due = evaluator is not None and eval_period is not None and step % eval_period == 0
