@@ -285,7 +285,7 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
         bar.close()
         writer.close()
         ckpt.close()
-    if stopping() and not own_request:  # a peer's request
+    if votes is not None and agreed and not own_request:  # a peer's request
       log.warning('stopped at step %d as another process asked; saved a checkpoint', step)
     elif stopping():
       by, after = (('signal', 'the signal') if stop.signum is not None
