@@ -298,6 +298,10 @@ def _watch(links: dict, process_id: int, num_processes: int) -> None:
   def lost(message: str) -> None:
     if _exiting.is_set():
       return
+    # JAX's own threads notice the loss too (its coordination agent logs "Polled an error from
+    # coordination service" on fd 2): silence fd 2 first, so that our line stays the last one
+    # (a test run saw that log line land between ours and the exit)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
     os.write(stderr, f'gqa-spec: error: jax.distributed: {message}; stopping process '
                      f'{process_id}\n'.encode())
     os._exit(1)  # pylint: disable=protected-access; JAX's runtime cannot be shut down cleanly now

@@ -156,14 +156,17 @@ def evaluate(args: argparse.Namespace) -> int:
   _parse(args)
   from gqa_spec.evaluation import evaluator as evaluation  # pylint: disable=g-import-not-at-top
   metrics = gin_utils.call(evaluation.evaluate_checkpoint, **_flag_kwargs(args))
-  for name, value in sorted(metrics.items()):
-    print(f'{name}: {value:.4g}')
+  if distributed.is_writer():  # every process evaluated; process 0 reports
+    for name, value in sorted(metrics.items()):
+      print(f'{name}: {value:.4g}')
   return 0
 
 
 def infer(args: argparse.Namespace) -> int:
   _parse(args)
   from gqa_spec.evaluation import infer as inference  # pylint: disable=g-import-not-at-top
-  for task, path in sorted(gin_utils.call(inference.infer, **_flag_kwargs(args)).items()):
-    print(f'{task}: {path}')
+  written = gin_utils.call(inference.infer, **_flag_kwargs(args))
+  if distributed.is_writer():  # the paths process 0 wrote
+    for task, path in sorted(written.items()):
+      print(f'{task}: {path}')
   return 0

@@ -23,8 +23,9 @@ preceded by a finiteness check of all steps since the last one, so only good sta
 checkpointed. SIGTERM or Ctrl-C stops and saves ("save on exit"): the loop keeps at most
 `MAX_IN_FLIGHT` steps queued on the device (it reads step n-2's metrics before dispatching step
 n+1, and dispatches nothing once a stop is requested), so a stop waits for at most two step times
-plus the save, within a pre-emption notice.
-A second Ctrl-C interrupts at once, without saving.
+plus the save, within a pre-emption notice. Several processes stop after the same step and save
+together whichever of them the signal reached, and when (`_StopVotes`: up to `MAX_IN_FLIGHT` steps
+more). A second Ctrl-C interrupts at once, without saving.
 """
 
 from __future__ import annotations
@@ -218,11 +219,18 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
     in_flight = collections.deque()
     window, last_metrics, window_start = [], {}, time.time()  # host metrics since the last record
 
+    # Several processes stop only together: each step carries every process's stop request into
+    # an all-reduce (`_StopVotes`), read when the step retires, at the same point on every process.
+    votes = _StopVotes() if jax.process_count() > 1 else None
+    agreed = False  # (several processes) some process asked to stop, seen by all at the same step
+
     def retire(keep: int) -> None:
       """Waits for the oldest in-flight steps until `keep` remain; checks and records each."""
+      nonlocal agreed
       while len(in_flight) > keep:
-        s, m = in_flight.popleft()
+        s, m, vote = in_flight.popleft()
         m = jax.device_get(m)
+        agreed = agreed or (vote is not None and bool(jax.device_get(vote)))
         if not np.isfinite(m['loss_sum']):
           latest = ckpt.latest_step()
           raise NonFiniteLossError(
@@ -243,15 +251,19 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
       window, window_start = [], time.time()
 
     stop = _StopFlag(lambda: len(in_flight))
-    try:
-      with stop.installed():
-        while step < total_steps and not stop.requested:
+    stopping = lambda: agreed if votes is not None else stop.requested
+    own_request = False  # whether this process asked to stop before the loop ended
+    # The handlers stay until the last save is committed (`ckpt.close`): a process of several that
+    # stops on its peers' request may get its own SIGTERM only then, and must still finish it.
+    with stop.installed():
+      try:
+        while step < total_steps and not stopping():
           batch = next(batches)
-          if stop.requested:  # arrived while the batch was read: do not queue another step
+          if votes is None and stop.requested:  # arrived while the batch was read: no more steps
             break
           state, step_metrics = step_fn(state, partitioner.shard_batch(batch))
           step += 1
-          in_flight.append((step, step_metrics))
+          in_flight.append((step, step_metrics, votes.cast(stop.requested) if votes else None))
           retire(MAX_IN_FLIGHT)
           save_due = step % checkpoint_cfg.save_period == 0
           eval_due = evaluator is not None and eval_period is not None and step % eval_period == 0
@@ -259,20 +271,23 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
             check_and_log()
           if save_due:
             ckpt.save(step, state, meta)
-          if eval_due and not stop.requested:
+          if eval_due and not stopping():
             best = _evaluate(evaluator, state, step, model_config, model_dir, writer, best,
                              best_metric, best_mode, is_writer)
+        own_request = stop.requested  # (a signal from now on only waits for the last save)
         check_and_log()
         ckpt.save(step, state, meta, force=True)
         if (evaluator is not None and (eval_period is None or step % eval_period)
-            and not stop.requested):
+            and not stopping()):
           best = _evaluate(evaluator, state, step, model_config, model_dir, writer, best,
                            best_metric, best_mode, is_writer)
-    finally:
-      bar.close()
-      writer.close()
-      ckpt.close()
-    if stop.requested:
+      finally:
+        bar.close()
+        writer.close()
+        ckpt.close()
+    if votes is not None and agreed and not own_request:  # a peer's request
+      log.warning('stopped at step %d as another process asked; saved a checkpoint', step)
+    elif stopping():
       by, after = (('signal', 'the signal') if stop.signum is not None
                    else ('request', 'the request'))
       log.warning('stopped by %s at step %d; saved a checkpoint (%.1f s after %s)', by, step,
@@ -363,6 +378,32 @@ def _evaluate(evaluator: Evaluator, state: TrainState, step: int, config: T5Conf
     atomic.write_json(os.path.join(model_dir, BEST_FILE), best, indent=2)
   log.info('step %d: new best %s = %.4f', step, best_metric, value)
   return best
+
+
+class _StopVotes:
+  """Several processes: one stop decision for all, taken at the same step everywhere.
+
+  SIGTERM (pre-emption) reaches the processes of a job at different moments; a process that
+  stopped and saved at its own step would leave the others waiting in that step's collectives.
+  `cast` dispatches, beside each step, an all-reduce (max) of every process's request; the loop
+  reads its result when it retires the step (`MAX_IN_FLIGHT` steps later, where it reads the step's
+  metrics anyway, so no extra wait), at the same point of the loop on every process.
+  """
+
+  def __init__(self):
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+    # each process's devices in one block (the local votes fill it), whatever order jax.devices() has
+    mesh = Mesh(np.asarray(sorted(jax.devices(), key=lambda d: (d.process_index, d.id))),
+                ('processes',))
+    self._sharding = NamedSharding(mesh, PartitionSpec('processes'))
+    self._any = jax.jit(lambda votes: votes.max(),  # [devices] -> []
+                        out_shardings=NamedSharding(mesh, PartitionSpec()))
+    self._local = jax.local_device_count()
+
+  def cast(self, requested: bool) -> jax.Array:
+    """This process's vote; the result (1: some process asked to stop), not yet computed."""
+    return self._any(jax.make_array_from_process_local_data(
+        self._sharding, np.full((self._local,), int(requested), np.int32)))
 
 
 # A caller that runs training in threads (`gqa-spec reproduce` with `workers` > 1) sets a

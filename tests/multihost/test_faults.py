@@ -1,8 +1,10 @@
 """A process of a multi-process job killed (SIGKILL): every other process ends within seconds with
 one line naming it (`distributed._watch`), not after JAX's heartbeat timeout with pages of C++ log;
-an ordinary end, one process finishing before the other, is no loss."""
+an ordinary end, one process finishing before the other, is no loss; SIGTERM to every process of
+a training job (pre-emption) saves one checkpoint at one step and exits 0."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -10,6 +12,9 @@ import time
 
 import pytest
 
+from gqa_spec.checkpoints import manager
+from gqa_spec.checkpoints.load import load_any
+from tests.multihost import worker
 from tests.multihost.test_multihost import env, free_port
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'collectives.py')
@@ -67,3 +72,66 @@ def test_one_process_ending_first_is_no_loss():
         p.wait()
   assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
   assert not any('was lost' in err for _, err in outs)
+
+
+@pytest.mark.slow  # ~25 s each: two training processes
+@pytest.mark.parametrize('when', ['soon', 'during_the_save'])
+def test_sigterm_to_every_process_saves_one_checkpoint_at_one_step(tmp_path, when):
+  """Pre-emption: SIGTERM reaches the processes of a training job at different moments, process 1
+  first. Every process must stop after the same step and take part in the same save (a process
+  saving at another step would leave the other waiting in a collective), then exit 0. Process 0's
+  signal comes 0.5 s later ('soon': a step or more), or ('during_the_save') only once process 1's
+  request has stopped it too and its save waits to be committed (the test hook
+  `manager.STALL_ENV`, 3 s): then it must still finish that save and exit 0."""
+  gin = tmp_path / 'tiny.gin'
+  gin.write_text(worker.GIN)
+  run = tmp_path / 'run'
+  port = free_port()
+  flags = [f'--gin_file={gin}', f"--gin.MODEL_DIR='{run}'", '--gin.TRAIN_STEPS=10000',
+           '--gin_bindings=trainer.CheckpointConfig.save_period = 10000', '--model-parallel', '4',
+           '--coordinator', f'localhost:{port}', '--num-processes', '2']
+  logs = [tmp_path / f'log{i}' for i in (0, 1)]
+  procs = []
+  try:
+    for i in (0, 1):
+      with open(logs[i], 'w') as f:
+        procs.append(subprocess.Popen(
+            [sys.executable, '-m', 'gqa_spec', 'train', *flags, '--process-id', str(i)],
+            env=dict(env(4), **({manager.STALL_ENV: '3'} if when == 'during_the_save' else {})),
+            stdout=f, stderr=subprocess.STDOUT, start_new_session=True))
+    deadline = time.monotonic() + 180
+    log_file = run / 'train_log.jsonl'  # one line a step (log_period 1): training is under way
+    while not (log_file.exists() and len(log_file.read_text().splitlines()) >= 3):
+      assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [
+          log.read_text()[-2000:] for log in logs]
+      time.sleep(0.2)
+    procs[1].send_signal(signal.SIGTERM)
+    if when == 'soon':
+      time.sleep(0.5)
+    else:  # the stop's save (the first: save_period 10000) waits before its commit
+      while not (run / 'checkpoints' / 'save_stall_state').exists():
+        assert time.monotonic() < deadline, [log.read_text()[-2000:] for log in logs]
+        time.sleep(0.1)
+    if procs[0].poll() is None:
+      procs[0].send_signal(signal.SIGTERM)
+    codes = [p.wait(timeout=60) for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+      p.wait()
+  texts = [log.read_text() for log in logs]
+  assert codes == [0, 0], [text[-2000:] for text in texts]
+  # each process says where it stopped (a warning: process 1 logs warnings too); process 0 may
+  # have stopped on process 1's request before its own signal came (then it still exits 0)
+  stops = [re.findall(r'stopped (?:by signal at step (\d+)|at step (\d+) as another process asked)'
+                      r'; saved a checkpoint', text) for text in texts]
+  stops = [[a or b for a, b in found] for found in stops]
+  assert len(stops[0]) == len(stops[1]) == 1 and stops[0] == stops[1], texts
+  step = int(stops[0][0])
+  if when == 'during_the_save':  # process 0 had stopped on process 1's request
+    assert 'as another process asked' in texts[0], texts[0][-2000:]
+  assert 3 <= step < 10000
+  assert sorted(n for n in os.listdir(run / 'checkpoints') if n.isdigit()) == [str(step)]
+  _, _, restored_step = load_any(str(run))  # complete, and its fingerprints match
+  assert restored_step == step

@@ -9,6 +9,8 @@ bounded by a timeout and killed in a `finally`.
 
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -130,3 +132,64 @@ def test_only_process_zero_writes_and_reports(runs):
   assert sorted(p.name for p in two.iterdir() if p.name.startswith('p1_')) == ['p1_tiny.gin']
   assert 'step 6: loss=' in logs[1] and 'train step' in logs[1]
   assert 'step 6: loss=' not in logs[2] and 'train step' not in logs[2]
+
+
+RESTORE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'restore.py')
+
+
+def _record(run, step=6):
+  """The integrity record (every array's fingerprint) stored with the checkpoint at `step`."""
+  return json.loads((run / 'checkpoints' / str(step) / 'meta' / 'metadata').read_text())['integrity']
+
+
+@pytest.fixture(scope='module')
+def restores(runs, tmp_path_factory):
+  """The two-process run's checkpoint (2x4 mesh) restored by one process on a 1x8 mesh and saved;
+  that restored by two processes on a 4x2 mesh and saved; and, beside it, a copy of the first whose
+  integrity record names a wrong fingerprint for one array, restored by two processes."""
+  _, two, _ = runs
+  out = tmp_path_factory.mktemp('restores')
+  codes = run_all([([sys.executable, RESTORE, str(two / 'run'), str(out / 'one'), '1', '8', '1',
+                     '0', '0'], env(8), out / 'log_one')])
+  assert codes == [0], (out / 'log_one').read_text()[-3000:]
+  damaged = out / 'damaged'
+  shutil.copytree(two / 'run', damaged)
+  meta_file = damaged / 'checkpoints' / '6' / 'meta' / 'metadata'
+  meta = json.loads(meta_file.read_text())
+  name = 'params/decoder/layers_0/self_attention/key/kernel'
+  fingerprint = meta['integrity']['arrays'][name]['fingerprint']
+  meta['integrity']['arrays'][name]['fingerprint'] = f'{int(fingerprint, 16) ^ 1:08x}'
+  meta_file.write_text(json.dumps(meta))
+  port, port_damaged = free_port(), free_port()
+  commands = [([sys.executable, RESTORE, str(out / 'one'), str(out / 'two'), '4', '2', '2', str(i),
+                str(port)], env(4), out / f'log_two{i}') for i in (0, 1)]
+  commands += [([sys.executable, RESTORE, str(damaged), str(out / 'unused'), '4', '2', '2', str(i),
+                 str(port_damaged)], env(4), out / f'log_damaged{i}') for i in (0, 1)]
+  codes = run_all(commands)
+  logs = [path.read_text() for *_, path in commands]
+  return out, name, codes, logs
+
+
+def test_restores_into_other_process_counts_and_meshes(runs, restores):
+  _, two, _ = runs
+  out, _, codes, logs = restores
+  assert codes[:2] == [0, 0], [log[-3000:] for log in logs[:2]]
+  assert 'process 1: restored and saved step 6 on mesh 4x2' in logs[1]
+  # 2 processes on 2x4 -> 1 process on 1x8 -> 2 processes on 4x2: the parameters bitwise, and the
+  # whole state (optimizer statistics too) by the fingerprints each save recorded of what it held
+  _, first, _ = load_any(str(two / 'run'))
+  for run in (out / 'one', out / 'two'):
+    _, params, step = load_any(str(run))
+    assert step == 6
+    for key, value in native._flat(first).items():  # pylint: disable=protected-access
+      np.testing.assert_array_equal(np.asarray(native._flat(params)[key]), np.asarray(value),  # pylint: disable=protected-access
+                                    err_msg=f'{run}: {key}')
+    assert _record(run) == _record(two / 'run')
+
+
+def test_integrity_is_checked_on_every_process(restores):
+  out, name, codes, logs = restores
+  assert codes[2:] == [1, 1], [log[-3000:] for log in logs[2:]]
+  for i, log in enumerate(logs[2:]):
+    assert re.search(rf'^process {i}: \S+/damaged/checkpoints/6: array {name} is corrupt '
+                     r'\(fingerprint [0-9a-f]{8}, saved [0-9a-f]{8}\)', log, re.M), log[-3000:]
