@@ -29,6 +29,7 @@ SLOW_FILES = (
     'tests/test_manual.py',  # 311-387 (222-227 s of CPU) at load average 5-7, 2026-11-26
     'tests/training/test_resume.py',  # ~145 (5 train processes since 2026-11-25)
     'tests/reproduce/test_study_design.py',  # 145
+    'tests/scripts/test_device_study.py',  # ~135 at load 6 (the gpu reproduction at nano size)
     'tests/scripts/test_t5x_scripts.py',  # 134
     'tests/reproduce/test_calibration.py',  # 123
     'tests/models/test_layout.py',  # 88
@@ -42,7 +43,6 @@ SLOW_FILES = (
     'tests/decoding/test_tree_t5.py',  # 61
     'tests/test_convert.py',  # 57
     'tests/decoding/test_mesh.py',  # ~48 (shared states, the suite's XLA flags)
-    'tests/scripts/test_device_study.py',  # ~135 at load 6 (the gpu reproduction at nano size)
     'tests/reproduce/test_gpu_preset.py',  # 46
     'tests/training/test_sharding.py',  # ~42 (the suite's XLA flags)
     'tests/training/test_mesh_eval.py',  # ~32 (the suite's XLA flags)
