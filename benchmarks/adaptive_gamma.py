@@ -225,7 +225,8 @@ def markdown(result: Dict[str, Any]) -> List[str]:
             '' if r.get('gamma_histogram') is None else
             f'{r["gamma_histogram"]} (saved {r["draft_steps_saved"]})',
             '' if r['cost_ratio'] is None else
-            f'{r["cost_ratio"]:.3f} / {r["verify_ratio"]:.2f} ({r["calibration_seconds"]:.1f} s)')
+            f'{r["cost_ratio"]:.3f} / {" ".join(f"{v:.2f}" for v in r["verify_ratio"])} '
+            f'({r["calibration_seconds"]:.1f} s)')
            for r in result['rows']]
   pair = ('the trained pairs of the command line (`--pair`), on their tasks\' test inputs'
           if trained else 'the built-in UNTRAINED demo pair (`workloads.demo_pair`) on synthetic '
@@ -238,7 +239,7 @@ def markdown(result: Dict[str, Any]) -> List[str]:
       'decoding; x best fixed: over the fastest fixed gamma of the cell; acc.: accepted / '
       'proposed draft tokens; gamma histogram: target calls per draft length (0..gamma_max), all '
       'rows; saved: draft decode calls saved against gamma_max per iteration; c / v: the measured '
-      'draft cost ratio and verification cost ratio the optimal policy used '
+      'draft cost ratio and verification cost ratios v(1)..v(gamma_max) the optimal policy used '
       '(`adaptive.measure_costs`, once per pair and batch size, in the seconds given, compiles '
       'included; not in the timed runs).',
       ['pair' if trained else 'draft', 'batch', 'T', 'method', 'seconds', 'tokens',

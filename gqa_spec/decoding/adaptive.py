@@ -107,17 +107,19 @@ class AdaptiveGamma:
     if not 0.0 <= self.alpha_init <= 1.0 or not 0.0 <= self.decay < 1.0:
       raise UserError('alpha_init must be in [0, 1] and decay in [0, 1)')
 
+  def first_gamma(self) -> int:
+    """Every row's first draft length, a Python int."""
+    if self.gamma_init is not None:
+      return self.gamma_init
+    if self.policy == 'heuristic':
+      return max(1, self.gamma_max // 2)
+    with jax.ensure_compile_time_eval():  # a Python int, also while tracing
+      return int(theory.optimal_gammas(jnp.full((1,), self.alpha_init), self.cost_ratio,
+                                       self.gamma_max, self.verify_ratio)[0])
+
   def first(self, batch: int) -> jax.Array:
     """`[b]` the first iteration's draft lengths."""
-    if self.gamma_init is not None:
-      g = self.gamma_init
-    elif self.policy == 'heuristic':
-      g = max(1, self.gamma_max // 2)
-    else:
-      with jax.ensure_compile_time_eval():  # a Python int, also while tracing
-        g = int(theory.optimal_gammas(jnp.full((1,), self.alpha_init), self.cost_ratio,
-                                      self.gamma_max, self.verify_ratio)[0])
-    return jnp.full((batch,), g, jnp.int32)
+    return jnp.full((batch,), self.first_gamma(), jnp.int32)
 
   def describe(self) -> str:
     v = self.verify_ratio
@@ -301,6 +303,9 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
 
   # Speculative iterations while some active row wants a proposal; then, every active row at 0
   # (final for it), plain target steps in a loop of their own, with no draft and no branch.
-  final = jax.lax.while_loop(lambda a: ~jnp.all(a.loop.done) & speculating(a), body, init)
+  # A first draft length of 0 (the costs say not even alpha_init would pay) is final for every row:
+  # the program is the plain loop alone (no speculative loop, no draft call compiled).
+  final = init if adaptive.first_gamma() == 0 else jax.lax.while_loop(
+      lambda a: ~jnp.all(a.loop.done) & speculating(a), body, init)
   loop = jax.lax.while_loop(lambda s: ~jnp.all(s.done), plain_step, final.loop)
   return with_draft_calls(plain_statistics(loop, final.loop.result.target_calls))

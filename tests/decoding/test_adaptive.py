@@ -169,3 +169,13 @@ def test_narrow_verification_calls_are_greedy_exact():
 def test_bad_settings_are_user_errors(kwargs, message):
   with pytest.raises(UserError, match=message):
     AdaptiveGamma(**kwargs)
+
+
+def test_costs_that_never_pay_give_plain_steps_only():
+  # c = 2: not even alpha_init = 0.9 pays for a draft token, so every row starts (and stays) at 0
+  # and the program is the plain loop alone: greedy's output, no draft call.
+  ad = AdaptiveGamma(gamma_max=GAMMA_MAX, cost_ratio=2.0, verify_ratio=1.5)
+  assert ad.first_gamma() == 0
+  summary = _greedy(ad)
+  assert all(set(t) == {0} for t in summary['gamma_per_call_per_row'])
+  assert summary['draft_steps'] == 0 and summary['proposed'] == 0
