@@ -268,7 +268,8 @@ def main(argv=None) -> int:
   p.add_argument('--pair-drafts', default='draft,bigram',
                  help="drafts of each --pair: 'draft' (its DRAFT model), 'bigram' (fitted on its "
                       "task's training targets)")
-  p.add_argument('--drafts', default='bigram,perturbed', help='demo pair drafts: bigram,perturbed,nano')
+  p.add_argument('--drafts', default='bigram,perturbed',
+                 help='demo pair drafts: bigram,perturbed,nano')
   p.add_argument('--perturb', type=float, default=0.05)
   p.add_argument('--batches', default='1,8')
   p.add_argument('--temperatures', default='0,1')

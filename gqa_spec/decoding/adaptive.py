@@ -10,9 +10,10 @@ comes from p_{gamma_r + 1}. The causal mask keeps the positions past gamma_r fro
 the ones before. The target scores only as many positions as the batch needs: the call is one of a
 few compiled widths (`verify_gammas`: 1, 2, 3, 4, 6, 8, 12, ... up to gamma_max, each + 1 tokens),
 the narrowest that holds the longest proposal an active row asked for (`lax.switch`), so a batch
-whose rows all ask for gamma 1 pays for a two-token call, not a gamma_max + 1 one (a draft that reads the
-target's hidden states, Chimera, keeps the gamma_max + 1 width). Once no active row speculates (every one at gamma_r = 0, which is final), the rest
-runs as plain one-token target steps in a second loop, without the draft.
+whose rows all ask for gamma 1 pays for a two-token call, not a gamma_max + 1 one (a draft that
+reads the target's hidden states, Chimera, keeps the gamma_max + 1 width). Once no active row
+speculates (every one at gamma_r = 0, which is final), the rest runs as plain one-token target
+steps in a second loop, without the draft.
 
 Exactness: gamma_r depends only on the row's past (and, with a confidence stop, on the draft's
 distributions at the positions already proposed), so it is a stopping rule; the
