@@ -7,8 +7,13 @@ row has its gamma_r tokens, `ModelDraft.propose_upto`; other drafts propose gamm
 scores gamma_max + 1 positions, and `sampling.verify(limit=gamma_r)` verifies only each row's own
 prefix: positions past gamma_r are rejected and, when the prefix is accepted whole, the bonus token
 comes from p_{gamma_r + 1}. The causal mask keeps the positions past gamma_r from changing p at
-the ones before. Once no active row speculates (every one at gamma_r = 0, which is final), the rest
-runs as plain one-token target steps in a second loop, without the draft.
+the ones before. The target scores only as many positions as the batch needs: the call is one of a
+few compiled widths (`verify_gammas`: 1, 2, 3, 4, 6, 8, 12, ... up to gamma_max, each + 1 tokens),
+the narrowest that holds the longest proposal an active row asked for (`lax.switch`), so a batch
+whose rows all ask for gamma 1 pays for a two-token call, not a gamma_max + 1 one (a draft that
+reads the target's hidden states, Chimera, keeps the gamma_max + 1 width). Once no active row
+speculates (every one at gamma_r = 0, which is final), the rest runs as plain one-token target
+steps in a second loop, without the draft.
 
 Exactness: gamma_r depends only on the row's past (and, with a confidence stop, on the draft's
 distributions at the positions already proposed), so it is a stopping rule; the
@@ -19,7 +24,8 @@ Policies (`AdaptiveGamma.policy`):
   'optimal'   (default) alpha_r, an exponential moving average of the per-iteration mean beta of
               the positions the row tried (Corollary 6's estimator), and the cost ratio c give
               gamma_r = argmax_gamma of Theorem 8 over [0, gamma_max] (`theory.optimal_gammas`;
-              with a measured verification cost v, a gamma >= 1 costs gamma c + v steps).
+              with a measured verification cost v(gamma), a gamma >= 1 costs gamma c + v(gamma)
+              steps; v(gamma) is the cost of the narrowest compiled width that holds gamma).
               At gamma_r = 0 the row learns nothing more, so 0 is final for it; once no active row
               speculates the draft is no longer kept up to date and the batch stays on plain
               target steps.
@@ -33,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Tuple, Union
 
 import flax
 import jax
@@ -60,8 +66,9 @@ class AdaptiveGamma:
     gamma_max: the longest proposal (the compiled width is gamma_max + 1).
     policy: 'optimal' (Theorem 8 from a running alpha and `cost_ratio`) or 'heuristic' (HF's).
     cost_ratio: c, one draft call's time over one target call's (policy 'optimal').
-    verify_ratio: v, the verification call (gamma_max + 1 tokens) over a one-token target call
-      (policy 'optimal'; 1 = Theorem 8 as printed, which assumes verification costs one step).
+    verify_ratio: v, the verification call over a one-token target call (policy 'optimal'): one
+      number for every gamma (1 = Theorem 8 as printed, which assumes verification costs one
+      step) or gamma_max numbers v(1)..v(gamma_max), as `measure_costs` gives.
     confidence: stop a row's proposal after a token whose draft top probability is below this
       (0 = off).
     gamma_init: every row's first draft length (None: the policy's choice at `alpha_init`, or
@@ -74,7 +81,7 @@ class AdaptiveGamma:
   gamma_max: int = 8
   policy: str = 'optimal'
   cost_ratio: float = 0.0
-  verify_ratio: float = 1.0
+  verify_ratio: Union[float, Tuple[float, ...]] = 1.0
   confidence: float = 0.0
   gamma_init: Optional[int] = None
   alpha_init: float = 0.9
@@ -87,8 +94,13 @@ class AdaptiveGamma:
       raise UserError(f'gamma policy must be one of {", ".join(POLICIES)}, got {self.policy!r}')
     if not self.cost_ratio >= 0:
       raise UserError(f'cost ratio must be >= 0, got {self.cost_ratio}')
-    if not self.verify_ratio > 0:
-      raise UserError(f'verify ratio must be > 0, got {self.verify_ratio}')
+    v = self.verify_ratio
+    if isinstance(v, (tuple, list)):
+      if len(v) != self.gamma_max or not all(x > 0 for x in v):
+        raise UserError(f'per-gamma verify ratios must be {self.gamma_max} numbers > 0, got {v}')
+      object.__setattr__(self, 'verify_ratio', tuple(float(x) for x in v))  # hashable
+    elif not v > 0:
+      raise UserError(f'verify ratio must be > 0, got {v}')
     if not 0.0 <= self.confidence < 1.0:
       raise UserError(f'draft confidence must be in [0, 1), got {self.confidence}')
     if self.gamma_init is not None and not 0 <= self.gamma_init <= self.gamma_max:
@@ -96,21 +108,24 @@ class AdaptiveGamma:
     if not 0.0 <= self.alpha_init <= 1.0 or not 0.0 <= self.decay < 1.0:
       raise UserError('alpha_init must be in [0, 1] and decay in [0, 1)')
 
+  def first_gamma(self) -> int:
+    """Every row's first draft length, a Python int."""
+    if self.gamma_init is not None:
+      return self.gamma_init
+    if self.policy == 'heuristic':
+      return max(1, self.gamma_max // 2)
+    with jax.ensure_compile_time_eval():  # a Python int, also while tracing
+      return int(theory.optimal_gammas(jnp.full((1,), self.alpha_init), self.cost_ratio,
+                                       self.gamma_max, self.verify_ratio)[0])
+
   def first(self, batch: int) -> jax.Array:
     """`[b]` the first iteration's draft lengths."""
-    if self.gamma_init is not None:
-      g = self.gamma_init
-    elif self.policy == 'heuristic':
-      g = max(1, self.gamma_max // 2)
-    else:
-      with jax.ensure_compile_time_eval():  # a Python int, also while tracing
-        g = int(theory.optimal_gammas(jnp.full((1,), self.alpha_init), self.cost_ratio,
-                                      self.gamma_max, self.verify_ratio)[0])
-    return jnp.full((batch,), g, jnp.int32)
+    return jnp.full((batch,), self.first_gamma(), jnp.int32)
 
   def describe(self) -> str:
-    extra = (f',c={self.cost_ratio:.3g},v={self.verify_ratio:.3g}' if self.policy == 'optimal'
-             else '')
+    v = self.verify_ratio
+    v = f'{v[0]:.3g}..{v[-1]:.3g}' if isinstance(v, tuple) else f'{v:.3g}'
+    extra = f',c={self.cost_ratio:.3g},v={v}' if self.policy == 'optimal' else ''
     conf = f',confidence={self.confidence:g}' if self.confidence else ''
     return f'auto({self.policy},max={self.gamma_max}{extra}{conf})'
 
@@ -126,17 +141,35 @@ def target_cache_length(max_decode_len: int, adaptive: AdaptiveGamma) -> int:
   return max_decode_len + adaptive.gamma_max + 1
 
 
+def verify_gammas(gamma_max: int) -> Tuple[int, ...]:
+  """The proposal lengths the loop compiles a verification call for (each + 1 tokens): 1, 2, 3,
+  4, 6, 8, 12, 16, ... below gamma_max, and gamma_max."""
+  out, g = [1, 2, 3], 4
+  while g < gamma_max:
+    out += [g, g * 3 // 2]
+    g *= 2
+  return tuple(sorted({x for x in out if x < gamma_max} | {gamma_max}))
+
+
+def verify_width(gamma: int, gamma_max: int) -> int:
+  """The narrowest compiled proposal length (`verify_gammas`) that holds `gamma`."""
+  return min(w for w in verify_gammas(gamma_max) if w >= gamma)
+
+
 def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
-                  max_decode_len: int, gamma_max: int) -> Tuple[float, float]:
-  """(c, v) on this machine and batch, both at half the output length, each time the fastest of 5
+                  max_decode_len: int, gamma_max: int) -> Tuple[float, Tuple[float, ...]]:
+  """(c, v) on this machine and batch, at half the output length, each time the fastest of 5
   runs (`speedup.propose_time`, `speedup.step_time`; a few seconds, compiles included):
   c = one draft proposal of one token (its commit included) over one one-token target call;
-  v = one target call of gamma_max + 1 tokens (the loop's verification) over a one-token call."""
+  v = (v(1), ..., v(gamma_max)): the target call the loop verifies gamma tokens with (the
+  narrowest compiled width that holds gamma, `verify_width`, + 1 tokens) over a one-token call."""
   batch = target.index(target_state).shape[0]
   t_target = speedup.step_time(target, target_state, 1, max_decode_len // 2)
-  t_verify = speedup.step_time(target, target_state, gamma_max + 1, max_decode_len // 2)
+  t_verify = {w: speedup.step_time(target, target_state, w + 1, max_decode_len // 2)
+              for w in verify_gammas(gamma_max)}
   t_draft = speedup.propose_time(draft, draft_state, 1, batch, max_decode_len)
-  return t_draft / t_target, t_verify / t_target
+  return t_draft / t_target, tuple(t_verify[verify_width(g, gamma_max)] / t_target
+                                   for g in range(1, gamma_max + 1))
 
 
 @functools.partial(xla_options.jit, static_argnames=('target', 'draft', 'adaptive',
@@ -168,6 +201,21 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
   init = AdaptiveState(loop=loop, want=adaptive.first(batch),
                        alpha=jnp.full((batch,), adaptive.alpha_init, jnp.float32))
   positions = jnp.arange(gmax + 1)  # [gmax + 1]
+  widths = verify_gammas(gmax)
+
+  def verify_call(tstate, inputs, longest):
+    """The target's logits `[b, gmax + 1, V]` for `inputs [b, gmax + 1]`, scored at the narrowest
+    compiled width that holds `longest` proposed tokens; the positions past it are zeros (no row
+    verifies them: every row's limit is <= longest)."""
+    def branch(w):
+      def call(ts, inp):
+        logits, ts = target.tokens_to_logits(ts, inp[:, :w + 1])  # [b, w + 1, V]
+        return jnp.pad(logits, ((0, 0), (0, gmax - w), (0, 0))), ts
+      return call
+    if len(widths) == 1:
+      return branch(gmax)(tstate, inputs)
+    index = jnp.searchsorted(jnp.asarray(widths), longest)  # the first width >= longest
+    return jax.lax.switch(index, [branch(w) for w in widths], tstate, inputs)
 
   def speculate(s: LoopState, want, draft_rng, verify_rng):
     r = s.result
@@ -184,7 +232,7 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
       logits, hidden, tstate = target.tokens_to_logits_and_hidden(s.target_state, inputs)
       dstate = draft.observe(dstate, hidden, r.lengths)
     else:
-      logits, tstate = target.tokens_to_logits(s.target_state, inputs)  # [b, gmax + 1, V]
+      logits, tstate = verify_call(s.target_state, inputs, jnp.max(want))  # [b, gmax + 1, V]
     k, t, beta = sampling.verify(verify_rng, tokens, q, logits, config, limit)  # [b], [b], [b, g]
     new = jnp.concatenate([tokens, jnp.zeros_like(tokens[:, :1])], axis=1)  # [b, gmax + 1]
     new = jnp.where(positions[None] == k[:, None], t[:, None], new)  # x_1..x_k, t, junk
@@ -256,6 +304,14 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
 
   # Speculative iterations while some active row wants a proposal; then, every active row at 0
   # (final for it), plain target steps in a loop of their own, with no draft and no branch.
-  final = jax.lax.while_loop(lambda a: ~jnp.all(a.loop.done) & speculating(a), body, init)
-  loop = jax.lax.while_loop(lambda s: ~jnp.all(s.done), plain_step, final.loop)
+  # A first draft length of 0 (the costs say not even alpha_init would pay) is final for every row:
+  # the program is the plain loop alone (no speculative loop, no draft call compiled).
+  final = init if adaptive.first_gamma() == 0 else jax.lax.while_loop(
+      lambda a: ~jnp.all(a.loop.done) & speculating(a), body, init)
+  # The draft's state (its parameters and cache) stays out of the plain loop's carry: XLA copies a
+  # carried input buffer into the loop once per call, which at batch 1 on small models is a
+  # measurable part of the call.
+  loop = jax.lax.while_loop(lambda s: ~jnp.all(s.done), plain_step,
+                            final.loop.replace(draft_state=None))
+  loop = loop.replace(draft_state=final.loop.draft_state)
   return with_draft_calls(plain_statistics(loop, final.loop.result.target_calls))

@@ -15,6 +15,10 @@ them at a time), and reports:
   verify_ratio_v   target time for gamma + 1 tokens / for 1 token (Theorem 8 assumes 1);
   speedup_measured per-token time of autoregressive / of speculative decoding;
   speedup_thm8     Theorem 8 with the measured alpha and c; `_with_v` also with v(gamma).
+With `auto_drafts`, `measure_grid` also runs `--gamma auto` (`adaptive.decode`, policy optimal,
+gamma_max = the largest gamma) for those drafts on the same batches (`auto_rows`), with c and
+v(1)..v(gamma_max) taken from the grid's own timings (`auto_costs`) instead of a calibration of
+their own.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
 import jax
 import jax.numpy as jnp
 
-from gqa_spec.decoding import autoregressive, speculative, theory, tree_speculative, xla_options
+from gqa_spec.decoding import (adaptive, autoregressive, speculative, theory, tree_speculative,
+                               xla_options)
 from gqa_spec.decoding.drafts import ModelDraft
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.targets import T5Decoder
@@ -108,7 +113,8 @@ def propose_time(draft, dstate, gamma: int, batch: int, length: int, iters: int 
 
 def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequence[jax.Array], *,
                  max_decode_len: int, gammas: Sequence[int], temperatures: Sequence[float],
-                 repeats: int, seed: int = 0, workers: int = 1) -> Dict[str, Any]:
+                 repeats: int, seed: int = 0, workers: int = 1,
+                 auto_drafts: Sequence[str] = ()) -> Dict[str, Any]:
   """Autoregressive vs speculative decoding for every (temperature, draft, gamma).
 
   Args:
@@ -123,13 +129,17 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
     seed: sampling seed.
     workers: the untimed first runs (compiling every loop) this many at a time (`first_runs`);
       the timed runs always one at a time, after all of them.
+    auto_drafts: drafts (names in `drafts`) also decoded with `--gamma auto` (module docstring).
 
   Returns:
-    `{'autoregressive': {temperature: {...}}, 'target_step_seconds': {k: s}, 'rows': [...]}`.
+    `{'autoregressive': {temperature: {...}}, 'target_step_seconds': {k: s}, 'rows': [...],
+    'auto_rows': [...]}`.
   """
   L = max_decode_len
-  slots = speculative.target_cache_length(L, max(gammas))
+  gmax = max(gammas)
+  slots = speculative.target_cache_length(L, gmax)
   fill = L // 2
+  widths = adaptive.verify_gammas(gmax) if auto_drafts else ()
 
   def ar_all(config):
     return [autoregressive.decode(target, target.init(params, enc, slots),
@@ -137,7 +147,8 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
             for enc in batches]
 
   tstate = target.init(params, batches[0], slots)
-  t_target = {k: step_time(target, tstate, k, fill) for k in sorted({1} | {g + 1 for g in gammas})}
+  t_target = {k: step_time(target, tstate, k, fill)
+              for k in sorted({1} | {g + 1 for g in gammas} | {w + 1 for w in widths})}
   costs: Dict[Tuple[Any, ...], float] = {}
 
   def draft_cost(name: str, draft, dinit, gamma: int) -> float:
@@ -165,9 +176,20 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
                spec_all(SamplingConfig(temperature=t), d, i, g)
                for temp in temperatures for name, (draft, dinit) in drafts.items()
                for gamma in gammas})
+  autos = {name: auto_costs(gmax, draft_cost(name, *drafts[name], 1), t_target)
+           for name in auto_drafts}
+
+  def auto_all(config, draft, dinit, auto):
+    return [adaptive.decode(target, target.init(params, enc, slots), draft, dinit(enc),
+                            jax.random.PRNGKey(seed + 1), adaptive=auto, max_decode_len=L,
+                            config=config) for enc in batches]
+
+  runs.update({(temp, name, 'auto'): lambda t=temp, n=name: auto_all(
+      SamplingConfig(temperature=t), *drafts[n], autos[n])
+               for temp in temperatures for name in auto_drafts})
   first = dict(zip(runs, first_runs(list(runs.values()), workers)))
   out: Dict[str, Any] = {'target_step_seconds': {str(k): v for k, v in t_target.items()},
-                         'autoregressive': {}, 'rows': []}
+                         'autoregressive': {}, 'rows': [], 'auto_rows': []}
   for temp in temperatures:
     config = SamplingConfig(temperature=temp)
     ar = first[temp, None, None]
@@ -201,7 +223,32 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
                'tokens_equal_autoregressive': (spec_lists == ar_lists) if temp == 0 else None}
         row['measured_over_thm8'] = row['speedup_measured'] / row['speedup_thm8']
         out['rows'].append(row)
+    for name in auto_drafts:
+      res = first[temp, name, 'auto']
+      secs = median_time(runs[temp, name, 'auto'], repeats, warm=False)
+      tokens = sum(int(r.lengths.sum()) for r in res)
+      calls = sum(int(r.target_calls.sum()) for r in res)
+      spec_lists = sum((autoregressive.strip(r.sequences, r.lengths) for r in res), [])
+      out['auto_rows'].append({
+          'draft': name, 'temperature': temp, 'gamma': 'auto', 'policy': autos[name].describe(),
+          'c': autos[name].cost_ratio, 'verify_ratio_v': list(autos[name].verify_ratio),
+          'tokens': tokens, 'target_calls': calls, 'tokens_per_call': tokens / calls,
+          'accepted': sum(int(r.accepted.sum()) for r in res),
+          'loop_iterations': sum(int(r.loop_iterations) for r in res),
+          'gamma_histogram': [int(x) for x in sum(r.gamma_histogram.sum(axis=0) for r in res)],
+          'seconds': secs, 'ar_seconds': ar_secs, 'ar_tokens': ar_tokens,
+          'speedup_measured': (ar_secs / ar_tokens) / (secs / tokens),
+          'tokens_equal_autoregressive': (spec_lists == ar_lists) if temp == 0 else None})
   return out
+
+
+def auto_costs(gamma_max: int, c: float, t_target: Mapping[int, float]) -> adaptive.AdaptiveGamma:
+  """`--gamma auto`'s settings from a grid's timings: c, and v(g) = the target call of the
+  narrowest compiled width holding g (`adaptive.verify_width`) over a one-token call
+  (`t_target`: tokens per call -> seconds)."""
+  v = tuple(t_target[adaptive.verify_width(g, gamma_max) + 1] / t_target[1]
+            for g in range(1, gamma_max + 1))
+  return adaptive.AdaptiveGamma(gamma_max=gamma_max, cost_ratio=c, verify_ratio=v)
 
 
 # name -> (tree draft, its TreeShape, init(encoder_tokens [b, S]) -> draft state)

@@ -16,7 +16,7 @@ is v = 1). `c` may be a number or a function of gamma (measured, see benchmarks/
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -94,15 +94,17 @@ def optimal_gamma(alpha_: float, c: Cost, max_gamma: int = 64, verify_ratio: Cos
 
 
 def optimal_gammas(alpha_: jax.Array, c: float, max_gamma: int,
-                   verify_ratio: float = 1.0) -> jax.Array:
+                   verify_ratio: Union[float, Sequence[float]] = 1.0) -> jax.Array:
   """`[b]` alphas -> `[b]` int32: the gamma in [0, max_gamma] maximising Theorem 8, in jitted code.
 
   With `verify_ratio` v != 1 a gamma >= 1 costs gamma c + v target steps (as
-  `speedup_measured_costs`); gamma = 0 (plain target steps, improvement 1) wins when no gamma >= 1
-  pays. Ties go to the smaller gamma (fewer draft calls for the same expected speed).
+  `speedup_measured_costs`); v may be one number or `max_gamma` numbers, v(1)..v(max_gamma), the
+  verification call's cost at each gamma. gamma = 0 (plain target steps, improvement 1) wins when
+  no gamma >= 1 pays. Ties go to the smaller gamma (fewer draft calls for the same expected speed).
   """
   gammas = jnp.arange(max_gamma + 1, dtype=jnp.float32)  # [G + 1]
   a = jnp.clip(alpha_.astype(jnp.float32), 0.0, 1.0)[:, None]  # [b, 1]
   tokens = jnp.cumsum(a ** gammas[None], axis=-1)  # [b, G + 1] Eq. 1: sum_{i<=gamma} alpha^i
-  cost = gammas * c + jnp.where(gammas > 0, verify_ratio, 1.0)  # [G + 1]
+  v = jnp.broadcast_to(jnp.asarray(verify_ratio, jnp.float32), (max_gamma,))  # [G]
+  cost = gammas * c + jnp.concatenate([jnp.ones((1,), jnp.float32), v])  # [G + 1]
   return jnp.argmax(tokens / cost[None], axis=-1).astype(jnp.int32)  # [b]

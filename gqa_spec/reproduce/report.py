@@ -190,6 +190,29 @@ def speculative_table(spec_rows: Sequence[Mapping]) -> str:
                          'Speed (measured)', 'Speed (Thm 8)'], body)
 
 
+def auto_table(spec_record: Mapping) -> str:
+  """`--gamma auto` beside the best and the worst fixed gamma of the same task, target, draft and
+  temperature (measured speedups over autoregressive decoding in the same job)."""
+  fixed: Dict[tuple, List[Mapping]] = {}
+  for r in spec_record['rows']:
+    fixed.setdefault((r['task'], r['target'], r['draft'], r['temperature']), []).append(r)
+  body = []
+  for a in sorted(spec_record.get('auto_rows', ()),
+                  key=lambda r: (r['task'], r['target'], r['draft'], r['temperature'])):
+    rows = fixed.get((a['task'], a['target'], a['draft'], a['temperature']), [])
+    best = max(rows, key=lambda r: r['speedup_measured'], default=None)
+    worst = min(rows, key=lambda r: r['speedup_measured'], default=None)
+    body.append([a['task'], a['target'], a['draft'], _fmt(a['temperature'], 0),
+                 f"{a['speedup_measured']:.2f}x", a['tokens_per_call'],
+                 ' '.join(str(x) for x in a['gamma_histogram']),
+                 '-' if best is None else
+                 f"{best['speedup_measured']:.2f}x (gamma={best['gamma']})",
+                 '-' if worst is None else
+                 f"{worst['speedup_measured']:.2f}x (gamma={worst['gamma']})"])
+  return markdown_table(['Task', 'Target', 'Draft', 'Temp', 'Speed (auto)', 'tokens/call',
+                         'target calls per gamma 0..max', 'best fixed', 'worst fixed'], body)
+
+
 def alpha_table(spec_rows: Sequence[Mapping]) -> str:
   """Leviathan Table 3: alpha per draft model, task and temperature (alpha does not depend on gamma;
   averaged over the gammas measured)."""

@@ -4,7 +4,9 @@ Jobs (each skipped once finished):
   <task>.<target>        Leviathan Tables 2-3 at CPU scale, for the fine-tuned MHA and GQA targets:
                          the fine-tuned draft model, a bigram fitted on the task's training targets
                          and copy (prompt lookup) drafts over temperatures and gammas: alpha,
-                         tokens per call, c(gamma), measured speedup, Theorem 8 (`rows`).
+                         tokens per call, c(gamma), measured speedup, Theorem 8 (`rows`); and
+                         the draft model with `--gamma auto` (gamma_max = the largest of
+                         `gammas`, c and v from the job's own timings: `auto_rows`).
   <task>.<mha>.drafts    Spector & Re and Chimera beside plain speculation, for the MHA target the
                          `drafts` stage trained against, all in one job on the same batches
                          (speedups relative to the job's own autoregressive timing):
@@ -108,9 +110,11 @@ def _chain_job(ctx, task: str, lengths, target_name: str, finetuned: dict, memo)
   grid = speedup.measure_grid(target, params, drafts, batches,
                               max_decode_len=max_len, gammas=p.gammas,
                               temperatures=p.temperatures, repeats=p.speculative_repeats,
-                              workers=p.workers)
+                              workers=p.workers,
+                              auto_drafts=tuple(d for d in ('draft model',) if d in drafts))
   rows = [dict(r, task=task, target=target_name) for r in grid['rows']]
   out = {'task': task, 'target': target_name, 'rows': rows,
+         'auto_rows': [dict(r, task=task, target=target_name) for r in grid['auto_rows']],
          'target_step_seconds': grid['target_step_seconds'],
          'autoregressive': _without_outputs(grid)}
   if not p.trained_drafts and target_name == p.variants()[0].name:
@@ -264,6 +268,7 @@ def stage_speculative(ctx) -> dict:
   chain = [r for r in records if 'rows' in r]
   extra = [r for r in records if 'drafts_rows' in r]
   return {'rows': [r for rec in chain for r in rec['rows']],
+          'auto_rows': [r for rec in chain for r in rec.get('auto_rows', ())],
           'drafts_rows': [r for rec in extra for r in rec['drafts_rows']],
           'tree_rows': [r for rec in records for r in rec.get('tree_rows', [])],
           'jobs': records, 'batch_size': p.speculative_batch,

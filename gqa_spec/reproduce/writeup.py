@@ -46,6 +46,8 @@ def stage_report(ctx: Context) -> dict:
       report.timing_table(timing), '',
       '## Speculative decoding (Leviathan Table 2 form): best gamma per draft', '',
       report.speculative_table(spec), '',
+      '## `--gamma auto` beside fixed gammas (draft model)', '',
+      report.auto_table(spec_record), '',
       '## Acceptance rate alpha per draft (Leviathan Table 3 form)', '',
       report.alpha_table(spec), '',
       '## Token trees and staged speculation (Spector & Re Table 1 form), MHA target', '',

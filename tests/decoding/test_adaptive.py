@@ -128,12 +128,54 @@ def test_optimal_gammas_follow_theorem_8():
                       for gamma in range(1, 9)]
     assert values[g] >= max(values) - 1e-5, (a, g)
   assert got[2] == 0 < got[4]  # alpha 0.6 does not pay for v = 3; alpha 0.95 does
+  # v per gamma (a verification call growing with its width): each row's best under its own costs.
+  v = (1.1, 1.3, 1.6, 2.0, 2.6, 3.2, 3.9, 4.6)
+  got = np.asarray(theory.optimal_gammas(jnp.asarray(alphas), 0.05, 8, verify_ratio=v))
+  for a, g in zip(alphas, got):
+    values = [1.0] + [theory.speedup_measured_costs(float(a), gamma, 0.05, v[gamma - 1])
+                      for gamma in range(1, 9)]
+    assert values[g] >= max(values) - 1e-5, (a, g)
+  assert got[0] == 0 < got[1] < got[5] < 8  # a growing v keeps even alpha = 1 below gamma_max
+  # One v for every gamma (v(gamma_max) everywhere) would have turned alpha 0.3 and 0.6 off.
+  flat = np.asarray(theory.optimal_gammas(jnp.asarray(alphas), 0.05, 8, verify_ratio=v[-1]))
+  assert flat[1] == flat[2] == 0
+
+
+def test_verification_widths():
+  assert adaptive.verify_gammas(8) == (1, 2, 3, 4, 6, 8)
+  assert adaptive.verify_gammas(1) == (1,) and adaptive.verify_gammas(5) == (1, 2, 3, 4, 5)
+  assert adaptive.verify_gammas(20) == (1, 2, 3, 4, 6, 8, 12, 16, 20)
+  assert [adaptive.verify_width(g, 8) for g in range(1, 9)] == [1, 2, 3, 4, 6, 6, 8, 8]
+
+
+def test_narrow_verification_calls_are_greedy_exact():
+  # Per-gamma v, cheap for short proposals: the rows' gammas spread over several widths (the
+  # batch's call is the narrowest holding its longest proposal), and the output stays greedy's.
+  summary = _greedy(AdaptiveGamma(gamma_max=GAMMA_MAX, cost_ratio=0.05,
+                                  verify_ratio=(1.05, 1.1, 1.2, 1.5)))
+  gammas = {g for t in summary['gamma_per_call_per_row'] for g in t}
+  assert len(gammas - {0, GAMMA_MAX}) >= 2, gammas
+  trace = summary['gamma_per_call_per_row']  # call i of every row is iteration i (module test)
+  longest = [max(t[i] for t in trace if len(t) > i) for i in range(max(map(len, trace)))]
+  assert any(0 < g < GAMMA_MAX for g in longest), longest  # calls narrower than gamma_max + 1
 
 
 @pytest.mark.parametrize('kwargs, message', [
     (dict(gamma_max=0), 'gamma_max'), (dict(policy='fast'), 'policy'),
     (dict(cost_ratio=-1.0), 'cost ratio'), (dict(confidence=1.0), 'confidence'),
-    (dict(gamma_init=9), 'gamma_init'), (dict(decay=1.0), 'decay')])
+    (dict(gamma_init=9), 'gamma_init'), (dict(decay=1.0), 'decay'),
+    (dict(gamma_max=2, verify_ratio=(1.0,)), 'per-gamma verify'),
+    (dict(gamma_max=1, verify_ratio=(0.0,)), 'per-gamma verify')])
 def test_bad_settings_are_user_errors(kwargs, message):
   with pytest.raises(UserError, match=message):
     AdaptiveGamma(**kwargs)
+
+
+def test_costs_that_never_pay_give_plain_steps_only():
+  # c = 2: not even alpha_init = 0.9 pays for a draft token, so every row starts (and stays) at 0
+  # and the program is the plain loop alone: greedy's output, no draft call.
+  ad = AdaptiveGamma(gamma_max=GAMMA_MAX, cost_ratio=2.0, verify_ratio=1.5)
+  assert ad.first_gamma() == 0
+  summary = _greedy(ad)
+  assert all(set(t) == {0} for t in summary['gamma_per_call_per_row'])
+  assert summary['draft_steps'] == 0 and summary['proposed'] == 0

@@ -106,6 +106,28 @@ def test_speculative_grid_is_exact_at_temperature_zero(smoke_run):
   assert len(costs) == groups * (1 + 2 * len(SMOKE.gammas))  # draft model; bigram, copy per gamma
 
 
+def test_gamma_auto_rows_are_exact_and_in_the_report(smoke_run):
+  out_dir, _ = smoke_run
+  record = _stage(out_dir, 'speculative')
+  auto = record['auto_rows']
+  groups = len(SMOKE.finetune_lengths) * len(SMOKE.speculative_targets())
+  assert len(auto) == groups * len(SMOKE.temperatures)  # the draft model, every temperature
+  gmax = max(SMOKE.gammas)
+  for r in auto:
+    assert r['draft'] == 'draft model' and r['gamma'] == 'auto'
+    assert len(r['verify_ratio_v']) == gmax and len(r['gamma_histogram']) == gmax + 1
+    assert sum(r['gamma_histogram']) == r['target_calls']  # every target call, plain ones too
+    assert 1.0 <= r['tokens_per_call'] <= gmax + 1 and r['speedup_measured'] > 0
+    fixed = [x for x in record['rows'] if x['draft'] == 'draft model' and all(
+        x[k] == r[k] for k in ('task', 'target', 'temperature'))]
+    assert r['c'] == fixed[0]['c']  # the job's own timing of the draft, not a calibration
+    if r['temperature'] == 0:
+      assert r['tokens_equal_autoregressive'] is True, r
+  with open(os.path.join(out_dir, 'report.md')) as f:
+    report = f.read()
+  assert '`--gamma auto` beside fixed gammas' in report
+
+
 def test_drafts_stage_trains_chimera_and_distilled_drafts_per_task(smoke_run):
   out_dir, work_dir = smoke_run
   rows = _stage(out_dir, 'drafts')['rows']
