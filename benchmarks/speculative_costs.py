@@ -7,12 +7,12 @@
 Random-init `mini` target and `nano` draft by default (`--target-preset`, `--draft-preset`; costs do
 not depend on the weights). Per batch size:
   target_step_ms   one 1-token target decode call at cache fill max_decode_len / 2
-                   (`speedup.step_time`: a jitted loop of calls, rolled back, least disturbed run);
+                   (`timing.step_time`: a jitted loop of calls, rolled back, least disturbed run);
   draft_step_ms    the same for the draft; c = draft_step / target_step;
 and per gamma:
   verify_ms        one (gamma + 1)-token target call; v(gamma) = verify / target_step;
   propose_ms       one `ModelDraft.propose` of gamma tokens plus its `commit`
-                   (`speedup.propose_time`: a 2-token call, then gamma - 1 1-token calls, sampling);
+                   (`timing.propose_time`: a 2-token call, then gamma - 1 1-token calls, sampling);
   iteration_ms     wall time of `speculative.decode` (greedy, EOS never produced: every row runs
                    to max_decode_len) minus its init calls, / its loop iterations (least disturbed
                    of --repeats runs, like the step times);
@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common, op_profile, workloads
-from gqa_spec.decoding import speculative, speedup
+from gqa_spec.decoding import speculative, timing
 from gqa_spec.decoding.drafts import ModelDraft
 from gqa_spec.decoding.targets import T5Decoder
 from gqa_spec.models.config import preset
@@ -81,8 +81,8 @@ def measure(args) -> list:
     target, tparams, draft, dparams, enc = _setup(args, batch)
     slots = speculative.target_cache_length(length, max(gammas))
     tstate = target.init(tparams, enc, slots)
-    t_target = speedup.step_time(target, tstate, 1, length // 2)
-    t_verify = {g: speedup.step_time(target, tstate, g + 1, length // 2) for g in gammas}
+    t_target = timing.step_time(target, tstate, 1, length // 2)
+    t_verify = {g: timing.step_time(target, tstate, g + 1, length // 2) for g in gammas}
     for i, layers in enumerate(_draft_layers(args)):
       if i:
         draft, dparams = _draft(args, layers)
@@ -98,9 +98,9 @@ def _draft_rows(args, batch, layers, gammas, target, tparams, draft, dparams, en
   slots = speculative.target_cache_length(length, max(gammas))
   rows = []
   dstate0 = draft.init(dparams, enc, length, max(gammas))
-  t_draft = speedup.step_time(draft.decoder, dstate0, 1, length // 2)
+  t_draft = timing.step_time(draft.decoder, dstate0, 1, length // 2)
   for gamma in gammas:
-    t_propose = speedup.propose_time(draft, dstate0, gamma, batch, length)
+    t_propose = timing.propose_time(draft, dstate0, gamma, batch, length)
 
     def run(gamma=gamma):
       return speculative.decode(target, target.init(tparams, enc, slots), draft,
@@ -108,7 +108,7 @@ def _draft_rows(args, batch, layers, gammas, target, tparams, draft, dparams, en
                                 gamma=gamma, max_decode_len=length, eos_id=-1)
     iterations = int(run().loop_iterations)
     # The init calls (encoder passes) are timed apart and subtracted. Least disturbed runs, as
-    # for the step times (`speedup.step_time` / `propose_time`), so the difference compares like
+    # for the step times (`timing.step_time` / `propose_time`), so the difference compares like
     # with like on a loaded machine.
     init_secs = common.best_seconds(lambda gamma=gamma: (target.init(tparams, enc, slots),
                                                       draft.init(dparams, enc, length, gamma)),

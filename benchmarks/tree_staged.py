@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks import common, workloads
-from gqa_spec.decoding import autoregressive, speculative, speedup, theory, tree_speculative
+from gqa_spec.decoding import autoregressive, speculative, theory, timing, tree_speculative
 from gqa_spec.decoding.drafts import ModelDraft, StagedDraft, TreeModelDraft
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.targets import T5Decoder
@@ -154,8 +154,8 @@ def main(argv=None):
           row['alpha'] = alpha
         rows.append(row)
       tstate = target.init(params, batches[0], L + gamma + 2)
-      t1 = speedup.step_time(target, tstate, 1, L // 2)
-      c = speedup.step_time(draft_dec, draft_dec.init(dparams, batches[0], L + gamma + 2), 1,
+      t1 = timing.step_time(target, tstate, 1, L // 2)
+      c = timing.step_time(draft_dec, draft_dec.init(dparams, batches[0], L + gamma + 2), 1,
                             L // 2) / t1
       for row in rows[-len(results):]:
         row['speedup_over_autoregressive'] = row['tokens_per_second'] / base['ar']['tokens_per_second']

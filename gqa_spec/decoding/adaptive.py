@@ -45,7 +45,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from gqa_spec.decoding import sampling, speedup, theory, xla_options
+from gqa_spec.decoding import sampling, theory, timing, xla_options
 from gqa_spec.decoding.autoregressive import EOS
 from gqa_spec.decoding.drafts.base import Draft
 from gqa_spec.decoding.sampling import SamplingConfig
@@ -159,15 +159,15 @@ def verify_width(gamma: int, gamma_max: int) -> int:
 def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
                   max_decode_len: int, gamma_max: int) -> Tuple[float, Tuple[float, ...]]:
   """(c, v) on this machine and batch, at half the output length, each time the fastest of 5
-  runs (`speedup.propose_time`, `speedup.step_time`; a few seconds, compiles included):
+  runs (`timing.propose_time`, `timing.step_time`; a few seconds, compiles included):
   c = one draft proposal of one token (its commit included) over one one-token target call;
   v = (v(1), ..., v(gamma_max)): the target call the loop verifies gamma tokens with (the
   narrowest compiled width that holds gamma, `verify_width`, + 1 tokens) over a one-token call."""
   batch = target.index(target_state).shape[0]
-  t_target = speedup.step_time(target, target_state, 1, max_decode_len // 2)
-  t_verify = {w: speedup.step_time(target, target_state, w + 1, max_decode_len // 2)
+  t_target = timing.step_time(target, target_state, 1, max_decode_len // 2)
+  t_verify = {w: timing.step_time(target, target_state, w + 1, max_decode_len // 2)
               for w in verify_gammas(gamma_max)}
-  t_draft = speedup.propose_time(draft, draft_state, 1, batch, max_decode_len)
+  t_draft = timing.propose_time(draft, draft_state, 1, batch, max_decode_len)
   return t_draft / t_target, tuple(t_verify[verify_width(g, gamma_max)] / t_target
                                    for g in range(1, gamma_max + 1))
 

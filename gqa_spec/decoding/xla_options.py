@@ -61,7 +61,7 @@ def jit(fun: Optional[Callable] = None, **jit_kwargs):
   if fun is None:
     return functools.partial(jit, **jit_kwargs)
   versions: Dict[Any, Any] = {}
-  lock = threading.Lock()  # threads compiling side by side (`speedup.first_runs`) share a version
+  lock = threading.Lock()  # threads compiling side by side (`timing.first_runs`) share a version
 
   def version():
     k = key()

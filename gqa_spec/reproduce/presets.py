@@ -136,7 +136,7 @@ class Preset:
   fast_compile_decoding: bool = False
   # Threads for work that times nothing: training jobs side by side (pretrain, uptrain, finetune,
   # drafts; `jobs.run_jobs`) and the speculative stage's first, compiling runs of its loops
-  # (`speedup.first_runs`). A tiny model's step keeps about one core busy and XLA compiles outside
+  # (`timing.first_runs`). A tiny model's step keeps about one core busy and XLA compiles outside
   # Python's lock, so on 2 cores two of either run at once (results/benchmarks/side_by_side.md).
   # Timed work (evaluate, timing, the speculative stage's timed runs) always runs alone. A training
   # job's `wall_seconds` then counts time shared with another job. 1 for models whose steps use

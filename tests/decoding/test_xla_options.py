@@ -57,10 +57,10 @@ def test_the_options_reach_the_compiler_of_every_loop_kind(monkeypatch):
 
 
 def test_first_runs_side_by_side_keep_their_order_and_the_options(monkeypatch):
-  """`speedup.first_runs` (the speculative stage's compiling runs, `workers` at a time): results
+  """`timing.first_runs` (the speculative stage's compiling runs, `workers` at a time): results
   in order, two really at once, and each thread compiles with the caller's options."""
   import threading  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding import speedup  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding import timing  # pylint: disable=g-import-not-at-top
   together = threading.Barrier(2, timeout=60)  # passes only when two runs are under way at once
   seen = []
 
@@ -71,17 +71,17 @@ def test_first_runs_side_by_side_keep_their_order_and_the_options(monkeypatch):
     return jnp.full((2,), i)
 
   with xla_options.fast_compile():
-    out = speedup.first_runs([lambda i=i: run(i) for i in range(3)], workers=2)
+    out = timing.first_runs([lambda i=i: run(i) for i in range(3)], workers=2)
   assert [int(o[0]) for o in out] == [0, 1, 2]
   assert seen == [xla_options.FAST_COMPILE] * 3
-  assert [int(o[0]) for o in speedup.first_runs([lambda: run(2)] * 2, workers=1)] == [2, 2]
+  assert [int(o[0]) for o in timing.first_runs([lambda: run(2)] * 2, workers=1)] == [2, 2]
   with pytest.raises(ValueError, match='workers must be >= 1'):
-    speedup.first_runs([lambda: run(2)], workers=0)
+    timing.first_runs([lambda: run(2)], workers=0)
 
   model, params = model_and_params(2)
   target, enc = T5Decoder(model), jnp.asarray(INPUTS)
   state = target.init(params, enc, MAX_LEN + 1)
   monkeypatch.setattr(xla_options, 'FAST_COMPILE', {'xla_gqa_spec_no_such_option': True})
   with xla_options.fast_compile(), pytest.raises(Exception, match='xla_gqa_spec_no_such_option'):
-    speedup.first_runs([lambda: autoregressive.decode(target, state, jax.random.PRNGKey(0),
+    timing.first_runs([lambda: autoregressive.decode(target, state, jax.random.PRNGKey(0),
                                                       max_decode_len=MAX_LEN)] * 2, workers=2)

@@ -1,0 +1,92 @@
+"""Timing decode calls and loops: the measured costs speculative decoding is planned from.
+
+  step_time      seconds per target (or draft) call appending k tokens: v(gamma) and c
+  propose_time   seconds per draft proposal of gamma tokens (drafts that are not models)
+  median_time, min_time   wall seconds of a callable over repeats (after a compiling run)
+  first_runs     the untimed, compiling first runs of several loops, some at a time in threads
+
+Used by `speedup` (the grids), `adaptive` (`--gamma auto`'s calibration) and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextvars
+import statistics
+import time
+from typing import Any, Callable, List, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from gqa_spec.decoding import xla_options
+from gqa_spec.decoding.sampling import SamplingConfig
+
+
+def _timed_runs(fn: Callable[[], Any], repeats: int, warm: bool = True) -> List[float]:
+  if warm:
+    jax.block_until_ready(fn())  # compile and warm up, untimed
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return times
+
+
+def median_time(fn: Callable[[], Any], repeats: int, warm: bool = True) -> float:
+  """Median wall seconds of `fn()` over `repeats` runs, after one untimed (compiling) run (`warm`
+  False: the caller has just run it, untimed)."""
+  return statistics.median(_timed_runs(fn, repeats, warm))
+
+
+def first_runs(fns: Sequence[Callable[[], Any]], workers: int = 1) -> List[Any]:
+  """`fn()` of each, once and untimed (the runs that compile), `workers` at a time in threads;
+  their results, ready, in order. XLA compiles outside Python's lock, so on a machine whose cores
+  one tiny loop does not fill (the smoke's speculative stage on 2 cores) compiles overlap. Each
+  thread runs in a copy of the caller's context (`xla_options.fast_compile` reaches it)."""
+  if workers < 1:
+    raise ValueError(f'workers must be >= 1, got {workers}')
+  if workers == 1 or len(fns) < 2:
+    return [jax.block_until_ready(fn()) for fn in fns]
+  with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix='first-run') as pool:
+    futures = [pool.submit(contextvars.copy_context().run,
+                           lambda fn=fn: jax.block_until_ready(fn())) for fn in fns]
+    return [f.result() for f in futures]
+
+
+def min_time(fn: Callable[[], Any], repeats: int) -> float:
+  """Least disturbed of `repeats` runs: micro-benchmarks on a shared CPU."""
+  return min(_timed_runs(fn, repeats))
+
+
+def step_time(decoder, state, k: int, fill: int, iters: int = 40) -> float:
+  """Seconds per `tokens_to_logits` call appending k tokens at cache fill `fill` (rolled back)."""
+  batch = decoder.index(state).shape[0]
+  index = jnp.full((batch,), fill, jnp.int32)
+
+  @xla_options.jit
+  def loop(state):
+    def body(_, s):
+      logits, s = decoder.tokens_to_logits(s, jnp.full((batch, k), 5, jnp.int32))
+      # Depending on every logit keeps XLA from slicing away the work of the other positions.
+      return decoder.rollback(s, index + (jnp.sum(logits) > 1e30))
+    return jax.lax.fori_loop(0, iters, body, decoder.rollback(state, index))
+
+  return min_time(lambda: loop(state), 5) / iters
+
+
+def propose_time(draft, dstate, gamma: int, batch: int, length: int, iters: int = 20) -> float:
+  """Seconds per `propose` of gamma tokens (plus its commit) at sequence length `length // 2`."""
+  seqs = jnp.full((batch, length), 5, jnp.int32)
+  lengths = jnp.full((batch,), length // 2, jnp.int32)
+
+  @xla_options.jit
+  def loop(dstate):
+    def body(_, carry):
+      s, acc = carry
+      toks, _, s = draft.propose(s, seqs, lengths, jax.random.PRNGKey(0), gamma, SamplingConfig())
+      return draft.commit(s, seqs, lengths), acc + jnp.sum(toks)
+    return jax.lax.fori_loop(0, iters, body, (dstate, jnp.zeros((), jnp.int32)))
+
+  return min_time(lambda: loop(dstate), 5) / iters
