@@ -37,6 +37,7 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
 
+from gqa_spec import atomic
 from gqa_spec.reproduce.stages import STAGES
 
 BUDGET_S = 330  # wall seconds of the driver (a device call adds its start and transfers)
@@ -193,13 +194,13 @@ def study(out: str, size: str, budget: float, kit: str = 'gpu_kit',
   meta.update(status=status, status_text=text, seconds=time.monotonic() - start)
   records = _stage_records(results)
   lines = summary_lines(meta, records)
-  with open(os.path.join(out, 'summary.json'), 'w') as f:
-    json.dump({**meta, 'stages': {k: v.get('wall_seconds') for k, v in records.items()},
-               'goals': goal_rows(records),
-               'claims': records.get('report', {}).get('claims', [])}, f, indent=1)
-  with open(os.path.join(out, 'summary.md'), 'w') as f:
-    f.write('\n'.join(lines) + '\n')
-  with tarfile.open(os.path.join(out, 'device_check_study.tar.gz'), 'w:gz') as tar:
+  atomic.write_json(os.path.join(out, 'summary.json'),
+                    {**meta, 'stages': {k: v.get('wall_seconds') for k, v in records.items()},
+                     'goals': goal_rows(records),
+                     'claims': records.get('report', {}).get('claims', [])}, indent=1)
+  atomic.write_text(os.path.join(out, 'summary.md'), '\n'.join(lines) + '\n')
+  with atomic.open_for_write(os.path.join(out, 'device_check_study.tar.gz'), 'wb') as f, \
+       tarfile.open(fileobj=f, mode='w:gz') as tar:
     if os.path.isdir(results):
       tar.add(results, arcname='results')
     if os.path.isdir(os.path.join(work, 'jobs')):
