@@ -36,8 +36,7 @@ SLOW_FILES = (
     'tests/models/test_t5.py',  # 88
     'tests/decoding/test_speculative_t5.py',  # 78
     'tests/multihost/test_scale_out_doc.py',  # ~110 (10 processes, up to 5 at a time; load 4)
-    'tests/multihost/test_multihost.py',  # ~85 (3 processes side by side, then 1, then 4; load 8: 72 s before the restores)
-    'tests/multihost/test_decode_multihost.py',  # ~50 (3 processes side by side, TensorFlow in each) (3 processes side by side; load 8: 72 s)
+    'tests/multihost/test_multihost.py',  # ~85 + ~50 before the decoding joined its processes (3 side by side, then 1, then 4)
     'tests/decoding/test_tree_staged.py',  # ~76 (147 compiles, was 771)
     'tests/training/test_draft_training.py',  # 70
     'tests/decoding/test_tree_t5.py',  # 61

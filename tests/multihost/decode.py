@@ -1,21 +1,18 @@
-"""One process of `test_decode_multihost.py`: eval, infer and generate, as the commands run them.
-
-  python tests/multihost/decode.py OUT CKPT N I PORT
+"""The decoding half of one process of `test_multihost.py` (`worker.py` calls `main` after its
+training, in the same process): eval, infer and generate, as the commands run them.
 
 N = 1: the reference (one process, 8 virtual devices); N = 2: process I of two (4 devices each).
 In sequence, in one Python process: `gqa-spec eval` with beam search on a mesh of all processes'
 devices (model axis 2), `gqa-spec infer` with beam search (one device per process), and
-`gqa-spec generate --tree` (a model tree draft: CKPT itself) on the mesh. The DDTP tasks read `GQA_SPEC_DATA_DIR`. Process 1's outputs get their own names (p1_*), so the test sees
-that it wrote none; each command's stdout goes to OUT/<name>.stdout (p1_ likewise).
+`gqa-spec generate --tree` (a model tree draft: CKPT itself) on the mesh. The DDTP tasks read
+`GQA_SPEC_DATA_DIR`. Process 1's outputs get their own names (p1_*), so the test sees that it
+wrote none; each command's stdout goes to OUT/<name>.stdout (p1_ likewise).
 """
 
 import contextlib
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from gqa_spec import cli  # pylint: disable=g-import-not-at-top
+from gqa_spec import cli
 
 TASK = 'ddtp_translate_en_de'
 INPUTS = [[5, 6, 7, 1], [9, 10, 11, 12, 13, 1], [20, 1], [30, 31, 32, 1], [40, 41, 1]]
@@ -47,7 +44,3 @@ def main(out: str, ckpt: str, n: int, i: int, port: int) -> None:
   run('tree', ['generate', '--model', ckpt, '--inputs', inputs, '--max-decode-len', '8',
                '--batch-size', '4', '--draft', ckpt, '--tree', 'topk:2,2', '--out',
                mine('tree.jsonl'), '--stats', mine('tree_stats.json'), '--model-parallel', '2'])
-
-
-if __name__ == '__main__':
-  main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))

@@ -2,9 +2,13 @@
 localhost) against one process x 8 devices, on the same 2x4 mesh: `gqa-spec train`, a sharded
 restore, a native export of parameters spread over the processes, and `gqa-spec generate` greedy
 and speculative (model draft) give the one-process results; only process 0 writes and reports.
+Then decoding: `gqa-spec eval` with beam search on a 4x2 mesh spanning both processes, `gqa-spec
+infer` with beam search (each process on one device), `gqa-spec generate` with a token tree on a
+4x2 mesh (`decode.py`) give the one-process outputs, and only process 0 writes and prints.
 
-The three processes run `worker.py` side by side (starting one costs more than its work), each
-bounded by a timeout and killed in a `finally`.
+The three processes run `worker.py` side by side (starting one, with JAX's runtime and
+TensorFlow, costs more than its work: so one process does all of the above in turn), each bounded
+by a timeout and killed in a `finally`.
 """
 
 import json
@@ -16,14 +20,20 @@ import socket
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from gqa_spec.checkpoints import native
 from gqa_spec.checkpoints.load import load_any
+from gqa_spec.models.config import T5Config
+from gqa_spec.models.t5 import Transformer
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'worker.py')
-TIMEOUT = 240
+TIMEOUT = 300
+EVAL = 'predictions-ddtp_translate_en_de.jsonl'
+INFER = 'ddtp_translate_en_de-predict.jsonl-00000-of-00001'
 
 
 def free_port() -> int:
@@ -62,14 +72,30 @@ def run_all(commands, timeout=TIMEOUT):
         p.wait()
 
 
+def _decode_checkpoint(path: str) -> None:
+  """tests/evaluation/test_infer.py's checkpoint: the tiny corpus's vocabulary, logits sharpened
+  so that greedy and beam meet no near-tie."""
+  config = T5Config(vocab_size=512, emb_dim=16, num_heads=2, num_kv_heads=2, head_dim=8,
+                    mlp_dim=32, num_encoder_layers=1, num_decoder_layers=1)
+  tokens = jnp.ones((1, 3), jnp.int32)
+  params = jax.tree.map(np.asarray, jax.jit(lambda: Transformer(config).init(
+      jax.random.PRNGKey(0), tokens, tokens, tokens, enable_dropout=False)['params'])())
+  params['decoder']['logits_dense']['kernel'] = params['decoder']['logits_dense']['kernel'] * 8
+  native.save_checkpoint(path, config, params)
+
+
 @pytest.fixture(scope='module')
-def runs(tmp_path_factory):
+def runs(tiny_data_dir, tmp_path_factory):
   one, two = tmp_path_factory.mktemp('one'), tmp_path_factory.mktemp('two')
+  ckpt = str(tmp_path_factory.mktemp('decode') / 'ckpt')
+  _decode_checkpoint(ckpt)
+  data = {'GQA_SPEC_DATA_DIR': tiny_data_dir}
   port = free_port()
   codes = run_all(
-      [([sys.executable, WORKER, str(one), '1', '0', '0'], env(8), one / 'log0')] +
-      [([sys.executable, WORKER, str(two), '2', str(i), str(port)], env(4), two / f'log{i}')
-       for i in (0, 1)])
+      [([sys.executable, WORKER, str(one), '1', '0', '0', ckpt], dict(env(8), **data),
+        one / 'log0')] +
+      [([sys.executable, WORKER, str(two), '2', str(i), str(port), ckpt], dict(env(4), **data),
+        two / f'log{i}') for i in (0, 1)])
   logs = [(one / 'log0').read_text()] + [(two / f'log{i}').read_text() for i in (0, 1)]
   assert codes == [0, 0, 0], '\n'.join(log[-3000:] for log in logs)
   return one, two, logs
@@ -127,11 +153,49 @@ def test_generate_equals_one_process(runs):
   assert stats['mesh'] == {'data': 8, 'model': 1}
 
 
+def _lines(path):
+  return path.read_text().splitlines()
+
+
+def test_eval_beam_equals_one_process(runs):
+  one, two, _ = runs
+  one, two = one / 'decode', two / 'decode'
+  got = _lines(two / 'eval_beam' / EVAL)
+  assert len(got) == 5 and got == _lines(one / 'eval_beam' / EVAL)
+  report_two, report_one = (json.loads((run / 'eval_beam' / 'metrics.json').read_text())
+                            for run in (two, one))
+  quality = lambda r: {k: v for k, v in r['metrics'].items() if not k.startswith('timing/')}
+  assert quality(report_two) == quality(report_one) and 'bleu' in report_two['metrics']
+  assert report_two['mesh'] == report_one['mesh'] == {'data': 4, 'model': 2}
+
+
+def test_infer_beam_and_generate_tree_equal_one_process(runs):
+  one, two, _ = runs
+  one, two = one / 'decode', two / 'decode'
+  got = _lines(two / 'infer_beam' / INFER)
+  assert len(got) == 5 and got == _lines(one / 'infer_beam' / INFER)
+  got = _lines(two / 'tree.jsonl')
+  assert len(got) == 5 and got == _lines(one / 'tree.jsonl')
+  stats = [json.loads((run / 'tree_stats.json').read_text()) for run in (two, one)]
+  assert stats[0]['mesh'] == stats[1]['mesh'] == {'data': 4, 'model': 2}
+  for key in ('tokens', 'target_calls', 'accept_histogram', 'accepted_per_position', 'proposed',
+              'accepted', 'draft_calls'):
+    assert stats[0][key] == stats[1][key], key
+  assert stats[0]['tree'] == 'topk:2,2' and stats[0]['accepted'] > 0
+
+
 def test_only_process_zero_writes_and_reports(runs):
   _, two, logs = runs
   assert sorted(p.name for p in two.iterdir() if p.name.startswith('p1_')) == ['p1_tiny.gin']
   assert 'step 6: loss=' in logs[1] and 'train step' in logs[1]
   assert 'step 6: loss=' not in logs[2] and 'train step' not in logs[2]
+  decoded = two / 'decode'
+  written = sorted(p.name for p in decoded.iterdir() if p.name.startswith('p1_'))
+  assert written == ['p1_eval_beam.stdout', 'p1_infer_beam.stdout', 'p1_tree.stdout']
+  for name in written:
+    assert (decoded / name).read_text() == '', name
+  for name in ('eval_beam', 'infer_beam'):
+    assert (decoded / f'{name}.stdout').read_text() != ''
 
 
 RESTORE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'restore.py')

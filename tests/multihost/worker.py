@@ -1,14 +1,16 @@
 """One process of `test_multihost.py`'s runs: the documented commands, in one Python process.
 
-  python tests/multihost/worker.py OUT N I PORT
+  python tests/multihost/worker.py OUT N I PORT DECODE_CKPT
 
 N = 1: the reference (one process, 8 virtual devices); N = 2: process I of two (4 devices each),
 started with `--coordinator localhost:PORT --num-processes 2 --process-id I`. In sequence, sharing
 the process (its start costs more than the work): `gqa-spec train` (2x4 mesh, synthetic data,
 checkpoints), a restore of the last checkpoint onto that mesh and a native export of its
 parameters (spread over the processes when N = 2), then `gqa-spec generate` greedy and speculative
-with that export as model draft. Files a process writes go to OUT (process 1's outputs get their
-own names, p1_*, so the test sees that it wrote none).
+with that export as model draft; then, in the same process, `decode.py`'s eval, infer and
+generate --tree on DECODE_CKPT, into OUT/decode (the DDTP tasks read `GQA_SPEC_DATA_DIR`). Files a
+process writes go to OUT (process 1's outputs get their own names, p1_*, so the test sees that it
+wrote none).
 """
 
 import os
@@ -17,6 +19,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from gqa_spec import cli  # pylint: disable=g-import-not-at-top
+from tests.multihost import decode  # pylint: disable=g-import-not-at-top
 
 TRAIN_STEPS = 6
 MODEL_PARALLEL = 4
@@ -52,7 +55,7 @@ def _run(argv):
     raise SystemExit(f'worker: gqa-spec {argv[0]} exited {code}')
 
 
-def main(out: str, n: int, i: int, port: int) -> None:
+def main(out: str, n: int, i: int, port: int, decode_ckpt: str) -> None:
   flags = [] if n == 1 else ['--coordinator', f'localhost:{port}', '--num-processes', str(n),
                              '--process-id', str(i), '--distributed-timeout', '60']
   run_dir = os.path.join(out, 'run')
@@ -93,7 +96,9 @@ def main(out: str, n: int, i: int, port: int) -> None:
        + flags)
   _run(['generate', *common, '--draft', export, '--gamma', '3', '--out', mine('spec.jsonl'),
         '--model-parallel', '2'] + flags)
+  os.makedirs(os.path.join(out, 'decode'), exist_ok=True)
+  decode.main(os.path.join(out, 'decode'), decode_ckpt, n, i, port)
 
 
 if __name__ == '__main__':
-  main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+  main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
