@@ -21,8 +21,9 @@ found by this very sweep (the sweep a user would have to run).
 the seqio task whose first `--examples` test inputs they decode; `--data-dir` is the prepared DDTP
 data directory the tasks read (a reproduction's `<work>/data`). The smoke reproduction's pairs:
 `<work>/models/finetune/<task>/mha_g4/best` and `.../draft/best`. Each pair is measured with
-its draft model and with a bigram fitted on its task's training targets (`--pair-drafts`), the
-drafts of the reproduction's chain tables. Without `--pair`, the pair is
+its draft model and with a bigram fitted on its task's training targets (`--pair-drafts`; also
+`copy`, prompt lookup in the input), the drafts of the reproduction's chain tables. Without
+`--pair`, the pair is
 `workloads.demo_pair` (UNTRAINED, and the output says so) on synthetic inputs: a random-init
 `mini` target with drafts `bigram` (fitted on the target's own greedy outputs for other inputs: c
 small, alpha moderate) and `perturbed` (the target's weights + noise: alpha high, c ~ 1).
@@ -42,7 +43,7 @@ import numpy as np
 from benchmarks import common, workloads
 from gqa_spec.decoding import adaptive, autoregressive, speculative
 from gqa_spec.decoding.adaptive import AdaptiveGamma
-from gqa_spec.decoding.drafts import ModelDraft, NgramDraft
+from gqa_spec.decoding.drafts import CopyDraft, ModelDraft, NgramDraft
 from gqa_spec.decoding.drafts.ngram import fit_ngram_on_task
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.targets import T5Decoder
@@ -101,6 +102,9 @@ def pairs_of(args) -> List[Dict[str, Any]]:
         ngram = NgramDraft(target_model.config.vocab_size)
         table = ngram.init(fit_ngram_on_task(task, 2))
         drafts['bigram'] = (ngram, lambda enc, t=table: t)
+      if 'copy' in args.pair_drafts.split(','):
+        copy = CopyDraft(target_model.config.vocab_size)
+        drafts['copy'] = (copy, copy.init)
       drafts = {k: v for k, v in drafts.items()
                 if k.split()[0] in args.pair_drafts.split(',')}
       out.append({'name': name, 'task': task, 'target_model': target_model, 'params': params,
@@ -158,9 +162,12 @@ def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
             auto = AdaptiveGamma(gamma_max=gmax, policy=policy,
                                  cost_ratio=c if policy == 'optimal' else 0.0,
                                  verify_ratio=v if policy == 'optimal' else 1.0)
-            runs[f'auto:{policy}'] = (lambda a=auto: [adaptive.decode(
+            auto_states = (tstates if adaptive.target_cache_length(L, auto) == slots else
+                           [target.init(params, enc, adaptive.target_cache_length(L, auto))
+                            for enc in encs])  # as `generate --gamma auto` allocates
+            runs[f'auto:{policy}'] = (lambda a=auto, ts=auto_states: [adaptive.decode(
                 target, t, draft, d, rng, adaptive=a, max_decode_len=L, config=config)
-                for t, d in zip(tstates, dstates)])
+                for t, d in zip(ts, dstates)])
           load = os.getloadavg()[0]
           times = interleaved(runs, args.repeats)
           cell = []
@@ -267,7 +274,7 @@ def main(argv=None) -> int:
   p.add_argument('--examples', type=int, default=8, help='inputs per cell')
   p.add_argument('--pair-drafts', default='draft,bigram',
                  help="drafts of each --pair: 'draft' (its DRAFT model), 'bigram' (fitted on its "
-                      "task's training targets)")
+                      "task's training targets), 'copy' (prompt lookup in the input)")
   p.add_argument('--drafts', default='bigram,perturbed',
                  help='demo pair drafts: bigram,perturbed,nano')
   p.add_argument('--perturb', type=float, default=0.05)

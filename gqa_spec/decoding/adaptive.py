@@ -13,7 +13,10 @@ the narrowest that holds the longest proposal an active row asked for (`lax.swit
 whose rows all ask for gamma 1 pays for a two-token call, not a gamma_max + 1 one (a draft that
 reads the target's hidden states, Chimera, keeps the gamma_max + 1 width). Once no active row
 speculates (every one at gamma_r = 0, which is final), the rest runs as plain one-token target
-steps in a second loop, without the draft.
+steps in a second loop, without the draft. When the measured costs say that not even the
+optimistic `alpha_init` would pay for a proposal (`AdaptiveGamma.speculates` is False, as for a
+draft that costs what the target costs), `decode` is `autoregressive.decode` itself, on a cache
+of one slot per token (`target_cache_length`): the same program as greedy decoding.
 
 Exactness: gamma_r depends only on the row's past (and, with a confidence stop, on the draft's
 distributions at the positions already proposed), so it is a stopping rule; the
@@ -45,7 +48,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from gqa_spec.decoding import sampling, theory, timing, xla_options
+from gqa_spec.decoding import autoregressive, sampling, theory, timing, xla_options
 from gqa_spec.decoding.autoregressive import EOS
 from gqa_spec.decoding.drafts.base import Draft
 from gqa_spec.decoding.sampling import SamplingConfig
@@ -118,6 +121,14 @@ class AdaptiveGamma:
       return int(theory.optimal_gammas(jnp.full((1,), self.alpha_init), self.cost_ratio,
                                        self.gamma_max, self.verify_ratio)[0])
 
+  @property
+  def speculates(self) -> bool:
+    """Whether any row ever proposes: False when the costs say that not even `alpha_init` would
+    pay for gamma >= 1 (policy 'optimal', first gamma 0, final for every row); `decode` is then
+    autoregressive decoding itself, on a cache of `max_decode_len + 1` slots
+    (`target_cache_length`)."""
+    return self.first_gamma() > 0
+
   def first(self, batch: int) -> jax.Array:
     """`[b]` the first iteration's draft lengths."""
     return jnp.full((batch,), self.first_gamma(), jnp.int32)
@@ -138,7 +149,9 @@ class AdaptiveState:
 
 
 def target_cache_length(max_decode_len: int, adaptive: AdaptiveGamma) -> int:
-  return max_decode_len + adaptive.gamma_max + 1
+  """The target cache `decode` needs: room for a gamma_max + 1 token verification call, or one
+  slot per token when no row will speculate."""
+  return max_decode_len + (adaptive.gamma_max + 1 if adaptive.speculates else 1)
 
 
 def verify_gammas(gamma_max: int) -> Tuple[int, ...]:
@@ -192,6 +205,10 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
   if adaptive.confidence and upto is None:
     raise UserError(f'--draft-confidence needs a model draft (one with draft probabilities); '
                     f'{type(draft).__name__} has none')
+  if not adaptive.speculates:  # the program is autoregressive decoding's, no draft call in it
+    return _as_adaptive_result(autoregressive.decode(
+        target, target_state, rng, max_decode_len=max_decode_len, config=config, eos_id=eos_id,
+        skip=skip), gmax, max_decode_len)
   loop = init_loop(target, target_state, draft_state, rng, max_decode_len, gmax, skip)
   batch = loop.done.shape[0]
   loop = loop.replace(result=loop.result.replace(
@@ -304,10 +321,7 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
 
   # Speculative iterations while some active row wants a proposal; then, every active row at 0
   # (final for it), plain target steps in a loop of their own, with no draft and no branch.
-  # A first draft length of 0 (the costs say not even alpha_init would pay) is final for every row:
-  # the program is the plain loop alone (no speculative loop, no draft call compiled).
-  final = init if adaptive.first_gamma() == 0 else jax.lax.while_loop(
-      lambda a: ~jnp.all(a.loop.done) & speculating(a), body, init)
+  final = jax.lax.while_loop(lambda a: ~jnp.all(a.loop.done) & speculating(a), body, init)
   # The draft's state (its parameters and cache) stays out of the plain loop's carry: XLA copies a
   # carried input buffer into the loop once per call, which at batch 1 on small models is a
   # measurable part of the call.
@@ -315,3 +329,21 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
                             final.loop.replace(draft_state=None))
   loop = loop.replace(draft_state=final.loop.draft_state)
   return with_draft_calls(plain_statistics(loop, final.loop.result.target_calls))
+
+
+def _as_adaptive_result(r: autoregressive.DecodeResult, gamma_max: int,
+                        max_decode_len: int) -> SpeculativeResult:
+  """Autoregressive decoding's result as `decode`'s: every target call at draft length 0."""
+  batch, width = r.sequences.shape  # [b, 1 + max_decode_len]
+  zeros_b = jnp.zeros((batch,), jnp.int32)
+  calls = jnp.arange(max_decode_len)[None]  # [1, max_decode_len]
+  return SpeculativeResult(
+      sequences=jnp.pad(r.sequences, ((0, 0), (0, 2 + max_decode_len + gamma_max - width))),
+      lengths=r.lengths, target_calls=r.target_calls, proposed=zeros_b, accepted=zeros_b,
+      accepted_per_position=jnp.zeros((gamma_max,), jnp.int32),
+      accept_histogram=jnp.zeros((gamma_max + 1,), jnp.int32),
+      beta_sum=jnp.zeros((), jnp.float32), beta_count=jnp.zeros((), jnp.float32),
+      loop_iterations=r.loop_iterations,
+      gamma_histogram=jnp.zeros((batch, gamma_max + 1), jnp.int32).at[:, 0].set(r.target_calls),
+      gamma_trace=jnp.where(calls < r.target_calls[:, None], 0, -1).astype(jnp.int32),
+      draft_steps=jnp.zeros((), jnp.int32))

@@ -328,10 +328,11 @@ def generate(args: argparse.Namespace) -> int:
       state = target.init(params, enc, tree_speculative.target_cache_length(max_len, shape))
       return run_tree(target, state, draft, draft_init(enc), rng, shape=shape,
                       max_decode_len=max_len, config=config, skip=skip)
-    state = target.init(params, enc, speculative.target_cache_length(max_len, gamma))
     if auto:
+      state = target.init(params, enc, adaptive.target_cache_length(max_len, auto))
       return adaptive.decode(target, state, draft, draft_init(enc), rng, adaptive=auto,
                              max_decode_len=max_len, config=config, skip=skip)
+    state = target.init(params, enc, speculative.target_cache_length(max_len, gamma))
     return run_spec(target, state, draft, draft_init(enc), rng, gamma=gamma,
                     max_decode_len=max_len, config=config, skip=skip)
 

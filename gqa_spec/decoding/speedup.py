@@ -107,7 +107,8 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
            for name in auto_drafts}
 
   def auto_all(config, draft, dinit, auto):
-    return [adaptive.decode(target, target.init(params, enc, slots), draft, dinit(enc),
+    slots_auto = adaptive.target_cache_length(L, auto)  # as `generate --gamma auto` allocates
+    return [adaptive.decode(target, target.init(params, enc, slots_auto), draft, dinit(enc),
                             jax.random.PRNGKey(seed + 1), adaptive=auto, max_decode_len=L,
                             config=config) for enc in batches]
 

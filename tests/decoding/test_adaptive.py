@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gqa_spec.decoding import adaptive, speculative, theory
+from gqa_spec.decoding import adaptive, autoregressive, speculative, theory
 from gqa_spec.decoding.adaptive import AdaptiveGamma
 from gqa_spec.decoding.drafts import CopyDraft, ModelDraft
 from gqa_spec.decoding.sampling import SamplingConfig
@@ -175,7 +175,31 @@ def test_costs_that_never_pay_give_plain_steps_only():
   # c = 2: not even alpha_init = 0.9 pays for a draft token, so every row starts (and stays) at 0
   # and the program is the plain loop alone: greedy's output, no draft call.
   ad = AdaptiveGamma(gamma_max=GAMMA_MAX, cost_ratio=2.0, verify_ratio=1.5)
-  assert ad.first_gamma() == 0
+  assert ad.first_gamma() == 0 and not ad.speculates
+  assert adaptive.target_cache_length(MAX_LEN, ad) == MAX_LEN + 1  # one slot per token
   summary = _greedy(ad)
   assert all(set(t) == {0} for t in summary['gamma_per_call_per_row'])
   assert summary['draft_steps'] == 0 and summary['proposed'] == 0
+  # the program is autoregressive decoding's: the same while loop, no draft call in it
+  model, params = model_and_params(2)
+  target, enc = T5Decoder(model), jnp.asarray(INPUTS)
+  state = target.init(params, enc, MAX_LEN + 1)
+  draft = CopyDraft(model.config.vocab_size)
+  program = jax.make_jaxpr(lambda s, d: adaptive.decode(
+      target, s, draft, d, jax.random.PRNGKey(0), adaptive=ad, max_decode_len=MAX_LEN))(
+          state, draft.init(enc))
+  plain = jax.make_jaxpr(lambda s: autoregressive.decode(
+      target, s, jax.random.PRNGKey(0), max_decode_len=MAX_LEN))(state)
+  assert _while_bodies(program.jaxpr) == _while_bodies(plain.jaxpr)
+  assert len(_while_bodies(plain.jaxpr)) == 1
+
+
+def _while_bodies(jaxpr) -> list:
+  """The text of every while loop's body in `jaxpr`, nested calls included."""
+  out = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == 'while':
+      out.append(str(eqn.params['body_jaxpr']))
+    for sub in jax.core.jaxprs_in_params(eqn.params):
+      out += _while_bodies(sub)
+  return out
