@@ -29,9 +29,16 @@ output has the target's distribution whatever sizes were used.
 The choice (policy 'optimal'). With verification in rank order, whether node j is accepted depends
 only on nodes ranked before it, so one call at width w shows, for every compiled width u <= w,
 how many tokens a top-u tree would have accepted: the accepted path's nodes ranked below u (the
-path is ancestor-closed in rank, so these are a prefix of it). Each row keeps `accepted [b, K]`,
-an exponential moving average of that count per compiled width u (its first observation taken
-whole; the first iteration verifies N_max, so every width is seen at once), and asks for
+path is ancestor-closed in rank, so these are a prefix of it). Each row keeps `gain [b, K]`, an
+exponential moving average per compiled width u_j of the tokens the nodes ranked in
+[u_{j-1}, u_j) added (the count at u_j less the count at u_{j-1}), updated for the widths the call
+held; accepted_r(u_j) = gain_r(u_1) + ... + gain_r(u_j). Keeping the gains rather than the counts
+keeps a width the call did not hold in step with the smaller ones (only its own gain is stale),
+so a stale, larger count cannot make a failing row ask for ever larger trees. The gains start
+from an optimistic prior, the counts of a chain of min(u, D) tokens each accepted with probability
+`alpha_init` (sum_i alpha^i; no gain past depth D), as `--gamma auto` starts from an optimistic
+alpha: one bad first call (e.g. a Chimera draft's, before it has any hidden state) does not end
+speculation. A row asks for
 
     N_r = argmax over n in {0} + widths of  (1 + accepted_r(n)) / cost(n),
     cost(0) = 1 (a plain step),  cost(n) = D c + v(n),
@@ -39,7 +46,8 @@ whole; the first iteration verifies N_max, so every width is seen at once), and 
 tokens per target-step-equivalent: D draft calls of c each (c: one draft call of the tree over one
 one-token target call) and v(n) the verification call at width n over a one-token call (both
 measured, `measure_costs`, or c given and v = 1 as in Theorem 8). Ties go to the smaller tree.
-A width larger than the call's is not observed that iteration and keeps its estimate.
+The first iteration verifies N_max for every row, so every width is observed at once; later, a
+width larger than the call's is not observed that iteration and keeps its estimate.
 """
 
 from __future__ import annotations
@@ -87,13 +95,16 @@ class AdaptiveTree:
       takes D of them).
     verify_ratio: v, the verification call over a one-token target call: one number for every
       width, or one per compiled width (`node_widths(N_max)`), as `measure_costs` gives.
+    alpha_init: the prior's per-token acceptance (module docstring): optimistic, so that a row
+      keeps trying trees for a few calls before its own statistics decide.
     decay: weight of the old estimate in each update.
   """
 
   shape: TreeShape
   cost_ratio: float = 0.0
   verify_ratio: Union[float, Tuple[float, ...]] = 1.0
-  decay: float = 0.8
+  alpha_init: float = 0.9
+  decay: float = 0.7
 
   def __post_init__(self):
     if self.shape.budget is None:
@@ -109,8 +120,9 @@ class AdaptiveTree:
       object.__setattr__(self, 'verify_ratio', tuple(float(x) for x in v))  # hashable
     elif not v > 0:
       raise UserError(f'verify ratio must be > 0, got {v}')
-    if not 0.0 <= self.decay < 1.0:
-      raise UserError(f'decay must be in [0, 1), got {self.decay}')
+    if not 0.0 <= self.alpha_init <= 1.0 or not 0.0 <= self.decay < 1.0:
+      raise UserError(f'alpha_init must be in [0, 1] and decay in [0, 1), got {self.alpha_init}, '
+                      f'{self.decay}')
 
   @classmethod
   def parse(cls, spec: str, **kwargs) -> 'AdaptiveTree':
@@ -138,6 +150,12 @@ class AdaptiveTree:
   def widths(self) -> Tuple[int, ...]:
     return node_widths(self.nodes_max)
 
+  def prior(self) -> jax.Array:
+    """`[K]` the starting accepted-length estimate per compiled width: sum_{i <= min(u, D)}
+    alpha_init^i."""
+    return jnp.asarray([sum(self.alpha_init ** i for i in range(1, min(u, self.shape.depth) + 1))
+                        for u in self.widths], jnp.float32)
+
   def choose(self, accepted: jax.Array) -> jax.Array:
     """`[b, K]` accepted-length estimates per compiled width -> `[b]` int32 node counts (module
     docstring), 0 where no tree pays."""
@@ -161,8 +179,7 @@ class AdaptiveTree:
 class TreeLoopState:
   loop: LoopState
   want: jax.Array  # [b] int32 the node count each row asks for next
-  accepted: jax.Array  # [b, K] float32 running accepted length of a top-u tree, per width u
-  seen: jax.Array  # [b, K] int32 observations per width
+  gain: jax.Array  # [b, K] float32 running tokens added by the nodes ranked in [u_{j-1}, u_j)
 
 
 def target_cache_length(max_decode_len: int, adaptive: AdaptiveTree) -> int:
@@ -226,8 +243,8 @@ def decode(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTre
       tree_nodes_trace=jnp.full((batch, max_decode_len), -1, jnp.int32),
       tree_width_trace=jnp.full((max_decode_len,), -1, jnp.int32)))
   init = TreeLoopState(loop=loop, want=jnp.full((batch,), nmax, jnp.int32),
-                       accepted=jnp.zeros((batch, len(widths)), jnp.float32),
-                       seen=jnp.zeros((batch, len(widths)), jnp.int32))
+                       gain=jnp.broadcast_to(jnp.diff(adaptive.prior(), prepend=0.0),
+                                             (batch, len(widths))))
   positions = jnp.arange(depth + 1)  # [D + 1]
   width_array = jnp.asarray(widths, jnp.int32)  # [K]
 
@@ -290,9 +307,9 @@ def decode(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTre
     below = (path[:, None, :] >= 0) & (path[:, None, :] < width_array[None, :, None])  # [b, K, D]
     count = jnp.sum(below, axis=2).astype(jnp.float32)  # [b, K]
     observed = active[:, None] & (width_array[None] <= width)  # [b, K]
-    weight = jnp.where(a.seen > 0, 1.0 - adaptive.decay, 1.0)  # [b, K]: the first taken whole
-    accepted = jnp.where(observed, a.accepted + weight * (count - a.accepted), a.accepted)
-    seen = a.seen + observed.astype(jnp.int32)
+    added = jnp.diff(count, axis=1, prepend=0.0)  # [b, K] tokens each band of ranks added
+    gain = jnp.where(observed, adaptive.decay * a.gain + (1 - adaptive.decay) * added,
+                     a.gain)  # [b, K]
 
     act = active.astype(jnp.int32)  # [b]
     rows = jnp.arange(batch)
@@ -311,8 +328,8 @@ def decode(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTre
             rows, jnp.where(active, r.target_calls, max_decode_len)].set(want, mode='drop'),
         tree_width_trace=r.tree_width_trace.at[r.loop_iterations].set(width, mode='drop'))
     loop = LoopState(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
-    return TreeLoopState(loop=loop, want=jnp.where(active, adaptive.choose(accepted), a.want),
-                         accepted=accepted, seen=seen)
+    want = jnp.where(active, adaptive.choose(jnp.cumsum(gain, axis=1)), a.want)  # [b]
+    return TreeLoopState(loop=loop, want=want, gain=gain)
 
   def plain_statistics(s: LoopState, before: SpeculativeResult) -> LoopState:
     """The plain steps' node count 0 in the traces and the histogram."""
