@@ -108,8 +108,10 @@ class TreeShape:
     if m:
       return cls.best(int(m.group(1)), int(m.group(2)), int(m.group(3) or 4),
                       replace=bool(m.group(4)))
+    auto = (' (best:auto trees size themselves: `generate --tree` and `adaptive_tree.decode` only)'
+            if spec.startswith('best:auto') else '')
     raise UserError(f'tree must be topk:K1,K2,...[,replace] or best:N,depth:D[,width:W][,replace]; '
-                    f'got {spec!r}')
+                    f'got {spec!r}{auto}')
 
   @property
   def depth(self) -> int:
