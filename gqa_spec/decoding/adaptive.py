@@ -290,9 +290,34 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
     loop = LoopState(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
     return AdaptiveState(loop=loop, want=jnp.where(active, nxt, a.want), alpha=alpha)
 
+  def plain_statistics(s: LoopState, calls_before: jax.Array) -> LoopState:
+    """The plain steps' draft length 0 in `gamma_trace` and `gamma_histogram`."""
+    r = s.result
+    calls = jnp.arange(max_decode_len)[None]  # [1, max_decode_len]
+    plain = (calls >= calls_before[:, None]) & (calls < r.target_calls[:, None])  # [b, max_len]
+    return s.replace(result=r.replace(
+        gamma_trace=jnp.where(plain, 0, r.gamma_trace),
+        gamma_histogram=r.gamma_histogram.at[:, 0].add(r.target_calls - calls_before)))
+
+  # Speculative iterations while some active row wants a proposal; then, every active row at 0
+  # (final for it), plain target steps in a loop of their own, with no draft and no branch.
+  final = jax.lax.while_loop(lambda a: ~jnp.all(a.loop.done) & speculating(a), body, init)
+  loop = plain_loop(target, final.loop, max_decode_len, config, eos_id)
+  return with_draft_calls(plain_statistics(loop, final.loop.result.target_calls))
+
+
+def plain_loop(target: Decoder, loop: LoopState, max_decode_len: int, config: SamplingConfig,
+               eos_id: int) -> LoopState:
+  """`loop` run to the end with plain one-token target steps (no draft), each token appended for
+  the active rows; target calls and loop iterations are counted, the caller adds the draft sizes
+  of these calls (0) to its own statistics. Also the tree loop's (`adaptive_tree.py`).
+
+  The draft's state (its parameters and cache) stays out of the loop's carry: XLA copies a carried
+  input buffer into the loop once per call, which at batch 1 on small models is a measurable part
+  of the call."""
+  batch = loop.done.shape[0]
+
   def plain_step(s: LoopState) -> LoopState:
-    """One target step, its token appended for the active rows; the draft lengths of these calls
-    (0) are added to the statistics once, after the loop (`plain_statistics`)."""
     r = s.result
     rng, step_rng = jax.random.split(s.rng)
     active = ~s.done  # [b]
@@ -310,25 +335,8 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
     return LoopState(target_state=target.rollback(tstate, lengths), draft_state=s.draft_state,
                      done=done, result=result, rng=rng)
 
-  def plain_statistics(s: LoopState, calls_before: jax.Array) -> LoopState:
-    """The plain steps' draft length 0 in `gamma_trace` and `gamma_histogram`."""
-    r = s.result
-    calls = jnp.arange(max_decode_len)[None]  # [1, max_decode_len]
-    plain = (calls >= calls_before[:, None]) & (calls < r.target_calls[:, None])  # [b, max_len]
-    return s.replace(result=r.replace(
-        gamma_trace=jnp.where(plain, 0, r.gamma_trace),
-        gamma_histogram=r.gamma_histogram.at[:, 0].add(r.target_calls - calls_before)))
-
-  # Speculative iterations while some active row wants a proposal; then, every active row at 0
-  # (final for it), plain target steps in a loop of their own, with no draft and no branch.
-  final = jax.lax.while_loop(lambda a: ~jnp.all(a.loop.done) & speculating(a), body, init)
-  # The draft's state (its parameters and cache) stays out of the plain loop's carry: XLA copies a
-  # carried input buffer into the loop once per call, which at batch 1 on small models is a
-  # measurable part of the call.
-  loop = jax.lax.while_loop(lambda s: ~jnp.all(s.done), plain_step,
-                            final.loop.replace(draft_state=None))
-  loop = loop.replace(draft_state=final.loop.draft_state)
-  return with_draft_calls(plain_statistics(loop, final.loop.result.target_calls))
+  out = jax.lax.while_loop(lambda s: ~jnp.all(s.done), plain_step, loop.replace(draft_state=None))
+  return out.replace(draft_state=loop.draft_state)
 
 
 def _as_adaptive_result(r: autoregressive.DecodeResult, gamma_max: int,

@@ -4,7 +4,8 @@
       [--vocab SPM] [--task TASK]
       [--max-decode-len N] [--batch-size B] [--draft {none,CKPT_DIR,unigram:PATH,bigram:PATH,copy}]
       [--gamma {G,auto} [--gamma-max G] [--gamma-policy {optimal,heuristic}] [--cost-ratio C]
-       [--draft-confidence T]] [--tree {topk:K1,K2,...|best:N,depth:D[,width:W]}[,replace]]
+       [--draft-confidence T]]
+      [--tree {topk:K1,K2,...|best:N,depth:D[,width:W]|best:auto[:N],depth:D[,width:W]}[,replace]]
       [--stage2 bigram:PATH [--stage2-gamma G2]] [--temperature T]
       [--top-k K] [--top-p P] [--lenience L] [--seed S] [--model-parallel N]
       [--param-dtype {float32,bfloat16}] [--loop-chunk K]
@@ -25,6 +26,9 @@ while-loop iteration with a static trip count (`autoregressive.decode`'s `loop_c
 tokens, one host round trip per K steps on XLA:GPU. `--gamma auto`: each row chooses its own draft
 length in the loop (`gqa_spec.decoding.adaptive`); without `--cost-ratio`, c is measured once on
 the first batch before the timed runs, with the verification call's cost v (`adaptive.measure_costs`).
+`--tree best:auto[:N],depth:D[,width:W]`: best-first trees of at most N nodes whose size each row
+chooses in the loop (`gqa_spec.decoding.adaptive_tree`); c and v are measured the same way
+(`adaptive_tree.measure_costs`) unless `--cost-ratio` gives c (v = 1 then).
 With the multi-process flags (`gqa_spec.distributed`) every process reads the same inputs and
 decodes on one mesh of all processes' devices (model axis `--model-parallel`, default 1); process 0
 writes `--out` and `--stats`.
@@ -80,16 +84,18 @@ def register(subparsers) -> None:
                       "alpha and the cost ratio c, 0 = plain target steps) or heuristic (HF's "
                       'schedule: +2 after a proposal accepted whole, else -1)')
   p.add_argument('--cost-ratio', type=float, default=None, metavar='C',
-                 help='--gamma auto, optimal policy: a draft call\'s time over a target call\'s, '
-                      'with verification taken as one step as in Theorem 8 (default: both measured '
-                      'once on the first batch)')
+                 help='--gamma auto, optimal policy, or --tree best:auto: a draft call\'s time over '
+                      'a target call\'s, with verification taken as one step as in Theorem 8 '
+                      '(default: both measured once on the first batch)')
   p.add_argument('--draft-confidence', type=float, default=None, metavar='T',
                  help="--gamma auto, model drafts: end a row's proposal after a token whose draft "
                       'top probability is below T (HF\'s assistant_confidence_threshold)')
   p.add_argument('--tree', default=None,
                  help='verify a token tree instead of a chain (model, bigram or chimera drafts): '
                       'topk:K1,K2,... (K_d children per node at depth d) or best:N,depth:D[,width:W] '
-                      '(best-first, N nodes), either with ,replace for SpecInfer\'s sampling with '
+                      '(best-first, N nodes) or best:auto[:N],depth:D[,width:W] (best-first, each '
+                      'row choosing its node count <= N in the loop; N default: every candidate, '
+                      'at most 64), any with ,replace for SpecInfer\'s sampling with '
                       'replacement; replaces --gamma')
   p.add_argument('--stage2', default=None,
                  help='staged speculation: bigram:PATH speculates the model draft\'s own tokens '
@@ -187,21 +193,33 @@ def _gamma(text: str):
     raise argparse.ArgumentTypeError(f'expected an integer or auto, got {text!r}') from None
 
 
-def _adaptive(args: argparse.Namespace, draft_spec: str, shape):
+def _adaptive(args: argparse.Namespace, draft_spec: str, shape, auto_tree=None):
   """The `AdaptiveGamma` of `--gamma auto` (cost ratio filled in later when measured), or None."""
   auto_only = {'--gamma-policy': args.gamma_policy, '--cost-ratio': args.cost_ratio,
                '--draft-confidence': args.draft_confidence}
+  if auto_tree is not None:
+    for flag, bad in (('--gamma auto', args.gamma == 'auto'),
+                      ('--gamma-policy', args.gamma_policy is not None),
+                      ('--draft-confidence', args.draft_confidence is not None),
+                      ('--stage2', args.stage2 is not None),
+                      ('--model-parallel', args.model_parallel is not None)):
+      if bad:
+        raise UserError(f'--tree best:auto is not supported with {flag}')
+    return None
   if args.gamma != 'auto':
     given = [flag for flag, value in auto_only.items() if value is not None]
     if given:
-      raise UserError(f'{given[0]} needs --gamma auto')
+      raise UserError(f'{given[0]} needs --gamma auto'
+                      + (' or --tree best:auto' if given[0] == '--cost-ratio' else ''))
     return None
   for flag, bad in (('--draft', draft_spec == 'none'), ('--tree', shape is not None),
                     ('--stage2', args.stage2 is not None),
                     ('--model-parallel', args.model_parallel is not None)):
     if bad:
       raise UserError('--gamma auto needs a --draft' if flag == '--draft' else
-                      f'--gamma auto is not supported with {flag}')
+                      f'--gamma auto is not supported with {flag}'
+                      + (' (adaptive trees: --tree best:auto[:N],depth:D)' if flag == '--tree'
+                         else ''))
   if args.gamma_policy == 'heuristic' and args.cost_ratio is not None:
     raise UserError('--cost-ratio applies to --gamma-policy optimal')
   from gqa_spec.decoding.adaptive import AdaptiveGamma  # pylint: disable=g-import-not-at-top
@@ -234,10 +252,15 @@ def generate(args: argparse.Namespace) -> int:
   draft_spec = args.draft
   if draft_spec != 'none':
     factory.check_spec(draft_spec, '--draft')
-  shape = None
+  shape = auto_tree = None
   if args.tree is not None:
+    from gqa_spec.decoding.adaptive_tree import AdaptiveTree  # pylint: disable=g-import-not-at-top
     from gqa_spec.decoding.tree import TreeShape  # pylint: disable=g-import-not-at-top
-    shape = TreeShape.parse(args.tree)
+    if AdaptiveTree.is_spec(args.tree):
+      auto_tree = AdaptiveTree.parse(args.tree, cost_ratio=args.cost_ratio or 0.0)
+      shape = auto_tree.shape  # the largest tree: the draft grows it every iteration
+    else:
+      shape = TreeShape.parse(args.tree)
     if draft_spec == 'none':
       raise UserError('--tree needs a --draft')
     if args.lenience != 1.0:
@@ -247,7 +270,7 @@ def generate(args: argparse.Namespace) -> int:
       raise UserError('--stage2 needs a model --draft')
   if args.loop_chunk != 1 and draft_spec != 'none':
     raise UserError('--loop-chunk applies to autoregressive decoding; drop it or --draft')
-  auto = _adaptive(args, draft_spec, shape)
+  auto = _adaptive(args, draft_spec, shape, auto_tree)
   if not auto:
     _positive('gamma', args.gamma)
   gamma = args.gamma_max if auto else args.gamma
@@ -282,7 +305,7 @@ def generate(args: argparse.Namespace) -> int:
 
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding import adaptive, autoregressive, speculative  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding import adaptive, adaptive_tree, autoregressive, speculative  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
 
@@ -324,6 +347,10 @@ def generate(args: argparse.Namespace) -> int:
       state = target.init(params, enc, max_len + 1)
       return run_ar(target, state, rng, max_decode_len=max_len, config=config, skip=skip,
                     loop_chunk=args.loop_chunk)
+    if auto_tree is not None:
+      state = target.init(params, enc, adaptive_tree.target_cache_length(max_len, auto_tree))
+      return adaptive_tree.decode(target, state, draft, draft_init(enc), rng, adaptive=auto_tree,
+                                  max_decode_len=max_len, config=config, skip=skip)
     if shape is not None:
       state = target.init(params, enc, tree_speculative.target_cache_length(max_len, shape))
       return run_tree(target, state, draft, draft_init(enc), rng, shape=shape,
@@ -354,6 +381,13 @@ def generate(args: argparse.Namespace) -> int:
         target, target.init(params, enc, speculative.target_cache_length(max_len, gamma)),
         draft, draft_init(enc), max_len, gamma)
     auto = dataclasses.replace(auto, cost_ratio=c, verify_ratio=v)
+  tree_cost_measured = auto_tree is not None and args.cost_ratio is None
+  if tree_cost_measured:
+    enc = jax.numpy.asarray(batches[0][0])
+    c, v = adaptive_tree.measure_costs(
+        target, target.init(params, enc, adaptive_tree.target_cache_length(max_len, auto_tree)),
+        draft, draft_init(enc), max_len, auto_tree)
+    auto_tree = dataclasses.replace(auto_tree, cost_ratio=c, verify_ratio=v)
   rng = jax.random.PRNGKey(args.seed)
   t0 = time.perf_counter()
   jax.block_until_ready(run(*batches[0], rng))  # compile (and warm) once
@@ -380,10 +414,15 @@ def generate(args: argparse.Namespace) -> int:
     stats = _stats(results, draft is not None, seconds, compile_seconds)
     stats.update(draft=draft_spec if draft is None else draft_desc,
                  gamma=(auto.describe() if auto else gamma) if draft and shape is None else None,
-                 cost_ratio=None if auto is None or auto.policy != 'optimal' else auto.cost_ratio,
-                 verify_ratio=None if auto is None or auto.policy != 'optimal' else auto.verify_ratio,
-                 cost_ratio_measured=cost_measured if auto else None,
-                 tree=None if shape is None else shape.describe(),
+                 cost_ratio=(auto_tree.cost_ratio if auto_tree else None if auto is None
+                             or auto.policy != 'optimal' else auto.cost_ratio),
+                 verify_ratio=(auto_tree.verify_ratio if auto_tree else None if auto is None
+                               or auto.policy != 'optimal' else auto.verify_ratio),
+                 cost_ratio_measured=(tree_cost_measured if auto_tree else
+                                      cost_measured if auto else None),
+                 tree=(auto_tree.describe() if auto_tree else
+                       None if shape is None else shape.describe()),
+                 tree_node_widths=list(auto_tree.widths) if auto_tree else None,
                  stage2=args.stage2,
                  stage2_gamma=args.stage2_gamma if args.stage2 else None,
                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -436,6 +475,14 @@ def _stats(results, speculative_run: bool, seconds: float, compile_seconds: floa
                draft_steps=sum(p['draft_steps'] for p in parts),
                draft_steps_saved=sum(p['draft_steps_saved'] for p in parts),
                draft_steps_note=parts[0]['draft_steps_note'])
+  if results[0][0].tree_nodes_histogram is not None:  # --tree best:auto
+    from gqa_spec.decoding.speculative import tree_nodes_summary  # pylint: disable=g-import-not-at-top
+    parts = [tree_nodes_summary(r, n) for r, n in results]
+    out.update({key: [x for p in parts for x in p[key]] for key in (
+        'tree_nodes_histogram_per_row', 'tree_nodes_per_call_per_row',
+        'tree_nodes_verified_histogram_per_row', 'tree_nodes_verified_per_call_per_row')})
+    out.update(tree_nodes_histogram=[int(x) for x in np.sum(
+        [p['tree_nodes_histogram'] for p in parts], 0)], tree_nodes_note=parts[0]['tree_nodes_note'])
   out.update(acceptance_rate=accepted / proposed if proposed else None,
              accepted_per_position=[int(x) for x in per_position],
              accept_histogram=[int(x) for x in histogram],

@@ -56,6 +56,11 @@ class SpeculativeResult:
     draft_calls: `[]` decode calls of a draft that counts them (`StagedDraft`, `TreeModelDraft`),
       all rows together; None for other drafts.
     gamma_histogram, gamma_trace, draft_steps: adaptive draft lengths only (`adaptive.decode`).
+    tree_nodes_histogram, tree_nodes_trace, tree_width_trace: adaptive trees only
+      (`adaptive_tree.decode`): `[b, N_max + 1]` how often each row chose each node count,
+      `[b, max_decode_len]` its choice at each of its target calls (-1 after its last) and
+      `[max_decode_len]` the nodes each loop iteration's call verified (0: a plain target step; -1
+      after the last iteration).
   """
 
   sequences: jax.Array
@@ -72,6 +77,9 @@ class SpeculativeResult:
   gamma_histogram: Optional[jax.Array] = None
   gamma_trace: Optional[jax.Array] = None
   draft_steps: Optional[jax.Array] = None
+  tree_nodes_histogram: Optional[jax.Array] = None
+  tree_nodes_trace: Optional[jax.Array] = None
+  tree_width_trace: Optional[jax.Array] = None
 
 
 @flax.struct.dataclass
@@ -250,6 +258,7 @@ def summarize(result: SpeculativeResult) -> Dict[str, Any]:
       'alpha': float(r.beta_sum / r.beta_count) if r.beta_count else None,
       'draft_calls': None if r.draft_calls is None else int(r.draft_calls),
       **({} if r.gamma_histogram is None else adaptive_summary(r)),
+      **({} if r.tree_nodes_histogram is None else tree_nodes_summary(r)),
   }
 
 
@@ -267,4 +276,29 @@ def adaptive_summary(r: SpeculativeResult, rows: Optional[int] = None) -> Dict[s
       'draft_steps_saved': gamma_max * iterations - int(r.draft_steps),
       'draft_steps_note': 'draft decode calls (all rows together); saved: against gamma_max '
                           'per loop iteration',
+  }
+
+
+def tree_nodes_summary(r: SpeculativeResult, rows: Optional[int] = None) -> Dict[str, Any]:
+  """The node counts of an adaptive tree run (`adaptive_tree.decode`), host-side, of its first
+  `rows`: what each row chose from its own statistics, and what its calls verified (the call's
+  width: the narrowest compiled one holding every active row's choice; 0 = a plain target step)."""
+  histogram = np.asarray(r.tree_nodes_histogram)[:rows]  # [b, N_max + 1]
+  chosen = np.asarray(r.tree_nodes_trace)[:rows]  # [b, max_decode_len]
+  width = np.asarray(r.tree_width_trace)  # [max_decode_len]
+  calls = np.asarray(r.target_calls)[:rows]  # [b]: row r's call i is loop iteration i
+  verified = [[int(w) for w in width[:n]] for n in calls]
+  size = histogram.shape[1]
+  return {
+      'tree_nodes_histogram': [int(x) for x in histogram.sum(axis=0)],
+      'tree_nodes_histogram_per_row': histogram.tolist(),
+      'tree_nodes_per_call_per_row': [[int(n) for n in row if n >= 0] for row in chosen],
+      'tree_nodes_verified_histogram_per_row': [
+          np.bincount(v, minlength=size).astype(int).tolist() if v else [0] * size
+          for v in verified],
+      'tree_nodes_verified_per_call_per_row': verified,
+      'tree_nodes_note': 'tree_nodes_*: the node count N_r each row chose per target call (0 = '
+                         'plain steps); *_verified_*: the nodes its call verified (the batch\'s '
+                         'narrowest compiled width holding every active row\'s N_r: a row '
+                         'verifies all of them, free in that call)',
   }

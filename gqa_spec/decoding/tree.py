@@ -108,8 +108,10 @@ class TreeShape:
     if m:
       return cls.best(int(m.group(1)), int(m.group(2)), int(m.group(3) or 4),
                       replace=bool(m.group(4)))
+    auto = (' (best:auto trees size themselves: `generate --tree` and `adaptive_tree.decode` only)'
+            if spec.startswith('best:auto') else '')
     raise UserError(f'tree must be topk:K1,K2,...[,replace] or best:N,depth:D[,width:W][,replace]; '
-                    f'got {spec!r}')
+                    f'got {spec!r}{auto}')
 
   @property
   def depth(self) -> int:
@@ -155,6 +157,8 @@ class Tree:
   valid: jax.Array  # [b, N] bool: a real draw (False: q had no mass left, or an invalid ancestor)
   q: jax.Array  # [b, N, V] float32: each node's proposal distribution given its earlier siblings
   # (with replacement: its parent's q)
+  rank: Optional[jax.Array] = None  # [b, N] int32: each node's place by path score (0 = best;
+  # best-first trees; `by_rank`), None where unknown
 
 
 def attention_mask(parents: jax.Array, depth: int) -> jax.Array:
@@ -259,8 +263,11 @@ def grow(shape: TreeShape, rng: jax.Array, root_logits: jax.Array, feed: FeedFn,
   c = {key: jnp.concatenate(val, axis=1) for key, val in cand.items()}  # each [b, C]
   if shape.budget is None:
     sel = jnp.broadcast_to(jnp.arange(cand_offset, dtype=jnp.int32), (batch, cand_offset))
+    score_rank = sel
   else:
-    sel = jnp.sort(jax.lax.top_k(c['score'], shape.budget)[1], axis=1).astype(jnp.int32)  # [b, N]
+    best = jax.lax.top_k(c['score'], shape.budget)[1]  # [b, N] candidates, best first
+    sel = jnp.sort(best, axis=1).astype(jnp.int32)  # [b, N]
+    score_rank = jnp.argsort(best, axis=1).astype(jnp.int32)  # [b, N] node -> its place in best
   n = sel.shape[1]
   pick = lambda x: jnp.take_along_axis(x, sel, axis=1)  # [b, C] -> [b, N]
   node_of = jnp.full((batch, cand_offset), -1, jnp.int32).at[rows, sel].set(
@@ -281,8 +288,38 @@ def grow(shape: TreeShape, rng: jax.Array, root_logits: jax.Array, feed: FeedFn,
   if deterministic:
     q = jax.nn.one_hot(tokens, q.shape[-1], dtype=jnp.float32)  # [b, N, V]
   tree = Tree(tokens=tokens, parents=parents, depths=pick(c['depth']), valid=pick(c['valid']),
-              q=q)
+              q=q, rank=score_rank)
   return tree, pick(c['fed']), carry
+
+
+def by_rank(tree: Tree) -> Tuple[Tree, jax.Array]:
+  """A best-first tree's nodes reordered by path score (`Tree.rank`), and `order [b, N]`, each
+  new node's index in `tree` (to map an accepted path back for the draft's `commit_tree`).
+
+  A child's score is its parent's plus a log probability (<= 0), and `lax.top_k` puts the lower
+  candidate index (the parent, the earlier-drawn sibling) first among equal scores: in rank order
+  parents come before their children and siblings stay in their drawing order, which is all
+  `verify` needs. So the first n nodes are a tree on their own, exactly the one `grow` keeps with
+  budget n (the same candidates, q and draws), and verifying them alone is lossless.
+  """
+  if tree.rank is None:
+    raise ValueError('by_rank needs a tree with ranks (a best-first tree from `grow`)')
+  order = jnp.argsort(tree.rank, axis=1).astype(jnp.int32)  # [b, N] rank -> old index
+  take = lambda x: jnp.take_along_axis(x, order, axis=1)  # [b, N] -> [b, N]
+  parents = take(tree.parents)  # [b, N] old indices
+  parents = jnp.where(parents >= 0, jnp.take_along_axis(tree.rank, jnp.maximum(parents, 0), axis=1),
+                      -1)  # [b, N] new indices
+  ranked = Tree(tokens=take(tree.tokens), parents=parents, depths=take(tree.depths),
+                valid=take(tree.valid), q=jnp.take_along_axis(tree.q, order[..., None], axis=1),
+                rank=jnp.broadcast_to(jnp.arange(order.shape[1], dtype=jnp.int32), order.shape))
+  return ranked, order
+
+
+def first_nodes(tree: Tree, n: int) -> Tree:
+  """The first n nodes (of a tree in rank order: the best-first tree of budget n)."""
+  cut = lambda x: None if x is None else x[:, :n]
+  return Tree(tokens=cut(tree.tokens), parents=cut(tree.parents), depths=cut(tree.depths),
+              valid=cut(tree.valid), q=cut(tree.q), rank=cut(tree.rank))
 
 
 def verify(rng: jax.Array, tree: Tree, target_logits: jax.Array, depth: int,

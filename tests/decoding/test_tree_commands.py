@@ -20,6 +20,28 @@ def test_greedy_trees_give_the_autoregressive_outputs(workdir):  # pylint: disab
     assert stats['accepted_per_position'] == [stats['target_calls']] * 2  # self draft: all
 
 
+def test_adaptive_trees_give_the_autoregressive_outputs_and_report_node_counts(workdir):  # pylint: disable=redefined-outer-name
+  ref, _ = _generate(workdir, 'ar_auto_tree_ref')
+  # Costs measured on the first batch (adaptive_tree.measure_costs), a model draft (the target).
+  out, stats = _generate(workdir, 'auto_tree', '--draft', str(workdir / 'ckpt'), '--tree',
+                         'best:auto:4,depth:2,width:2')
+  assert out == ref
+  assert stats['tree'].startswith('best:auto:4,depth:2,width:2 (c=')
+  assert stats['cost_ratio_measured'] and stats['cost_ratio'] > 0
+  assert stats['tree_node_widths'] == [1, 2, 4] and len(stats['verify_ratio']) == 3
+  assert sum(stats['tree_nodes_histogram']) == stats['target_calls']
+  per_row = stats['tree_nodes_per_call_per_row']
+  assert len(per_row) == 3 and all(t[0] == 4 for t in per_row)  # dummy rows left out
+  assert [sum(h) for h in stats['tree_nodes_histogram_per_row']] == list(map(len, per_row))
+  assert list(map(len, stats['tree_nodes_verified_per_call_per_row'])) == list(map(len, per_row))
+  # A bigram tree draft with c given (v = 1): the same tokens.
+  out, stats = _generate(workdir, 'auto_tree_bigram', '--draft',
+                         'bigram:' + str(workdir / 'bigram.npz'), '--tree', 'best:auto,depth:2,width:2',
+                         '--cost-ratio', '0.01')
+  assert out == ref and stats['tree'].startswith('best:auto:6,depth:2,width:2 (c=0.01,v=1)')
+  assert not stats['cost_ratio_measured'] and stats['cost_ratio'] == 0.01
+
+
 def test_sampling_tree_runs(workdir):  # pylint: disable=redefined-outer-name
   out, stats = _generate(workdir, 'tree_sample', '--draft', str(workdir / 'ckpt'), '--tree',
                          'topk:2,2', '--temperature', '1', '--top-p', '0.9', '--seed', '1')
@@ -32,6 +54,19 @@ def test_sampling_tree_runs(workdir):  # pylint: disable=redefined-outer-name
     (['--tree', 'topk:2'], '--tree needs a --draft'),
     (['--tree', 'topk:2', '--draft', 'copy'], 'model draft'),
     (['--tree', 'best:99,depth:2,width:2', '--draft', 'copy'], 'budget'),
+    (['--tree', 'best:auto:9,depth:2,width:2', '--draft', 'copy'], 'budget'),
+    (['--tree', 'best:auto,width:2', '--draft', 'copy'], 'adaptive tree must be'),
+    (['--tree', 'best:auto:4,depth:2', '--draft', 'copy'], 'model draft'),
+    (['--tree', 'best:auto:4,depth:2', '--draft', '.', '--gamma', 'auto'],
+     'best:auto is not supported with --gamma auto'),
+    (['--tree', 'best:auto:4,depth:2', '--draft', '.', '--gamma-policy', 'heuristic'],
+     'best:auto is not supported with --gamma-policy'),
+    (['--tree', 'best:auto:4,depth:2', '--draft', '.', '--stage2', 'bigram:x.npz'],
+     'best:auto is not supported with --stage2'),
+    (['--tree', 'best:auto:4,depth:2', '--draft', '.', '--cost-ratio', '-1'],
+     'cost ratio must be >= 0'),
+    (['--tree', 'topk:2', '--draft', '.', '--cost-ratio', '1'],
+     '--cost-ratio needs --gamma auto or --tree best:auto'),
 ])
 def test_bad_tree_arguments_are_one_line_errors(workdir, capsys, extra, message):  # pylint: disable=redefined-outer-name
   argv = ['generate', '--model', str(workdir / 'ckpt'), '--inputs', str(workdir / 'in.jsonl'),

@@ -1,0 +1,351 @@
+"""Token trees that size themselves per row (`generate --tree best:auto[:N],depth:D[,width:W]`).
+
+The tree loop of `tree_speculative.py` with best-first trees (EAGLE-2's) whose node count follows
+each row's running acceptance, inside the jitted loop, shapes static:
+
+  1. the draft grows the largest tree, N_max nodes (`tree.grow`, D draft calls, as always);
+  2. its nodes are put in rank order, best path score first (`tree.by_rank`). A child scores at
+     most its parent and ties go to the lower candidate index, so the first n nodes are a tree of
+     their own, exactly the best-first tree of budget n (same candidates, q and draws): for every
+     n the top-n tree is "the first n nodes";
+  3. each active row r asks for N_r nodes (`AdaptiveTree.choose`, below; 0 = no tree). The target
+     verifies the first w nodes of every row in ONE call, w the narrowest compiled width
+     (`node_widths`: 1, 2, 4, 8, ..., N_max) that holds max_r N_r: `lax.switch` over the widths,
+     each branch the target call and `tree.verify` at its own width, so a batch asking for small
+     trees pays for a small call (and a small verification scan);
+  4. acceptance, cache compaction and the draft's commit as in `tree_speculative.py` (the path
+     mapped back to the draft's node order for `commit_tree`).
+
+Every row verifies all w nodes of the call, not only its own N_r: the extra nodes cost nothing in
+that call (the draft grew them anyway, the target scores w tokens for every row), and they can
+only add accepted tokens. Once no active row asks for a tree, the rest runs as plain one-token
+target steps without the draft (`adaptive.plain_loop`), as `--gamma auto` does at gamma 0.
+
+Exactness: w depends only on the batch's past, never on the current iteration's draws, so it is a
+stopping rule, and the top-w tree is a best-first tree of budget w, verified by the lossless
+multi-candidate rule (`tree.py`): greedy output is token-identical to greedy decoding and sampled
+output has the target's distribution whatever sizes were used.
+
+The choice (policy 'optimal'). With verification in rank order, whether node j is accepted depends
+only on nodes ranked before it, so one call at width w shows, for every compiled width u <= w,
+how many tokens a top-u tree would have accepted: the accepted path's nodes ranked below u (the
+path is ancestor-closed in rank, so these are a prefix of it). Each row keeps `gain [b, K]`, an
+exponential moving average per compiled width u_j of the tokens the nodes ranked in
+[u_{j-1}, u_j) added (the count at u_j less the count at u_{j-1}), updated for the widths the call
+held; accepted_r(u_j) = gain_r(u_1) + ... + gain_r(u_j). Keeping the gains rather than the counts
+keeps a width the call did not hold in step with the smaller ones (only its own gain is stale),
+so a stale, larger count cannot make a failing row ask for ever larger trees. The gains start
+from an optimistic prior, the counts of a chain of min(u, D) tokens each accepted with probability
+`alpha_init` (sum_i alpha^i; no gain past depth D), as `--gamma auto` starts from an optimistic
+alpha: one bad first call (e.g. a Chimera draft's, before it has any hidden state) does not end
+speculation. A row asks for
+
+    N_r = argmax over n in {0} + widths of  (1 + accepted_r(n)) / cost(n),
+    cost(0) = 1 (a plain step),  cost(n) = D c + v(n),
+
+tokens per target-step-equivalent: D draft calls of c each (c: one draft call of the tree over one
+one-token target call) and v(n) the verification call at width n over a one-token call (both
+measured, `measure_costs`, or c given and v = 1 as in Theorem 8). Ties go to the smaller tree.
+The first iteration verifies N_max for every row, so every width is observed at once; later, a
+width larger than the call's is not observed that iteration and keeps its estimate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from typing import Any, Optional, Tuple, Union
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from gqa_spec.decoding import sampling, timing, tree as tree_lib, xla_options
+from gqa_spec.decoding.adaptive import plain_loop
+from gqa_spec.decoding.autoregressive import EOS
+from gqa_spec.decoding.sampling import SamplingConfig
+from gqa_spec.decoding.speculative import (LoopState, SpeculativeResult, append_accepted,
+                                           init_loop, with_draft_calls)
+from gqa_spec.decoding.targets import Decoder
+from gqa_spec.decoding.tree import TreeShape
+from gqa_spec.errors import UserError
+
+PyTree = Any
+DEFAULT_MAX_NODES = 64  # `best:auto` without :N: every candidate, at most this many
+SPEC = 'best:auto[:N],depth:D[,width:W][,replace]'
+
+
+def node_widths(nodes_max: int) -> Tuple[int, ...]:
+  """The node counts the loop compiles a verification call for: 1, 2, 4, ... below N_max, N_max."""
+  out, n = [], 1
+  while n < nodes_max:
+    out.append(n)
+    n *= 2
+  return tuple(out) + (nodes_max,)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveTree:
+  """Per-row adaptive best-first trees; hashable (a static `jax.jit` argument).
+
+  Attributes:
+    shape: the largest tree, a best-first `TreeShape` (its budget is N_max).
+    cost_ratio: c, one draft call of growing the tree over one one-token target call (the tree
+      takes D of them).
+    verify_ratio: v, the verification call over a one-token target call: one number for every
+      width, or one per compiled width (`node_widths(N_max)`), as `measure_costs` gives.
+    alpha_init: the prior's per-token acceptance (module docstring): optimistic, so that a row
+      keeps trying trees for a few calls before its own statistics decide.
+    decay: weight of the old estimate in each update.
+  """
+
+  shape: TreeShape
+  cost_ratio: float = 0.0
+  verify_ratio: Union[float, Tuple[float, ...]] = 1.0
+  alpha_init: float = 0.9
+  decay: float = 0.7
+
+  def __post_init__(self):
+    if self.shape.budget is None:
+      raise UserError(f'adaptive trees need a best-first tree ({SPEC}); got '
+                      f'{self.shape.describe()}')
+    if not self.cost_ratio >= 0:
+      raise UserError(f'cost ratio must be >= 0, got {self.cost_ratio}')
+    v = self.verify_ratio
+    if isinstance(v, (tuple, list)):
+      if len(v) != len(self.widths) or not all(x > 0 for x in v):
+        raise UserError(f'per-width verify ratios must be {len(self.widths)} numbers > 0 (widths '
+                        f'{self.widths}), got {v}')
+      object.__setattr__(self, 'verify_ratio', tuple(float(x) for x in v))  # hashable
+    elif not v > 0:
+      raise UserError(f'verify ratio must be > 0, got {v}')
+    if not 0.0 <= self.alpha_init <= 1.0 or not 0.0 <= self.decay < 1.0:
+      raise UserError(f'alpha_init must be in [0, 1] and decay in [0, 1), got {self.alpha_init}, '
+                      f'{self.decay}')
+
+  @classmethod
+  def parse(cls, spec: str, **kwargs) -> 'AdaptiveTree':
+    """`best:auto[:N],depth:D[,width:W][,replace]` (the CLI's `--tree`): N_max = N, or every
+    candidate of the shape up to `DEFAULT_MAX_NODES`."""
+    m = re.fullmatch(r'best:auto(?::(\d+))?,depth:(\d+)(?:,width:(\d+))?(,replace)?', spec)
+    if not m:
+      raise UserError(f'an adaptive tree must be {SPEC}; got {spec!r}')
+    depth, width, replace = int(m.group(2)), int(m.group(3) or 4), bool(m.group(4))
+    nodes = m.group(1)
+    if nodes is None:
+      full = TreeShape.best(1, depth, width)
+      nodes = min(full.num_candidates, DEFAULT_MAX_NODES)
+    return cls(TreeShape.best(int(nodes), depth, width, replace=replace), **kwargs)
+
+  @staticmethod
+  def is_spec(spec: str) -> bool:
+    return spec.startswith('best:auto')
+
+  @property
+  def nodes_max(self) -> int:
+    return self.shape.num_nodes
+
+  @property
+  def widths(self) -> Tuple[int, ...]:
+    return node_widths(self.nodes_max)
+
+  def prior(self) -> jax.Array:
+    """`[K]` the starting accepted-length estimate per compiled width: sum_{i <= min(u, D)}
+    alpha_init^i."""
+    return jnp.asarray([sum(self.alpha_init ** i for i in range(1, min(u, self.shape.depth) + 1))
+                        for u in self.widths], jnp.float32)
+
+  def choose(self, accepted: jax.Array) -> jax.Array:
+    """`[b, K]` accepted-length estimates per compiled width -> `[b]` int32 node counts (module
+    docstring), 0 where no tree pays."""
+    widths = self.widths
+    tokens = jnp.concatenate([jnp.ones_like(accepted[:, :1]), 1.0 + accepted], axis=1)  # [b, K+1]
+    v = jnp.broadcast_to(jnp.asarray(self.verify_ratio, jnp.float32), (len(widths),))  # [K]
+    cost = jnp.concatenate([jnp.ones((1,), jnp.float32),
+                            self.shape.depth * self.cost_ratio + v])  # [K + 1]
+    best = jnp.argmax(tokens / cost[None], axis=1)  # [b]; the first (smaller) on ties
+    return jnp.asarray((0,) + widths, jnp.int32)[best]
+
+  def describe(self) -> str:
+    v = self.verify_ratio
+    v = f'{v[0]:.3g}..{v[-1]:.3g}' if isinstance(v, tuple) else f'{v:.3g}'
+    replace = ',replace' if self.shape.replace else ''
+    return (f'best:auto:{self.nodes_max},depth:{self.shape.depth},width:{self.shape.frontier}'
+            f'{replace} (c={self.cost_ratio:.3g},v={v})')
+
+
+@flax.struct.dataclass
+class TreeLoopState:
+  loop: LoopState
+  want: jax.Array  # [b] int32 the node count each row asks for next
+  gain: jax.Array  # [b, K] float32 running tokens added by the nodes ranked in [u_{j-1}, u_j)
+
+
+def target_cache_length(max_decode_len: int, adaptive: AdaptiveTree) -> int:
+  return max_decode_len + adaptive.nodes_max + 1
+
+
+def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTree,
+                  max_decode_len: int, adaptive: AdaptiveTree) -> Tuple[float, Tuple[float, ...]]:
+  """(c, v) on this machine and batch, at half the output length, each the fastest of 5 runs
+  (a few seconds, compiles included): c = growing one N_max tree (`propose_tree` and a
+  `commit_tree` of nothing accepted) over D one-token target calls; v = the target call at each
+  compiled width (w + 1 tokens, `timing.step_time`: a causal call of that width, not the tree
+  mask) over a one-token call."""
+  shape, fill = adaptive.shape, max_decode_len // 2
+  batch = target.index(target_state).shape[0]
+  t_target = timing.step_time(target, target_state, 1, fill)
+  v = tuple(timing.step_time(target, target_state, w + 1, fill) / t_target
+            for w in adaptive.widths)
+  seqs = jnp.full((batch, 2 + max_decode_len + shape.depth), 5, jnp.int32)
+  lengths = jnp.full((batch,), fill, jnp.int32)
+  nothing = jnp.full((batch, shape.depth), -1, jnp.int32)
+  iters = 10
+
+  @xla_options.jit
+  def loop(dstate):
+    def body(_, carry):
+      s, acc = carry
+      tree, s = draft.propose_tree(s, seqs, lengths, jax.random.PRNGKey(0), shape,
+                                   SamplingConfig())
+      return draft.commit_tree(s, seqs, lengths, nothing), acc + jnp.sum(tree.tokens)
+    return jax.lax.fori_loop(0, iters, body, (dstate, jnp.zeros((), jnp.int32)))
+
+  t_tree = timing.min_time(lambda: loop(draft_state), 5) / iters
+  return t_tree / shape.depth / t_target, v
+
+
+@functools.partial(xla_options.jit, static_argnames=('target', 'draft', 'adaptive',
+                                                     'max_decode_len', 'config', 'eos_id'))
+def decode(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTree,
+           rng: jax.Array, *, adaptive: AdaptiveTree, max_decode_len: int,
+           config: SamplingConfig = sampling.GREEDY, eos_id: int = EOS,
+           skip: Optional[jax.Array] = None) -> SpeculativeResult:
+  """Tree speculative decoding with per-row adaptive node counts (arguments as
+  `tree_speculative.decode`, with `adaptive` in place of `shape`; the draft is a tree draft grown
+  for `adaptive.shape`, and the target's cache has `target_cache_length(...)` slots).
+
+  Returns:
+    `SpeculativeResult` as `tree_speculative.decode`'s (`proposed` counts the valid nodes each
+    call verified), plus `tree_nodes_histogram` `[b, N_max + 1]`, `tree_nodes_trace`
+    `[b, max_decode_len]` and `tree_width_trace` `[max_decode_len]` (`speculative.py`).
+  """
+  if config.lenience != 1.0:
+    raise UserError('lenience < 1 is not supported with token trees')
+  shape = adaptive.shape
+  depth, nmax, widths = shape.depth, adaptive.nodes_max, adaptive.widths
+  reads_hidden = getattr(draft, 'reads_target_hidden', False)
+  loop = init_loop(target, target_state, draft_state, rng, max_decode_len, depth, skip)
+  batch = loop.done.shape[0]
+  loop = loop.replace(result=loop.result.replace(
+      tree_nodes_histogram=jnp.zeros((batch, nmax + 1), jnp.int32),
+      tree_nodes_trace=jnp.full((batch, max_decode_len), -1, jnp.int32),
+      tree_width_trace=jnp.full((max_decode_len,), -1, jnp.int32)))
+  init = TreeLoopState(loop=loop, want=jnp.full((batch,), nmax, jnp.int32),
+                       gain=jnp.broadcast_to(jnp.diff(adaptive.prior(), prepend=0.0),
+                                             (batch, len(widths))))
+  positions = jnp.arange(depth + 1)  # [D + 1]
+  width_array = jnp.asarray(widths, jnp.int32)  # [K]
+
+  def branch(w):
+    def call(tstate, ranked, last, lengths, verify_rng):
+      """The first w nodes verified in one target call: `(path [b, D], k [b], t [b], tstate,
+      hidden [b, D + 1, E] of the root and the path, or a placeholder)`."""
+      sub = tree_lib.first_nodes(ranked, w)  # [b, w] nodes
+      tokens = jnp.concatenate([last, sub.tokens], axis=1)  # [b, w + 1]
+      tree_positions = lengths[:, None] + jnp.concatenate(
+          [jnp.zeros((batch, 1), jnp.int32), sub.depths], axis=1)  # [b, w + 1]
+      mask = tree_lib.attention_mask(sub.parents, depth)  # [b, w + 1, w + 1]
+      if reads_hidden:  # Chimera: the hidden states of this same call
+        logits, hidden, tstate = target.tokens_to_logits_and_hidden(
+            tstate, tokens, tree_positions, mask)  # [b, w + 1, V], [b, w + 1, E]
+      else:
+        logits, tstate = target.tokens_to_logits(tstate, tokens, tree_positions,
+                                                 mask)  # [b, w + 1, V]
+      path, k, t = tree_lib.verify(verify_rng, sub, logits, depth, config)  # [b, D], [b], [b]
+      if reads_hidden:  # the root's and the path's, at positions n, n + 1, ... (junk past it)
+        rows = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), path + 1], axis=1)  # [b, D + 1]
+        hidden = jnp.take_along_axis(hidden, rows[..., None], axis=1)  # [b, D + 1, E]
+      else:
+        hidden = jnp.zeros((), jnp.float32)
+      return path, k, t, tstate, hidden
+    return call
+
+  def body(a: TreeLoopState) -> TreeLoopState:
+    s, r = a.loop, a.loop.result
+    rng, draft_rng, verify_rng = jax.random.split(s.rng, 3)
+    active = ~s.done  # [b]
+    want = jnp.where(active, a.want, 0)  # [b]
+    tree, dstate = draft.propose_tree(s.draft_state, r.sequences, r.lengths, draft_rng, shape,
+                                      config)  # [b, N_max] nodes
+    ranked, order = tree_lib.by_rank(tree)  # [b, N_max] best first; order: rank -> tree index
+    last = jnp.take_along_axis(r.sequences, r.lengths[:, None], axis=1)  # [b, 1]
+    index = jnp.searchsorted(width_array, jnp.max(want))  # the narrowest width holding every ask
+    width = width_array[index]  # []
+    args = (s.target_state, ranked, last, r.lengths, verify_rng)
+    if len(widths) == 1:
+      path, k, t, tstate, hidden = branch(nmax)(*args)
+    else:
+      path, k, t, tstate, hidden = jax.lax.switch(index, [branch(w) for w in widths], *args)
+    if reads_hidden:
+      dstate = draft.observe(dstate, hidden, r.lengths)
+
+    path_tokens = jnp.take_along_axis(ranked.tokens, jnp.maximum(path, 0), axis=1)  # [b, D]
+    new = jnp.concatenate([path_tokens, jnp.zeros_like(t[:, None])], axis=1)  # [b, D + 1]
+    new = jnp.where(positions[None] == k[:, None], t[:, None], new)  # path, t, junk
+    sequences, lengths, ended = append_accepted(r, new, k, active, max_decode_len, eos_id)
+    dest = r.lengths[:, None] + 1 + positions[None, :depth]  # [b, D]
+    source = jnp.where(path >= 0, r.lengths[:, None] + 1 + path, dest)  # [b, D]
+    tstate = target.rollback(target.move_slots(tstate, r.lengths + 1, source), lengths)
+    draft_path = jnp.where(path >= 0, jnp.take_along_axis(order, jnp.maximum(path, 0), axis=1),
+                           -1)  # [b, D] in the draft's node order
+    dstate = draft.commit_tree(dstate, sequences, lengths, draft_path)
+    done = s.done | ended | (lengths >= max_decode_len)
+
+    # What a top-u tree would have accepted, for every compiled u <= this call's width.
+    below = (path[:, None, :] >= 0) & (path[:, None, :] < width_array[None, :, None])  # [b, K, D]
+    count = jnp.sum(below, axis=2).astype(jnp.float32)  # [b, K]
+    observed = active[:, None] & (width_array[None] <= width)  # [b, K]
+    added = jnp.diff(count, axis=1, prepend=0.0)  # [b, K] tokens each band of ranks added
+    gain = jnp.where(observed, adaptive.decay * a.gain + (1 - adaptive.decay) * added,
+                     a.gain)  # [b, K]
+
+    act = active.astype(jnp.int32)  # [b]
+    rows = jnp.arange(batch)
+    verified = jnp.sum(ranked.valid & (jnp.arange(nmax)[None] < width), axis=1,
+                       dtype=jnp.int32)  # [b]
+    acc = (positions[None, :depth] < k[:, None]) & active[:, None]  # [b, D]
+    result = r.replace(
+        sequences=sequences, lengths=lengths, target_calls=r.target_calls + act,
+        proposed=r.proposed + verified * act, accepted=r.accepted + k * act,
+        accepted_per_position=r.accepted_per_position + jnp.sum(acc, axis=0, dtype=jnp.int32),
+        accept_histogram=r.accept_histogram + jnp.sum(
+            jax.nn.one_hot(k, depth + 1, dtype=jnp.int32) * act[:, None], axis=0),
+        loop_iterations=r.loop_iterations + 1,
+        tree_nodes_histogram=r.tree_nodes_histogram.at[rows, want].add(act),
+        tree_nodes_trace=r.tree_nodes_trace.at[
+            rows, jnp.where(active, r.target_calls, max_decode_len)].set(want, mode='drop'),
+        tree_width_trace=r.tree_width_trace.at[r.loop_iterations].set(width, mode='drop'))
+    loop = LoopState(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
+    want = jnp.where(active, adaptive.choose(jnp.cumsum(gain, axis=1)), a.want)  # [b]
+    return TreeLoopState(loop=loop, want=want, gain=gain)
+
+  def plain_statistics(s: LoopState, before: SpeculativeResult) -> LoopState:
+    """The plain steps' node count 0 in the traces and the histogram."""
+    r = s.result
+    calls = jnp.arange(max_decode_len)  # [max_len]
+    plain = ((calls[None] >= before.target_calls[:, None])
+             & (calls[None] < r.target_calls[:, None]))  # [b, max_len]
+    plain_iteration = (calls >= before.loop_iterations) & (calls < r.loop_iterations)  # [max_len]
+    return s.replace(result=r.replace(
+        tree_nodes_trace=jnp.where(plain, 0, r.tree_nodes_trace),
+        tree_nodes_histogram=r.tree_nodes_histogram.at[:, 0].add(
+            r.target_calls - before.target_calls),
+        tree_width_trace=jnp.where(plain_iteration, 0, r.tree_width_trace)))
+
+  # Tree iterations while some active row asks for a tree; then plain target steps to the end.
+  final = jax.lax.while_loop(
+      lambda a: ~jnp.all(a.loop.done) & jnp.any(~a.loop.done & (a.want > 0)), body, init)
+  loop = plain_loop(target, final.loop, max_decode_len, config, eos_id)
+  return with_draft_calls(plain_statistics(loop, final.loop.result))

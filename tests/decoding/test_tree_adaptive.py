@@ -1,0 +1,227 @@
+"""Adaptive best-first trees (`decoding/adaptive_tree.py`): exact outputs whatever size each row used.
+
+Ranking: the first n nodes of a tree in rank order are the best-first tree of budget n. Greedy: a
+tiny T5 target (GQA-2) with a perturbed copy as the tree draft on the ragged batch of 4 (rows end at
+different node counts, calls at several widths, output token for token greedy decoding's); a table
+target with a per-row table draft (a row whose draft is always rejected goes to 0 nodes, one whose
+right path ranks deep in the tree to a large tree, one whose draft is always right to a small one).
+Sampling: the table stubs of `test_tree_stub.py` (40k rows, one jitted batch), chi-square on the
+joint distribution of the first three tokens, p > 1e-3 at fixed seeds.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gqa_spec.decoding import adaptive_tree, sampling, speculative, tree as tree_lib
+from gqa_spec.decoding.adaptive_tree import AdaptiveTree
+from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
+from gqa_spec.decoding.sampling import SamplingConfig
+from gqa_spec.decoding.targets import T5Decoder, TableDecoder
+from gqa_spec.decoding.tree import TreeShape
+from gqa_spec.errors import UserError
+from tests.decoding.conftest import INPUTS, MAX_LEN, model_and_params
+from tests.decoding.test_speculative_stub import (N, NO_EOS, P_VALUE_THRESHOLD, _chisquare,
+                                                  _empirical, _exact_first_three, _tables)
+from tests.decoding.test_speculative_t5 import KV_HEADS, greedy_reference, perturbed_params
+
+
+def _check_statistics(summary, result, nodes_max):
+  chosen = summary['tree_nodes_per_call_per_row']
+  assert [len(t) for t in chosen] == list(np.asarray(result.target_calls))
+  np.testing.assert_array_equal(summary['tree_nodes_histogram_per_row'],
+                                [np.bincount(t, minlength=nodes_max + 1) for t in chosen])
+  verified = summary['tree_nodes_verified_per_call_per_row']
+  for c, v in zip(chosen, verified):  # a call holds every active row's choice
+    assert len(c) == len(v) and all(n <= w for n, w in zip(c, v))
+  assert sum(summary['tree_nodes_histogram']) == summary['target_calls']
+
+
+@pytest.mark.parametrize('config, replace', [
+    (sampling.GREEDY, False), (SamplingConfig(temperature=1.0), False),
+    (SamplingConfig(temperature=0.8, top_k=4), True)])
+def test_first_ranked_nodes_are_the_smaller_best_first_tree(config, replace):
+  table = jnp.asarray(np.random.RandomState(0).normal(size=(7, 7)).astype(np.float32) * 2)
+  root = table[jnp.array([0, 3, 5])]  # [3, V]: three rows
+
+  @jax.jit
+  def ranked(budget_tree):
+    tree, _, _ = budget_tree
+    return tree_lib.by_rank(tree)[0]
+
+  def grow(n):
+    shape = TreeShape.best(n, depth=3, width=2, replace=replace)
+    feed = lambda carry, tokens, parent, d: (table[tokens], carry)  # [b, F, V]
+    return ranked(tree_lib.grow(shape, jax.random.PRNGKey(1), root, feed, None, config))
+
+  full = grow(10)  # every candidate: 2 + 4 + 4
+  assert (np.asarray(full.parents) < np.arange(10)).all()  # parents first
+  for n in (1, 2, 3, 5, 8):
+    small, cut = grow(n), tree_lib.first_nodes(full, n)
+    for field in ('tokens', 'parents', 'depths', 'valid', 'q'):
+      np.testing.assert_allclose(np.asarray(getattr(small, field)), np.asarray(getattr(cut, field)),
+                                 err_msg=f'{field} at n={n}')
+
+
+def test_t5_draft_is_greedy_exact_with_rows_at_different_sizes():
+  model, params = model_and_params(KV_HEADS['gqa'])
+  target, enc = T5Decoder(model), jnp.asarray(INPUTS)
+  ad = AdaptiveTree.parse('best:auto:8,depth:3,width:2', cost_ratio=0.1,
+                          verify_ratio=(1.0, 1.05, 1.2, 1.6))
+  assert ad.widths == (1, 2, 4, 8) and ad.describe().startswith('best:auto:8,depth:3,width:2')
+  draft = TreeModelDraft.t5(model)
+  result = adaptive_tree.decode(
+      target, target.init(params, enc, adaptive_tree.target_cache_length(MAX_LEN, ad)), draft,
+      draft.init(perturbed_params('gqa'), enc, MAX_LEN, ad.shape), jax.random.PRNGKey(0),
+      adaptive=ad, max_decode_len=MAX_LEN)
+  ref_seqs, ref_lengths = greedy_reference('gqa', len(INPUTS))
+  np.testing.assert_array_equal(np.asarray(result.lengths), ref_lengths)
+  np.testing.assert_array_equal(np.asarray(result.sequences)[:, :MAX_LEN + 1], ref_seqs)
+  s = speculative.summarize(result)
+  _check_statistics(s, result, 8)
+  chosen = s['tree_nodes_per_call_per_row']
+  assert all(t[0] == 8 for t in chosen)  # the first tree is the largest: it observes every width
+  assert len({t[-1] for t in chosen}) >= 3  # rows settle at different sizes
+  widths = {w for v in s['tree_nodes_verified_per_call_per_row'] for w in v}
+  assert widths & {1, 2, 4}  # calls narrower than N_max
+  assert 0 < s['accepted'] and sum(s['accept_histogram']) == s['target_calls']
+
+
+@dataclasses.dataclass(frozen=True)
+class RowTableDraft:
+  """A tree draft whose logits depend on the row and the fed token only (state: `[b, V, V]`)."""
+
+  def propose_tree(self, state, sequences, lengths, rng, shape, config):
+    rows = jnp.arange(state.shape[0])
+    last = jnp.take_along_axis(sequences, lengths[:, None], axis=1)[:, 0]  # [b]
+    feed = lambda carry, tokens, parent, d: (state[rows[:, None], tokens], carry)  # [b, F, V]
+    tree, _, _ = tree_lib.grow(shape, rng, state[rows, last], feed, None, config)
+    return tree, state
+
+  def commit_tree(self, state, sequences, lengths, path):
+    del sequences, lengths, path
+    return state
+
+
+def test_rows_move_to_the_tree_size_their_acceptance_pays_for():
+  vocab, max_len = 8, 24
+  successor = (np.arange(vocab) * 3 + 1) % vocab  # the target's next token after each token
+  target = np.full((1, vocab, vocab), -5.0, np.float32)
+  target[0, np.arange(vocab), successor] = 5.0
+  decoy = (successor + 1) % vocab
+  draft = np.full((3, vocab, vocab), -30.0, np.float32)
+  # Row 0: the right token first but barely (the decoy close behind), so the right path's nodes
+  # rank deep in the tree; row 1: the right token never proposed; row 2: the right token surely.
+  draft[0, np.arange(vocab), successor] = np.log(0.5)
+  draft[0, np.arange(vocab), decoy] = np.log(0.45)
+  draft[1, np.arange(vocab), decoy] = 0.0
+  draft[1, np.arange(vocab), (successor + 2) % vocab] = 0.0
+  draft[2, np.arange(vocab), successor] = 0.0
+  ad = AdaptiveTree.parse('best:auto,depth:3,width:2', cost_ratio=0.05,
+                          verify_ratio=(1.0, 1.0, 1.05, 1.1, 1.15))
+  assert ad.nodes_max == 10 and ad.widths == (1, 2, 4, 8, 10)
+  result = adaptive_tree.decode(
+      TableDecoder(), TableDecoder().init(target, 3, adaptive_tree.target_cache_length(max_len, ad)),
+      RowTableDraft(), jnp.asarray(draft), jax.random.PRNGKey(0), adaptive=ad,
+      max_decode_len=max_len, eos_id=NO_EOS)
+  expected = [0]
+  for _ in range(max_len):
+    expected.append(int(successor[expected[-1]]))
+  np.testing.assert_array_equal(np.asarray(result.sequences)[:, :max_len + 1],
+                                np.tile(expected, (3, 1)))  # greedy decoding's tokens
+  s = speculative.summarize(result)
+  _check_statistics(s, result, 10)
+  good, bad, sure = s['tree_nodes_per_call_per_row']
+  assert good[0] == bad[0] == sure[0] == 10
+  assert set(good[1:]) == {8}  # the right path needs 7 or 8 nodes
+  assert set(sure[1:]) == {4}  # the right path is the best 3 nodes
+  # Always rejected: the optimistic prior fades call by call until no tree pays.
+  assert bad[-1] == 0 and all(x >= y for x, y in zip(bad, bad[1:])), bad
+  assert 0 < bad.index(0) < 12
+  # Row 1 rides along in the calls the others asked for (free in the call): 8 nodes verified while
+  # rows 0 and 2 run (4 tokens a call: 6 calls); its last calls are plain target steps.
+  verified = s['tree_nodes_verified_per_call_per_row'][1]
+  assert verified[1:6] == [8] * 5 and verified[-1] == 0
+  assert s['acceptance_rate_per_row'][1] == 0.0
+
+
+@pytest.mark.parametrize('spec, config', [
+    ('best:auto:6,depth:3,width:2', SamplingConfig(temperature=1.0)),
+    ('best:auto:6,depth:3,width:2,replace', SamplingConfig(temperature=0.8, top_p=0.9)),
+])
+def test_sampling_distribution_is_unchanged(spec, config):
+  p, q = _tables()
+  max_len = 3
+  ad = AdaptiveTree.parse(spec, cost_ratio=0.15, verify_ratio=(1.0, 1.1, 1.3, 1.5), decay=0.5)
+  draft = TreeModelDraft(TableDecoder())
+  ts = TableDecoder().init(p, N, adaptive_tree.target_cache_length(max_len, ad))
+  ds = draft.init_state(TableDecoder().init(q, N, draft.cache_slots(max_len, ad.shape)), ad.shape)
+  result = adaptive_tree.decode(TableDecoder(), ts, draft, ds, jax.random.PRNGKey(0), adaptive=ad,
+                                max_decode_len=max_len, config=config, eos_id=NO_EOS)
+  assert (np.asarray(result.lengths) == max_len).all()
+  histogram = np.asarray(result.tree_nodes_histogram).sum(axis=0)  # [N_max + 1]
+  assert np.count_nonzero(histogram[:-1]) >= 2, histogram  # rows chose several sizes below N_max
+  assert histogram[0] > 0  # some rows asked for no tree
+  s = speculative.summarize(result)
+  assert 0 < s['accept_histogram'][0] < s['target_calls']
+  assert _chisquare(_empirical(np.asarray(result.sequences)),
+                    _exact_first_three(p, config)) > P_VALUE_THRESHOLD
+
+
+def test_costs_that_never_pay_give_plain_steps_after_the_first_tree():
+  # c = 3 per draft call: after the first (largest) tree no row asks for another; the rest are
+  # plain target steps, greedy's output.
+  model, params = model_and_params(KV_HEADS['gqa'])
+  target, enc = T5Decoder(model), jnp.asarray(INPUTS[:2])
+  ad = AdaptiveTree.parse('best:auto:2,depth:2,width:2', cost_ratio=3.0)
+  draft = TreeModelDraft.t5(model)
+  result = adaptive_tree.decode(
+      target, target.init(params, enc, adaptive_tree.target_cache_length(MAX_LEN, ad)), draft,
+      draft.init(perturbed_params('gqa'), enc, MAX_LEN, ad.shape), jax.random.PRNGKey(0),
+      adaptive=ad, max_decode_len=MAX_LEN)
+  ref_seqs, _ = greedy_reference('gqa', 2)
+  np.testing.assert_array_equal(np.asarray(result.sequences)[:, :MAX_LEN + 1], ref_seqs)
+  s = speculative.summarize(result)
+  _check_statistics(s, result, 2)
+  for chosen, verified in zip(s['tree_nodes_per_call_per_row'], s['tree_nodes_verified_per_call_per_row']):
+    assert chosen[0] == verified[0] == 2 and set(chosen[1:]) == set(verified[1:]) == {0}
+
+
+@pytest.mark.parametrize('spec, kwargs, message', [
+    ('best:auto:99,depth:2,width:2', {}, 'budget'),
+    ('best:auto:4,depth:2,width:2', dict(cost_ratio=-1.0), 'cost ratio'),
+    ('best:auto:4,depth:2,width:2', dict(verify_ratio=(1.0, 1.0)), 'per-width verify'),
+    ('best:auto:4,depth:2,width:2', dict(decay=1.0), 'decay'),
+    ('best:auto,width:2', {}, 'adaptive tree must be'),
+    ('best:auto:0,depth:2', {}, 'budget'),
+])
+def test_bad_settings_are_user_errors(spec, kwargs, message):
+  with pytest.raises(UserError, match=message):
+    AdaptiveTree.parse(spec, **kwargs)
+  with pytest.raises(UserError, match='best-first'):
+    AdaptiveTree(TreeShape.topk(2, 2))
+
+
+def test_chimera_tree_draft_reads_the_calls_hidden_states_and_is_greedy_exact():
+  # A draft that reads the target's hidden states (`reads_target_hidden`): each width's branch
+  # hands `observe` the hidden states of the root and the accepted path of that call.
+  from tests.decoding.test_speculative_chimera import CFG, _setup  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.drafts.chimera import ChimeraTreeDraft  # pylint: disable=g-import-not-at-top
+  model, params, draft_params = _setup(trained_like=True)
+  target, enc = T5Decoder(model), jnp.asarray(INPUTS)
+  ad = AdaptiveTree.parse('best:auto:4,depth:3,width:2', cost_ratio=0.05,
+                          verify_ratio=(1.0, 1.1, 1.3))
+  draft = ChimeraTreeDraft(CFG)
+  result = adaptive_tree.decode(
+      target, target.init(params, enc, adaptive_tree.target_cache_length(MAX_LEN, ad)), draft,
+      draft.init(draft_params, params['token_embedder']['embedding'], 4, MAX_LEN),
+      jax.random.PRNGKey(0), adaptive=ad, max_decode_len=MAX_LEN)
+  ref_seqs, ref_lengths = greedy_reference('gqa', len(INPUTS))
+  np.testing.assert_array_equal(np.asarray(result.lengths), ref_lengths)
+  np.testing.assert_array_equal(np.asarray(result.sequences)[:, :MAX_LEN + 1], ref_seqs)
+  s = speculative.summarize(result)
+  _check_statistics(s, result, 4)
+  assert s['accepted'] > 0
