@@ -18,8 +18,54 @@ default_kernel_init = nn.initializers.variance_scaling(1.0, 'fan_in', 'truncated
 default_embed_init = nn.initializers.normal(stddev=1.0)
 
 
+def _halving_sum(x: jax.Array) -> jax.Array:
+  """Sum over the last axis `[..., D] -> [..., 1]` in an order fixed by D alone.
+
+  The last axis is zero-padded to a power of two P, then its first half is added elementwise to
+  its second half until one column is left: log2(P) elementwise adds, each output element the
+  same pairwise tree whatever the other axes are (zeros added are exact: padding changes nothing).
+  """
+  width = x.shape[-1]
+  padded = 1 << max(width - 1, 0).bit_length()  # next power of two >= width
+  if padded != width:
+    x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, padded - width)])  # [..., P]
+  while x.shape[-1] > 1:
+    half = x.shape[-1] // 2
+    x = x[..., :half] + x[..., half:]  # [..., half]
+  return x  # [..., 1]
+
+
+def mean_of_squares(x: jax.Array) -> jax.Array:
+  """`mean(x**2)` over the last axis, `[..., D] float32 -> [..., 1]`; row-count invariant on CPU.
+
+  XLA:CPU's row reduction (what `jnp.mean` lowers to) adds a row's elements in an order that depends
+  on how many rows the array holds: at width 64 the same row gives a different last bit inside 31 or
+  124 rows. In attention over large logits that bit grows, so a row's logits moved with the batch it
+  was decoded in (issue 37: up to 0.06 at magnitude ~30, against HF's 0.011, enough to flip a greedy
+  near-tie). On CPU the sum is therefore `_halving_sum`, whose order depends on D only, and a row's
+  norm is bitwise the same in any batch (`tests/models/test_layers.py`); on 16 seeds of
+  `benchmarks/batch_drift.py` the largest batch-4-padded vs batch-1 logit drift fell from 1.7 to
+  0.013 (HF: 0.19). Padding (a row alone is shorter) and the attention softmax's own sum still
+  drift a little; they are not changed here. On other platforms it stays
+  the plain `jnp.mean`: `jax.lax.platform_dependent` chooses at lowering time, so a GPU/TPU program
+  is unchanged; there batch-1 decode is launch-bound (~80 us a layer) and log2(D) more elementwise
+  ops could cost kernels per norm, while their row reduction was not shown to drift.
+  """
+  def cpu(v):  # [..., D] -> [..., 1]
+    return _halving_sum(jnp.square(v)) / v.shape[-1]
+
+  def default(v):  # [..., D] -> [..., 1]
+    return jnp.mean(jnp.square(v), axis=-1, keepdims=True)
+
+  return jax.lax.platform_dependent(x, cpu=cpu, default=default)
+
+
 class RMSNorm(nn.Module):
-  """T5's layer norm: rescales by the root mean square, no mean subtraction, no bias."""
+  """T5's layer norm: rescales by the root mean square, no mean subtraction, no bias.
+
+  The mean square is `mean_of_squares`: on CPU an order-fixed sum, so that a row's output does not
+  depend on how many rows share its batch (see there); elsewhere `jnp.mean`.
+  """
 
   epsilon: float = 1e-6
   dtype: jnp.dtype = jnp.float32
@@ -29,7 +75,7 @@ class RMSNorm(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     x32 = x.astype(jnp.float32)
     scale = self.param('scale', nn.initializers.ones, (x.shape[-1],), self.param_dtype)
-    mean2 = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+    mean2 = mean_of_squares(x32)  # [..., 1]
     y = x32 * jax.lax.rsqrt(mean2 + self.epsilon)
     # As t5x and HF: normalise in float32, cast to the activation dtype, then scale.
     return y.astype(self.dtype) * scale.astype(self.dtype)
