@@ -165,9 +165,10 @@ def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
             auto_states = (tstates if adaptive.target_cache_length(L, auto) == slots else
                            [target.init(params, enc, adaptive.target_cache_length(L, auto))
                             for enc in encs])  # as `generate --gamma auto` allocates
-            runs[f'auto:{policy}'] = (lambda a=auto, ts=auto_states: [adaptive.decode(
-                target, t, draft, d, rng, adaptive=a, max_decode_len=L, config=config)
-                for t, d in zip(ts, dstates)])
+            auto_dstates = dstates if auto.speculates else [None] * len(dstates)
+            runs[f'auto:{policy}'] = (lambda a=auto, ts=auto_states, ds=auto_dstates: [
+                adaptive.decode(target, t, draft, d, rng, adaptive=a, max_decode_len=L,
+                                config=config) for t, d in zip(ts, ds)])
           load = os.getloadavg()[0]
           times = interleaved(runs, args.repeats)
           cell = []
@@ -203,6 +204,9 @@ def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
             r['x_best_fixed'] = r['tokens_per_second'] / best_fixed
             common.print_row({k: v for k, v in r.items() if not isinstance(v, list)})
           rows.extend(cell)
+          # Free the cell's compiled programs: a run of hundreds of them ran out of memory for
+          # LLVM's code ("Cannot allocate memory", then a segfault) after 231 rows.
+          jax.clear_caches()
   return rows
 
 
@@ -225,7 +229,7 @@ def goals(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 def markdown(result: Dict[str, Any]) -> List[str]:
   trained = result['trained']
-  cells = [(r['pair'] if trained else r['draft'], r['batch'], r['temperature'], r['method'],
+  cells = [(*((r['pair'], r['draft']) if trained else (r['draft'],)), r['batch'], r['temperature'], r['method'],
             f'{r["seconds"]:.3f}', r['tokens'], f'{r["tokens_per_call"]:.2f}',
             '' if r.get('acceptance_rate') is None else f'{r["acceptance_rate"]:.2f}',
             f'{r["x_greedy"]:.2f}', f'{r["x_best_fixed"]:.2f}',
@@ -249,9 +253,10 @@ def markdown(result: Dict[str, Any]) -> List[str]:
       'draft cost ratio and verification cost ratios v(1)..v(gamma_max) the optimal policy used '
       '(`adaptive.measure_costs`, once per pair and batch size, in the seconds given, compiles '
       'included; not in the timed runs).',
-      ['pair' if trained else 'draft', 'batch', 'T', 'method', 'seconds', 'tokens',
+      [*(('pair', 'draft') if trained else ('draft',)), 'batch', 'T', 'method', 'seconds', 'tokens',
        'tokens/call', 'acc.', 'x greedy', 'x best fixed', 'gamma histogram', 'c / v'], cells)
-  goal_rows = [(g['pair'] if trained else g['draft'], g['batch'], g['temperature'],
+  goal_rows = [(*((g['pair'], g['draft']) if trained else (g['draft'],)), g['batch'],
+                g['temperature'],
                 f'{g["x_greedy"]:.3f}', 'met' if g['greedy_goal'] else '**missed**',
                 f'{g["best_fixed"]} ({g["best_fixed_x_greedy"]:.2f}x greedy)',
                 f'{g["x_best_fixed"]:.3f}', 'met' if g['best_fixed_goal'] else '**missed**')
@@ -259,7 +264,8 @@ def markdown(result: Dict[str, Any]) -> List[str]:
   lines += ['', '## Goals (`auto:optimal`, no tuning)', '',
             'Never below 0.97x greedy decoding; within 5% of the best fixed gamma (>= 0.95x), '
             'or better.', ''] + common.table(
-      ['pair' if trained else 'draft', 'batch', 'T', 'x greedy', '>= 0.97', 'best fixed',
+      [*(('pair', 'draft') if trained else ('draft',)), 'batch', 'T', 'x greedy', '>= 0.97',
+       'best fixed',
        'x best fixed', '>= 0.95'], goal_rows)
   return lines + common.result_load_note(
       result, ': the machine was shared with other jobs; ratios within a cell were measured '

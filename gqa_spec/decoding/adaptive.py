@@ -34,6 +34,8 @@ Policies (`AdaptiveGamma.policy`):
               target steps.
   'heuristic' HF's `num_assistant_tokens_schedule="heuristic"`: +2 after a proposal accepted whole,
               else -1, within [1, gamma_max].
+  'fixed'     every row keeps `gamma_init` (not a CLI choice: `measure_costs` times this very
+              loop's iteration with it).
 `confidence` > 0 (`--draft-confidence`, model drafts only) also ends a row's proposal after the
 first token whose draft top probability is below it (HF's `assistant_confidence_threshold`).
 """
@@ -58,7 +60,7 @@ from gqa_spec.decoding.targets import Decoder
 from gqa_spec.errors import UserError
 
 PyTree = Any
-POLICIES = ('optimal', 'heuristic')
+POLICIES = ('optimal', 'heuristic', 'fixed')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,9 +119,10 @@ class AdaptiveGamma:
       return self.gamma_init
     if self.policy == 'heuristic':
       return max(1, self.gamma_max // 2)
-    with jax.ensure_compile_time_eval():  # a Python int, also while tracing
-      return int(theory.optimal_gammas(jnp.full((1,), self.alpha_init), self.cost_ratio,
-                                       self.gamma_max, self.verify_ratio)[0])
+    if self.policy == 'fixed':
+      raise UserError('the fixed gamma policy needs gamma_init')
+    return _optimal_first_gamma(self.alpha_init, self.cost_ratio, self.gamma_max,
+                                self.verify_ratio)
 
   @property
   def speculates(self) -> bool:
@@ -139,6 +142,15 @@ class AdaptiveGamma:
     extra = f',c={self.cost_ratio:.3g},v={v}' if self.policy == 'optimal' else ''
     conf = f',confidence={self.confidence:g}' if self.confidence else ''
     return f'auto({self.policy},max={self.gamma_max}{extra}{conf})'
+
+
+@functools.lru_cache(maxsize=256)
+def _optimal_first_gamma(alpha: float, c: float, gamma_max: int,
+                         v: Union[float, Tuple[float, ...]]) -> int:
+  """Theorem 8's gamma at `alpha`, a Python int (computed once per setting: callers ask per
+  batch, and it is a few eager device ops)."""
+  with jax.ensure_compile_time_eval():  # a Python int, also while tracing
+    return int(theory.optimal_gammas(jnp.full((1,), alpha), c, gamma_max, v)[0])
 
 
 @flax.struct.dataclass
@@ -171,27 +183,56 @@ def verify_width(gamma: int, gamma_max: int) -> int:
 
 def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
                   max_decode_len: int, gamma_max: int) -> Tuple[float, Tuple[float, ...]]:
-  """(c, v) on this machine and batch, at half the output length, each time the fastest of 5
-  runs (`timing.propose_time`, `timing.step_time`; a few seconds, compiles included):
-  c = one draft proposal of one token (its commit included) over one one-token target call;
-  v = (v(1), ..., v(gamma_max)): the target call the loop verifies gamma tokens with (the
-  narrowest compiled width that holds gamma, `verify_width`, + 1 tokens) over a one-token call."""
+  """(c, v) on this machine and batch, in units of one step of greedy decoding's loop (a few
+  seconds, compiles included; each time the fastest of a few runs):
+
+    c = one draft token (`timing.propose_time`: a proposal of one token, its commit included);
+    v = (v(1), ..., v(gamma_max)): the rest of an iteration of this loop that verifies gamma
+        tokens: the target call at the narrowest compiled width that holds gamma
+        (`verify_width`, + 1 tokens; `timing.step_time`), plus what the loop spends besides its
+        calls (verification, appending, rollbacks, statistics, the width's `lax.switch`).
+
+  The unit and that overhead are timed whole on `target_state`'s batch: greedy decoding
+  (`autoregressive.decode`) per step, and this loop with every row at gamma 1 (policy 'fixed')
+  per iteration, less its draft token and its width-1 call. On small models the overhead is the
+  size of a target call (measured on this CPU: the smoke pair's n-gram drafts, c ~0.02, were
+  slower than greedy at every gamma); without it Theorem 8 speculates where it does not pay.
+  A draft without `propose_upto` (n-gram, copy) proposes gamma_max tokens every iteration
+  whatever gamma a row asked for: its proposal is then part of every iteration's overhead, and c
+  is 0."""
   batch = target.index(target_state).shape[0]
-  t_target = timing.step_time(target, target_state, 1, max_decode_len // 2)
-  t_verify = {w: timing.step_time(target, target_state, w + 1, max_decode_len // 2)
-              for w in verify_gammas(gamma_max)}
+  fill = max_decode_len // 2
+  t_call = {w: timing.step_time(target, target_state, w + 1, fill)
+            for w in verify_gammas(gamma_max)}  # seconds per verification call of width w + 1
   t_draft = timing.propose_time(draft, draft_state, 1, batch, max_decode_len)
-  return t_draft / t_target, tuple(t_verify[verify_width(g, gamma_max)] / t_target
-                                   for g in range(1, gamma_max + 1))
+  rng = jax.random.PRNGKey(0)
+
+  def per_iteration(run):
+    iterations = max(int(jax.block_until_ready(run()).loop_iterations), 1)
+    return timing.min_time(run, 3) / iterations
+
+  t_step = per_iteration(lambda: autoregressive.decode(target, target_state, rng,
+                                                       max_decode_len=max_decode_len))
+  fixed = AdaptiveGamma(gamma_max=gamma_max, policy='fixed', gamma_init=1)
+  t_iter = per_iteration(lambda: decode(target, target_state, draft, draft_state, rng,
+                                        adaptive=fixed, max_decode_len=max_decode_len))
+  per_token = getattr(draft, 'propose_upto', None) is not None
+  overhead = max(t_iter - t_call[1] - (t_draft if per_token else 0.0), 0.0)
+  return ((t_draft if per_token else 0.0) / t_step,
+          tuple((t_call[verify_width(g, gamma_max)] + overhead) / t_step
+                for g in range(1, gamma_max + 1)))
 
 
-@functools.partial(xla_options.jit, static_argnames=('target', 'draft', 'adaptive',
-                                                     'max_decode_len', 'config', 'eos_id'))
 def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
            rng: jax.Array, *, adaptive: AdaptiveGamma, max_decode_len: int,
            config: SamplingConfig = sampling.GREEDY, eos_id: int = EOS,
            skip: Optional[jax.Array] = None) -> SpeculativeResult:
   """Speculative decoding with per-row adaptive draft lengths (arguments as `speculative.decode`).
+
+  `draft_state` may be None where `adaptive.speculates` is False: the call is then one jitted
+  function of the target alone (`_plain`), autoregressive decoding with its result in this
+  function's form, so that its dispatch costs what greedy decoding's does (the draft and the
+  settings are not even hashed).
 
   Returns:
     `SpeculativeResult` with depth gamma_max, plus `gamma_histogram` `[b, gamma_max + 1]` (how
@@ -200,15 +241,36 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
     decode calls made, all rows together; gamma_max per iteration for drafts that cannot stop
     early).
   """
-  gmax = adaptive.gamma_max
-  upto = getattr(draft, 'propose_upto', None)
-  if adaptive.confidence and upto is None:
+  if adaptive.confidence and getattr(draft, 'propose_upto', None) is None:
     raise UserError(f'--draft-confidence needs a model draft (one with draft probabilities); '
                     f'{type(draft).__name__} has none')
-  if not adaptive.speculates:  # the program is autoregressive decoding's, no draft call in it
-    return _as_adaptive_result(autoregressive.decode(
-        target, target_state, rng, max_decode_len=max_decode_len, config=config, eos_id=eos_id,
-        skip=skip), gmax, max_decode_len)
+  if not adaptive.speculates:
+    return _plain(target, target_state, rng, gamma_max=adaptive.gamma_max,
+                  max_decode_len=max_decode_len, config=config, eos_id=eos_id, skip=skip)
+  return _speculative(target, target_state, draft, draft_state, rng, adaptive=adaptive,
+                      max_decode_len=max_decode_len, config=config, eos_id=eos_id, skip=skip)
+
+
+@functools.partial(xla_options.jit, static_argnames=('target', 'gamma_max', 'max_decode_len',
+                                                     'config', 'eos_id'))
+def _plain(target: Decoder, target_state: PyTree, rng: jax.Array, *, gamma_max: int,
+           max_decode_len: int, config: SamplingConfig, eos_id: int,
+           skip: Optional[jax.Array]) -> SpeculativeResult:
+  """`decode` where no row speculates: autoregressive decoding, every call at draft length 0."""
+  return _as_adaptive_result(autoregressive.decode(
+      target, target_state, rng, max_decode_len=max_decode_len, config=config, eos_id=eos_id,
+      skip=skip), gamma_max, max_decode_len)
+
+
+@functools.partial(xla_options.jit, static_argnames=('target', 'draft', 'adaptive',
+                                                     'max_decode_len', 'config', 'eos_id'))
+def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
+                 rng: jax.Array, *, adaptive: AdaptiveGamma, max_decode_len: int,
+                 config: SamplingConfig, eos_id: int,
+                 skip: Optional[jax.Array]) -> SpeculativeResult:
+  """`decode` where rows speculate (its docstring)."""
+  gmax = adaptive.gamma_max
+  upto = getattr(draft, 'propose_upto', None)
   loop = init_loop(target, target_state, draft_state, rng, max_decode_len, gmax, skip)
   batch = loop.done.shape[0]
   loop = loop.replace(result=loop.result.replace(
@@ -278,6 +340,8 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
                       a.alpha)  # [b]
     if adaptive.policy == 'heuristic':
       nxt = jnp.clip(jnp.where(k == a.want, a.want + 2, a.want - 1), 1, gmax)  # HF's schedule
+    elif adaptive.policy == 'fixed':
+      nxt = a.want
     else:
       nxt = jnp.where(a.want > 0, theory.optimal_gammas(alpha, adaptive.cost_ratio, gmax,
                                                         adaptive.verify_ratio), 0)

@@ -355,10 +355,10 @@ def generate(args: argparse.Namespace) -> int:
       state = target.init(params, enc, tree_speculative.target_cache_length(max_len, shape))
       return run_tree(target, state, draft, draft_init(enc), rng, shape=shape,
                       max_decode_len=max_len, config=config, skip=skip)
-    if auto:
+    if auto:  # no draft state (its encoder pass) where no row will speculate
       state = target.init(params, enc, adaptive.target_cache_length(max_len, auto))
-      return adaptive.decode(target, state, draft, draft_init(enc), rng, adaptive=auto,
-                             max_decode_len=max_len, config=config, skip=skip)
+      return adaptive.decode(target, state, draft, draft_init(enc) if auto.speculates else None,
+                             rng, adaptive=auto, max_decode_len=max_len, config=config, skip=skip)
     state = target.init(params, enc, speculative.target_cache_length(max_len, gamma))
     return run_spec(target, state, draft, draft_init(enc), rng, gamma=gamma,
                     max_decode_len=max_len, config=config, skip=skip)

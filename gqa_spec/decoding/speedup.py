@@ -17,8 +17,8 @@ them at a time), and reports:
   speedup_thm8     Theorem 8 with the measured alpha and c; `_with_v` also with v(gamma).
 With `auto_drafts`, `measure_grid` also runs `--gamma auto` (`adaptive.decode`, policy optimal,
 gamma_max = the largest gamma) for those drafts on the same batches (`auto_rows`), with c and
-v(1)..v(gamma_max) taken from the grid's own timings (`auto_costs`) instead of a calibration of
-their own.
+v(1)..v(gamma_max) from `adaptive.measure_costs` on the first batch, as `generate --gamma auto`
+measures them.
 """
 
 from __future__ import annotations
@@ -103,12 +103,13 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
                spec_all(SamplingConfig(temperature=t), d, i, g)
                for temp in temperatures for name, (draft, dinit) in drafts.items()
                for gamma in gammas})
-  autos = {name: auto_costs(gmax, draft_cost(name, *drafts[name], 1), t_target)
+  autos = {name: auto_costs(target, params, *drafts[name], batches[0], L, gmax)
            for name in auto_drafts}
 
   def auto_all(config, draft, dinit, auto):
     slots_auto = adaptive.target_cache_length(L, auto)  # as `generate --gamma auto` allocates
-    return [adaptive.decode(target, target.init(params, enc, slots_auto), draft, dinit(enc),
+    return [adaptive.decode(target, target.init(params, enc, slots_auto), draft,
+                            dinit(enc) if auto.speculates else None,
                             jax.random.PRNGKey(seed + 1), adaptive=auto, max_decode_len=L,
                             config=config) for enc in batches]
 
@@ -170,12 +171,13 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
   return out
 
 
-def auto_costs(gamma_max: int, c: float, t_target: Mapping[int, float]) -> adaptive.AdaptiveGamma:
-  """`--gamma auto`'s settings from a grid's timings: c, and v(g) = the target call of the
-  narrowest compiled width holding g (`adaptive.verify_width`) over a one-token call
-  (`t_target`: tokens per call -> seconds)."""
-  v = tuple(t_target[adaptive.verify_width(g, gamma_max) + 1] / t_target[1]
-            for g in range(1, gamma_max + 1))
+def auto_costs(target, params: Any, draft, dinit: Callable[[jax.Array], Any], enc: jax.Array,
+               max_decode_len: int, gamma_max: int) -> adaptive.AdaptiveGamma:
+  """`--gamma auto`'s settings for `draft` as `generate` measures them: c and v(1)..v(gamma_max)
+  from `adaptive.measure_costs` on the batch `enc`."""
+  c, v = adaptive.measure_costs(
+      target, target.init(params, enc, speculative.target_cache_length(max_decode_len, gamma_max)),
+      draft, dinit(enc), max_decode_len, gamma_max)
   return adaptive.AdaptiveGamma(gamma_max=gamma_max, cost_ratio=c, verify_ratio=v)
 
 

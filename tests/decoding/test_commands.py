@@ -191,7 +191,8 @@ def test_gamma_auto_gives_greedy_outputs_and_reports_gammas(workdir):
                          '--gamma', 'auto', '--gamma-max', '3')
   assert out == ref
   assert stats['gamma'].startswith('auto(optimal,max=3,c=') and stats['cost_ratio_measured']
-  assert 0 < stats['cost_ratio'] < 1  # a bigram lookup against a T5 decoder step
+  # a bigram proposes gamma_max tokens whatever a row asks: its cost is in every iteration's v
+  assert stats['cost_ratio'] == 0
   v = stats['verify_ratio']  # v(1)..v(3): the widths 2, 3, 4 tokens, each measured
   assert len(v) == 3 and all(x > 0 for x in v)
   trace = stats['gamma_per_call_per_row']
