@@ -147,7 +147,7 @@ def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
         ar_states = [target.init(params, enc, L + 1) for enc in encs]
         dstates = [dinit(enc) for enc in encs]
         t0 = time.perf_counter()
-        c, v = adaptive.measure_costs(target, tstates[0], draft, dstates[0], L, gmax)
+        cal = adaptive.measure_costs(target, tstates[0], draft, dstates[0], L, gmax)
         calibration = time.perf_counter() - t0
         for temperature in [float(t) for t in args.temperatures.split(',')]:
           config = SamplingConfig(temperature=temperature)
@@ -159,9 +159,8 @@ def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
                 target, t, draft, d, rng, gamma=g, max_decode_len=L, config=config)
                 for t, d in zip(tstates, dstates)])
           for policy in ('optimal', 'heuristic'):
-            auto = AdaptiveGamma(gamma_max=gmax, policy=policy,
-                                 cost_ratio=c if policy == 'optimal' else 0.0,
-                                 verify_ratio=v if policy == 'optimal' else 1.0)
+            auto = AdaptiveGamma(gamma_max=gmax, policy=policy)
+            auto = auto.calibrated(cal) if policy == 'optimal' else auto
             auto_states = (tstates if adaptive.target_cache_length(L, auto) == slots else
                            [target.init(params, enc, adaptive.target_cache_length(L, auto))
                             for enc in encs])  # as `generate --gamma auto` allocates
@@ -185,7 +184,8 @@ def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
                    'tokens_per_second': tokens / seconds, 'tokens_per_call': tokens / max(calls, 1),
                    'load_before': load, 'cost_ratio': None, 'verify_ratio': None}
             if method == 'auto:optimal':
-              row.update(cost_ratio=c, verify_ratio=v, calibration_seconds=calibration)
+              row.update(cost_ratio=cal.cost_ratio, verify_ratio=cal.verify_ratio,
+                         alpha_init=cal.alpha, calibration_seconds=calibration)
             if not method.startswith(('gamma=', 'no draft')):
               summaries = [speculative.summarize(r) for r in results]
               row.update(gamma_histogram=[int(x) for x in np.sum(
@@ -236,8 +236,8 @@ def markdown(result: Dict[str, Any]) -> List[str]:
             '' if r.get('gamma_histogram') is None else
             f'{r["gamma_histogram"]} (saved {r["draft_steps_saved"]})',
             '' if r['cost_ratio'] is None else
-            f'{r["cost_ratio"]:.3f} / {" ".join(f"{v:.2f}" for v in r["verify_ratio"])} '
-            f'({r["calibration_seconds"]:.1f} s)')
+            f'{r["cost_ratio"]:.3f} / {" ".join(f"{v:.2f}" for v in r["verify_ratio"])} / '
+            f'{r["alpha_init"]:.2f} ({r["calibration_seconds"]:.1f} s)')
            for r in result['rows']]
   pair = ('the trained pairs of the command line (`--pair`), on their tasks\' test inputs'
           if trained else 'the built-in UNTRAINED demo pair (`workloads.demo_pair`) on synthetic '
@@ -249,12 +249,14 @@ def markdown(result: Dict[str, Any]) -> List[str]:
       'rotated) after a compile call; x greedy: tokens/s over the cell\'s autoregressive '
       'decoding; x best fixed: over the fastest fixed gamma of the cell; acc.: accepted / '
       'proposed draft tokens; gamma histogram: target calls per draft length (0..gamma_max), all '
-      'rows; saved: draft decode calls saved against gamma_max per iteration; c / v: the measured '
-      'draft cost ratio and verification cost ratios v(1)..v(gamma_max) the optimal policy used '
-      '(`adaptive.measure_costs`, once per pair and batch size, in the seconds given, compiles '
-      'included; not in the timed runs).',
+      'rows; saved: draft decode calls saved against gamma_max per iteration; c / v / alpha: what '
+      'the optimal policy used, measured by `adaptive.measure_costs` once per pair and batch size '
+      '(in the seconds given, compiles included; not in the timed runs): the draft cost ratio and '
+      'the iteration cost ratios v(1)..v(gamma_max), in greedy decoding steps, and the starting '
+      'alpha (the acceptance of a greedy gamma-1 run on the first batch).',
       [*(('pair', 'draft') if trained else ('draft',)), 'batch', 'T', 'method', 'seconds', 'tokens',
-       'tokens/call', 'acc.', 'x greedy', 'x best fixed', 'gamma histogram', 'c / v'], cells)
+       'tokens/call', 'acc.', 'x greedy', 'x best fixed', 'gamma histogram', 'c / v / alpha'],
+      cells)
   goal_rows = [(*((g['pair'], g['draft']) if trained else (g['draft'],)), g['batch'],
                 g['temperature'],
                 f'{g["x_greedy"]:.3f}', 'met' if g['greedy_goal'] else '**missed**',

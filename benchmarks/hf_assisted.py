@@ -121,13 +121,13 @@ def measure(args) -> List[Dict[str, Any]]:
     tstates = [target.init(params, e, slots) for e in encs]
     ar_states = [target.init(params, e, L + 1) for e in encs]
     dstates = [draft.init(dparams, e, L, max(gmax, max(gammas))) for e in encs]
-    c, v = adaptive.measure_costs(target, tstates[0], draft, dstates[0], L, gmax)
+    cal = adaptive.measure_costs(target, tstates[0], draft, dstates[0], L, gmax)
     rng = jax.random.PRNGKey(0)
     ours = {'ours greedy': lambda: [autoregressive.decode(target, s, rng, max_decode_len=L)
                                     for s in ar_states]}
     for policy in ('optimal', 'heuristic'):
-      auto = AdaptiveGamma(gamma_max=gmax, policy=policy, cost_ratio=c if policy == 'optimal'
-                           else 0.0, verify_ratio=v if policy == 'optimal' else 1.0)
+      auto = AdaptiveGamma(gamma_max=gmax, policy=policy)
+      auto = auto.calibrated(cal) if policy == 'optimal' else auto
       ours[f'ours auto:{policy}'] = (lambda a=auto: [adaptive.decode(
           target, t, draft, d, rng, adaptive=a, max_decode_len=L)
           for t, d in zip(tstates, dstates)])

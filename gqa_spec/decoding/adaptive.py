@@ -13,10 +13,11 @@ the narrowest that holds the longest proposal an active row asked for (`lax.swit
 whose rows all ask for gamma 1 pays for a two-token call, not a gamma_max + 1 one (a draft that
 reads the target's hidden states, Chimera, keeps the gamma_max + 1 width). Once no active row
 speculates (every one at gamma_r = 0, which is final), the rest runs as plain one-token target
-steps in a second loop, without the draft. When the measured costs say that not even the
-optimistic `alpha_init` would pay for a proposal (`AdaptiveGamma.speculates` is False, as for a
-draft that costs what the target costs), `decode` is `autoregressive.decode` itself, on a cache
-of one slot per token (`target_cache_length`): the same program as greedy decoding.
+steps in a second loop, without the draft. When the costs say that not even the starting
+`alpha_init` would pay for a proposal (`AdaptiveGamma.speculates` is False: a draft that costs
+what the target costs, or one whose acceptance `measure_costs` found too low for its cost),
+`decode` is `autoregressive.decode` itself, on a cache of one slot per token
+(`target_cache_length`): the same program as greedy decoding.
 
 Exactness: gamma_r depends only on the row's past (and, with a confidence stop, on the draft's
 distributions at the positions already proposed), so it is a stopping rule; the
@@ -28,7 +29,8 @@ Policies (`AdaptiveGamma.policy`):
               the positions the row tried (Corollary 6's estimator), and the cost ratio c give
               gamma_r = argmax_gamma of Theorem 8 over [0, gamma_max] (`theory.optimal_gammas`;
               with a measured verification cost v(gamma), a gamma >= 1 costs gamma c + v(gamma)
-              steps; v(gamma) is the cost of the narrowest compiled width that holds gamma).
+              greedy steps; v(gamma) is the narrowest compiled width that holds gamma plus the
+              loop's own per-iteration work, `measure_costs`).
               At gamma_r = 0 the row learns nothing more, so 0 is final for it; once no active row
               speculates the draft is no longer kept up to date and the batch stays on plain
               target steps.
@@ -44,7 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Optional, Tuple, Union
+from typing import Any, NamedTuple, Optional, Tuple, Union
 
 import flax
 import jax
@@ -78,8 +80,10 @@ class AdaptiveGamma:
       (0 = off).
     gamma_init: every row's first draft length (None: the policy's choice at `alpha_init`, or
       gamma_max // 2 for 'heuristic').
-    alpha_init: the running alpha's starting value (policy 'optimal'): optimistic, so that a row
-      tries speculating (at the gamma this alpha would pay for) before its own alpha decides.
+    alpha_init: the running alpha's starting value (policy 'optimal'): by default an optimistic
+      0.9, so that a row tries speculating (at the gamma this alpha would pay for) before its own
+      alpha decides; `calibrated` sets the draft's acceptance `measure_costs` found on the
+      first batch instead (what `generate --gamma auto` does).
     decay: weight of the old alpha in each update (policy 'optimal').
   """
 
@@ -123,6 +127,12 @@ class AdaptiveGamma:
       raise UserError('the fixed gamma policy needs gamma_init')
     return _optimal_first_gamma(self.alpha_init, self.cost_ratio, self.gamma_max,
                                 self.verify_ratio)
+
+  def calibrated(self, calibration: 'Calibration') -> 'AdaptiveGamma':
+    """These settings with `measure_costs`' c, v and starting alpha."""
+    return dataclasses.replace(self, cost_ratio=calibration.cost_ratio,
+                               verify_ratio=calibration.verify_ratio,
+                               alpha_init=min(max(calibration.alpha, 0.0), 1.0))
 
   @property
   def speculates(self) -> bool:
@@ -181,10 +191,17 @@ def verify_width(gamma: int, gamma_max: int) -> int:
   return min(w for w in verify_gammas(gamma_max) if w >= gamma)
 
 
+class Calibration(NamedTuple):
+  """What `measure_costs` measured: `AdaptiveGamma`'s cost_ratio, verify_ratio and alpha_init."""
+  cost_ratio: float
+  verify_ratio: Tuple[float, ...]
+  alpha: float
+
+
 def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
-                  max_decode_len: int, gamma_max: int) -> Tuple[float, Tuple[float, ...]]:
-  """(c, v) on this machine and batch, in units of one step of greedy decoding's loop (a few
-  seconds, compiles included; each time the fastest of a few runs):
+                  max_decode_len: int, gamma_max: int) -> Calibration:
+  """(c, v, alpha) on this machine and batch; c and v in units of one step of greedy decoding's
+  loop (a few seconds, compiles included; each time the fastest of a few runs):
 
     c = one draft token (`timing.propose_time`: a proposal of one token, its commit included);
     v = (v(1), ..., v(gamma_max)): the rest of an iteration of this loop that verifies gamma
@@ -199,7 +216,14 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
   slower than greedy at every gamma); without it Theorem 8 speculates where it does not pay.
   A draft without `propose_upto` (n-gram, copy) proposes gamma_max tokens every iteration
   whatever gamma a row asked for: its proposal is then part of every iteration's overhead, and c
-  is 0."""
+  is 0.
+
+  alpha: the draft's acceptance rate in that gamma-1 run (greedy, so that no random draw of the
+  decoding to come enters it), every row's starting estimate (`AdaptiveGamma.alpha_init`,
+  `calibrated`). Where even that alpha does not pay for a proposal, `decode` is greedy decoding
+  from the start and pays nothing to find out; a fixed optimistic start (0.9) made every row try
+  speculating first, which cost the smoke pair's n-gram drafts 10-30% of greedy decoding's speed
+  on its 32-token outputs."""
   batch = target.index(target_state).shape[0]
   fill = max_decode_len // 2
   t_call = {w: timing.step_time(target, target_state, w + 1, fill)
@@ -214,13 +238,16 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
   t_step = per_iteration(lambda: autoregressive.decode(target, target_state, rng,
                                                        max_decode_len=max_decode_len))
   fixed = AdaptiveGamma(gamma_max=gamma_max, policy='fixed', gamma_init=1)
-  t_iter = per_iteration(lambda: decode(target, target_state, draft, draft_state, rng,
-                                        adaptive=fixed, max_decode_len=max_decode_len))
+  run = lambda: decode(target, target_state, draft, draft_state, rng, adaptive=fixed,
+                       max_decode_len=max_decode_len)
+  t_iter = per_iteration(run)
+  result = jax.device_get(run())
+  alpha = float(result.beta_sum) / max(float(result.beta_count), 1.0)
   per_token = getattr(draft, 'propose_upto', None) is not None
   overhead = max(t_iter - t_call[1] - (t_draft if per_token else 0.0), 0.0)
-  return ((t_draft if per_token else 0.0) / t_step,
-          tuple((t_call[verify_width(g, gamma_max)] + overhead) / t_step
-                for g in range(1, gamma_max + 1)))
+  return Calibration((t_draft if per_token else 0.0) / t_step,
+                     tuple((t_call[verify_width(g, gamma_max)] + overhead) / t_step
+                           for g in range(1, gamma_max + 1)), alpha)
 
 
 def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,

@@ -377,10 +377,9 @@ def generate(args: argparse.Namespace) -> int:
   cost_measured = auto is not None and auto.policy == 'optimal' and args.cost_ratio is None
   if cost_measured:
     enc = jax.numpy.asarray(batches[0][0])
-    c, v = adaptive.measure_costs(
+    auto = auto.calibrated(adaptive.measure_costs(
         target, target.init(params, enc, speculative.target_cache_length(max_len, gamma)),
-        draft, draft_init(enc), max_len, gamma)
-    auto = dataclasses.replace(auto, cost_ratio=c, verify_ratio=v)
+        draft, draft_init(enc), max_len, gamma))
   tree_cost_measured = auto_tree is not None and args.cost_ratio is None
   if tree_cost_measured:
     enc = jax.numpy.asarray(batches[0][0])
@@ -420,6 +419,8 @@ def generate(args: argparse.Namespace) -> int:
                                or auto.policy != 'optimal' else auto.verify_ratio),
                  cost_ratio_measured=(tree_cost_measured if auto_tree else
                                       cost_measured if auto else None),
+                 alpha_init=(auto.alpha_init if auto and auto.policy == 'optimal' else None),
+                 speculated=(auto.speculates if auto else None),
                  tree=(auto_tree.describe() if auto_tree else
                        None if shape is None else shape.describe()),
                  tree_node_widths=list(auto_tree.widths) if auto_tree else None,

@@ -173,12 +173,11 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
 
 def auto_costs(target, params: Any, draft, dinit: Callable[[jax.Array], Any], enc: jax.Array,
                max_decode_len: int, gamma_max: int) -> adaptive.AdaptiveGamma:
-  """`--gamma auto`'s settings for `draft` as `generate` measures them: c and v(1)..v(gamma_max)
-  from `adaptive.measure_costs` on the batch `enc`."""
-  c, v = adaptive.measure_costs(
+  """`--gamma auto`'s settings for `draft` as `generate` measures them: c, v(1)..v(gamma_max) and
+  the starting alpha from `adaptive.measure_costs` on the batch `enc`."""
+  return adaptive.AdaptiveGamma(gamma_max=gamma_max).calibrated(adaptive.measure_costs(
       target, target.init(params, enc, speculative.target_cache_length(max_decode_len, gamma_max)),
-      draft, dinit(enc), max_decode_len, gamma_max)
-  return adaptive.AdaptiveGamma(gamma_max=gamma_max, cost_ratio=c, verify_ratio=v)
+      draft, dinit(enc), max_decode_len, gamma_max))
 
 
 # name -> (tree draft, its TreeShape, init(encoder_tokens [b, S]) -> draft state)

@@ -211,7 +211,7 @@ def test_measured_costs_are_in_greedy_steps_with_the_loop_overhead_in_v():
   state = target.init(params, enc, MAX_LEN + GAMMA_MAX + 2)
   model_draft = ModelDraft.t5(model)
   dstate = model_draft.decoder.init(perturbed_params('gqa'), enc, MAX_LEN + GAMMA_MAX + 2)
-  c, v = adaptive.measure_costs(target, state, model_draft, dstate, MAX_LEN, GAMMA_MAX)
+  c, v, alpha = adaptive.measure_costs(target, state, model_draft, dstate, MAX_LEN, GAMMA_MAX)
   assert c > 0 and len(v) == GAMMA_MAX and all(x > 0 for x in v)
   # one width per compiled verification call: equal gammas share a width's cost
   widths = [adaptive.verify_width(g, GAMMA_MAX) for g in range(1, GAMMA_MAX + 1)]
@@ -220,8 +220,14 @@ def test_measured_costs_are_in_greedy_steps_with_the_loop_overhead_in_v():
       assert v[g] == v[g - 1]
   # a draft that proposes gamma_max tokens whatever a row asked (copy) is overhead, not c
   copy = CopyDraft(model.config.vocab_size)
-  c_copy, v_copy = adaptive.measure_costs(target, state, copy, copy.init(enc), MAX_LEN, GAMMA_MAX)
+  c_copy, v_copy, alpha_copy = adaptive.measure_costs(target, state, copy, copy.init(enc),
+                                                      MAX_LEN, GAMMA_MAX)
   assert c_copy == 0 and len(v_copy) == GAMMA_MAX
+  # the starting alpha: the draft's greedy acceptance at gamma 1 on this batch, the target's own
+  # weights slightly perturbed against prompt lookup in random inputs
+  assert alpha >= 0.4 and alpha > alpha_copy >= 0  # measured: 0.5 and 0.0
+  ad = AdaptiveGamma(gamma_max=GAMMA_MAX).calibrated(adaptive.Calibration(c, v, alpha))
+  assert (ad.cost_ratio, ad.verify_ratio, ad.alpha_init) == (c, v, alpha)
   # a whole iteration at gamma 1 (a target call of 2 tokens, verification, bookkeeping) costs at
   # least a greedy step's target call: v(1) >= ~1 in greedy steps (a loose floor: 0.8)
   assert v[0] >= 0.8 and v_copy[0] >= 0.8, (v, v_copy)
