@@ -13,9 +13,11 @@ greedily as one batch (padded to the longest row) and each alone (unpadded). Mea
   decoding runs), along the batch-1 greedy path;
 * rows whose greedy tokens differ between batch 4 and batch 1 (ours, and HF's `generate`).
 
-Each figure is measured with RMSNorm's mean square as it is now (`layers.mean_of_squares`: on CPU
-an order-fixed halving sum) and, with `--reductions plain now`, with the plain `jnp.mean` it was
-before (swapped in for the measurement, compiled caches cleared), so one run shows both.
+Each figure is measured with the sums of RMSNorm's mean square and of the attention softmax as
+they are now (`layers.mean_of_squares`, `layers.softmax`: on CPU an order-fixed halving sum),
+as they were before (`plain`: `jnp.mean`, `jax.nn.softmax`, XLA's row reduction) and with the
+halving sum in RMSNorm only (`norm`), swapped in for the measurement with compiled caches cleared
+(`--reductions`), so one run shows all three.
 
   python -m benchmarks.batch_drift --seeds 0-15 --steps 24
 """
@@ -33,6 +35,7 @@ import numpy as np
 
 from benchmarks import common
 from gqa_spec.checkpoints import hf
+from gqa_spec.models import attention
 from gqa_spec.models import decode_cache as dc
 from gqa_spec.models import layers
 from gqa_spec.models import layout
@@ -175,20 +178,30 @@ def _plain_mean_of_squares(x):
   return jnp.mean(jnp.square(x), axis=-1, keepdims=True)  # [..., 1], XLA's row reduction
 
 
+def _plain_softmax(x):
+  return jax.nn.softmax(x, axis=-1)  # XLA's row reduction for the sum
+
+
+REDUCTIONS = {  # name -> (RMSNorm's mean square, attention's softmax)
+    'plain': (_plain_mean_of_squares, _plain_softmax),  # both XLA's row reduction (before)
+    'norm': (layers.mean_of_squares, _plain_softmax),  # the order-fixed sum in RMSNorm only
+    'now': (layers.mean_of_squares, layers.softmax),  # and in the attention softmax (as now)
+}
+
+
 @contextlib.contextmanager
 def reduction(name: str):
-  """RMSNorm's mean square as it is now ('now') or the plain `jnp.mean` of before ('plain');
-  compiled caches are cleared on the way in and out, as the jitted functions above bake it in."""
-  saved = layers.mean_of_squares
-  if name == 'plain':
-    layers.mean_of_squares = _plain_mean_of_squares
-  elif name != 'now':
+  """The sums of RMSNorm's mean square and of the attention softmax as `REDUCTIONS[name]`;
+  compiled caches are cleared on the way in and out, as the jitted functions above bake them in."""
+  if name not in REDUCTIONS:
     raise ValueError(f'unknown reduction {name!r}')
+  saved = layers.mean_of_squares, attention.softmax
+  layers.mean_of_squares, attention.softmax = REDUCTIONS[name]
   jax.clear_caches()
   try:
     yield
   finally:
-    layers.mean_of_squares = saved
+    layers.mean_of_squares, attention.softmax = saved
     jax.clear_caches()
 
 
@@ -225,9 +238,10 @@ def markdown(result: Dict) -> List[str]:
       'steps and the vocabulary; a 3+3-layer T5.1.1 (d_model 64) with all weights N(0, '
       f'{result["rows"][0]["scale"]:g}^2), imported from HF. Teacher-forced: along each row\'s '
       'batch-1 greedy tokens; cached: our decode-cache loop along the same tokens. Rows changed: '
-      'rows whose greedy tokens differ between batch 4 and batch 1. Reduction: RMSNorm\'s mean '
-      'square, `plain` = `jnp.mean` (before), `now` = `layers.mean_of_squares` (a halving sum on '
-      'CPU).', '']
+      'rows whose greedy tokens differ between batch 4 and batch 1. Reduction: the sums of '
+      'RMSNorm\'s mean square and of the attention softmax: `plain` = XLA\'s row reduction in both '
+      '(`jnp.mean`, `jax.nn.softmax`: before), `norm` = the order-fixed halving sum in RMSNorm '
+      'only (`layers.mean_of_squares`), `now` = in both (`layers.softmax` too; on CPU).', '']
   lines += common.table_head(('reduction', 'seed', '|logit| max',
                               *[f'ours, teacher-forced ({n})' for n in layouts],
                               'ours, cached greedy', 'HF, teacher-forced', 'ours / HF',
@@ -248,12 +262,12 @@ def markdown(result: Dict) -> List[str]:
                   f"most {max(r['hf_teacher_forced'] for r in sel):.2g} (median "
                   f"{np.median([r['hf_teacher_forced'] for r in sel]):.2g}); ours above HF in "
                   f"{above} of {len(sel)} seeds."]
-  lines += ['', 'What is left with `now` most likely comes from the attention softmax (not '
-                'isolated by measurement here): its sum is the same XLA:CPU row reduction '
-                '(row-count dependent, as RMSNorm\'s was; exp, tanh and division are '
-                'row-invariant), and a padded row sums over 40 keys where the row alone sums over '
-                'its own length. HF (torch) is bitwise padding-invariant on several of '
-                'these rows (drift 0), which is why it stays below ours on some seeds.']
+  lines += ['', '`norm` against `plain` is RMSNorm\'s sum, `now` against `norm` the attention '
+                'softmax\'s: the halving sum is also padding-invariant there (masked keys weigh '
+                'exactly 0 and sit past a row\'s real keys). What is left with `now` was not '
+                'isolated: the remaining reductions on the path are the matmuls\' contractions '
+                '(XLA:CPU\'s dot, over the features and, against the values, over the padded '
+                'keys), left as they are.']
   return lines
 
 
@@ -262,8 +276,8 @@ def main(argv=None):
   parser.add_argument('--seeds', default='0-5', help='a seed or an inclusive range FIRST-LAST')
   parser.add_argument('--scale', type=float, default=1.0, help='std of every weight')
   parser.add_argument('--steps', type=int, default=STEPS, help='greedy steps per row')
-  parser.add_argument('--reductions', nargs='+', default=['plain', 'now'],
-                      choices=['plain', 'now'])
+  parser.add_argument('--reductions', nargs='+', default=['plain', 'norm', 'now'],
+                      choices=list(REDUCTIONS))
   parser.add_argument('--layouts', nargs='+', default=['unrolled', 'scanned'],
                       choices=['unrolled', 'scanned'])
   return common.measure_and_write(__file__, parser, argv, measure, markdown)

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gqa_spec.models.layers import Dense, default_kernel_init
+from gqa_spec.models.layers import Dense, default_kernel_init, softmax
 
 _MASK_VALUE = -1e10
 
@@ -117,7 +117,7 @@ def grouped_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   if mask is not None:
     m = mask.reshape(mask.shape[0], 1, 1, *mask.shape[-2:])  # [batch, 1, 1, q, k]
     logits = jnp.where(m, logits, jnp.asarray(_MASK_VALUE, logits.dtype))
-  weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)  # [batch, G, R, q, k]
+  weights = softmax(logits).astype(value.dtype)  # [batch, G, R, q, k] (order-fixed sum on CPU)
   if dropout is not None:
     weights = dropout(weights)
   weights = weights.reshape(batch, groups, per_group * q_len, -1)  # [batch, G, R * q, k]

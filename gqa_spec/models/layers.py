@@ -60,6 +60,25 @@ def mean_of_squares(x: jax.Array) -> jax.Array:
   return jax.lax.platform_dependent(x, cpu=cpu, default=default)
 
 
+def softmax(logits: jax.Array) -> jax.Array:
+  """`jax.nn.softmax` over the last axis; on CPU its sum is `_halving_sum`'s, row-count invariant.
+
+  The same XLA:CPU row reduction as in `mean_of_squares` sums the exponentials, so attention
+  weights moved with the number of rows (batch x heads x queries) in the array. The halving sum is
+  also padding-invariant: masked keys (logit -1e10) weigh exactly 0 and sit past a row's real keys,
+  and zeros appended to the end of the axis leave the pairwise tree of the other elements as it
+  was. The weights are then the same up to their last bit (XLA:CPU's fused exp and division still
+  vary there with the row count: at width 64, 41 of 1984 weights by one ulp where the plain softmax
+  moved 1441; `tests/models/test_layers.py`). Other platforms keep `jax.nn.softmax` (chosen at
+  lowering, as in `mean_of_squares`).
+  """
+  def cpu(x):  # [..., k] -> [..., k]
+    e = jnp.exp(x - jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True)))  # max: exact
+    return e / _halving_sum(e)
+
+  return jax.lax.platform_dependent(logits, cpu=cpu, default=lambda x: jax.nn.softmax(x, axis=-1))
+
+
 class RMSNorm(nn.Module):
   """T5's layer norm: rescales by the root mean square, no mean subtraction, no bias.
 

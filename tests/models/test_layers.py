@@ -1,11 +1,13 @@
-"""RMSNorm's mean square: row-count invariant on CPU, the plain reduction elsewhere (issue 37)."""
+"""RMSNorm's mean square and the attention softmax: row-count invariant on CPU (the softmax also
+padding-invariant), the plain reduction elsewhere (issue 37)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gqa_spec.models.layers import RMSNorm, mean_of_squares
+from gqa_spec.models import layers
+from gqa_spec.models.layers import RMSNorm, mean_of_squares, softmax
 
 
 def _rows(width, count=124, seed=0):
@@ -53,3 +55,37 @@ def test_only_cpu_lowers_the_halving_sum():
   assert 'stablehlo.reduce' not in lowered['cpu'] and lowered['cpu'].count('stablehlo.slice') == 12
   # On CPU the switch on the platform is resolved before code generation: no conditional is left.
   assert 'conditional' not in jax.jit(mean_of_squares).lower(x).compile().as_text()
+
+
+def test_softmax_sum_is_row_count_and_padding_invariant_and_a_softmax():
+  x = _rows(40) / 30  # [124, 40] logits of magnitude ~30
+  e = np.exp(x - x.max(-1, keepdims=True))  # [124, 40] what the softmax sums
+  f = jax.jit(layers._halving_sum)  # pylint: disable=protected-access
+  full = np.asarray(f(e))  # [124, 1]
+  # its sum: bitwise the same in 31 rows, in [4, 31] rows and with masked keys (weight exactly 0)
+  # appended
+  np.testing.assert_array_equal(np.asarray(f(e[:31])), full[:31])
+  np.testing.assert_array_equal(np.asarray(f(e.reshape(4, 31, 40)))[2], full[62:93])
+  np.testing.assert_array_equal(np.asarray(f(np.pad(e, ((0, 0), (0, 88))))), full)
+  # the softmax itself: the same up to its last bit (XLA:CPU's fused exp and division still vary
+  # there with the row count), and so with padded keys, which weigh exactly 0
+  g = jax.jit(softmax)
+  out = np.asarray(g(x))
+  np.testing.assert_allclose(np.asarray(g(x[:31])), out[:31], rtol=5e-7, atol=0)
+  padded = np.asarray(g(np.concatenate([x, np.full((124, 88), -1e10, np.float32)], axis=1)))
+  np.testing.assert_allclose(padded[:, :40], out, rtol=5e-7, atol=0)
+  assert not padded[:, 40:].any()
+  np.testing.assert_allclose(out, np.asarray(jax.nn.softmax(x.astype(np.float64), axis=-1)),
+                             rtol=1e-5, atol=1e-7)
+  # and its gradient is the softmax's
+  grad = jax.grad(lambda v: jnp.sum(softmax(v) * jnp.arange(40.0)))(x[:4])
+  grad_ref = jax.grad(lambda v: jnp.sum(jax.nn.softmax(v) * jnp.arange(40.0)))(x[:4])
+  np.testing.assert_allclose(np.asarray(grad), np.asarray(grad_ref), rtol=1e-4, atol=1e-5)
+
+
+def test_only_cpu_lowers_the_softmax_halving_sum():
+  x = jax.ShapeDtypeStruct((4, 40), jnp.float32)
+  cuda = jax.jit(softmax).trace(x).lower(lowering_platforms=('cuda',)).as_text()
+  cpu = jax.jit(softmax).trace(x).lower(lowering_platforms=('cpu',)).as_text()
+  assert 'stablehlo.slice' not in cuda and cuda.count('stablehlo.reduce') == 2  # max and sum
+  assert cpu.count('stablehlo.slice') == 12 and cpu.count('stablehlo.reduce') == 1  # max only
