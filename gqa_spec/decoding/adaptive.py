@@ -51,6 +51,7 @@ from typing import Any, NamedTuple, Optional, Tuple, Union
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from gqa_spec.decoding import autoregressive, sampling, theory, timing, xla_options
 from gqa_spec.decoding.autoregressive import EOS
@@ -258,8 +259,9 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
 
   `draft_state` may be None where `adaptive.speculates` is False: the call is then one jitted
   function of the target alone (`_plain`), autoregressive decoding with its result in this
-  function's form, so that its dispatch costs what greedy decoding's does (the draft and the
-  settings are not even hashed).
+  function's form (`sequences` then `[b, 1 + max_decode_len]`, without the draft's slack), so
+  that its dispatch costs about what greedy decoding's does (the draft and the settings are not
+  even hashed).
 
   Returns:
     `SpeculativeResult` with depth gamma_max, plus `gamma_histogram` `[b, gamma_max + 1]` (how
@@ -272,8 +274,10 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
     raise UserError(f'--draft-confidence needs a model draft (one with draft probabilities); '
                     f'{type(draft).__name__} has none')
   if not adaptive.speculates:
-    return _plain(target, target_state, rng, gamma_max=adaptive.gamma_max,
-                  max_decode_len=max_decode_len, config=config, eos_id=eos_id, skip=skip)
+    r, histogram, trace = _plain(target, target_state, rng, gamma_max=adaptive.gamma_max,
+                                 max_decode_len=max_decode_len, config=config, eos_id=eos_id,
+                                 skip=skip)
+    return _as_adaptive_result(r, histogram, trace, adaptive.gamma_max)
   return _speculative(target, target_state, draft, draft_state, rng, adaptive=adaptive,
                       max_decode_len=max_decode_len, config=config, eos_id=eos_id, skip=skip)
 
@@ -282,11 +286,19 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
                                                      'config', 'eos_id'))
 def _plain(target: Decoder, target_state: PyTree, rng: jax.Array, *, gamma_max: int,
            max_decode_len: int, config: SamplingConfig, eos_id: int,
-           skip: Optional[jax.Array]) -> SpeculativeResult:
-  """`decode` where no row speculates: autoregressive decoding, every call at draft length 0."""
-  return _as_adaptive_result(autoregressive.decode(
-      target, target_state, rng, max_decode_len=max_decode_len, config=config, eos_id=eos_id,
-      skip=skip), gamma_max, max_decode_len)
+           skip: Optional[jax.Array]) -> Tuple[autoregressive.DecodeResult, jax.Array, jax.Array]:
+  """`decode` where no row speculates: autoregressive decoding, and its `gamma_histogram`
+  `[b, gamma_max + 1]` and `gamma_trace` `[b, max_decode_len]` (every call at draft length 0).
+  Only these six arrays leave the call: at batch 1 on sub-millisecond calls, each further output
+  buffer is a measurable part of the call (the statistics that are constants are made on the host,
+  `_as_adaptive_result`)."""
+  r = autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len,
+                            config=config, eos_id=eos_id, skip=skip)
+  batch = r.lengths.shape[0]
+  calls = jnp.arange(max_decode_len)[None]  # [1, max_decode_len]
+  histogram = jnp.zeros((batch, gamma_max + 1), jnp.int32).at[:, 0].set(r.target_calls)
+  trace = jnp.where(calls < r.target_calls[:, None], 0, -1).astype(jnp.int32)
+  return r, histogram, trace
 
 
 @functools.partial(xla_options.jit, static_argnames=('target', 'draft', 'adaptive',
@@ -430,19 +442,16 @@ def plain_loop(target: Decoder, loop: LoopState, max_decode_len: int, config: Sa
   return out.replace(draft_state=loop.draft_state)
 
 
-def _as_adaptive_result(r: autoregressive.DecodeResult, gamma_max: int,
-                        max_decode_len: int) -> SpeculativeResult:
-  """Autoregressive decoding's result as `decode`'s: every target call at draft length 0."""
-  batch, width = r.sequences.shape  # [b, 1 + max_decode_len]
-  zeros_b = jnp.zeros((batch,), jnp.int32)
-  calls = jnp.arange(max_decode_len)[None]  # [1, max_decode_len]
+def _as_adaptive_result(r: autoregressive.DecodeResult, histogram: jax.Array, trace: jax.Array,
+                        gamma_max: int) -> SpeculativeResult:
+  """`_plain`'s outputs as `decode`'s result; `sequences` stay `[b, 1 + max_decode_len]` (no
+  draft slack), the statistics that are zeros are host constants."""
+  batch = r.lengths.shape[0]
+  zeros_b = np.zeros((batch,), np.int32)
   return SpeculativeResult(
-      sequences=jnp.pad(r.sequences, ((0, 0), (0, 2 + max_decode_len + gamma_max - width))),
-      lengths=r.lengths, target_calls=r.target_calls, proposed=zeros_b, accepted=zeros_b,
-      accepted_per_position=jnp.zeros((gamma_max,), jnp.int32),
-      accept_histogram=jnp.zeros((gamma_max + 1,), jnp.int32),
-      beta_sum=jnp.zeros((), jnp.float32), beta_count=jnp.zeros((), jnp.float32),
-      loop_iterations=r.loop_iterations,
-      gamma_histogram=jnp.zeros((batch, gamma_max + 1), jnp.int32).at[:, 0].set(r.target_calls),
-      gamma_trace=jnp.where(calls < r.target_calls[:, None], 0, -1).astype(jnp.int32),
-      draft_steps=jnp.zeros((), jnp.int32))
+      sequences=r.sequences, lengths=r.lengths, target_calls=r.target_calls, proposed=zeros_b,
+      accepted=zeros_b, accepted_per_position=np.zeros((gamma_max,), np.int32),
+      accept_histogram=np.zeros((gamma_max + 1,), np.int32),
+      beta_sum=np.zeros((), np.float32), beta_count=np.zeros((), np.float32),
+      loop_iterations=r.loop_iterations, gamma_histogram=histogram, gamma_trace=trace,
+      draft_steps=np.zeros((), np.int32))
