@@ -61,12 +61,12 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from gqa_spec.decoding import sampling, timing, tree as tree_lib, xla_options
+from gqa_spec.decoding import sampling, timing, tree as tree_lib, tree_speculative, xla_options
 from gqa_spec.decoding.adaptive import plain_loop
 from gqa_spec.decoding.autoregressive import EOS
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.speculative import (LoopState, SpeculativeResult, append_accepted,
-                                           init_loop, with_draft_calls)
+from gqa_spec.decoding.speculative import (LoopState, SpeculativeResult, init_loop,
+                                           with_draft_calls)
 from gqa_spec.decoding.targets import Decoder
 from gqa_spec.decoding.tree import TreeShape
 from gqa_spec.errors import UserError
@@ -291,13 +291,8 @@ def decode(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTre
     if reads_hidden:
       dstate = draft.observe(dstate, hidden, r.lengths)
 
-    path_tokens = jnp.take_along_axis(ranked.tokens, jnp.maximum(path, 0), axis=1)  # [b, D]
-    new = jnp.concatenate([path_tokens, jnp.zeros_like(t[:, None])], axis=1)  # [b, D + 1]
-    new = jnp.where(positions[None] == k[:, None], t[:, None], new)  # path, t, junk
-    sequences, lengths, ended = append_accepted(r, new, k, active, max_decode_len, eos_id)
-    dest = r.lengths[:, None] + 1 + positions[None, :depth]  # [b, D]
-    source = jnp.where(path >= 0, r.lengths[:, None] + 1 + path, dest)  # [b, D]
-    tstate = target.rollback(target.move_slots(tstate, r.lengths + 1, source), lengths)
+    sequences, lengths, ended, tstate = tree_speculative.accept_path(
+        target, tstate, r, ranked.tokens, path, k, t, active, max_decode_len, eos_id)
     draft_path = jnp.where(path >= 0, jnp.take_along_axis(order, jnp.maximum(path, 0), axis=1),
                            -1)  # [b, D] in the draft's node order
     dstate = draft.commit_tree(dstate, sequences, lengths, draft_path)

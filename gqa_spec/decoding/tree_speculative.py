@@ -121,14 +121,8 @@ def decode(target: Decoder, target_state: PyTree, draft: TreeDraft, draft_state:
       dstate = draft.observe(dstate, jnp.take_along_axis(hidden, rows[..., None], axis=1),
                              r.lengths)
 
-    path_tokens = jnp.take_along_axis(tree.tokens, jnp.maximum(path, 0), axis=1)  # [b, D]
-    new = jnp.concatenate([path_tokens, jnp.zeros_like(t[:, None])], axis=1)  # [b, D + 1]
-    new = jnp.where(positions[None] == k[:, None], t[:, None], new)  # path, t, junk
-    sequences, lengths, ended = append_accepted(r, new, k, active, max_decode_len, eos_id)
-    # The target holds s_0..s_n and the tree at slots n + 1 + node: move the path to n + 1...
-    dest = r.lengths[:, None] + 1 + positions[None, :depth]  # [b, D]
-    source = jnp.where(path >= 0, r.lengths[:, None] + 1 + path, dest)  # [b, D]
-    tstate = target.rollback(target.move_slots(tstate, r.lengths + 1, source), lengths)
+    sequences, lengths, ended, tstate = accept_path(target, tstate, r, tree.tokens, path, k, t,
+                                                    active, max_decode_len, eos_id)
     dstate = draft.commit_tree(dstate, sequences, lengths, path)
     done = s.done | ended | (lengths >= max_decode_len)
 
@@ -145,3 +139,23 @@ def decode(target: Decoder, target_state: PyTree, draft: TreeDraft, draft_state:
     return LoopState(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
 
   return with_draft_calls(jax.lax.while_loop(cond, body, init))
+
+
+def accept_path(target: Decoder, tstate: PyTree, r: SpeculativeResult, tokens: jax.Array,
+                path: jax.Array, k: jax.Array, t: jax.Array, active: jax.Array,
+                max_decode_len: int, eos_id: int):
+  """Appends each row's accepted path (`path [b, D]` node indices into `tokens [b, N]`, -1 past
+  its `k [b]` nodes) and the target's token `t [b]`, and moves the path's cache slots after the
+  row's tokens: the target holds s_0..s_n and the tree at slots n + 1 + node, the path goes to
+  n + 1, ... and the cache rolls back to the new length. Returns (sequences, lengths, ended,
+  target state), as `append_accepted` and the tree loops (here and `adaptive_tree.py`) use them."""
+  depth = path.shape[1]
+  positions = jnp.arange(depth + 1)  # [D + 1]
+  path_tokens = jnp.take_along_axis(tokens, jnp.maximum(path, 0), axis=1)  # [b, D]
+  new = jnp.concatenate([path_tokens, jnp.zeros_like(t[:, None])], axis=1)  # [b, D + 1]
+  new = jnp.where(positions[None] == k[:, None], t[:, None], new)  # path, t, junk
+  sequences, lengths, ended = append_accepted(r, new, k, active, max_decode_len, eos_id)
+  dest = r.lengths[:, None] + 1 + positions[None, :depth]  # [b, D]
+  source = jnp.where(path >= 0, r.lengths[:, None] + 1 + path, dest)  # [b, D]
+  tstate = target.rollback(target.move_slots(tstate, r.lengths + 1, source), lengths)
+  return sequences, lengths, ended, tstate
