@@ -57,22 +57,30 @@ def key() -> Optional[Tuple[Tuple[str, Any], ...]]:
 
 
 def jit(fun: Optional[Callable] = None, **jit_kwargs):
-  """`jax.jit(fun, **jit_kwargs)` compiled with the options in force at each call (and `.lower`)."""
+  """`jax.jit(fun, **jit_kwargs)` compiled with the options in force at each call (and `.lower`).
+
+  Called inside another jit (an argument is a tracer: one decoding function built on another,
+  `adaptive.decode`'s greedy path on `autoregressive.decode`), it is a plain `jax.jit`: JAX
+  refuses compiler options on a nested jit, and the outer one's options apply anyway."""
   if fun is None:
     return functools.partial(jit, **jit_kwargs)
   versions: Dict[Any, Any] = {}
   lock = threading.Lock()  # threads compiling side by side (`timing.first_runs`) share a version
 
-  def version():
-    k = key()
+  def version(k):
     with lock:
       if k not in versions:
-        versions[k] = jax.jit(fun, compiler_options=current(), **jit_kwargs)
+        versions[k] = jax.jit(fun, compiler_options=None if k is None else dict(k),
+                              **jit_kwargs)
       return versions[k]
 
   @functools.wraps(fun)
   def call(*args, **kwargs):
-    return version()(*args, **kwargs)
+    k = key()
+    if k is not None and any(isinstance(x, jax.core.Tracer)
+                             for x in jax.tree_util.tree_leaves((args, kwargs))):
+      k = None  # nested: the outer jit's options
+    return version(k)(*args, **kwargs)
 
-  call.lower = lambda *args, **kwargs: version().lower(*args, **kwargs)
+  call.lower = lambda *args, **kwargs: version(key()).lower(*args, **kwargs)
   return call

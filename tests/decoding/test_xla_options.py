@@ -85,3 +85,21 @@ def test_first_runs_side_by_side_keep_their_order_and_the_options(monkeypatch):
   with xla_options.fast_compile(), pytest.raises(Exception, match='xla_gqa_spec_no_such_option'):
     timing.first_runs([lambda: autoregressive.decode(target, state, jax.random.PRNGKey(0),
                                                       max_decode_len=MAX_LEN)] * 2, workers=2)
+
+
+def test_a_decoding_function_built_on_another_compiles_with_the_options():
+  """`adaptive.decode` where no row speculates is `autoregressive.decode` inside a jit of its own
+  (JAX refuses compiler options on a nested jit: the smoke reproduction's speculative stage
+  crashed so once): inside `fast_compile()` it runs, and gives greedy decoding's tokens."""
+  from gqa_spec.decoding import adaptive  # pylint: disable=g-import-not-at-top
+  model, params = model_and_params(2)
+  enc = jnp.asarray(INPUTS)
+  target = T5Decoder(model)
+  auto = adaptive.AdaptiveGamma(gamma_max=2, cost_ratio=2.0)
+  assert not auto.speculates
+  state = target.init(params, enc, adaptive.target_cache_length(MAX_LEN, auto))
+  greedy = autoregressive.decode(target, state, jax.random.PRNGKey(0), max_decode_len=MAX_LEN)
+  with xla_options.fast_compile():
+    got = adaptive.decode(target, state, None, None, jax.random.PRNGKey(0), adaptive=auto,
+                          max_decode_len=MAX_LEN)
+  np.testing.assert_array_equal(got.sequences, greedy.sequences)
