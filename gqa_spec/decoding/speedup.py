@@ -161,6 +161,7 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
       out['auto_rows'].append({
           'draft': name, 'temperature': temp, 'gamma': 'auto', 'policy': autos[name].describe(),
           'c': autos[name].cost_ratio, 'verify_ratio_v': list(autos[name].verify_ratio),
+          'alpha_init': autos[name].alpha_init, 'speculated': autos[name].speculates,
           'tokens': tokens, 'target_calls': calls, 'tokens_per_call': tokens / calls,
           'accepted': sum(int(r.accepted.sum()) for r in res),
           'loop_iterations': sum(int(r.loop_iterations) for r in res),
