@@ -43,11 +43,10 @@ def mean_of_squares(x: jax.Array) -> jax.Array:
   124 rows. In attention over large logits that bit grows, so a row's logits moved with the batch it
   was decoded in (issue 37: up to 0.06 at magnitude ~30, against HF's 0.011, enough to flip a greedy
   near-tie). On CPU the sum is therefore `_halving_sum`, whose order depends on D only, and a row's
-  norm is bitwise the same in any batch (`tests/models/test_layers.py`); on 16 seeds of
+  norm is bitwise the same in any batch (`tests/models/test_batch_invariance.py`); on 16 seeds of
   `benchmarks/batch_drift.py` the largest batch-4-padded vs batch-1 logit drift fell from 1.7 to
-  0.013 (HF: 0.19). Padding (a row alone is shorter) and the attention softmax's own sum still
-  drift a little; they are not changed here. On other platforms it stays
-  the plain `jnp.mean`: `jax.lax.platform_dependent` chooses at lowering time, so a GPU/TPU program
+  0.013 (HF: 0.19); the attention softmax's sum is made the same way (`softmax`). On other
+  platforms it stays the plain `jnp.mean`: `jax.lax.platform_dependent` chooses at lowering time, so a GPU/TPU program
   is unchanged; there batch-1 decode is launch-bound (~80 us a layer) and log2(D) more elementwise
   ops could cost kernels per norm, while their row reduction was not shown to drift.
   """
@@ -69,8 +68,8 @@ def softmax(logits: jax.Array) -> jax.Array:
   and zeros appended to the end of the axis leave the pairwise tree of the other elements as it
   was. The weights are then the same up to their last bit (XLA:CPU's fused exp and division still
   vary there with the row count: at width 64, 41 of 1984 weights by one ulp where the plain softmax
-  moved 1441; `tests/models/test_layers.py`). Other platforms keep `jax.nn.softmax` (chosen at
-  lowering, as in `mean_of_squares`).
+  moved 1441; `tests/models/test_batch_invariance.py`). Other platforms keep `jax.nn.softmax`
+  (chosen at lowering, as in `mean_of_squares`).
   """
   def cpu(x):  # [..., k] -> [..., k]
     e = jnp.exp(x - jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True)))  # max: exact
