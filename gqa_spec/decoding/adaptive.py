@@ -231,17 +231,12 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
             for w in verify_gammas(gamma_max)}  # seconds per verification call of width w + 1
   t_draft = timing.propose_time(draft, draft_state, 1, batch, max_decode_len)
   rng = jax.random.PRNGKey(0)
-
-  def per_iteration(run):
-    iterations = max(int(jax.block_until_ready(run()).loop_iterations), 1)
-    return timing.min_time(run, 3) / iterations
-
-  t_step = per_iteration(lambda: autoregressive.decode(target, target_state, rng,
+  t_step = timing.per_iteration(lambda: autoregressive.decode(target, target_state, rng,
                                                        max_decode_len=max_decode_len))
   fixed = AdaptiveGamma(gamma_max=gamma_max, policy='fixed', gamma_init=1)
   run = lambda: decode(target, target_state, draft, draft_state, rng, adaptive=fixed,
                        max_decode_len=max_decode_len)
-  t_iter = per_iteration(run)
+  t_iter = timing.per_iteration(run)
   result = jax.device_get(run())
   alpha = float(result.beta_sum) / max(float(result.beta_count), 1.0)
   per_token = getattr(draft, 'propose_upto', None) is not None
@@ -258,7 +253,7 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
   """Speculative decoding with per-row adaptive draft lengths (arguments as `speculative.decode`).
 
   `draft_state` may be None where `adaptive.speculates` is False: the call is then one jitted
-  function of the target alone (`_plain`), autoregressive decoding with its result in this
+  function of the target alone (`plain_decode`), autoregressive decoding with its result in this
   function's form (`sequences` then `[b, 1 + max_decode_len]`, without the draft's slack), so
   that its dispatch costs about what greedy decoding's does (the draft and the settings are not
   even hashed).
@@ -274,7 +269,7 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
     raise UserError(f'--draft-confidence needs a model draft (one with draft probabilities); '
                     f'{type(draft).__name__} has none')
   if not adaptive.speculates:
-    r, histogram, trace = _plain(target, target_state, rng, gamma_max=adaptive.gamma_max,
+    r, histogram, trace = plain_decode(target, target_state, rng, gamma_max=adaptive.gamma_max,
                                  max_decode_len=max_decode_len, config=config, eos_id=eos_id,
                                  skip=skip)
     return _as_adaptive_result(r, histogram, trace, adaptive.gamma_max)
@@ -283,21 +278,25 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
 
 
 @functools.partial(xla_options.jit, static_argnames=('target', 'gamma_max', 'max_decode_len',
-                                                     'config', 'eos_id'))
-def _plain(target: Decoder, target_state: PyTree, rng: jax.Array, *, gamma_max: int,
-           max_decode_len: int, config: SamplingConfig, eos_id: int,
-           skip: Optional[jax.Array]) -> Tuple[autoregressive.DecodeResult, jax.Array, jax.Array]:
-  """`decode` where no row speculates: autoregressive decoding, and its `gamma_histogram`
-  `[b, gamma_max + 1]` and `gamma_trace` `[b, max_decode_len]` (every call at draft length 0).
-  Only these six arrays leave the call: at batch 1 on sub-millisecond calls, each further output
-  buffer is a measurable part of the call (the statistics that are constants are made on the host,
-  `_as_adaptive_result`)."""
+                                                     'config', 'eos_id', 'iteration_trace'))
+def plain_decode(target: Decoder, target_state: PyTree, rng: jax.Array, *, gamma_max: int,
+                 max_decode_len: int, config: SamplingConfig, eos_id: int,
+                 skip: Optional[jax.Array], iteration_trace: bool = False) -> Tuple[jax.Array, ...]:
+  """`decode` where no row speculates (also `adaptive_tree.decode`'s, gamma_max = N_max there):
+  autoregressive decoding, and its `gamma_histogram` `[b, gamma_max + 1]` and `gamma_trace`
+  `[b, max_decode_len]` (every call at draft length 0), and with `iteration_trace` the trees'
+  `tree_width_trace` `[max_decode_len]` (0 for each loop iteration, -1 after the last).
+  Only these arrays leave the call: at batch 1 on sub-millisecond calls, each further output
+  buffer, or an eager op after the call, is a measurable part of it (the statistics that are
+  constants are made on the host, `_as_adaptive_result`)."""
   r = autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len,
                             config=config, eos_id=eos_id, skip=skip)
   batch = r.lengths.shape[0]
   calls = jnp.arange(max_decode_len)[None]  # [1, max_decode_len]
   histogram = jnp.zeros((batch, gamma_max + 1), jnp.int32).at[:, 0].set(r.target_calls)
   trace = jnp.where(calls < r.target_calls[:, None], 0, -1).astype(jnp.int32)
+  if iteration_trace:
+    return r, histogram, trace, jnp.where(calls[0] < r.loop_iterations, 0, -1).astype(jnp.int32)
   return r, histogram, trace
 
 
@@ -444,7 +443,7 @@ def plain_loop(target: Decoder, loop: LoopState, max_decode_len: int, config: Sa
 
 def _as_adaptive_result(r: autoregressive.DecodeResult, histogram: jax.Array, trace: jax.Array,
                         gamma_max: int) -> SpeculativeResult:
-  """`_plain`'s outputs as `decode`'s result; `sequences` stay `[b, 1 + max_decode_len]` (no
+  """`plain_decode`'s outputs as `decode`'s result; `sequences` stay `[b, 1 + max_decode_len]` (no
   draft slack), the statistics that are zeros are host constants."""
   batch = r.lengths.shape[0]
   zeros_b = np.zeros((batch,), np.int32)

@@ -35,19 +35,20 @@ exponential moving average per compiled width u_j of the tokens the nodes ranked
 held; accepted_r(u_j) = gain_r(u_1) + ... + gain_r(u_j). Keeping the gains rather than the counts
 keeps a width the call did not hold in step with the smaller ones (only its own gain is stale),
 so a stale, larger count cannot make a failing row ask for ever larger trees. The gains start
-from an optimistic prior, the counts of a chain of min(u, D) tokens each accepted with probability
-`alpha_init` (sum_i alpha^i; no gain past depth D), as `--gamma auto` starts from an optimistic
-alpha: one bad first call (e.g. a Chimera draft's, before it has any hidden state) does not end
-speculation. A row asks for
+from a prior, the counts of a chain of min(u, D) tokens each accepted with probability `alpha_init`
+(sum_i alpha^i; no gain past depth D): the top node's acceptance measured on the first batch
+(`measure_costs`, `calibrated`), or an optimistic 0.9, so that one bad first call (e.g. a Chimera
+draft's, before it has any hidden state) does not end speculation. Where the prior itself pays for
+no tree, no row ever asks for one and `decode` is greedy decoding from the start. A row asks for
 
     N_r = argmax over n in {0} + widths of  (1 + accepted_r(n)) / cost(n),
     cost(0) = 1 (a plain step),  cost(n) = D c + v(n),
 
-tokens per target-step-equivalent: D draft calls of c each (c: one draft call of the tree over one
-one-token target call) and v(n) the verification call at width n over a one-token call (both
-measured, `measure_costs`, or c given and v = 1 as in Theorem 8). Ties go to the smaller tree.
-The first iteration verifies N_max for every row, so every width is observed at once; later, a
-width larger than the call's is not observed that iteration and keeps its estimate.
+tokens per greedy-step equivalent: D draft calls of c each (c: one draft call of the tree over one
+step of greedy decoding) and v(n) the iteration's verification call at width n and the loop's own
+work over a greedy step (both measured, `measure_costs`, or c given and v = 1 as in Theorem 8).
+Ties go to the smaller tree. Unless no row speculates, the first iteration verifies N_max for every row, so every width is observed at once;
+later, a width larger than the call's is not observed that iteration and keeps its estimate.
 """
 
 from __future__ import annotations
@@ -60,9 +61,11 @@ from typing import Any, Optional, Tuple, Union
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from gqa_spec.decoding import sampling, timing, tree as tree_lib, tree_speculative, xla_options
-from gqa_spec.decoding.adaptive import plain_loop
+from gqa_spec.decoding import (autoregressive, sampling, timing, tree as tree_lib, tree_speculative,
+                               xla_options)
+from gqa_spec.decoding.adaptive import Calibration, plain_decode, plain_loop
 from gqa_spec.decoding.autoregressive import EOS
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.speculative import (LoopState, SpeculativeResult, init_loop,
@@ -95,9 +98,13 @@ class AdaptiveTree:
       takes D of them).
     verify_ratio: v, the verification call over a one-token target call: one number for every
       width, or one per compiled width (`node_widths(N_max)`), as `measure_costs` gives.
-    alpha_init: the prior's per-token acceptance (module docstring): optimistic, so that a row
-      keeps trying trees for a few calls before its own statistics decide.
+    alpha_init: the prior's per-token acceptance (module docstring): by default an optimistic
+      0.9, so that a row keeps trying trees for a few calls before its own statistics decide;
+      `calibrated` sets the draft's top-node acceptance `measure_costs` found on the first batch
+      (what `generate --tree best:auto...` does).
     decay: weight of the old estimate in each update.
+    fixed_nodes: every row asks for this many nodes at every call, whatever its statistics (None:
+      the choice above). `measure_costs` runs the loop at 1 node per call this way.
   """
 
   shape: TreeShape
@@ -105,6 +112,7 @@ class AdaptiveTree:
   verify_ratio: Union[float, Tuple[float, ...]] = 1.0
   alpha_init: float = 0.9
   decay: float = 0.7
+  fixed_nodes: Optional[int] = None
 
   def __post_init__(self):
     if self.shape.budget is None:
@@ -123,6 +131,9 @@ class AdaptiveTree:
     if not 0.0 <= self.alpha_init <= 1.0 or not 0.0 <= self.decay < 1.0:
       raise UserError(f'alpha_init must be in [0, 1] and decay in [0, 1), got {self.alpha_init}, '
                       f'{self.decay}')
+    if self.fixed_nodes is not None and self.fixed_nodes not in self.widths:
+      raise UserError(f'fixed_nodes must be one of the compiled widths {self.widths}, got '
+                      f'{self.fixed_nodes}')
 
   @classmethod
   def parse(cls, spec: str, **kwargs) -> 'AdaptiveTree':
@@ -159,6 +170,8 @@ class AdaptiveTree:
   def choose(self, accepted: jax.Array) -> jax.Array:
     """`[b, K]` accepted-length estimates per compiled width -> `[b]` int32 node counts (module
     docstring), 0 where no tree pays."""
+    if self.fixed_nodes is not None:
+      return jnp.full(accepted.shape[:1], self.fixed_nodes, jnp.int32)
     widths = self.widths
     tokens = jnp.concatenate([jnp.ones_like(accepted[:, :1]), 1.0 + accepted], axis=1)  # [b, K+1]
     v = jnp.broadcast_to(jnp.asarray(self.verify_ratio, jnp.float32), (len(widths),))  # [K]
@@ -167,12 +180,38 @@ class AdaptiveTree:
     best = jnp.argmax(tokens / cost[None], axis=1)  # [b]; the first (smaller) on ties
     return jnp.asarray((0,) + widths, jnp.int32)[best]
 
+  def first_nodes(self) -> int:
+    """Every row's first node count, a Python int: `fixed_nodes`, or N_max where the prior's own
+    choice is a tree (the first call then observes every width), else 0: not even `alpha_init`
+    pays for a tree, no row ever asks for one, and `decode` is greedy decoding from the start."""
+    return _first_nodes(self)
+
+  @property
+  def speculates(self) -> bool:
+    return self.first_nodes() > 0
+
+  def calibrated(self, calibration: 'Calibration') -> 'AdaptiveTree':
+    """These settings with `measure_costs`' c, v and starting alpha."""
+    return dataclasses.replace(self, cost_ratio=calibration.cost_ratio,
+                               verify_ratio=calibration.verify_ratio,
+                               alpha_init=min(max(calibration.alpha, 0.0), 1.0))
+
   def describe(self) -> str:
     v = self.verify_ratio
     v = f'{v[0]:.3g}..{v[-1]:.3g}' if isinstance(v, tuple) else f'{v:.3g}'
     replace = ',replace' if self.shape.replace else ''
     return (f'best:auto:{self.nodes_max},depth:{self.shape.depth},width:{self.shape.frontier}'
             f'{replace} (c={self.cost_ratio:.3g},v={v})')
+
+
+@functools.lru_cache(maxsize=256)
+def _first_nodes(adaptive: AdaptiveTree) -> int:
+  """`AdaptiveTree.first_nodes`, computed once per setting (a few eager device ops; callers ask
+  per batch)."""
+  if adaptive.fixed_nodes is not None:
+    return adaptive.fixed_nodes
+  with jax.ensure_compile_time_eval():  # a Python int, also while tracing
+    return adaptive.nodes_max if int(adaptive.choose(adaptive.prior()[None])[0]) > 0 else 0
 
 
 @flax.struct.dataclass
@@ -183,21 +222,36 @@ class TreeLoopState:
 
 
 def target_cache_length(max_decode_len: int, adaptive: AdaptiveTree) -> int:
-  return max_decode_len + adaptive.nodes_max + 1
+  """The target cache `decode` needs: room for an N_max-node verification call, or one slot per
+  token when no row will ask for a tree."""
+  return max_decode_len + (adaptive.nodes_max + 1 if adaptive.speculates else 1)
 
 
 def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTree,
-                  max_decode_len: int, adaptive: AdaptiveTree) -> Tuple[float, Tuple[float, ...]]:
-  """(c, v) on this machine and batch, at half the output length, each the fastest of 5 runs
-  (a few seconds, compiles included): c = growing one N_max tree (`propose_tree` and a
-  `commit_tree` of nothing accepted) over D one-token target calls; v = the target call at each
-  compiled width (w + 1 tokens, `timing.step_time`: a causal call of that width, not the tree
-  mask) over a one-token call."""
+                  max_decode_len: int, adaptive: AdaptiveTree) -> Calibration:
+  """(c, v, alpha) on this machine and batch, in units of one step of greedy decoding's loop, as
+  `adaptive.measure_costs` gives them for chains (a few seconds, compiles included; each time the
+  fastest of a few runs):
+
+    c = one of the D draft calls that grow an N_max tree (`propose_tree` and a `commit_tree` of
+        nothing accepted, at half the output length);
+    v = (v(u) for each compiled width u): the target call at that width (u + 1 tokens,
+        `timing.step_time`: a causal call of that width, not the tree mask), plus what this loop
+        spends besides its calls (ranking, verification, the path's append and compaction,
+        statistics, the width's `lax.switch`).
+
+  The unit and that overhead are timed whole on `target_state`'s batch: greedy decoding per step,
+  and this loop with every row at 1 node per call (`fixed_nodes`) per iteration, less its tree and
+  its width-1 call. alpha: the top-ranked node's acceptance in that run (greedy), every row's
+  starting per-token estimate (`calibrated`). Where even that alpha pays for no tree, `decode` is
+  greedy decoding from the start: with the fixed optimistic 0.9, every row first verified N_max
+  nodes and then fewer until its statistics decided, which cost the smoke pair's draft model
+  (c ~2.7 at batch 8) about half of greedy decoding's speed on 32-token outputs
+  (`benchmarks/adaptive_tree.py`).
+  """
   shape, fill = adaptive.shape, max_decode_len // 2
   batch = target.index(target_state).shape[0]
-  t_target = timing.step_time(target, target_state, 1, fill)
-  v = tuple(timing.step_time(target, target_state, w + 1, fill) / t_target
-            for w in adaptive.widths)
+  t_call = {w: timing.step_time(target, target_state, w + 1, fill) for w in adaptive.widths}
   seqs = jnp.full((batch, 2 + max_decode_len + shape.depth), 5, jnp.int32)
   lengths = jnp.full((batch,), fill, jnp.int32)
   nothing = jnp.full((batch, shape.depth), -1, jnp.int32)
@@ -213,11 +267,20 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
     return jax.lax.fori_loop(0, iters, body, (dstate, jnp.zeros((), jnp.int32)))
 
   t_tree = timing.min_time(lambda: loop(draft_state), 5) / iters
-  return t_tree / shape.depth / t_target, v
+  rng = jax.random.PRNGKey(0)
+  t_step = timing.per_iteration(lambda: autoregressive.decode(
+      target, target_state, rng, max_decode_len=max_decode_len))
+  fixed = dataclasses.replace(adaptive, fixed_nodes=1)
+  run = lambda: _speculative(target, target_state, draft, draft_state, rng, adaptive=fixed,
+                             max_decode_len=max_decode_len)
+  t_iter = timing.per_iteration(run)
+  result = jax.device_get(run())
+  alpha = float(np.sum(result.accepted)) / max(float(np.sum(result.proposed)), 1.0)
+  overhead = max(t_iter - t_tree - t_call[1], 0.0)
+  return Calibration(t_tree / shape.depth / t_step,
+                     tuple((t_call[w] + overhead) / t_step for w in adaptive.widths), alpha)
 
 
-@functools.partial(xla_options.jit, static_argnames=('target', 'draft', 'adaptive',
-                                                     'max_decode_len', 'config', 'eos_id'))
 def decode(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTree,
            rng: jax.Array, *, adaptive: AdaptiveTree, max_decode_len: int,
            config: SamplingConfig = sampling.GREEDY, eos_id: int = EOS,
@@ -226,6 +289,10 @@ def decode(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTre
   `tree_speculative.decode`, with `adaptive` in place of `shape`; the draft is a tree draft grown
   for `adaptive.shape`, and the target's cache has `target_cache_length(...)` slots).
 
+  `draft_state` may be None where `adaptive.speculates` is False: the call is then greedy decoding
+  of the target alone (`adaptive.plain_decode`, as `--gamma auto` where no row speculates), with
+  `sequences` `[b, 1 + max_decode_len]`.
+
   Returns:
     `SpeculativeResult` as `tree_speculative.decode`'s (`proposed` counts the valid nodes each
     call verified), plus `tree_nodes_histogram` `[b, N_max + 1]`, `tree_nodes_trace`
@@ -233,6 +300,30 @@ def decode(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTre
   """
   if config.lenience != 1.0:
     raise UserError('lenience < 1 is not supported with token trees')
+  if adaptive.speculates:
+    return _speculative(target, target_state, draft, draft_state, rng, adaptive=adaptive,
+                        max_decode_len=max_decode_len, config=config, eos_id=eos_id, skip=skip)
+  r, histogram, trace, widths = plain_decode(
+      target, target_state, rng, gamma_max=adaptive.nodes_max, max_decode_len=max_decode_len,
+      config=config, eos_id=eos_id, skip=skip, iteration_trace=True)
+  depth, batch = adaptive.shape.depth, r.lengths.shape[0]
+  zeros_b = np.zeros((batch,), np.int32)
+  return SpeculativeResult(
+      sequences=r.sequences, lengths=r.lengths, target_calls=r.target_calls, proposed=zeros_b,
+      accepted=zeros_b, accepted_per_position=np.zeros((depth,), np.int32),
+      accept_histogram=np.zeros((depth + 1,), np.int32), beta_sum=np.zeros((), np.float32),
+      beta_count=np.zeros((), np.float32), loop_iterations=r.loop_iterations,
+      draft_calls=np.zeros((), np.int32), tree_nodes_histogram=histogram,
+      tree_nodes_trace=trace, tree_width_trace=widths)
+
+
+@functools.partial(xla_options.jit, static_argnames=('target', 'draft', 'adaptive',
+                                                     'max_decode_len', 'config', 'eos_id'))
+def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTree,
+                 rng: jax.Array, *, adaptive: AdaptiveTree, max_decode_len: int,
+                 config: SamplingConfig = sampling.GREEDY, eos_id: int = EOS,
+                 skip: Optional[jax.Array] = None) -> SpeculativeResult:
+  """`decode` where some row asks for a tree: the loop of the module docstring."""
   shape = adaptive.shape
   depth, nmax, widths = shape.depth, adaptive.nodes_max, adaptive.widths
   reads_hidden = getattr(draft, 'reads_target_hidden', False)
@@ -242,7 +333,7 @@ def decode(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTre
       tree_nodes_histogram=jnp.zeros((batch, nmax + 1), jnp.int32),
       tree_nodes_trace=jnp.full((batch, max_decode_len), -1, jnp.int32),
       tree_width_trace=jnp.full((max_decode_len,), -1, jnp.int32)))
-  init = TreeLoopState(loop=loop, want=jnp.full((batch,), nmax, jnp.int32),
+  init = TreeLoopState(loop=loop, want=jnp.full((batch,), adaptive.first_nodes(), jnp.int32),
                        gain=jnp.broadcast_to(jnp.diff(adaptive.prior(), prepend=0.0),
                                              (batch, len(widths))))
   positions = jnp.arange(depth + 1)  # [D + 1]

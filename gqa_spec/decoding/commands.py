@@ -27,8 +27,9 @@ tokens, one host round trip per K steps on XLA:GPU. `--gamma auto`: each row cho
 length in the loop (`gqa_spec.decoding.adaptive`); without `--cost-ratio`, c is measured once on
 the first batch before the timed runs, with the verification call's cost v (`adaptive.measure_costs`).
 `--tree best:auto[:N],depth:D[,width:W]`: best-first trees of at most N nodes whose size each row
-chooses in the loop (`gqa_spec.decoding.adaptive_tree`); c and v are measured the same way
-(`adaptive_tree.measure_costs`) unless `--cost-ratio` gives c (v = 1 then).
+chooses in the loop (`gqa_spec.decoding.adaptive_tree`); c, v and the starting alpha are measured
+the same way (`adaptive_tree.measure_costs`) unless `--cost-ratio` gives c (v = 1 and alpha 0.9
+then).
 With the multi-process flags (`gqa_spec.distributed`) every process reads the same inputs and
 decodes on one mesh of all processes' devices (model axis `--model-parallel`, default 1); process 0
 writes `--out` and `--stats`.
@@ -37,7 +38,6 @@ writes `--out` and `--stats`.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -349,8 +349,10 @@ def generate(args: argparse.Namespace) -> int:
                     loop_chunk=args.loop_chunk)
     if auto_tree is not None:
       state = target.init(params, enc, adaptive_tree.target_cache_length(max_len, auto_tree))
-      return adaptive_tree.decode(target, state, draft, draft_init(enc), rng, adaptive=auto_tree,
-                                  max_decode_len=max_len, config=config, skip=skip)
+      return adaptive_tree.decode(target, state, draft,
+                                  draft_init(enc) if auto_tree.speculates else None, rng,
+                                  adaptive=auto_tree, max_decode_len=max_len, config=config,
+                                  skip=skip)
     if shape is not None:
       state = target.init(params, enc, tree_speculative.target_cache_length(max_len, shape))
       return run_tree(target, state, draft, draft_init(enc), rng, shape=shape,
@@ -383,10 +385,9 @@ def generate(args: argparse.Namespace) -> int:
   tree_cost_measured = auto_tree is not None and args.cost_ratio is None
   if tree_cost_measured:
     enc = jax.numpy.asarray(batches[0][0])
-    c, v = adaptive_tree.measure_costs(
+    auto_tree = auto_tree.calibrated(adaptive_tree.measure_costs(
         target, target.init(params, enc, adaptive_tree.target_cache_length(max_len, auto_tree)),
-        draft, draft_init(enc), max_len, auto_tree)
-    auto_tree = dataclasses.replace(auto_tree, cost_ratio=c, verify_ratio=v)
+        draft, draft_init(enc), max_len, auto_tree))
   rng = jax.random.PRNGKey(args.seed)
   t0 = time.perf_counter()
   jax.block_until_ready(run(*batches[0], rng))  # compile (and warm) once
@@ -419,8 +420,9 @@ def generate(args: argparse.Namespace) -> int:
                                or auto.policy != 'optimal' else auto.verify_ratio),
                  cost_ratio_measured=(tree_cost_measured if auto_tree else
                                       cost_measured if auto else None),
-                 alpha_init=(auto.alpha_init if auto and auto.policy == 'optimal' else None),
-                 speculated=(auto.speculates if auto else None),
+                 alpha_init=(auto_tree.alpha_init if auto_tree else auto.alpha_init
+                             if auto and auto.policy == 'optimal' else None),
+                 speculated=(auto_tree or auto).speculates if auto_tree or auto else None,
                  tree=(auto_tree.describe() if auto_tree else
                        None if shape is None else shape.describe()),
                  tree_node_widths=list(auto_tree.widths) if auto_tree else None,

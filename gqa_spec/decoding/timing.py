@@ -60,6 +60,13 @@ def min_time(fn: Callable[[], Any], repeats: int) -> float:
   return min(_timed_runs(fn, repeats))
 
 
+def per_iteration(run: Callable[[], Any], repeats: int = 3) -> float:
+  """Seconds per loop iteration of a decoding call `run()` (its result's `loop_iterations`), the
+  fastest of `repeats` runs after one untimed run."""
+  iterations = max(int(jax.block_until_ready(run()).loop_iterations), 1)
+  return min_time(run, repeats) / iterations
+
+
 def step_time(decoder, state, k: int, fill: int, iters: int = 40) -> float:
   """Seconds per `tokens_to_logits` call appending k tokens at cache fill `fill` (rolled back)."""
   batch = decoder.index(state).shape[0]

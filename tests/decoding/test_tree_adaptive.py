@@ -171,23 +171,56 @@ def test_sampling_distribution_is_unchanged(spec, config):
                     _exact_first_three(p, config)) > P_VALUE_THRESHOLD
 
 
-def test_costs_that_never_pay_give_plain_steps_after_the_first_tree():
-  # c = 3 per draft call: after the first (largest) tree no row asks for another; the rest are
-  # plain target steps, greedy's output.
+def test_a_prior_that_pays_for_no_tree_is_greedy_decoding_from_the_start():
+  # c = 3 per draft call: not even the prior's alpha 0.9 pays for a tree (2.71 tokens for 7 steps),
+  # so no row ever asks for one: greedy decoding itself, on a cache of one slot per token, with no
+  # draft state; every call a plain step in the statistics.
   model, params = model_and_params(KV_HEADS['gqa'])
   target, enc = T5Decoder(model), jnp.asarray(INPUTS[:2])
   ad = AdaptiveTree.parse('best:auto:2,depth:2,width:2', cost_ratio=3.0)
-  draft = TreeModelDraft.t5(model)
+  assert not ad.speculates and ad.first_nodes() == 0
+  assert adaptive_tree.target_cache_length(MAX_LEN, ad) == MAX_LEN + 1
   result = adaptive_tree.decode(
-      target, target.init(params, enc, adaptive_tree.target_cache_length(MAX_LEN, ad)), draft,
-      draft.init(perturbed_params('gqa'), enc, MAX_LEN, ad.shape), jax.random.PRNGKey(0),
-      adaptive=ad, max_decode_len=MAX_LEN)
+      target, target.init(params, enc, adaptive_tree.target_cache_length(MAX_LEN, ad)),
+      TreeModelDraft.t5(model), None, jax.random.PRNGKey(0), adaptive=ad, max_decode_len=MAX_LEN)
   ref_seqs, _ = greedy_reference('gqa', 2)
   np.testing.assert_array_equal(np.asarray(result.sequences)[:, :MAX_LEN + 1], ref_seqs)
   s = speculative.summarize(result)
   _check_statistics(s, result, 2)
+  assert s['proposed'] == 0 and s['draft_calls'] == 0
   for chosen, verified in zip(s['tree_nodes_per_call_per_row'], s['tree_nodes_verified_per_call_per_row']):
-    assert chosen[0] == verified[0] == 2 and set(chosen[1:]) == set(verified[1:]) == {0}
+    assert set(chosen) == set(verified) == {0}
+  # A cheaper draft: the prior pays, every row's first call verifies the largest tree.
+  assert dataclasses.replace(ad, cost_ratio=0.1).first_nodes() == 2
+
+
+def test_measured_costs_and_starting_alpha():
+  # The target as its own draft: its top node is always greedy's token (alpha 1); a perturbed copy
+  # is right less often. c and v are positive, one v per compiled width; the calibrated settings
+  # carry them, and the calibration's own loop verified one node per call.
+  model, params = model_and_params(KV_HEADS['gqa'])
+  target, enc = T5Decoder(model), jnp.asarray(INPUTS[:2])
+  ad = AdaptiveTree.parse('best:auto:4,depth:2,width:2')
+  draft = TreeModelDraft.t5(model)
+  tstate = target.init(params, enc, adaptive_tree.target_cache_length(MAX_LEN, ad))
+  same = adaptive_tree.measure_costs(target, tstate, draft,
+                                     draft.init(params, enc, MAX_LEN, ad.shape), MAX_LEN, ad)
+  assert same.alpha == 1.0
+  assert same.cost_ratio > 0 and len(same.verify_ratio) == len(ad.widths) == 3
+  assert all(v > 0 for v in same.verify_ratio)
+  other = adaptive_tree.measure_costs(
+      target, tstate, draft, draft.init(perturbed_params('gqa'), enc, MAX_LEN, ad.shape), MAX_LEN,
+      ad)
+  assert 0.0 < other.alpha < 1.0
+  cal = ad.calibrated(other)
+  assert (cal.cost_ratio, cal.verify_ratio, cal.alpha_init) == (
+      other.cost_ratio, tuple(other.verify_ratio), other.alpha)
+  fixed = dataclasses.replace(ad, fixed_nodes=1)
+  result = adaptive_tree.decode(target, tstate, draft, draft.init(params, enc, MAX_LEN, ad.shape),
+                                jax.random.PRNGKey(0), adaptive=fixed, max_decode_len=MAX_LEN)
+  widths = np.asarray(result.tree_width_trace)
+  assert set(widths[:int(result.loop_iterations)]) == {1}
+  np.testing.assert_array_equal(np.asarray(result.proposed), np.asarray(result.target_calls))
 
 
 @pytest.mark.parametrize('spec, kwargs, message', [
@@ -197,6 +230,7 @@ def test_costs_that_never_pay_give_plain_steps_after_the_first_tree():
     ('best:auto:4,depth:2,width:2', dict(decay=1.0), 'decay'),
     ('best:auto,width:2', {}, 'adaptive tree must be'),
     ('best:auto:0,depth:2', {}, 'budget'),
+    ('best:auto:4,depth:2,width:2', dict(fixed_nodes=3), 'fixed_nodes'),
 ])
 def test_bad_settings_are_user_errors(spec, kwargs, message):
   with pytest.raises(UserError, match=message):

@@ -1,0 +1,230 @@
+"""`--tree best:auto` against fixed best-first trees and greedy decoding, side by side in one run.
+
+  python -m benchmarks.adaptive_tree --pair NAME TARGET DRAFT TASK ... --data-dir DIR \
+      [--examples 8] [--pair-drafts draft,bigram] [--batches 1,8] [--temperatures 0,1] \
+      [--nodes 2,4,8,16] [--nodes-max 16] [--depth 4] [--max-decode-len 32] [--repeats 7] \
+      [--out results/benchmarks/adaptive_tree]
+
+The tree counterpart of `benchmarks/adaptive_gamma.py` (same pairs, inputs, interleaved timing and
+goals; see its docstring). For each pair, tree draft, batch size and temperature, on the same
+inputs: our jitted autoregressive decoding ("greedy decoding": one target call per token), tree
+speculative decoding with each fixed best-first tree `best:N,depth:D` (`tree_speculative.decode`),
+and `adaptive_tree.decode` with `best:auto:N_max,depth:D` (c and v measured once per pair and batch
+size with `adaptive_tree.measure_costs`, as `generate --tree best:auto...` does on its first batch;
+the seconds that took are recorded). Tree drafts: the pair's draft model grown as a tree
+(`TreeModelDraft`) and a bigram fitted on the task's training targets (`NgramTreeDraft`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any, Dict, List
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import common, workloads
+from benchmarks.adaptive_gamma import _ints, interleaved, task_inputs
+from gqa_spec.decoding import adaptive_tree, autoregressive, speculative, tree_speculative
+from gqa_spec.decoding.adaptive_tree import AdaptiveTree
+from gqa_spec.decoding.drafts.ngram import fit_ngram_on_task
+from gqa_spec.decoding.drafts.ngram_tree import NgramTreeDraft
+from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
+from gqa_spec.decoding.sampling import SamplingConfig
+from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.decoding.tree import TreeShape
+
+
+def tree_drafts(args, task: str, target_model, draft_path: str) -> Dict[str, Any]:
+  """name -> (draft, init(encoder tokens, shape) -> draft state), the pair's tree drafts."""
+  L = args.max_decode_len
+  out = {}
+  names = args.pair_drafts.split(',')
+  if 'draft' in names:
+    model, dparams = workloads.checkpoint_model(draft_path)
+    draft = TreeModelDraft.t5(model)
+    out['draft model'] = (draft, lambda enc, shape, d=draft, p=dparams: d.init(p, enc, L, shape))
+  if 'bigram' in names:
+    vocab = target_model.config.vocab_size
+    ngram = fit_ngram_on_task(task, 2).for_model(vocab, task)
+    draft = NgramTreeDraft(vocab)
+    out['bigram'] = (draft, lambda enc, shape, d=draft, m=ngram: d.init(m, shape))
+  return out
+
+
+def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
+  L, D = args.max_decode_len, args.depth
+  shapes = {f'best:{n},depth:{D}': TreeShape.parse(f'best:{n},depth:{D}')
+            for n in _ints(args.nodes)}
+  auto_spec = f'best:auto:{args.nodes_max},depth:{D}'
+  rows = []
+  for name, target_path, draft_path, task in args.pair:
+    target_model, params = workloads.checkpoint_model(target_path)
+    target = T5Decoder(target_model)
+    inputs = task_inputs(task, args.data_dir, args.examples, args.input_length, L)
+    for draft_name, (draft, dinit) in tree_drafts(args, task, target_model, draft_path).items():
+      for batch in _ints(args.batches):
+        encs = [jnp.asarray(inputs[i:i + batch])
+                for i in range(0, args.examples - batch + 1, batch)]
+        ar_states = [target.init(params, enc, L + 1) for enc in encs]
+        fixed = {spec: ([target.init(params, enc, tree_speculative.target_cache_length(L, s))
+                         for enc in encs], [dinit(enc, s) for enc in encs])
+                 for spec, s in shapes.items()}
+        auto = AdaptiveTree.parse(auto_spec)
+        auto_t = [target.init(params, enc, adaptive_tree.target_cache_length(L, auto))
+                  for enc in encs]
+        auto_d = [dinit(enc, auto.shape) for enc in encs]
+        t0 = time.perf_counter()
+        cal = adaptive_tree.measure_costs(target, auto_t[0], draft, auto_d[0], L, auto)
+        calibration = time.perf_counter() - t0
+        auto = auto.calibrated(cal)
+        if not auto.speculates:  # as `generate` allocates: greedy decoding's cache, no draft
+          auto_t = [target.init(params, enc, adaptive_tree.target_cache_length(L, auto))
+                    for enc in encs]
+          auto_d = [None] * len(encs)
+        for temperature in [float(t) for t in args.temperatures.split(',')]:
+          config = SamplingConfig(temperature=temperature)
+          rng = jax.random.PRNGKey(0)
+          runs = {'no draft': lambda: [autoregressive.decode(
+              target, s, rng, max_decode_len=L, config=config) for s in ar_states]}
+          for spec, shape in shapes.items():
+            ts, ds = fixed[spec]
+            runs[spec] = (lambda shape=shape, ts=ts, ds=ds: [tree_speculative.decode(
+                target, t, draft, d, rng, shape=shape, max_decode_len=L, config=config)
+                for t, d in zip(ts, ds)])
+          runs[auto_spec] = lambda: [adaptive_tree.decode(
+              target, t, draft, d, rng, adaptive=auto, max_decode_len=L, config=config)
+              for t, d in zip(auto_t, auto_d)]
+          load = os.getloadavg()[0]
+          times = interleaved(runs, args.repeats)
+          cell = []
+          for method, fn in runs.items():
+            results = fn()
+            seconds = float(np.median(times[method]))
+            tokens = sum(int(np.sum(np.asarray(r.lengths))) for r in results)
+            calls = sum(int(np.sum(np.asarray(r.target_calls))) if hasattr(r, 'target_calls')
+                        else int(np.max(np.asarray(r.lengths))) * r.lengths.shape[0]
+                        for r in results)
+            row = {'pair': name, 'task': task, 'draft': draft_name, 'batch': batch,
+                   'temperature': temperature, 'method': method, 'seconds': seconds,
+                   'seconds_rounds': times[method], 'tokens': tokens,
+                   'tokens_per_second': tokens / seconds, 'tokens_per_call': tokens / max(calls, 1),
+                   'load_before': load, 'cost_ratio': None, 'verify_ratio': None}
+            if method == auto_spec:
+              nodes = [speculative.tree_nodes_summary(r) for r in results]
+              row.update(cost_ratio=cal.cost_ratio, verify_ratio=list(cal.verify_ratio),
+                         alpha_init=cal.alpha, speculated=auto.speculates,
+                         calibration_seconds=calibration,
+                         nodes_histogram=[int(x) for x in np.sum(
+                             [n['tree_nodes_histogram'] for n in nodes], axis=0)])
+            if method != 'no draft':
+              accepted = sum(int(np.sum(np.asarray(r.accepted))) for r in results)
+              proposed = sum(int(np.sum(np.asarray(r.proposed))) for r in results)
+              row['acceptance_rate'] = accepted / max(proposed, 1)
+            cell.append(row)
+          base = cell[0]['tokens_per_second']
+          best_fixed = max(r['tokens_per_second'] for r in cell if r['method'] in shapes)
+          for r in cell:
+            r['x_greedy'] = r['tokens_per_second'] / base
+            r['x_best_fixed'] = r['tokens_per_second'] / best_fixed
+            common.print_row({k: x for k, x in r.items() if not isinstance(x, list)})
+          rows.extend(cell)
+          jax.clear_caches()  # as adaptive_gamma: LLVM runs out of memory after ~230 programs
+  return rows
+
+
+def goals(rows: List[Dict[str, Any]], auto_spec: str, fixed: List[str]) -> List[Dict[str, Any]]:
+  """Per cell, the adaptive tree against greedy decoding (>= 0.97x) and the best fixed tree
+  (>= 0.95x)."""
+  out = []
+  for r in rows:
+    if r['method'] != auto_spec:
+      continue
+    best = max((x for x in rows if x['method'] in fixed and all(
+        x[k] == r[k] for k in ('pair', 'draft', 'batch', 'temperature'))),
+               key=lambda x: x['tokens_per_second'])
+    out.append({k: r[k] for k in ('pair', 'draft', 'batch', 'temperature', 'x_greedy',
+                                  'x_best_fixed')} | {
+        'best_fixed': best['method'], 'best_fixed_x_greedy': best['x_greedy'],
+        'greedy_goal': r['x_greedy'] >= 0.97, 'best_fixed_goal': r['x_best_fixed'] >= 0.95})
+  return out
+
+
+def markdown(result: Dict[str, Any]) -> List[str]:
+  cells = [(r['pair'], r['draft'], r['batch'], r['temperature'], r['method'],
+            f'{r["seconds"]:.3f}', r['tokens'], f'{r["tokens_per_call"]:.2f}',
+            '' if r.get('acceptance_rate') is None else f'{r["acceptance_rate"]:.2f}',
+            f'{r["x_greedy"]:.2f}', f'{r["x_best_fixed"]:.2f}',
+            '' if r.get('nodes_histogram') is None else str(r['nodes_histogram']),
+            '' if r['cost_ratio'] is None else
+            f'{r["cost_ratio"]:.3f} / {" ".join(f"{x:.2f}" for x in r["verify_ratio"])} / '
+            f'{r["alpha_init"]:.2f} ({r["calibration_seconds"]:.1f} s)')
+           for r in result['rows']]
+  lines = common.table_report(
+      '--tree best:auto against fixed best-first trees and greedy decoding', result,
+      f'On the trained pairs of the command line (`--pair`), on their tasks\' test inputs; '
+      f'{result["examples"]} inputs per cell in batches of the cell\'s size; seconds: all of them, '
+      f'median of {result["repeats"]} interleaved rounds (methods in turn, order rotated) after a '
+      'compile call; x greedy: tokens/s over the cell\'s autoregressive decoding; x best fixed: '
+      'over the fastest fixed tree of the cell; tokens/call: tokens per target call; acc.: '
+      'accepted / proposed (verified) nodes; node histogram: target calls per node count asked '
+      '(0..N_max), all rows; c / v / alpha: what the adaptive tree used, measured by '
+      '`adaptive_tree.measure_costs` once per pair and batch size (in the seconds given, '
+      'compiles included; not in the timed runs), in steps of greedy decoding: one of the '
+      'tree\'s D draft calls, the iteration at each compiled width (its call and the loop\'s own '
+      'work), and the starting alpha (the top node\'s acceptance in a greedy 1-node run on the '
+      'first batch; where even it pays for no tree, the run is greedy decoding from the start).',
+      ['pair', 'draft', 'batch', 'T', 'method', 'seconds', 'tokens', 'tokens/call', 'acc.',
+       'x greedy', 'x best fixed', 'node histogram', 'c / v / alpha'], cells)
+  goal_rows = [(g['pair'], g['draft'], g['batch'], g['temperature'], f'{g["x_greedy"]:.3f}',
+                'met' if g['greedy_goal'] else '**missed**',
+                f'{g["best_fixed"]} ({g["best_fixed_x_greedy"]:.2f}x greedy)',
+                f'{g["x_best_fixed"]:.3f}', 'met' if g['best_fixed_goal'] else '**missed**')
+               for g in result['goals']]
+  lines += ['', f'## Goals (`{result["auto_spec"]}`, no tuning)', '',
+            'Never below 0.97x greedy decoding; within 5% of the best fixed tree (>= 0.95x), or '
+            'better.', ''] + common.table(
+      ['pair', 'draft', 'batch', 'T', 'x greedy', '>= 0.97', 'best fixed', 'x best fixed',
+       '>= 0.95'], goal_rows)
+  return lines + common.result_load_note(
+      result, ': the machine was shared with other jobs; ratios within a cell were measured '
+              'side by side (interleaved), absolute times are not representative.')
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument('--pair', nargs=4, action='append', required=True,
+                 metavar=('NAME', 'TARGET', 'DRAFT', 'TASK'),
+                 help='a trained pair and the task whose test inputs it decodes (repeatable)')
+  p.add_argument('--data-dir', required=True, help='the prepared DDTP data directory')
+  p.add_argument('--examples', type=int, default=8, help='inputs per cell')
+  p.add_argument('--pair-drafts', default='draft,bigram',
+                 help="tree drafts of each --pair: 'draft' (its DRAFT model), 'bigram'")
+  p.add_argument('--batches', default='1,8')
+  p.add_argument('--temperatures', default='0,1')
+  p.add_argument('--nodes', default='2,4,8,16', help='the fixed trees best:N,depth:D')
+  p.add_argument('--nodes-max', type=int, default=16, help='N_max of best:auto:N_max,depth:D')
+  p.add_argument('--depth', type=int, default=4)
+  p.add_argument('--max-decode-len', type=int, default=32)
+  p.add_argument('--input-length', type=int, default=64)
+  p.add_argument('--repeats', type=int, default=7)
+  common.add_out_argument(p, __file__)
+  args = p.parse_args(argv)
+  if any(args.examples % b for b in _ints(args.batches)):
+    p.error('--examples must be a multiple of every batch size')
+  before = os.getloadavg()
+  rows = measure(args)
+  auto_spec = f'best:auto:{args.nodes_max},depth:{args.depth}'
+  fixed = [f'best:{n},depth:{args.depth}' for n in _ints(args.nodes)]
+  result = common.results(__file__, argv, rows, before, repeats=args.repeats,
+                          examples=args.examples, auto_spec=auto_spec,
+                          goals=goals(rows, auto_spec, fixed))
+  common.write_report(args.out, result, markdown(result))
+  return 0
+
+
+if __name__ == '__main__':
+  raise SystemExit(main())
