@@ -168,41 +168,22 @@ def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
             runs[f'auto:{policy}'] = (lambda a=auto, ts=auto_states, ds=auto_dstates: [
                 adaptive.decode(target, t, draft, d, rng, adaptive=a, max_decode_len=L,
                                 config=config) for t, d in zip(ts, ds)])
-          load = os.getloadavg()[0]
-          times = interleaved(runs, args.repeats)
-          cell = []
-          for method, fn in runs.items():
-            results = fn()
-            seconds = float(np.median(times[method]))
-            tokens = sum(int(np.sum(np.asarray(r.lengths))) for r in results)
-            calls = sum(int(np.sum(np.asarray(r.target_calls))) if hasattr(r, 'target_calls')
-                        else int(np.max(np.asarray(r.lengths))) * r.lengths.shape[0]
-                        for r in results)
-            row = {'pair': pair['name'], 'task': pair['task'], 'draft': draft_name,
-                   'batch': batch, 'temperature': temperature, 'method': method,
-                   'seconds': seconds, 'seconds_rounds': times[method], 'tokens': tokens,
-                   'tokens_per_second': tokens / seconds, 'tokens_per_call': tokens / max(calls, 1),
-                   'load_before': load, 'cost_ratio': None, 'verify_ratio': None}
+          key = {'pair': pair['name'], 'task': pair['task'], 'draft': draft_name,
+                 'batch': batch, 'temperature': temperature}
+
+          def extra(method, results, cal=cal, calibration=calibration):
             if method == 'auto:optimal':
-              row.update(cost_ratio=cal.cost_ratio, verify_ratio=cal.verify_ratio,
-                         alpha_init=cal.alpha, calibration_seconds=calibration)
-            if not method.startswith(('gamma=', 'no draft')):
-              summaries = [speculative.summarize(r) for r in results]
-              row.update(gamma_histogram=[int(x) for x in np.sum(
-                  [s['gamma_histogram'] for s in summaries], axis=0)],
-                         draft_steps_saved=sum(s['draft_steps_saved'] for s in summaries))
-            if method != 'no draft':
-              accepted = sum(int(np.sum(np.asarray(r.accepted))) for r in results)
-              proposed = sum(int(np.sum(np.asarray(r.proposed))) for r in results)
-              row['acceptance_rate'] = accepted / max(proposed, 1)
-            cell.append(row)
-          base = cell[0]['tokens_per_second']
-          best_fixed = max(r['tokens_per_second'] for r in cell
-                           if r['method'].startswith('gamma='))
-          for r in cell:
-            r['x_greedy'] = r['tokens_per_second'] / base
-            r['x_best_fixed'] = r['tokens_per_second'] / best_fixed
-            common.print_row({k: v for k, v in r.items() if not isinstance(v, list)})
+              return dict(cost_ratio=cal.cost_ratio, verify_ratio=cal.verify_ratio,
+                          alpha_init=cal.alpha, calibration_seconds=calibration)
+            if method.startswith(('gamma=', 'no draft')):
+              return {}
+            summaries = [speculative.summarize(r) for r in results]
+            return dict(gamma_histogram=[int(x) for x in np.sum(
+                [s['gamma_histogram'] for s in summaries], axis=0)],
+                        draft_steps_saved=sum(s['draft_steps_saved'] for s in summaries))
+
+          cell = measure_cell(runs, args.repeats, key, extra,
+                              lambda m: m.startswith('gamma='))
           rows.extend(cell)
           # Free the cell's compiled programs: a run of hundreds of them ran out of memory for
           # LLVM's code ("Cannot allocate memory", then a segfault) after 231 rows.
@@ -210,14 +191,50 @@ def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
   return rows
 
 
-def goals(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-  """Per cell, the `auto:optimal` row against the issue's goals: >= 0.97x greedy decoding and
-  >= 0.95x the best fixed gamma."""
+def measure_cell(runs: Dict[str, Callable[[], Any]], repeats: int, key: Dict[str, Any],
+                 extra: Callable[[str, List[Any]], Dict[str, Any]],
+                 is_fixed: Callable[[str], bool]) -> List[Dict[str, Any]]:
+  """One cell's rows: each method of `runs` (the first is greedy decoding) timed `interleaved`,
+  its tokens, tokens per target call, acceptance and `extra(method, results)`, `key` (the cell's
+  pair, draft, batch, temperature) in every row, and the speed over greedy decoding and over the
+  fastest method that `is_fixed`. Printed as they are measured."""
+  load = os.getloadavg()[0]
+  times = interleaved(runs, repeats)
+  cell = []
+  for method, fn in runs.items():
+    results = fn()
+    seconds = float(np.median(times[method]))
+    tokens = sum(int(np.sum(np.asarray(r.lengths))) for r in results)
+    calls = sum(int(np.sum(np.asarray(r.target_calls))) if hasattr(r, 'target_calls')
+                else int(np.max(np.asarray(r.lengths))) * r.lengths.shape[0] for r in results)
+    row = dict(key, method=method, seconds=seconds, seconds_rounds=times[method], tokens=tokens,
+               tokens_per_second=tokens / seconds, tokens_per_call=tokens / max(calls, 1),
+               load_before=load, cost_ratio=None, verify_ratio=None)
+    row.update(extra(method, results))
+    if method != 'no draft':
+      accepted = sum(int(np.sum(np.asarray(r.accepted))) for r in results)
+      proposed = sum(int(np.sum(np.asarray(r.proposed))) for r in results)
+      row['acceptance_rate'] = accepted / max(proposed, 1)
+    cell.append(row)
+  base = cell[0]['tokens_per_second']
+  best_fixed = max(r['tokens_per_second'] for r in cell if is_fixed(r['method']))
+  for r in cell:
+    r['x_greedy'] = r['tokens_per_second'] / base
+    r['x_best_fixed'] = r['tokens_per_second'] / best_fixed
+    common.print_row({k: v for k, v in r.items() if not isinstance(v, (list, tuple))})
+  return cell
+
+
+def goals(rows: List[Dict[str, Any]], auto: str = 'auto:optimal',
+          is_fixed: Callable[[str], bool] = lambda m: m.startswith('gamma=')
+          ) -> List[Dict[str, Any]]:
+  """Per cell, the `auto` row against the issue's goals: >= 0.97x greedy decoding and >= 0.95x
+  the best fixed method (`is_fixed`: a fixed gamma, or a fixed tree)."""
   out = []
   for r in rows:
-    if r['method'] != 'auto:optimal':
+    if r['method'] != auto:
       continue
-    best = max((x for x in rows if x['method'].startswith('gamma=') and all(
+    best = max((x for x in rows if is_fixed(x['method']) and all(
         x[k] == r[k] for k in ('pair', 'draft', 'batch', 'temperature'))),
                key=lambda x: x['tokens_per_second'])
     out.append({k: r[k] for k in ('pair', 'draft', 'batch', 'temperature', 'x_greedy',
@@ -225,6 +242,21 @@ def goals(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         'best_fixed': best['method'], 'best_fixed_x_greedy': best['x_greedy'],
         'greedy_goal': r['x_greedy'] >= 0.97, 'best_fixed_goal': r['x_best_fixed'] >= 0.95})
   return out
+
+
+def goal_lines(result: Dict[str, Any], auto: str, fixed: str, pair_column: bool = True
+               ) -> List[str]:
+  """The goals table of `goals`' rows (`result['goals']`), `fixed` naming the fixed methods."""
+  rows = [(*((g['pair'], g['draft']) if pair_column else (g['draft'],)), g['batch'],
+           g['temperature'], f'{g["x_greedy"]:.3f}', 'met' if g['greedy_goal'] else '**missed**',
+           f'{g["best_fixed"]} ({g["best_fixed_x_greedy"]:.2f}x greedy)',
+           f'{g["x_best_fixed"]:.3f}', 'met' if g['best_fixed_goal'] else '**missed**')
+          for g in result['goals']]
+  return ['', f'## Goals (`{auto}`, no tuning)', '',
+          f'Never below 0.97x greedy decoding; within 5% of the best {fixed} (>= 0.95x), or '
+          'better.', ''] + common.table(
+      [*(('pair', 'draft') if pair_column else ('draft',)), 'batch', 'T', 'x greedy', '>= 0.97',
+       'best fixed', 'x best fixed', '>= 0.95'], rows)
 
 
 def markdown(result: Dict[str, Any]) -> List[str]:
@@ -257,18 +289,7 @@ def markdown(result: Dict[str, Any]) -> List[str]:
       [*(('pair', 'draft') if trained else ('draft',)), 'batch', 'T', 'method', 'seconds', 'tokens',
        'tokens/call', 'acc.', 'x greedy', 'x best fixed', 'gamma histogram', 'c / v / alpha'],
       cells)
-  goal_rows = [(*((g['pair'], g['draft']) if trained else (g['draft'],)), g['batch'],
-                g['temperature'],
-                f'{g["x_greedy"]:.3f}', 'met' if g['greedy_goal'] else '**missed**',
-                f'{g["best_fixed"]} ({g["best_fixed_x_greedy"]:.2f}x greedy)',
-                f'{g["x_best_fixed"]:.3f}', 'met' if g['best_fixed_goal'] else '**missed**')
-               for g in result['goals']]
-  lines += ['', '## Goals (`auto:optimal`, no tuning)', '',
-            'Never below 0.97x greedy decoding; within 5% of the best fixed gamma (>= 0.95x), '
-            'or better.', ''] + common.table(
-      [*(('pair', 'draft') if trained else ('draft',)), 'batch', 'T', 'x greedy', '>= 0.97',
-       'best fixed',
-       'x best fixed', '>= 0.95'], goal_rows)
+  lines += goal_lines(result, 'auto:optimal', 'fixed gamma', pair_column=trained)
   return lines + common.result_load_note(
       result, ': the machine was shared with other jobs; ratios within a cell were measured '
               'side by side (interleaved), absolute times are not representative.')

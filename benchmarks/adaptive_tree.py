@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common, workloads
-from benchmarks.adaptive_gamma import _ints, interleaved, task_inputs
+from benchmarks.adaptive_gamma import _ints, goal_lines, goals, measure_cell, task_inputs
 from gqa_spec.decoding import adaptive_tree, autoregressive, speculative, tree_speculative
 from gqa_spec.decoding.adaptive_tree import AdaptiveTree
 from gqa_spec.decoding.drafts.ngram import fit_ngram_on_task
@@ -98,59 +98,23 @@ def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
           runs[auto_spec] = lambda: [adaptive_tree.decode(
               target, t, draft, d, rng, adaptive=auto, max_decode_len=L, config=config)
               for t, d in zip(auto_t, auto_d)]
-          load = os.getloadavg()[0]
-          times = interleaved(runs, args.repeats)
-          cell = []
-          for method, fn in runs.items():
-            results = fn()
-            seconds = float(np.median(times[method]))
-            tokens = sum(int(np.sum(np.asarray(r.lengths))) for r in results)
-            calls = sum(int(np.sum(np.asarray(r.target_calls))) if hasattr(r, 'target_calls')
-                        else int(np.max(np.asarray(r.lengths))) * r.lengths.shape[0]
-                        for r in results)
-            row = {'pair': name, 'task': task, 'draft': draft_name, 'batch': batch,
-                   'temperature': temperature, 'method': method, 'seconds': seconds,
-                   'seconds_rounds': times[method], 'tokens': tokens,
-                   'tokens_per_second': tokens / seconds, 'tokens_per_call': tokens / max(calls, 1),
-                   'load_before': load, 'cost_ratio': None, 'verify_ratio': None}
-            if method == auto_spec:
-              nodes = [speculative.tree_nodes_summary(r) for r in results]
-              row.update(cost_ratio=cal.cost_ratio, verify_ratio=list(cal.verify_ratio),
-                         alpha_init=cal.alpha, speculated=auto.speculates,
-                         calibration_seconds=calibration,
-                         nodes_histogram=[int(x) for x in np.sum(
-                             [n['tree_nodes_histogram'] for n in nodes], axis=0)])
-            if method != 'no draft':
-              accepted = sum(int(np.sum(np.asarray(r.accepted))) for r in results)
-              proposed = sum(int(np.sum(np.asarray(r.proposed))) for r in results)
-              row['acceptance_rate'] = accepted / max(proposed, 1)
-            cell.append(row)
-          base = cell[0]['tokens_per_second']
-          best_fixed = max(r['tokens_per_second'] for r in cell if r['method'] in shapes)
-          for r in cell:
-            r['x_greedy'] = r['tokens_per_second'] / base
-            r['x_best_fixed'] = r['tokens_per_second'] / best_fixed
-            common.print_row({k: x for k, x in r.items() if not isinstance(x, list)})
+          key = {'pair': name, 'task': task, 'draft': draft_name, 'batch': batch,
+                 'temperature': temperature}
+
+          def extra(method, results, cal=cal, auto=auto, calibration=calibration):
+            if method != auto_spec:
+              return {}
+            nodes = [speculative.tree_nodes_summary(r) for r in results]
+            return dict(cost_ratio=cal.cost_ratio, verify_ratio=list(cal.verify_ratio),
+                        alpha_init=cal.alpha, speculated=auto.speculates,
+                        calibration_seconds=calibration,
+                        nodes_histogram=[int(x) for x in np.sum(
+                            [n['tree_nodes_histogram'] for n in nodes], axis=0)])
+
+          cell = measure_cell(runs, args.repeats, key, extra, lambda m, s=shapes: m in s)
           rows.extend(cell)
           jax.clear_caches()  # as adaptive_gamma: LLVM runs out of memory after ~230 programs
   return rows
-
-
-def goals(rows: List[Dict[str, Any]], auto_spec: str, fixed: List[str]) -> List[Dict[str, Any]]:
-  """Per cell, the adaptive tree against greedy decoding (>= 0.97x) and the best fixed tree
-  (>= 0.95x)."""
-  out = []
-  for r in rows:
-    if r['method'] != auto_spec:
-      continue
-    best = max((x for x in rows if x['method'] in fixed and all(
-        x[k] == r[k] for k in ('pair', 'draft', 'batch', 'temperature'))),
-               key=lambda x: x['tokens_per_second'])
-    out.append({k: r[k] for k in ('pair', 'draft', 'batch', 'temperature', 'x_greedy',
-                                  'x_best_fixed')} | {
-        'best_fixed': best['method'], 'best_fixed_x_greedy': best['x_greedy'],
-        'greedy_goal': r['x_greedy'] >= 0.97, 'best_fixed_goal': r['x_best_fixed'] >= 0.95})
-  return out
 
 
 def markdown(result: Dict[str, Any]) -> List[str]:
@@ -179,16 +143,7 @@ def markdown(result: Dict[str, Any]) -> List[str]:
       'first batch; where even it pays for no tree, the run is greedy decoding from the start).',
       ['pair', 'draft', 'batch', 'T', 'method', 'seconds', 'tokens', 'tokens/call', 'acc.',
        'x greedy', 'x best fixed', 'node histogram', 'c / v / alpha'], cells)
-  goal_rows = [(g['pair'], g['draft'], g['batch'], g['temperature'], f'{g["x_greedy"]:.3f}',
-                'met' if g['greedy_goal'] else '**missed**',
-                f'{g["best_fixed"]} ({g["best_fixed_x_greedy"]:.2f}x greedy)',
-                f'{g["x_best_fixed"]:.3f}', 'met' if g['best_fixed_goal'] else '**missed**')
-               for g in result['goals']]
-  lines += ['', f'## Goals (`{result["auto_spec"]}`, no tuning)', '',
-            'Never below 0.97x greedy decoding; within 5% of the best fixed tree (>= 0.95x), or '
-            'better.', ''] + common.table(
-      ['pair', 'draft', 'batch', 'T', 'x greedy', '>= 0.97', 'best fixed', 'x best fixed',
-       '>= 0.95'], goal_rows)
+  lines += goal_lines(result, result['auto_spec'], 'fixed tree')
   return lines + common.result_load_note(
       result, ': the machine was shared with other jobs; ratios within a cell were measured '
               'side by side (interleaved), absolute times are not representative.')
@@ -221,7 +176,7 @@ def main(argv=None) -> int:
   fixed = [f'best:{n},depth:{args.depth}' for n in _ints(args.nodes)]
   result = common.results(__file__, argv, rows, before, repeats=args.repeats,
                           examples=args.examples, auto_spec=auto_spec,
-                          goals=goals(rows, auto_spec, fixed))
+                          goals=goals(rows, auto_spec, lambda m: m in fixed))
   common.write_report(args.out, result, markdown(result))
   return 0
 
