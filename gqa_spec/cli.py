@@ -28,18 +28,26 @@ from typing import Optional, Sequence
 _USER_TF_LEVEL = 'TF_CPP_MIN_LOG_LEVEL' in os.environ
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
-_COMMAND_MODULES = (
-    'gqa_spec.checkpoints.commands',  # import-hf, export-hf, import-t5x, convert
-    'gqa_spec.decoding.commands',  # generate, ngram
-    'gqa_spec.training.commands',  # train, uptrain, eval
-    'gqa_spec.training.draft_commands',  # train-draft
-    'gqa_spec.data.commands',  # data fetch, prepare, show, vocab, list
-    'gqa_spec.reproduce.commands',  # reproduce
-    'gqa_spec.status',  # status
-)
+# Each module defines `register(subparsers)`; the commands it adds (`test_cli_commands` checks this
+# table against what they register).
+_COMMAND_MODULES = {
+    'gqa_spec.checkpoints.commands': ('import-hf', 'export-hf', 'import-t5x', 'convert'),
+    'gqa_spec.decoding.commands': ('generate', 'ngram'),
+    'gqa_spec.training.commands': ('train', 'uptrain', 'eval', 'infer'),
+    'gqa_spec.training.draft_commands': ('train-draft',),
+    'gqa_spec.data.commands': ('data',),  # data fetch, prepare, show, vocab, list
+    'gqa_spec.reproduce.commands': ('reproduce', 'calibrate'),
+    'gqa_spec.status': ('status',),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
+  """The command line's parser: every command's, or only `command`'s where it names one.
+
+  `main` asks for the command its arguments name: importing every command module (the training
+  stack, seqio's metrics) took ~1.4 s of each process's start-up, whatever it ran. Anything else
+  (no command, `--help`, a misspelt one) gets every command, for the usage and the error.
+  """
   parser = argparse.ArgumentParser(
       prog='gqa-spec',
       description='Grouped-query attention and speculative decoding for T5.1.1 (JAX/Flax).')
@@ -47,9 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="show the libraries' logs (TensorFlow's device probing, orbax, seqio)")
   subparsers = parser.add_subparsers(dest='command', metavar='COMMAND')
   subparsers.required = True
-  for name in _COMMAND_MODULES:
+  modules = [m for m, names in _COMMAND_MODULES.items() if command in names] or _COMMAND_MODULES
+  for name in modules:
     importlib.import_module(name).register(subparsers)
   return parser
+
+
+def _command_of(argv: Sequence[str]) -> Optional[str]:
+  """The command `argv` names: its first argument that is not an option (the only option before
+  a command, `--verbose`, takes no value)."""
+  return next((a for a in argv if not a.startswith('-')), None)
 
 
 class _Interrupted(KeyboardInterrupt):
@@ -195,7 +210,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _run(argv: Optional[Sequence[str]]) -> int:
-  parser = build_parser()
+  parser = build_parser(_command_of(sys.argv[1:] if argv is None else argv))
   args = parser.parse_args(argv)
   from gqa_spec import console  # pylint: disable=g-import-not-at-top
   console.setup(getattr(args, 'verbose', False), _USER_TF_LEVEL)
