@@ -25,10 +25,9 @@ TINY = T5Config(vocab_size=40, emb_dim=16, num_heads=4, head_dim=4, mlp_dim=24,
 
 
 @pytest.fixture
-def run(monkeypatch, capsys):
-  """Runs `gqa-spec ARGS` in-process with only these commands registered (the others' modules
-  are tested on their own); returns `(exit code, stdout, stderr)`."""
-  monkeypatch.setattr(cli, '_COMMAND_MODULES', ('gqa_spec.checkpoints.commands',))
+def run(capsys):
+  """Runs `gqa-spec ARGS` in-process (`cli.main` registers only the named command's module,
+  here the checkpoints commands'); returns `(exit code, stdout, stderr)`."""
 
   def _run(*args):
     code = cli.main([str(a) for a in args])
