@@ -47,8 +47,9 @@ no tree, no row ever asks for one and `decode` is greedy decoding from the start
 tokens per greedy-step equivalent: D draft calls of c each (c: one draft call of the tree over one
 step of greedy decoding) and v(n) the iteration's verification call at width n and the loop's own
 work over a greedy step (both measured, `measure_costs`, or c given and v = 1 as in Theorem 8).
-Ties go to the smaller tree. Unless no row speculates, the first iteration verifies N_max for every row, so every width is observed at once;
-later, a width larger than the call's is not observed that iteration and keeps its estimate.
+Ties go to the smaller tree. Unless no row speculates, the first iteration verifies N_max for
+every row, so every width is observed at once; later, a width larger than the call's is not
+observed that iteration and keeps its estimate.
 """
 
 from __future__ import annotations
