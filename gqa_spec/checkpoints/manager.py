@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from typing import Any, Optional, Tuple
 
 import jax
@@ -83,6 +84,7 @@ class Checkpointer:
     self._params_reader = None  # `restore_params`' manager, made on first use
     self._saving = None  # the step of the last save started (asynchronous: maybe still writing)
     self._failed = None  # the `WriteError` of a failed save: raised once, then by every save
+    self._failed_step = None  # its step, whose temporary directories `close` removes again
     if os.environ.get(STALL_ENV):
       _stall_commits(float(os.environ[STALL_ENV]))
 
@@ -121,9 +123,8 @@ class Checkpointer:
     except Exception as e:  # pylint: disable=broad-except; orbax re-raises tensorstore's ValueError
       failed = re.search(r'checkpoints/(\d+)\.orbax-checkpoint-tmp', str(e))
       failed = int(failed.group(1)) if failed else (self._saving or step)
-      for name in os.listdir(self.directory) if os.path.isdir(self.directory) else ():
-        if name.startswith(f'{failed}.orbax-checkpoint-tmp'):
-          shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+      self._failed_step = failed
+      self._remove_uncommitted(failed)
       code = re.search(r"os_error_code='(\d+)'", str(e))
       code = getattr(e, 'errno', None) or (int(code.group(1)) if code else None)
       reason = (f'{os.strerror(code)} ({errno.errorcode.get(code, code)})' if code
@@ -134,6 +135,25 @@ class Checkpointer:
           'there, and the latest complete checkpoint is ' +
           (f'step {latest} (the same command resumes from it)' if latest is not None else 'none'))
       raise self._failed from None
+
+  def _remove_uncommitted(self, step: int) -> None:
+    """Removes the temporary directories of the failed save of `step`. The save's other writers
+    (tensorstore's threads, orbax's) may still be finishing and create them again after the error,
+    so this repeats until none has come back for 0.2 s (2 s at most); orbax's start-up cleanup
+    removes any that comes back later."""
+    quiet_since, deadline = None, time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+      names = [name for name in (os.listdir(self.directory) if os.path.isdir(self.directory) else ())
+               if name.startswith(f'{step}.orbax-checkpoint-tmp')]
+      for name in names:
+        shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+      if names:
+        quiet_since = None
+      elif quiet_since is None:
+        quiet_since = time.monotonic()
+      elif time.monotonic() - quiet_since >= 0.2:
+        return
+      time.sleep(0.02)
 
   def restore(self, step: int, target: Any) -> Tuple[Any, dict]:
     """The state at `step`, laid out as `target` (`abstract_with_shardings`), and its meta."""
@@ -209,6 +229,8 @@ class Checkpointer:
     finally:
       with contextlib.suppress(Exception):  # after a failed save, orbax re-raises it here
         self._manager.close()
+      if self._failed_step is not None:  # its writers have finished now (orbax's threads joined)
+        self._remove_uncommitted(self._failed_step)
       if self._params_reader is not None:
         self._params_reader.close()
 
