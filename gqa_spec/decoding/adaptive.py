@@ -204,46 +204,61 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
   """(c, v, alpha) on this machine and batch; c and v in units of one step of greedy decoding's
   loop (a few seconds, compiles included; each time the fastest of a few runs):
 
-    c = one draft token (`timing.propose_time`: a proposal of one token, its commit included);
+    c = one draft token: a proposal of one token and its commit (`timing.teacher_forced`);
     v = (v(1), ..., v(gamma_max)): the rest of an iteration of this loop that verifies gamma
         tokens: the target call at the narrowest compiled width that holds gamma
         (`verify_width`, + 1 tokens; `timing.step_time`), plus what the loop spends besides its
-        calls (verification, appending, rollbacks, statistics, the width's `lax.switch`).
+        calls (verification, appending, rollbacks, statistics, the width's `lax.switch`);
+    alpha = the draft's acceptance of a one-token proposal at temperature 0 (so that no random
+        draw of the decoding to come enters it): its greedy token against greedy decoding's at
+        every position of greedy decoding's output on this batch, fed the true prefix
+        (`timing.teacher_forced`, the same pass that times c). Every row's starting estimate
+        (`AdaptiveGamma.alpha_init`, `calibrated`).
 
-  The unit and that overhead are timed whole on `target_state`'s batch: greedy decoding
-  (`autoregressive.decode`) per step, and this loop with every row at gamma 1 (policy 'fixed')
-  per iteration, less its draft token and its width-1 call. On small models the overhead is the
-  size of a target call (measured on this CPU: the smoke pair's n-gram drafts, c ~0.02, were
-  slower than greedy at every gamma); without it Theorem 8 speculates where it does not pay.
-  A draft without `propose_upto` (n-gram, copy) proposes gamma_max tokens every iteration
-  whatever gamma a row asked for: its proposal is then part of every iteration's overhead, and c
-  is 0.
+  In two stages, so that ruling a draft out costs little. First the unit (greedy decoding,
+  `autoregressive.decode`, per step), c and alpha, and the 2-token verification call. If Theorem 8
+  gives gamma 0 even with v(gamma) = max(1, that call in steps) for every gamma, no gamma pays:
+  that is a lower bound of every v (an iteration of this loop does all a greedy step does, and
+  its call is at least 2 tokens wide), so v is returned as that bound and nothing else is
+  compiled or timed. `decode` is then greedy decoding from the start. On the cpu study's trained
+  pair (a draft at c ~0.5, alpha ~0.3) this stage is the whole calibration: seconds where the
+  second stage took half a minute more.
 
-  alpha: the draft's acceptance rate in that gamma-1 run (greedy, so that no random draw of the
-  decoding to come enters it), every row's starting estimate (`AdaptiveGamma.alpha_init`,
-  `calibrated`). Where even that alpha does not pay for a proposal, `decode` is greedy decoding
-  from the start and pays nothing to find out; a fixed optimistic start (0.9) made every row try
-  speculating first, which cost the smoke pair's n-gram drafts 10-30% of greedy decoding's speed
-  on its 32-token outputs."""
-  batch = target.index(target_state).shape[0]
+  Otherwise the other widths, and the loop's own work: this loop with every row at gamma 1
+  (policy 'fixed') per iteration, less its draft token and its width-1 call. On small models that
+  overhead is the size of a target call (measured on this CPU: the smoke pair's n-gram drafts,
+  c ~0.02, were slower than greedy at every gamma); without it Theorem 8 speculates where it does
+  not pay. A draft without `propose_upto` (n-gram, copy) proposes gamma_max tokens every
+  iteration whatever gamma a row asked for: its proposal is then part of every iteration's
+  overhead, and c is 0. (A fixed optimistic starting alpha, 0.9, made every row try speculating
+  first, which cost the smoke pair's n-gram drafts 10-30% of greedy decoding's speed on its
+  32-token outputs.)"""
   fill = max_decode_len // 2
-  t_call = {w: timing.step_time(target, target_state, w + 1, fill)
-            for w in verify_gammas(gamma_max)}  # seconds per verification call of width w + 1
-  t_draft = timing.propose_time(draft, draft_state, 1, batch, max_decode_len)
   rng = jax.random.PRNGKey(0)
-  t_step = timing.per_iteration(lambda: autoregressive.decode(target, target_state, rng,
-                                                       max_decode_len=max_decode_len))
+  greedy = lambda: autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len)
+  t_step = timing.per_iteration(greedy)  # seconds per step of greedy decoding
+  out = jax.device_get(greedy())
+  sequences = np.pad(out.sequences, ((0, 0), (0, gamma_max + 1)))  # [b, 2 + L + gamma_max]
+
+  def next_token(dstate, seqs, at):
+    tokens, _, dstate = draft.propose(dstate, seqs, at, rng, 1, sampling.GREEDY)  # [b, 1]
+    return tokens[:, 0], dstate
+
+  t_draft, alpha = timing.teacher_forced(next_token, draft.commit, draft_state, sequences,
+                                         out.lengths)
+  c = t_draft / t_step if getattr(draft, 'propose_upto', None) is not None else 0.0
+  t_call = {1: timing.step_time(target, target_state, 2, fill)}  # seconds per call of w + 1
+  floor = (max(1.0, t_call[1] / t_step),) * gamma_max
+  if _optimal_first_gamma(alpha, c, gamma_max, floor) == 0:
+    return Calibration(c, floor, alpha)
+  for w in verify_gammas(gamma_max)[1:]:
+    t_call[w] = timing.step_time(target, target_state, w + 1, fill)
   fixed = AdaptiveGamma(gamma_max=gamma_max, policy='fixed', gamma_init=1)
-  run = lambda: decode(target, target_state, draft, draft_state, rng, adaptive=fixed,
-                       max_decode_len=max_decode_len)
-  t_iter = timing.per_iteration(run)
-  result = jax.device_get(run())
-  alpha = float(result.beta_sum) / max(float(result.beta_count), 1.0)
-  per_token = getattr(draft, 'propose_upto', None) is not None
-  overhead = max(t_iter - t_call[1] - (t_draft if per_token else 0.0), 0.0)
-  return Calibration((t_draft if per_token else 0.0) / t_step,
-                     tuple((t_call[verify_width(g, gamma_max)] + overhead) / t_step
-                           for g in range(1, gamma_max + 1)), alpha)
+  t_iter = timing.per_iteration(lambda: decode(target, target_state, draft, draft_state, rng,
+                                               adaptive=fixed, max_decode_len=max_decode_len))
+  overhead = max(t_iter - t_call[1] - c * t_step, 0.0)
+  return Calibration(c, tuple((t_call[verify_width(g, gamma_max)] + overhead) / t_step
+                              for g in range(1, gamma_max + 1)), alpha)
 
 
 def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,

@@ -231,55 +231,58 @@ def target_cache_length(max_decode_len: int, adaptive: AdaptiveTree) -> int:
 def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTree,
                   max_decode_len: int, adaptive: AdaptiveTree) -> Calibration:
   """(c, v, alpha) on this machine and batch, in units of one step of greedy decoding's loop, as
-  `adaptive.measure_costs` gives them for chains (a few seconds, compiles included; each time the
-  fastest of a few runs):
+  `adaptive.measure_costs` gives them for chains, in the same two stages (a few seconds, compiles
+  included; each time the fastest of a few runs):
 
     c = one of the D draft calls that grow an N_max tree (`propose_tree` and a `commit_tree` of
-        nothing accepted, at half the output length);
+        nothing accepted);
     v = (v(u) for each compiled width u): the target call at that width (u + 1 tokens,
         `timing.step_time`: a causal call of that width, not the tree mask), plus what this loop
         spends besides its calls (ranking, verification, the path's append and compaction,
-        statistics, the width's `lax.switch`).
+        statistics, the width's `lax.switch`);
+    alpha = the top-ranked node's acceptance at temperature 0: its token against greedy
+        decoding's at every position of greedy decoding's output on this batch, the draft fed the
+        true prefix (`timing.teacher_forced`, the same pass that times c). Every row's starting
+        per-token estimate (`calibrated`).
 
-  The unit and that overhead are timed whole on `target_state`'s batch: greedy decoding per step,
-  and this loop with every row at 1 node per call (`fixed_nodes`) per iteration, less its tree and
-  its width-1 call. alpha: the top-ranked node's acceptance in that run (greedy), every row's
-  starting per-token estimate (`calibrated`). Where even that alpha pays for no tree, `decode` is
-  greedy decoding from the start: with the fixed optimistic 0.9, every row first verified N_max
-  nodes and then fewer until its statistics decided, which cost the smoke pair's draft model
-  (c ~2.7 at batch 8) about half of greedy decoding's speed on 32-token outputs
-  (`benchmarks/adaptive_tree.py`).
+  First the unit (greedy decoding per step), c, alpha and the width-1 call. If the prior at that
+  alpha pays for no tree even with v(u) = max(1, that call in steps) for every width (a lower
+  bound: an iteration does all a greedy step does, with a call at least 2 tokens wide), v is that
+  bound and nothing else is compiled or timed: `decode` is greedy decoding from the start. With
+  the fixed optimistic 0.9, every row first verified N_max nodes and then fewer until its
+  statistics decided, which cost the smoke pair's draft model (c ~2.7 at batch 8) about half of
+  greedy decoding's speed on 32-token outputs (`benchmarks/adaptive_tree.py`). Otherwise the other
+  widths, and the loop's own work: this loop with every row at 1 node per call (`fixed_nodes`) per
+  iteration, less its tree and its width-1 call.
   """
   shape, fill = adaptive.shape, max_decode_len // 2
-  batch = target.index(target_state).shape[0]
-  t_call = {w: timing.step_time(target, target_state, w + 1, fill) for w in adaptive.widths}
-  seqs = jnp.full((batch, 2 + max_decode_len + shape.depth), 5, jnp.int32)
-  lengths = jnp.full((batch,), fill, jnp.int32)
-  nothing = jnp.full((batch, shape.depth), -1, jnp.int32)
-  iters = 10
-
-  @xla_options.jit
-  def loop(dstate):
-    def body(_, carry):
-      s, acc = carry
-      tree, s = draft.propose_tree(s, seqs, lengths, jax.random.PRNGKey(0), shape,
-                                   SamplingConfig())
-      return draft.commit_tree(s, seqs, lengths, nothing), acc + jnp.sum(tree.tokens)
-    return jax.lax.fori_loop(0, iters, body, (dstate, jnp.zeros((), jnp.int32)))
-
-  t_tree = timing.min_time(lambda: loop(draft_state), 5) / iters
   rng = jax.random.PRNGKey(0)
-  t_step = timing.per_iteration(lambda: autoregressive.decode(
-      target, target_state, rng, max_decode_len=max_decode_len))
+  greedy = lambda: autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len)
+  t_step = timing.per_iteration(greedy)  # seconds per step of greedy decoding
+  out = jax.device_get(greedy())
+  sequences = np.pad(out.sequences, ((0, 0), (0, shape.depth + 1)))  # [b, 2 + L + D]
+  nothing = jnp.full((out.lengths.shape[0], shape.depth), -1, jnp.int32)  # [b, D] no path
+
+  def top_token(dstate, seqs, at):
+    tree, dstate = draft.propose_tree(dstate, seqs, at, rng, shape, sampling.GREEDY)
+    return tree_lib.first_nodes(tree_lib.by_rank(tree)[0], 1).tokens[:, 0], dstate  # [b]
+
+  t_tree, alpha = timing.teacher_forced(
+      top_token, lambda dstate, seqs, at: draft.commit_tree(dstate, seqs, at, nothing),
+      draft_state, sequences, out.lengths)
+  c = t_tree / shape.depth / t_step
+  t_call = {1: timing.step_time(target, target_state, 2, fill)}  # seconds per call of w + 1
+  floor = (max(1.0, t_call[1] / t_step),) * len(adaptive.widths)
+  if not adaptive.calibrated(Calibration(c, floor, alpha)).speculates:
+    return Calibration(c, floor, alpha)
+  for w in adaptive.widths[1:]:
+    t_call[w] = timing.step_time(target, target_state, w + 1, fill)
   fixed = dataclasses.replace(adaptive, fixed_nodes=1)
-  run = lambda: _speculative(target, target_state, draft, draft_state, rng, adaptive=fixed,
-                             max_decode_len=max_decode_len)
-  t_iter = timing.per_iteration(run)
-  result = jax.device_get(run())
-  alpha = float(np.sum(result.accepted)) / max(float(np.sum(result.proposed)), 1.0)
+  t_iter = timing.per_iteration(lambda: _speculative(
+      target, target_state, draft, draft_state, rng, adaptive=fixed,
+      max_decode_len=max_decode_len))
   overhead = max(t_iter - t_tree - t_call[1], 0.0)
-  return Calibration(t_tree / shape.depth / t_step,
-                     tuple((t_call[w] + overhead) / t_step for w in adaptive.widths), alpha)
+  return Calibration(c, tuple((t_call[w] + overhead) / t_step for w in adaptive.widths), alpha)
 
 
 def decode(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTree,

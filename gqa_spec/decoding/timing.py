@@ -2,6 +2,7 @@
 
   step_time      seconds per target (or draft) call appending k tokens: v(gamma) and c
   propose_time   seconds per draft proposal of gamma tokens (drafts that are not models)
+  teacher_forced seconds per draft proposal of one token, and its agreement with greedy decoding
   median_time, min_time   wall seconds of a callable over repeats (after a compiling run)
   first_runs     the untimed, compiling first runs of several loops, some at a time in threads
 
@@ -14,7 +15,7 @@ import concurrent.futures
 import contextvars
 import statistics
 import time
-from typing import Any, Callable, List, Sequence
+from typing import Any, Callable, List, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -97,3 +98,39 @@ def propose_time(draft, dstate, gamma: int, batch: int, length: int, iters: int 
     return jax.lax.fori_loop(0, iters, body, (dstate, jnp.zeros((), jnp.int32)))
 
   return min_time(lambda: loop(dstate), 5) / iters
+
+
+def teacher_forced(next_token: Callable[..., Any], commit: Callable[..., Any], state: Any,
+                   sequences: jax.Array, lengths: jax.Array, repeats: int = 3,
+                   min_calls: int = 64) -> Tuple[float, float]:
+  """A draft fed the true prefix at every position of a greedy decoding's output: the seconds
+  of one position (the fastest of `repeats` runs after a compiling one) and the agreement.
+
+  `sequences [b, T]` (slot 0 the start token) and `lengths [b]` are greedy decoding's output, T at
+  least max(lengths) + 2. At each position i < n = max(lengths), `next_token(state, sequences,
+  at)` gives `[b]` the draft's token after the first i + 1 slots (`at` `[b]`, all i) and its
+  state, and `commit(state, sequences, at + 1)` advances it by the true token, as the speculative
+  loops call their drafts. The agreement is the fraction of the rows' positions (i < the row's
+  length) where the draft's token is greedy decoding's: at temperature 0, the acceptance rate
+  alpha of a proposal of one token (Leviathan et al. Definition 3.1) over every position of the
+  output. The timed call makes at least `min_calls` proposals, passes over the n positions one
+  after another (a `commit` to 0 between them), so that its dispatch is not in the seconds."""
+  sequences, lengths = jnp.asarray(sequences), jnp.asarray(lengths)
+  batch, n = lengths.shape[0], max(int(jnp.max(lengths)), 1)
+  passes = -(-min_calls // n)
+
+  @xla_options.jit
+  def loop(state):
+    def body(j, carry):
+      s, agree = carry
+      i = j % n
+      at = jnp.full((batch,), i, jnp.int32)  # [b]
+      token, s = next_token(s, sequences, at)  # [b]
+      hit = (token == jax.lax.dynamic_index_in_dim(sequences, i + 1, 1, False)) & (i < lengths)
+      hit &= j < n  # the first pass counts
+      return commit(s, sequences, jnp.where(i + 1 < n, at + 1, 0)), agree + hit.astype(jnp.int32)
+    return jax.lax.fori_loop(0, n * passes, body, (state, jnp.zeros((batch,), jnp.int32)))
+
+  agree = jax.device_get(loop(state)[1])  # [b]; compiles
+  seconds = min(_timed_runs(lambda: loop(state), repeats, warm=False)) / (n * passes)
+  return seconds, float(agree.sum()) / max(float(jnp.sum(lengths)), 1.0)

@@ -16,8 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gqa_spec.decoding import adaptive_tree, sampling, speculative, tree as tree_lib
+from gqa_spec.decoding import adaptive_tree, autoregressive, sampling, speculative, tree as tree_lib
 from gqa_spec.decoding.adaptive_tree import AdaptiveTree
+from gqa_spec.decoding.drafts.ngram import fit_ngram
+from gqa_spec.decoding.drafts.ngram_tree import NgramTreeDraft
 from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.targets import T5Decoder, TableDecoder
@@ -194,27 +196,44 @@ def test_a_prior_that_pays_for_no_tree_is_greedy_decoding_from_the_start():
   assert dataclasses.replace(ad, cost_ratio=0.1).first_nodes() == 2
 
 
-def test_measured_costs_and_starting_alpha():
-  # The target as its own draft: its top node is always greedy's token (alpha 1); a perturbed copy
-  # is right less often. c and v are positive, one v per compiled width; the calibrated settings
-  # carry them, and the calibration's own loop verified one node per call.
+def test_measured_costs_and_starting_alpha(monkeypatch):
+  # The target as its own draft: its top node is always greedy's token (alpha 1). A perturbed copy
+  # is right less often: at c ~1 per draft call its 2 calls cannot buy what they cost even with
+  # verification at its lower bound (one greedy step), and the first stage rules it out without
+  # the loop, every v that bound. A bigram tree fitted on the target's own outputs (no model call,
+  # alpha ~0.8) passes the bound: the second stage times every width and the loop at one node per
+  # call. c and v are positive, one v per compiled width; the calibrated settings carry them.
   model, params = model_and_params(KV_HEADS['gqa'])
   target, enc = T5Decoder(model), jnp.asarray(INPUTS[:2])
   ad = AdaptiveTree.parse('best:auto:4,depth:2,width:2')
   draft = TreeModelDraft.t5(model)
   tstate = target.init(params, enc, adaptive_tree.target_cache_length(MAX_LEN, ad))
+  loops = []
+  speculative_loop = adaptive_tree._speculative  # pylint: disable=protected-access
+  monkeypatch.setattr(adaptive_tree, '_speculative',
+                      lambda *a, **k: loops.append(k['adaptive']) or speculative_loop(*a, **k))
   same = adaptive_tree.measure_costs(target, tstate, draft,
                                      draft.init(params, enc, MAX_LEN, ad.shape), MAX_LEN, ad)
-  assert same.alpha == 1.0
-  assert same.cost_ratio > 0 and len(same.verify_ratio) == len(ad.widths) == 3
-  assert all(v > 0 for v in same.verify_ratio)
+  assert same.alpha == 1.0 and same.cost_ratio > 0.5  # measured: c ~0.9
+  assert len(same.verify_ratio) == len(ad.widths) == 3 and all(v > 0 for v in same.verify_ratio)
+  loops.clear()
   other = adaptive_tree.measure_costs(
       target, tstate, draft, draft.init(perturbed_params('gqa'), enc, MAX_LEN, ad.shape), MAX_LEN,
       ad)
-  assert 0.0 < other.alpha < 1.0
-  cal = ad.calibrated(other)
+  assert 0.0 < other.alpha < 0.85 and other.cost_ratio > 0.5 and not loops, other
+  assert len(set(other.verify_ratio)) == 1 and other.verify_ratio[0] >= 1.0
+  assert not ad.calibrated(other).speculates
+  out = autoregressive.decode(target, target.init(params, enc, MAX_LEN + 1), jax.random.PRNGKey(0),
+                              max_decode_len=MAX_LEN)
+  table = fit_ngram(autoregressive.strip(out.sequences, out.lengths), 2, model.config.vocab_size)
+  bigram = NgramTreeDraft(model.config.vocab_size)
+  cheap = adaptive_tree.measure_costs(target, tstate, bigram, bigram.init(table, ad.shape),
+                                      MAX_LEN, ad)
+  assert cheap.alpha >= 0.7 and cheap.cost_ratio < 0.2 and all(v > 0 for v in cheap.verify_ratio)
+  assert loops and {a.fixed_nodes for a in loops} == {1}, cheap
+  cal = ad.calibrated(cheap)
   assert (cal.cost_ratio, cal.verify_ratio, cal.alpha_init) == (
-      other.cost_ratio, tuple(other.verify_ratio), other.alpha)
+      cheap.cost_ratio, tuple(cheap.verify_ratio), cheap.alpha)
   fixed = dataclasses.replace(ad, fixed_nodes=1)
   result = adaptive_tree.decode(target, tstate, draft, draft.init(params, enc, MAX_LEN, ad.shape),
                                 jax.random.PRNGKey(0), adaptive=fixed, max_decode_len=MAX_LEN)
