@@ -139,8 +139,10 @@ def markdown(result: Dict[str, Any]) -> List[str]:
       '`adaptive_tree.measure_costs` once per pair and batch size (in the seconds given, '
       'compiles included; not in the timed runs), in steps of greedy decoding: one of the '
       'tree\'s D draft calls, the iteration at each compiled width (its call and the loop\'s own '
-      'work), and the starting alpha (the top node\'s acceptance in a greedy 1-node run on the '
-      'first batch; where even it pays for no tree, the run is greedy decoding from the start).',
+      'work), and the starting alpha (the top node\'s greedy agreement with greedy decoding '
+      'over its output on the first batch, the true prefix fed; where even it pays for no tree, '
+      'the run is greedy decoding from the start); no draft (again): greedy decoding timed a '
+      'second time (the A/A control).',
       ['pair', 'draft', 'batch', 'T', 'method', 'seconds', 'tokens', 'tokens/call', 'acc.',
        'x greedy', 'x best fixed', 'node histogram', 'c / v / alpha'], cells)
   lines += goal_lines(result, result['auto_spec'], 'fixed tree')

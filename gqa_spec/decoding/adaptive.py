@@ -16,8 +16,8 @@ speculates (every one at gamma_r = 0, which is final), the rest runs as plain on
 steps in a second loop, without the draft. When the costs say that not even the starting
 `alpha_init` would pay for a proposal (`AdaptiveGamma.speculates` is False: a draft that costs
 what the target costs, or one whose acceptance `measure_costs` found too low for its cost),
-`decode` is `autoregressive.decode` itself, on a cache of one slot per token
-(`target_cache_length`): the same program as greedy decoding.
+`decode` is `autoregressive.decode`'s while loop, on a cache of one slot per token
+(`target_cache_length`), in a program of its own with two statistics more (`plain_decode`).
 
 Exactness: gamma_r depends only on the row's past (and, with a confidence stop, on the draft's
 distributions at the positions already proposed), so it is a stopping rule; the
@@ -216,13 +216,14 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
         (`AdaptiveGamma.alpha_init`, `calibrated`).
 
   In two stages, so that ruling a draft out costs little. First the unit (greedy decoding,
-  `autoregressive.decode`, per step), c and alpha, and the 2-token verification call. If Theorem 8
-  gives gamma 0 even with v(gamma) = max(1, that call in steps) for every gamma, no gamma pays:
-  that is a lower bound of every v (an iteration of this loop does all a greedy step does, and
-  its call is at least 2 tokens wide), so v is returned as that bound and nothing else is
-  compiled or timed. `decode` is then greedy decoding from the start. On the cpu study's trained
-  pair (a draft at c ~0.5, alpha ~0.3) this stage is the whole calibration: seconds where the
-  second stage took half a minute more.
+  `autoregressive.decode`, per step), c and alpha, and the target's calls of 1 and 2 tokens. If
+  Theorem 8 gives gamma 0 even with v(gamma) = 1 + (the 2-token call - the 1-token call) in
+  steps for every gamma, no gamma pays: that is a lower bound of every v (an iteration of this
+  loop does all that a greedy step does besides its call, and its call is at least 2 tokens
+  wide), so v is returned as that bound and nothing else is compiled or timed. `decode` is then
+  greedy decoding from the start. On the cpu study's trained pair (a draft at c ~0.3-0.5, alpha
+  ~0.3-0.5) this stage is the whole calibration: seconds where the second stage took half a
+  minute more.
 
   Otherwise the other widths, and the loop's own work: this loop with every row at gamma 1
   (policy 'fixed') per iteration, less its draft token and its width-1 call. On small models that
@@ -232,7 +233,12 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
   iteration whatever gamma a row asked for: its proposal is then part of every iteration's
   overhead, and c is 0. (A fixed optimistic starting alpha, 0.9, made every row try speculating
   first, which cost the smoke pair's n-gram drafts 10-30% of greedy decoding's speed on its
-  32-token outputs.)"""
+  32-token outputs.)
+
+  A draft that reads the target's hidden states (Chimera, `reads_target_hidden`) proposes from
+  those of the loop's own verification calls, which the teacher-forced pass does not make: its
+  alpha is the gamma-1 run's acceptance (the mean beta of its tried positions), and the first
+  stage does not stop it."""
   fill = max_decode_len // 2
   rng = jax.random.PRNGKey(0)
   greedy = lambda: autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len)
@@ -247,15 +253,21 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
   t_draft, alpha = timing.teacher_forced(next_token, draft.commit, draft_state, sequences,
                                          out.lengths)
   c = t_draft / t_step if getattr(draft, 'propose_upto', None) is not None else 0.0
+  t_one = timing.step_time(target, target_state, 1, fill)  # greedy decoding's call
   t_call = {1: timing.step_time(target, target_state, 2, fill)}  # seconds per call of w + 1
-  floor = (max(1.0, t_call[1] / t_step),) * gamma_max
-  if _optimal_first_gamma(alpha, c, gamma_max, floor) == 0:
+  floor = (1.0 + max(t_call[1] - t_one, 0.0) / t_step,) * gamma_max
+  reads_hidden = getattr(draft, 'reads_target_hidden', False)
+  if not reads_hidden and _optimal_first_gamma(alpha, c, gamma_max, floor) == 0:
     return Calibration(c, floor, alpha)
   for w in verify_gammas(gamma_max)[1:]:
     t_call[w] = timing.step_time(target, target_state, w + 1, fill)
   fixed = AdaptiveGamma(gamma_max=gamma_max, policy='fixed', gamma_init=1)
-  t_iter = timing.per_iteration(lambda: decode(target, target_state, draft, draft_state, rng,
-                                               adaptive=fixed, max_decode_len=max_decode_len))
+  run = lambda: decode(target, target_state, draft, draft_state, rng, adaptive=fixed,
+                       max_decode_len=max_decode_len)
+  t_iter = timing.per_iteration(run)
+  if reads_hidden:  # proposals from the hidden states of the loop's own target calls
+    result = jax.device_get(run())
+    alpha = float(result.beta_sum) / max(float(result.beta_count), 1.0)
   overhead = max(t_iter - t_call[1] - c * t_step, 0.0)
   return Calibration(c, tuple((t_call[verify_width(g, gamma_max)] + overhead) / t_step
                               for g in range(1, gamma_max + 1)), alpha)

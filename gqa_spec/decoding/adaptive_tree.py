@@ -245,15 +245,19 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
         true prefix (`timing.teacher_forced`, the same pass that times c). Every row's starting
         per-token estimate (`calibrated`).
 
-  First the unit (greedy decoding per step), c, alpha and the width-1 call. If the prior at that
-  alpha pays for no tree even with v(u) = max(1, that call in steps) for every width (a lower
-  bound: an iteration does all a greedy step does, with a call at least 2 tokens wide), v is that
-  bound and nothing else is compiled or timed: `decode` is greedy decoding from the start. With
+  First the unit (greedy decoding per step), c, alpha and the target's calls of 1 and 2 tokens.
+  If the prior at that alpha pays for no tree even with v(u) = 1 + (the 2-token call - the
+  1-token call) in steps for every width (a lower bound: an iteration does all that a greedy step
+  does besides its call, with a call at least 2 tokens wide), v is that bound and nothing else is
+  compiled or timed: `decode` is greedy decoding from the start. With
   the fixed optimistic 0.9, every row first verified N_max nodes and then fewer until its
   statistics decided, which cost the smoke pair's draft model (c ~2.7 at batch 8) about half of
   greedy decoding's speed on 32-token outputs (`benchmarks/adaptive_tree.py`). Otherwise the other
   widths, and the loop's own work: this loop with every row at 1 node per call (`fixed_nodes`) per
-  iteration, less its tree and its width-1 call.
+  iteration, less its tree and its width-1 call. A draft that reads the target's hidden states
+  (Chimera) grows its trees from those of the loop's own calls, which the teacher-forced pass
+  does not make: its alpha is that run's top-node acceptance, and the first stage does not stop
+  it.
   """
   shape, fill = adaptive.shape, max_decode_len // 2
   rng = jax.random.PRNGKey(0)
@@ -271,16 +275,21 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
       top_token, lambda dstate, seqs, at: draft.commit_tree(dstate, seqs, at, nothing),
       draft_state, sequences, out.lengths)
   c = t_tree / shape.depth / t_step
+  t_one = timing.step_time(target, target_state, 1, fill)  # greedy decoding's call
   t_call = {1: timing.step_time(target, target_state, 2, fill)}  # seconds per call of w + 1
-  floor = (max(1.0, t_call[1] / t_step),) * len(adaptive.widths)
-  if not adaptive.calibrated(Calibration(c, floor, alpha)).speculates:
+  floor = (1.0 + max(t_call[1] - t_one, 0.0) / t_step,) * len(adaptive.widths)
+  reads_hidden = getattr(draft, 'reads_target_hidden', False)
+  if not reads_hidden and not adaptive.calibrated(Calibration(c, floor, alpha)).speculates:
     return Calibration(c, floor, alpha)
   for w in adaptive.widths[1:]:
     t_call[w] = timing.step_time(target, target_state, w + 1, fill)
   fixed = dataclasses.replace(adaptive, fixed_nodes=1)
-  t_iter = timing.per_iteration(lambda: _speculative(
-      target, target_state, draft, draft_state, rng, adaptive=fixed,
-      max_decode_len=max_decode_len))
+  run = lambda: _speculative(target, target_state, draft, draft_state, rng, adaptive=fixed,
+                             max_decode_len=max_decode_len)
+  t_iter = timing.per_iteration(run)
+  if reads_hidden:  # trees from the hidden states of the loop's own target calls
+    result = jax.device_get(run())
+    alpha = float(np.sum(result.accepted)) / max(float(np.sum(result.proposed)), 1.0)
   overhead = max(t_iter - t_tree - t_call[1], 0.0)
   return Calibration(c, tuple((t_call[w] + overhead) / t_step for w in adaptive.widths), alpha)
 

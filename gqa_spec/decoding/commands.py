@@ -377,6 +377,7 @@ def generate(args: argparse.Namespace) -> int:
   if auto and auto.confidence and not hasattr(draft, 'propose_upto'):
     raise UserError(f'--draft-confidence needs a model draft, not {draft_spec}')
   cost_measured = auto is not None and auto.policy == 'optimal' and args.cost_ratio is None
+  t0 = time.perf_counter()
   if cost_measured:
     enc = jax.numpy.asarray(batches[0][0])
     auto = auto.calibrated(adaptive.measure_costs(
@@ -388,6 +389,7 @@ def generate(args: argparse.Namespace) -> int:
     auto_tree = auto_tree.calibrated(adaptive_tree.measure_costs(
         target, target.init(params, enc, adaptive_tree.target_cache_length(max_len, auto_tree)),
         draft, draft_init(enc), max_len, auto_tree))
+  calibration_seconds = time.perf_counter() - t0 if cost_measured or tree_cost_measured else None
   rng = jax.random.PRNGKey(args.seed)
   t0 = time.perf_counter()
   jax.block_until_ready(run(*batches[0], rng))  # compile (and warm) once
@@ -420,6 +422,7 @@ def generate(args: argparse.Namespace) -> int:
                                or auto.policy != 'optimal' else auto.verify_ratio),
                  cost_ratio_measured=(tree_cost_measured if auto_tree else
                                       cost_measured if auto else None),
+                 calibration_seconds=calibration_seconds,
                  alpha_init=(auto_tree.alpha_init if auto_tree else auto.alpha_init
                              if auto and auto.policy == 'optimal' else None),
                  speculated=(auto_tree or auto).speculates if auto_tree or auto else None,

@@ -283,3 +283,26 @@ def test_measured_costs_stop_at_the_bound_or_time_every_width_and_the_loop(monke
   # tokens, bookkeeping) costs at least a greedy step's target call: v(1) >= ~1 in greedy steps
   # (a loose floor: 0.8)
   assert v[0] >= 0.8, v
+
+
+def test_a_draft_reading_the_targets_hidden_states_is_calibrated_on_the_loop(monkeypatch):
+  # Chimera proposes from the hidden states of the loop's own verification calls, which the
+  # teacher-forced pass does not make: its alpha is the gamma-1 run's, the loop always runs.
+  from tests.decoding.test_speculative_chimera import CFG, _setup  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.drafts.chimera import ChimeraDraft  # pylint: disable=g-import-not-at-top
+  model, params, draft_params = _setup(trained_like=True)
+  gmax = CFG.num_draft_heads  # 3
+  target, enc = T5Decoder(model), jnp.asarray(INPUTS)
+  state = target.init(params, enc, MAX_LEN + gmax + 2)
+  draft = ChimeraDraft(CFG)
+  dstate = draft.init(draft_params, params['token_embedder']['embedding'], len(INPUTS), MAX_LEN)
+  loops = []
+  speculative_loop = adaptive._speculative  # pylint: disable=protected-access
+  monkeypatch.setattr(adaptive, '_speculative',
+                      lambda *a, **k: loops.append(k['adaptive']) or speculative_loop(*a, **k))
+  _, v, alpha = adaptive.measure_costs(target, state, draft, dstate, MAX_LEN, gmax)
+  assert loops and len(v) == gmax
+  run = speculative_loop(target, state, draft, dstate, jax.random.PRNGKey(0),
+                         adaptive=AdaptiveGamma(gamma_max=gmax, policy='fixed', gamma_init=1),
+                         max_decode_len=MAX_LEN, config=SamplingConfig(), eos_id=1, skip=None)
+  assert 0 < alpha == float(run.beta_sum) / float(run.beta_count)

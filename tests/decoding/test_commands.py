@@ -191,6 +191,7 @@ def test_gamma_auto_gives_greedy_outputs_and_reports_gammas(workdir):
                          '--gamma', 'auto', '--gamma-max', '3')
   assert out == ref
   assert stats['gamma'].startswith('auto(optimal,max=3,c=') and stats['cost_ratio_measured']
+  assert stats['calibration_seconds'] > 0
   # a bigram proposes gamma_max tokens whatever a row asks: its cost is in every iteration's v
   assert stats['cost_ratio'] == 0
   v = stats['verify_ratio']  # v(1)..v(3): the widths 2, 3, 4 tokens, each measured

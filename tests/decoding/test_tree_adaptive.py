@@ -278,3 +278,13 @@ def test_chimera_tree_draft_reads_the_calls_hidden_states_and_is_greedy_exact():
   s = speculative.summarize(result)
   _check_statistics(s, result, 4)
   assert s['accepted'] > 0
+  # Its calibration: alpha from the loop at one node per call (the teacher-forced pass makes no
+  # hidden states), and the first stage does not stop it.
+  dstate = draft.init(draft_params, params['token_embedder']['embedding'], 4, MAX_LEN)
+  tstate = target.init(params, enc, adaptive_tree.target_cache_length(MAX_LEN, ad))
+  cal = adaptive_tree.measure_costs(target, tstate, draft, dstate, MAX_LEN, ad)
+  fixed = adaptive_tree.decode(target, tstate, draft, dstate, jax.random.PRNGKey(0),
+                               adaptive=dataclasses.replace(ad, fixed_nodes=1),
+                               max_decode_len=MAX_LEN)
+  assert len(cal.verify_ratio) == len(ad.widths)
+  assert 0 < cal.alpha == float(np.sum(fixed.accepted)) / float(np.sum(fixed.proposed))

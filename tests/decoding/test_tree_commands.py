@@ -27,7 +27,7 @@ def test_adaptive_trees_give_the_autoregressive_outputs_and_report_node_counts(w
                          'best:auto:4,depth:2,width:2')
   assert out == ref
   assert stats['tree'].startswith('best:auto:4,depth:2,width:2 (c=')
-  assert stats['cost_ratio_measured'] and stats['cost_ratio'] > 0
+  assert stats['cost_ratio_measured'] and stats['cost_ratio'] > 0 and stats['calibration_seconds'] > 0
   assert stats['tree_node_widths'] == [1, 2, 4] and len(stats['verify_ratio']) == 3
   assert stats['alpha_init'] == 1.0  # the draft is the target: its top node is always right
   assert sum(stats['tree_nodes_histogram']) == stats['target_calls']
@@ -46,6 +46,7 @@ def test_adaptive_trees_give_the_autoregressive_outputs_and_report_node_counts(w
                          '--cost-ratio', '0.01')
   assert out == ref and stats['tree'].startswith('best:auto:6,depth:2,width:2 (c=0.01,v=1)')
   assert not stats['cost_ratio_measured'] and stats['cost_ratio'] == 0.01
+  assert stats['calibration_seconds'] is None
   assert stats['speculated'] and stats['alpha_init'] == 0.9
   assert all(t[0] == 6 for t in stats['tree_nodes_per_call_per_row'])
 
