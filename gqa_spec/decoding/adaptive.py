@@ -209,11 +209,12 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
         tokens: the target call at the narrowest compiled width that holds gamma
         (`verify_width`, + 1 tokens; `timing.step_time`), plus what the loop spends besides its
         calls (verification, appending, rollbacks, statistics, the width's `lax.switch`);
-    alpha = the draft's acceptance of a one-token proposal at temperature 0 (so that no random
-        draw of the decoding to come enters it): its greedy token against greedy decoding's at
-        every position of greedy decoding's output on this batch, fed the true prefix
-        (`timing.teacher_forced`, the same pass that times c). Every row's starting estimate
-        (`AdaptiveGamma.alpha_init`, `calibrated`).
+    alpha = the draft's acceptance of one-token proposals at temperature 0 (so that no random
+        draw of the decoding to come enters it), every row's starting estimate
+        (`AdaptiveGamma.alpha_init`, `calibrated`): in the first stage its greedy token against
+        greedy decoding's at every position of greedy decoding's output on this batch, fed the
+        true prefix (`timing.teacher_forced`, the same pass that times c); where the second
+        stage runs, the acceptance in its gamma-1 run of this loop.
 
   In two stages, so that ruling a draft out costs little. First the unit (greedy decoding,
   `autoregressive.decode`, per step), c and alpha, and the target's calls of 1 and 2 tokens. If
@@ -235,10 +236,16 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
   first, which cost the smoke pair's n-gram drafts 10-30% of greedy decoding's speed on its
   32-token outputs.)
 
-  A draft that reads the target's hidden states (Chimera, `reads_target_hidden`) proposes from
-  those of the loop's own verification calls, which the teacher-forced pass does not make: its
-  alpha is the gamma-1 run's acceptance (the mean beta of its tried positions), and the first
-  stage does not stop it."""
+  The second stage's alpha is its own run's (the mean beta of the tried positions: the quantity
+  each row's running estimate goes on to track), the teacher-forced one counting every position
+  of the output, the loop only those it proposes at (on the cpu study's pair, summarisation at
+  batch 8: 0.465 and 0.483). A draft that reads the target's hidden states (Chimera,
+  `reads_target_hidden`) proposes from those of the loop's own verification calls, which the
+  teacher-forced pass does not make: the first stage does not stop it.
+
+  Each time is the fastest of a few runs, taken at different moments: on this shared 2-core CPU
+  the same measurement moved by up to 1.7x between runs of the calibration (c 0.16 to 0.32 for
+  the cpu study's draft at batch 8), enough to change the decision where it is close."""
   fill = max_decode_len // 2
   rng = jax.random.PRNGKey(0)
   greedy = lambda: autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len)
@@ -265,9 +272,8 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
   run = lambda: decode(target, target_state, draft, draft_state, rng, adaptive=fixed,
                        max_decode_len=max_decode_len)
   t_iter = timing.per_iteration(run)
-  if reads_hidden:  # proposals from the hidden states of the loop's own target calls
-    result = jax.device_get(run())
-    alpha = float(result.beta_sum) / max(float(result.beta_count), 1.0)
+  result = jax.device_get(run())
+  alpha = float(result.beta_sum) / max(float(result.beta_count), 1.0)  # this loop's own
   overhead = max(t_iter - t_call[1] - c * t_step, 0.0)
   return Calibration(c, tuple((t_call[verify_width(g, gamma_max)] + overhead) / t_step
                               for g in range(1, gamma_max + 1)), alpha)

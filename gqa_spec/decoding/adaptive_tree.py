@@ -240,10 +240,11 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
         `timing.step_time`: a causal call of that width, not the tree mask), plus what this loop
         spends besides its calls (ranking, verification, the path's append and compaction,
         statistics, the width's `lax.switch`);
-    alpha = the top-ranked node's acceptance at temperature 0: its token against greedy
-        decoding's at every position of greedy decoding's output on this batch, the draft fed the
-        true prefix (`timing.teacher_forced`, the same pass that times c). Every row's starting
-        per-token estimate (`calibrated`).
+    alpha = the top-ranked node's acceptance at temperature 0, every row's starting per-token
+        estimate (`calibrated`): in the first stage its token against greedy decoding's at every
+        position of greedy decoding's output on this batch, the draft fed the true prefix
+        (`timing.teacher_forced`, the same pass that times c); where the second stage runs, the
+        acceptance in its 1-node run of this loop (as for `--gamma auto`).
 
   First the unit (greedy decoding per step), c, alpha and the target's calls of 1 and 2 tokens.
   If the prior at that alpha pays for no tree even with v(u) = 1 + (the 2-token call - the
@@ -256,8 +257,7 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
   widths, and the loop's own work: this loop with every row at 1 node per call (`fixed_nodes`) per
   iteration, less its tree and its width-1 call. A draft that reads the target's hidden states
   (Chimera) grows its trees from those of the loop's own calls, which the teacher-forced pass
-  does not make: its alpha is that run's top-node acceptance, and the first stage does not stop
-  it.
+  does not make: the first stage does not stop it.
   """
   shape, fill = adaptive.shape, max_decode_len // 2
   rng = jax.random.PRNGKey(0)
@@ -287,9 +287,8 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
   run = lambda: _speculative(target, target_state, draft, draft_state, rng, adaptive=fixed,
                              max_decode_len=max_decode_len)
   t_iter = timing.per_iteration(run)
-  if reads_hidden:  # trees from the hidden states of the loop's own target calls
-    result = jax.device_get(run())
-    alpha = float(np.sum(result.accepted)) / max(float(np.sum(result.proposed)), 1.0)
+  result = jax.device_get(run())
+  alpha = float(np.sum(result.accepted)) / max(float(np.sum(result.proposed)), 1.0)  # its own
   overhead = max(t_iter - t_tree - t_call[1], 0.0)
   return Calibration(c, tuple((t_call[w] + overhead) / t_step for w in adaptive.widths), alpha)
 

@@ -101,7 +101,7 @@ def propose_time(draft, dstate, gamma: int, batch: int, length: int, iters: int 
 
 
 def teacher_forced(next_token: Callable[..., Any], commit: Callable[..., Any], state: Any,
-                   sequences: jax.Array, lengths: jax.Array, repeats: int = 3,
+                   sequences: jax.Array, lengths: jax.Array, repeats: int = 5,
                    min_calls: int = 64) -> Tuple[float, float]:
   """A draft fed the true prefix at every position of a greedy decoding's output: the seconds
   of one position (the fastest of `repeats` runs after a compiling one) and the agreement.
