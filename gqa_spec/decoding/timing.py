@@ -112,7 +112,7 @@ def teacher_forced(next_token: Callable[..., Any], commit: Callable[..., Any], s
   state, and `commit(state, sequences, at + 1)` advances it by the true token, as the speculative
   loops call their drafts. The agreement is the fraction of the rows' positions (i < the row's
   length) where the draft's token is greedy decoding's: at temperature 0, the acceptance rate
-  alpha of a proposal of one token (Leviathan et al. Definition 3.1) over every position of the
+  (Leviathan et al. Definition 1) of a one-token proposal, averaged over every position of the
   output. The timed call makes at least `min_calls` proposals, passes over the n positions one
   after another (a `commit` to 0 between them), so that its dispatch is not in the seconds."""
   sequences, lengths = jnp.asarray(sequences), jnp.asarray(lengths)
