@@ -199,6 +199,35 @@ class Calibration(NamedTuple):
   alpha: float
 
 
+class FirstStage(NamedTuple):
+  """`first_stage`'s measurements: seconds per greedy step, per draft proposal (with its commit)
+  and per 2-token target call; the draft's teacher-forced agreement; v's lower bound in steps."""
+  t_step: float
+  t_draft: float
+  alpha: float
+  t_call: float
+  v_floor: float
+
+
+def first_stage(target: Decoder, target_state: PyTree, max_decode_len: int, next_token, commit,
+                draft_state: PyTree, slack: int) -> FirstStage:
+  """The calibrations' first stage, chains (`measure_costs`) and trees
+  (`adaptive_tree.measure_costs`) alike: greedy decoding per step, the draft's pass over its
+  output (`timing.teacher_forced` with `next_token` and `commit`, the output padded by `slack`
+  slots) and the target's 1- and 2-token calls; v_floor = 1 + (2-token call - 1-token call) in
+  greedy steps, a lower bound of every iteration's v (`measure_costs`)."""
+  rng = jax.random.PRNGKey(0)
+  greedy = lambda: autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len)
+  t_step = timing.per_iteration(greedy)  # seconds per step of greedy decoding
+  out = jax.device_get(greedy())
+  sequences = np.pad(out.sequences, ((0, 0), (0, slack)))  # [b, 1 + L + slack]
+  t_draft, alpha = timing.teacher_forced(next_token, commit, draft_state, sequences, out.lengths)
+  fill = max_decode_len // 2
+  t_one = timing.step_time(target, target_state, 1, fill)  # greedy decoding's call
+  t_two = timing.step_time(target, target_state, 2, fill)
+  return FirstStage(t_step, t_draft, alpha, t_two, 1.0 + max(t_two - t_one, 0.0) / t_step)
+
+
 def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
                   max_decode_len: int, gamma_max: int) -> Calibration:
   """(c, v, alpha) on this machine and batch; c and v in units of one step of greedy decoding's
@@ -248,21 +277,17 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
   the cpu study's draft at batch 8), enough to change the decision where it is close."""
   fill = max_decode_len // 2
   rng = jax.random.PRNGKey(0)
-  greedy = lambda: autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len)
-  t_step = timing.per_iteration(greedy)  # seconds per step of greedy decoding
-  out = jax.device_get(greedy())
-  sequences = np.pad(out.sequences, ((0, 0), (0, gamma_max + 1)))  # [b, 2 + L + gamma_max]
 
   def next_token(dstate, seqs, at):
     tokens, _, dstate = draft.propose(dstate, seqs, at, rng, 1, sampling.GREEDY)  # [b, 1]
     return tokens[:, 0], dstate
 
-  t_draft, alpha = timing.teacher_forced(next_token, draft.commit, draft_state, sequences,
-                                         out.lengths)
-  c = t_draft / t_step if getattr(draft, 'propose_upto', None) is not None else 0.0
-  t_one = timing.step_time(target, target_state, 1, fill)  # greedy decoding's call
-  t_call = {1: timing.step_time(target, target_state, 2, fill)}  # seconds per call of w + 1
-  floor = (1.0 + max(t_call[1] - t_one, 0.0) / t_step,) * gamma_max
+  first = first_stage(target, target_state, max_decode_len, next_token, draft.commit, draft_state,
+                      gamma_max + 1)
+  t_step, alpha = first.t_step, first.alpha
+  c = first.t_draft / t_step if getattr(draft, 'propose_upto', None) is not None else 0.0
+  t_call = {1: first.t_call}  # seconds per call of w + 1
+  floor = (first.v_floor,) * gamma_max
   reads_hidden = getattr(draft, 'reads_target_hidden', False)
   if not reads_hidden and _optimal_first_gamma(alpha, c, gamma_max, floor) == 0:
     return Calibration(c, floor, alpha)

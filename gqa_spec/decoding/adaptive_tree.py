@@ -64,9 +64,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gqa_spec.decoding import (autoregressive, sampling, timing, tree as tree_lib, tree_speculative,
+from gqa_spec.decoding import (sampling, timing, tree as tree_lib, tree_speculative,
                                xla_options)
-from gqa_spec.decoding.adaptive import Calibration, plain_decode, plain_loop
+from gqa_spec.decoding.adaptive import Calibration, first_stage, plain_decode, plain_loop
 from gqa_spec.decoding.autoregressive import EOS
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.speculative import (LoopState, SpeculativeResult, init_loop,
@@ -261,23 +261,19 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
   """
   shape, fill = adaptive.shape, max_decode_len // 2
   rng = jax.random.PRNGKey(0)
-  greedy = lambda: autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len)
-  t_step = timing.per_iteration(greedy)  # seconds per step of greedy decoding
-  out = jax.device_get(greedy())
-  sequences = np.pad(out.sequences, ((0, 0), (0, shape.depth + 1)))  # [b, 2 + L + D]
-  nothing = jnp.full((out.lengths.shape[0], shape.depth), -1, jnp.int32)  # [b, D] no path
+  nothing = jnp.full((target.index(target_state).shape[0], shape.depth), -1, jnp.int32)  # no path
 
   def top_token(dstate, seqs, at):
     tree, dstate = draft.propose_tree(dstate, seqs, at, rng, shape, sampling.GREEDY)
     return tree_lib.first_nodes(tree_lib.by_rank(tree)[0], 1).tokens[:, 0], dstate  # [b]
 
-  t_tree, alpha = timing.teacher_forced(
-      top_token, lambda dstate, seqs, at: draft.commit_tree(dstate, seqs, at, nothing),
-      draft_state, sequences, out.lengths)
+  first = first_stage(target, target_state, max_decode_len, top_token,
+                      lambda dstate, seqs, at: draft.commit_tree(dstate, seqs, at, nothing),
+                      draft_state, shape.depth + 1)
+  t_step, t_tree, alpha = first.t_step, first.t_draft, first.alpha
   c = t_tree / shape.depth / t_step
-  t_one = timing.step_time(target, target_state, 1, fill)  # greedy decoding's call
-  t_call = {1: timing.step_time(target, target_state, 2, fill)}  # seconds per call of w + 1
-  floor = (1.0 + max(t_call[1] - t_one, 0.0) / t_step,) * len(adaptive.widths)
+  t_call = {1: first.t_call}  # seconds per call of w + 1
+  floor = (first.v_floor,) * len(adaptive.widths)
   reads_hidden = getattr(draft, 'reads_target_hidden', False)
   if not reads_hidden and not adaptive.calibrated(Calibration(c, floor, alpha)).speculates:
     return Calibration(c, floor, alpha)
