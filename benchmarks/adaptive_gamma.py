@@ -77,11 +77,21 @@ def drafts_of(args, target_model, params) -> Dict[str, Any]:
 
 def task_inputs(task: str, data_dir: str, n: int, input_length: int,
                 max_decode_len: int) -> np.ndarray:
-  """`[n, input_length]` the first n test inputs of the DDTP `task` over `data_dir`."""
-  from gqa_spec.data import batches, tasks  # pylint: disable=g-import-not-at-top
+  """`[n, input_length]` the first n test inputs of the DDTP `task` over `data_dir`, or of an
+  exported task (`exported:DIR/TASK`, `gqa-spec data export`: read without TensorFlow or seqio, as
+  on the GPU machine; `data_dir` unused)."""
+  from gqa_spec.data import exported  # pylint: disable=g-import-not-at-top
+  lengths = {'inputs': input_length, 'targets': max_decode_len}
+  if exported.is_exported(task):
+    (exp,), _ = exported.resolve(task)
+    if exp.num_examples('test') < n:
+      raise SystemExit(f'{task} has {exp.num_examples("test")} test examples, --examples asks '
+                       f'for {n}')
+    _, feats = next(exported.eval_batches(exp, 'test', lengths, n, n))
+    return np.asarray(feats['encoder_input_tokens'], np.int32)
+  from gqa_spec.data import batches, tasks  # pylint: disable=g-import-not-at-top  (TensorFlow)
   tasks.register_ddtp_tasks(data_dir)
-  ds = batches.get_dataset(task, 'test', {'inputs': input_length, 'targets': max_decode_len},
-                           pack=False)
+  ds = batches.get_dataset(task, 'test', lengths, pack=False)
   rows = [ex['encoder_input_tokens'] for ex in ds.take(n).as_numpy_iterator()]
   if len(rows) < n:
     raise SystemExit(f'{task} has {len(rows)} test examples, --examples asks for {n}')
@@ -135,7 +145,10 @@ def interleaved(runs: Dict[str, Callable[[], Any]], repeats: int) -> Dict[str, L
   return times
 
 
-def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
+def measure(args: argparse.Namespace,
+            on_cell: Callable[[List[Dict[str, Any]]], None] = lambda rows: None
+            ) -> List[Dict[str, Any]]:
+  """Every cell's rows; `on_cell(rows so far)` after each cell."""
   L, gmax = args.max_decode_len, args.gamma_max
   gammas = _ints(args.gammas)
   slots = speculative.target_cache_length(L, max(gmax, max(gammas)))
@@ -188,6 +201,7 @@ def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
           cell = measure_cell(runs, args.repeats, key, extra,
                               lambda m: m.startswith('gamma='))
           rows.extend(cell)
+          on_cell(rows)
           # Free the cell's compiled programs: a run of hundreds of them ran out of memory for
           # LLVM's code ("Cannot allocate memory", then a segfault) after 231 rows.
           jax.clear_caches()
@@ -285,6 +299,14 @@ def goal_lines(result: Dict[str, Any], auto: str, fixed: str, pair_column: bool 
        '>= 0.97', 'best fixed', 'x best fixed', '>= 0.95'], rows)
 
 
+def partial_note(result: Dict[str, Any]) -> List[str]:
+  """A line saying the run stopped before its last cell, where it did (`complete` false)."""
+  if result.get('complete', True):
+    return []
+  return ['', f'**Partial**: the run stopped after the cells above ({len(result["rows"])} rows); '
+              'the command asks for more.']
+
+
 def markdown(result: Dict[str, Any]) -> List[str]:
   trained = result['trained']
   cells = [(*((r['pair'], r['draft']) if trained else (r['draft'],)), r['batch'], r['temperature'], r['method'],
@@ -317,6 +339,7 @@ def markdown(result: Dict[str, Any]) -> List[str]:
        'tokens/call', 'acc.', 'x greedy', 'x best fixed', 'gamma histogram', 'c / v / alpha'],
       cells)
   lines += goal_lines(result, 'auto:optimal', 'fixed gamma', pair_column=trained)
+  lines += partial_note(result)
   return lines + common.result_load_note(
       result, ': the machine was shared with other jobs; ratios within a cell were measured '
               'side by side (interleaved), absolute times are not representative.')
@@ -326,7 +349,8 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument('--pair', nargs=4, action='append', metavar=('NAME', 'TARGET', 'DRAFT', 'TASK'),
                  help='a trained pair and the task whose test inputs it decodes (repeatable)')
-  p.add_argument('--data-dir', help='the prepared DDTP data directory (with --pair)')
+  p.add_argument('--data-dir', help='the prepared DDTP data directory (with --pair; not needed '
+                 'for exported:DIR/TASK tasks)')
   p.add_argument('--examples', type=int, default=8, help='inputs per cell')
   p.add_argument('--pair-drafts', default='draft,bigram',
                  help="drafts of each --pair: 'draft' (its DRAFT model), 'bigram' (fitted on its "
@@ -343,15 +367,24 @@ def main(argv=None) -> int:
   p.add_argument('--repeats', type=int, default=7)
   common.add_out_argument(p, __file__)
   args = p.parse_args(argv)
-  if bool(args.pair) != bool(args.data_dir):
-    p.error('--pair and --data-dir go together')
+  if args.data_dir and not args.pair:
+    p.error('--data-dir goes with --pair')
+  from gqa_spec.data import exported  # pylint: disable=g-import-not-at-top
+  if any(not exported.is_exported(task) for *_, task in args.pair or ()) and not args.data_dir:
+    p.error('--pair with a seqio task needs --data-dir (an exported:DIR/TASK task does not)')
   if any(args.examples % b for b in _ints(args.batches)):
     p.error('--examples must be a multiple of every batch size')
   before = os.getloadavg()
-  rows = measure(args)
-  result = common.results(__file__, argv, rows, before, trained=bool(args.pair),
-                          repeats=args.repeats, examples=args.examples, goals=goals(rows))
-  common.write_report(args.out, result, markdown(result))
+
+  def write(rows, complete):
+    result = common.results(__file__, argv, rows, before, trained=bool(args.pair),
+                            repeats=args.repeats, examples=args.examples, goals=goals(rows),
+                            complete=complete)
+    common.write_report(args.out, result, markdown(result))
+
+  # Rewritten after every cell, so that a run cut short (a device call's clock, a kill) keeps what
+  # it measured; `complete` says whether every cell was.
+  write(measure(args, lambda rows: write(rows, False)), True)
   return 0
 
 

@@ -20,14 +20,15 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common, workloads
-from benchmarks.adaptive_gamma import _ints, goal_lines, goals, measure_cell, task_inputs
+from benchmarks.adaptive_gamma import (_ints, goal_lines, goals, measure_cell, partial_note,
+                                       task_inputs)
 from gqa_spec.decoding import adaptive_tree, autoregressive, speculative, tree_speculative
 from gqa_spec.decoding.adaptive_tree import AdaptiveTree
 from gqa_spec.decoding.drafts.ngram import fit_ngram_on_task
@@ -55,7 +56,10 @@ def tree_drafts(args, task: str, target_model, draft_path: str) -> Dict[str, Any
   return out
 
 
-def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
+def measure(args: argparse.Namespace,
+            on_cell: Callable[[List[Dict[str, Any]]], None] = lambda rows: None
+            ) -> List[Dict[str, Any]]:
+  """Every cell's rows; `on_cell(rows so far)` after each cell."""
   L, D = args.max_decode_len, args.depth
   shapes = {f'best:{n},depth:{D}': TreeShape.parse(f'best:{n},depth:{D}')
             for n in _ints(args.nodes)}
@@ -113,6 +117,7 @@ def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
 
           cell = measure_cell(runs, args.repeats, key, extra, lambda m, s=shapes: m in s)
           rows.extend(cell)
+          on_cell(rows)
           jax.clear_caches()  # as adaptive_gamma: LLVM runs out of memory after ~230 programs
   return rows
 
@@ -145,7 +150,7 @@ def markdown(result: Dict[str, Any]) -> List[str]:
       'second time (the A/A control).',
       ['pair', 'draft', 'batch', 'T', 'method', 'seconds', 'tokens', 'tokens/call', 'acc.',
        'x greedy', 'x best fixed', 'node histogram', 'c / v / alpha'], cells)
-  lines += goal_lines(result, result['auto_spec'], 'fixed tree')
+  lines += goal_lines(result, result['auto_spec'], 'fixed tree') + partial_note(result)
   return lines + common.result_load_note(
       result, ': the machine was shared with other jobs; ratios within a cell were measured '
               'side by side (interleaved), absolute times are not representative.')
@@ -156,7 +161,7 @@ def main(argv=None) -> int:
   p.add_argument('--pair', nargs=4, action='append', required=True,
                  metavar=('NAME', 'TARGET', 'DRAFT', 'TASK'),
                  help='a trained pair and the task whose test inputs it decodes (repeatable)')
-  p.add_argument('--data-dir', required=True, help='the prepared DDTP data directory')
+  p.add_argument('--data-dir', help='the prepared DDTP data directory (not needed for exported tasks)')
   p.add_argument('--examples', type=int, default=8, help='inputs per cell')
   p.add_argument('--pair-drafts', default='draft,bigram',
                  help="tree drafts of each --pair: 'draft' (its DRAFT model), 'bigram'")
@@ -173,13 +178,17 @@ def main(argv=None) -> int:
   if any(args.examples % b for b in _ints(args.batches)):
     p.error('--examples must be a multiple of every batch size')
   before = os.getloadavg()
-  rows = measure(args)
   auto_spec = f'best:auto:{args.nodes_max},depth:{args.depth}'
   fixed = [f'best:{n},depth:{args.depth}' for n in _ints(args.nodes)]
-  result = common.results(__file__, argv, rows, before, repeats=args.repeats,
-                          examples=args.examples, auto_spec=auto_spec,
-                          goals=goals(rows, auto_spec, lambda m: m in fixed))
-  common.write_report(args.out, result, markdown(result))
+
+  def write(rows, complete):
+    result = common.results(__file__, argv, rows, before, repeats=args.repeats,
+                            examples=args.examples, auto_spec=auto_spec,
+                            goals=goals(rows, auto_spec, lambda m: m in fixed), complete=complete)
+    common.write_report(args.out, result, markdown(result))
+
+  # As adaptive_gamma: rewritten after every cell (`complete`: every cell was measured).
+  write(measure(args, lambda rows: write(rows, False)), True)
   return 0
 
 

@@ -1,0 +1,57 @@
+"""benchmarks/adaptive_gamma.py and adaptive_tree.py: inputs from exported tasks (the GPU machine
+has no seqio), and reports written after every cell (a run its clock cuts keeps its cells)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks import adaptive_gamma, adaptive_tree
+from gqa_spec.data import tasks
+
+
+def test_exported_inputs_are_the_seqio_inputs(tiny_data_dir, tiny_gpu_export):
+  exported = adaptive_gamma.task_inputs(f'exported:{tiny_gpu_export}/ddtp_translate_en_de', None,
+                                        4, 32, 16)
+  try:
+    seqio = adaptive_gamma.task_inputs('ddtp_translate_en_de', tiny_data_dir, 4, 32, 16)
+  finally:
+    tasks.register_ddtp_tasks()  # back to the default data dir for other modules
+  assert exported.shape == (4, 32) and exported.dtype == np.int32
+  np.testing.assert_array_equal(exported, seqio)
+  assert (exported[:, 0] > 1).all()  # real tokens, not padding or EOS
+  with pytest.raises(SystemExit, match='asks for'):
+    adaptive_gamma.task_inputs(f'exported:{tiny_gpu_export}/ddtp_translate_en_de', None,
+                               10 ** 6, 32, 16)
+
+
+def _row(method, seconds):
+  return {'pair': 'p', 'task': 't', 'draft': 'd', 'batch': 1, 'temperature': 0.0,
+          'method': method, 'seconds': seconds, 'tokens': 10, 'tokens_per_second': 10 / seconds,
+          'tokens_per_call': 1.0, 'x_greedy': 0.1 / seconds, 'x_best_fixed': 0.2 / seconds,
+          'cost_ratio': None, 'verify_ratio': None}
+
+
+@pytest.mark.parametrize('module,auto,fixed', [
+    (adaptive_gamma, 'auto:optimal', 'gamma=1'),
+    (adaptive_tree, 'best:auto:16,depth:4', 'best:2,depth:4')])
+def test_a_cut_run_keeps_its_cells(module, auto, fixed, tmp_path, monkeypatch):
+  def measure(args, on_cell):  # one cell measured, then the clock's kill
+    rows = [_row('no draft', 0.1), _row(fixed, 0.2),
+            dict(_row(auto, 0.1), cost_ratio=0.5, verify_ratio=[1.5], alpha_init=0.3,
+                 calibration_seconds=1.0, gamma_histogram=[1, 0], draft_steps_saved=0,
+                 nodes_histogram=[1, 0]),
+            _row(adaptive_gamma.GREEDY_AGAIN, 0.1)]
+    on_cell(rows)
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(module, 'measure', measure)
+  out = str(tmp_path / 'r')
+  argv = ['--out', out] + (['--pair', 'p', 'T', 'D', 'exported:/x/t'] if module is adaptive_tree
+                           else [])
+  with pytest.raises(KeyboardInterrupt):
+    module.main(argv)
+  report = json.load(open(out + '.json'))
+  assert report['complete'] is False and len(report['rows']) == 4
+  assert [g['x_greedy'] for g in report['goals']] == [1.0]
+  assert '**Partial**' in open(out + '.md').read()
