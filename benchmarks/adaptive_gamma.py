@@ -163,7 +163,8 @@ def measure(args: argparse.Namespace,
         ar_states = [target.init(params, enc, L + 1) for enc in encs]
         dstates = [dinit(enc) for enc in encs]
         t0 = time.perf_counter()
-        cal = adaptive.measure_costs(target, tstates[0], draft, dstates[0], L, gmax)
+        cal = adaptive.measure_costs(target, tstates[0], draft, dstates[0], L, gmax,
+                                     more=zip(tstates[1:], dstates[1:]))
         calibration = time.perf_counter() - t0
         for temperature in [float(t) for t in args.temperatures.split(',')]:
           config = SamplingConfig(temperature=temperature)

@@ -82,7 +82,8 @@ def measure(args: argparse.Namespace,
                   for enc in encs]
         auto_d = [dinit(enc, auto.shape) for enc in encs]
         t0 = time.perf_counter()
-        cal = adaptive_tree.measure_costs(target, auto_t[0], draft, auto_d[0], L, auto)
+        cal = adaptive_tree.measure_costs(target, auto_t[0], draft, auto_d[0], L, auto,
+                                          more=zip(auto_t[1:], auto_d[1:]))
         calibration = time.perf_counter() - t0
         auto = auto.calibrated(cal)
         if not auto.speculates:  # as `generate` allocates: greedy decoding's cache, no draft

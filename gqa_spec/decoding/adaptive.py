@@ -46,7 +46,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, NamedTuple, Optional, Tuple, Union
+import itertools
+from typing import Any, Iterable, NamedTuple, Optional, Tuple, Union
 
 import flax
 import jax
@@ -199,37 +200,65 @@ class Calibration(NamedTuple):
   alpha: float
 
 
+# The fewest output positions the starting alpha is measured over: `first_stage` reads batches
+# after the first (untimed: greedy decoding and the draft's teacher-forced pass, programs it has
+# compiled) until it has counted this many, or read `CALIBRATION_MAX_BATCHES` in all. One batch
+# was too few: summarisation at batch 1 (~10 tokens an output) measured a bigram's alpha at 0.80
+# on its first input, speculated, and ran at 0.55x greedy decoding on an H200, where the bigram's
+# acceptance over 8 inputs was 0.11-0.24 (results/gpu/adaptive_2026-11-27).
+CALIBRATION_POSITIONS = 128
+CALIBRATION_MAX_BATCHES = 16
+
+
 class FirstStage(NamedTuple):
   """`first_stage`'s measurements: seconds per greedy step, per draft proposal (with its commit)
-  and per 2-token target call; the draft's teacher-forced agreement; v's lower bound in steps."""
+  and per 2-token target call; the draft's teacher-forced agreement; v's lower bound in steps;
+  the `(target state, draft state)` batches of `more` it read for the agreement."""
   t_step: float
   t_draft: float
   alpha: float
   t_call: float
   v_floor: float
+  more: Tuple[Tuple[PyTree, PyTree], ...] = ()
 
 
 def first_stage(target: Decoder, target_state: PyTree, max_decode_len: int, next_token, commit,
-                draft_state: PyTree, slack: int) -> FirstStage:
+                draft_state: PyTree, slack: int,
+                more: Iterable[Tuple[PyTree, PyTree]] = ()) -> FirstStage:
   """The calibrations' first stage, chains (`measure_costs`) and trees
   (`adaptive_tree.measure_costs`) alike: greedy decoding per step, the draft's pass over its
   output (`timing.teacher_forced` with `next_token` and `commit`, the output padded by `slack`
   slots) and the target's 1- and 2-token calls; v_floor = 1 + (2-token call - 1-token call) in
-  greedy steps, a lower bound of every iteration's v (`measure_costs`)."""
+  greedy steps, a lower bound of every iteration's v (`measure_costs`). The agreement also reads
+  batches of `more` (`(target state, draft state)` of the same shapes, read lazily) until
+  `CALIBRATION_POSITIONS` positions, at most `CALIBRATION_MAX_BATCHES` batches in all."""
   rng = jax.random.PRNGKey(0)
-  greedy = lambda: autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len)
-  t_step = timing.per_iteration(greedy)  # seconds per step of greedy decoding
-  out = jax.device_get(greedy())
-  sequences = np.pad(out.sequences, ((0, 0), (0, slack)))  # [b, 1 + L + slack]
-  t_draft, alpha = timing.teacher_forced(next_token, commit, draft_state, sequences, out.lengths)
+  greedy = lambda state: autoregressive.decode(target, state, rng, max_decode_len=max_decode_len)
+  t_step = timing.per_iteration(lambda: greedy(target_state))  # seconds per greedy step
+  read = []
+
+  def output(state):  # [b, 1 + L + slack] greedy decoding's sequences, and lengths [b]
+    out = jax.device_get(greedy(state))
+    return np.pad(out.sequences, ((0, 0), (0, slack))), out.lengths
+
+  def more_outputs():
+    for tstate, dstate in itertools.islice(more, CALIBRATION_MAX_BATCHES - 1):
+      read.append((tstate, dstate))
+      yield (dstate, *output(tstate))
+
+  t_draft, alpha, _ = timing.teacher_forced(next_token, commit, draft_state,
+                                            *output(target_state), more=more_outputs(),
+                                            min_positions=CALIBRATION_POSITIONS)
   fill = max_decode_len // 2
   t_one = timing.step_time(target, target_state, 1, fill)  # greedy decoding's call
   t_two = timing.step_time(target, target_state, 2, fill)
-  return FirstStage(t_step, t_draft, alpha, t_two, 1.0 + max(t_two - t_one, 0.0) / t_step)
+  return FirstStage(t_step, t_draft, alpha, t_two, 1.0 + max(t_two - t_one, 0.0) / t_step,
+                    tuple(read))
 
 
 def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
-                  max_decode_len: int, gamma_max: int) -> Calibration:
+                  max_decode_len: int, gamma_max: int,
+                  more: Iterable[Tuple[PyTree, PyTree]] = ()) -> Calibration:
   """(c, v, alpha) on this machine and batch; c and v in units of one step of greedy decoding's
   loop (a few seconds, compiles included; each time the fastest of a few runs):
 
@@ -243,7 +272,10 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
         (`AdaptiveGamma.alpha_init`, `calibrated`): in the first stage its greedy token against
         greedy decoding's at every position of greedy decoding's output on this batch, fed the
         true prefix (`timing.teacher_forced`, the same pass that times c); where the second
-        stage runs, the acceptance in its gamma-1 run of this loop.
+        stage runs, the acceptance in its gamma-1 run of this loop. Both are counted over at
+        least `CALIBRATION_POSITIONS` output positions: where this batch holds fewer, batches of
+        `more` (`(target state, draft state)` of the same shapes, e.g. the batches after this
+        one, made as they are read) are read too, untimed, up to `CALIBRATION_MAX_BATCHES`.
 
   In two stages, so that ruling a draft out costs little. First the unit (greedy decoding,
   `autoregressive.decode`, per step), c and alpha, and the target's calls of 1 and 2 tokens. If
@@ -283,7 +315,7 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
     return tokens[:, 0], dstate
 
   first = first_stage(target, target_state, max_decode_len, next_token, draft.commit, draft_state,
-                      gamma_max + 1)
+                      gamma_max + 1, more)
   t_step, alpha = first.t_step, first.alpha
   c = first.t_draft / t_step if getattr(draft, 'propose_upto', None) is not None else 0.0
   t_call = {1: first.t_call}  # seconds per call of w + 1
@@ -294,11 +326,12 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
   for w in verify_gammas(gamma_max)[1:]:
     t_call[w] = timing.step_time(target, target_state, w + 1, fill)
   fixed = AdaptiveGamma(gamma_max=gamma_max, policy='fixed', gamma_init=1)
-  run = lambda: decode(target, target_state, draft, draft_state, rng, adaptive=fixed,
-                       max_decode_len=max_decode_len)
+  run = lambda ts=target_state, ds=draft_state: decode(target, ts, draft, ds, rng, adaptive=fixed,
+                                                       max_decode_len=max_decode_len)
   t_iter = timing.per_iteration(run)
-  result = jax.device_get(run())
-  alpha = float(result.beta_sum) / max(float(result.beta_count), 1.0)  # this loop's own
+  results = jax.device_get([run()] + [run(ts, ds) for ts, ds in first.more])
+  alpha = (sum(float(r.beta_sum) for r in results)  # this loop's own, on the first stage's batches
+           / max(sum(float(r.beta_count) for r in results), 1.0))
   overhead = max(t_iter - t_call[1] - c * t_step, 0.0)
   return Calibration(c, tuple((t_call[verify_width(g, gamma_max)] + overhead) / t_step
                               for g in range(1, gamma_max + 1)), alpha)

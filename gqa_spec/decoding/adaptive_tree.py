@@ -57,7 +57,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Iterable, Optional, Tuple, Union
 
 import flax
 import jax
@@ -229,7 +229,8 @@ def target_cache_length(max_decode_len: int, adaptive: AdaptiveTree) -> int:
 
 
 def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTree,
-                  max_decode_len: int, adaptive: AdaptiveTree) -> Calibration:
+                  max_decode_len: int, adaptive: AdaptiveTree,
+                  more: Iterable[Tuple[PyTree, PyTree]] = ()) -> Calibration:
   """(c, v, alpha) on this machine and batch, in units of one step of greedy decoding's loop, as
   `adaptive.measure_costs` gives them for chains, in the same two stages (a few seconds, compiles
   included; each time the fastest of a few runs):
@@ -244,7 +245,9 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
         estimate (`calibrated`): in the first stage its token against greedy decoding's at every
         position of greedy decoding's output on this batch, the draft fed the true prefix
         (`timing.teacher_forced`, the same pass that times c); where the second stage runs, the
-        acceptance in its 1-node run of this loop (as for `--gamma auto`).
+        acceptance in its 1-node run of this loop (as for `--gamma auto`); both over at least
+        `adaptive.CALIBRATION_POSITIONS` positions, reading batches of `more` where this one
+        holds fewer (as `adaptive.measure_costs`).
 
   First the unit (greedy decoding per step), c, alpha and the target's calls of 1 and 2 tokens.
   If the prior at that alpha pays for no tree even with v(u) = 1 + (the 2-token call - the
@@ -269,7 +272,7 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
 
   first = first_stage(target, target_state, max_decode_len, top_token,
                       lambda dstate, seqs, at: draft.commit_tree(dstate, seqs, at, nothing),
-                      draft_state, shape.depth + 1)
+                      draft_state, shape.depth + 1, more)
   t_step, t_tree, alpha = first.t_step, first.t_draft, first.alpha
   c = t_tree / shape.depth / t_step
   t_call = {1: first.t_call}  # seconds per call of w + 1
@@ -280,11 +283,12 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
   for w in adaptive.widths[1:]:
     t_call[w] = timing.step_time(target, target_state, w + 1, fill)
   fixed = dataclasses.replace(adaptive, fixed_nodes=1)
-  run = lambda: _speculative(target, target_state, draft, draft_state, rng, adaptive=fixed,
-                             max_decode_len=max_decode_len)
+  run = lambda ts=target_state, ds=draft_state: _speculative(
+      target, ts, draft, ds, rng, adaptive=fixed, max_decode_len=max_decode_len)
   t_iter = timing.per_iteration(run)
-  result = jax.device_get(run())
-  alpha = float(np.sum(result.accepted)) / max(float(np.sum(result.proposed)), 1.0)  # its own
+  results = jax.device_get([run()] + [run(ts, ds) for ts, ds in first.more])
+  alpha = (sum(float(np.sum(r.accepted)) for r in results)  # its own, on the first stage's batches
+           / max(sum(float(np.sum(r.proposed)) for r in results), 1.0))
   overhead = max(t_iter - t_tree - t_call[1], 0.0)
   return Calibration(c, tuple((t_call[w] + overhead) / t_step for w in adaptive.widths), alpha)
 

@@ -378,17 +378,19 @@ def generate(args: argparse.Namespace) -> int:
     raise UserError(f'--draft-confidence needs a model draft, not {draft_spec}')
   cost_measured = auto is not None and auto.policy == 'optimal' and args.cost_ratio is None
   t0 = time.perf_counter()
-  if cost_measured:
-    enc = jax.numpy.asarray(batches[0][0])
-    auto = auto.calibrated(adaptive.measure_costs(
-        target, target.init(params, enc, speculative.target_cache_length(max_len, gamma)),
-        draft, draft_init(enc), max_len, gamma))
+  def calibration_states(slots):  # (target state, draft state) of each batch, made as read
+    return ((target.init(params, enc, slots), draft_init(enc))
+            for enc in (jax.numpy.asarray(b[0]) for b in batches))
+
+  if cost_measured:  # timed on the first batch; alpha also on the next ones, as it asks
+    states = calibration_states(speculative.target_cache_length(max_len, gamma))
+    auto = auto.calibrated(_calibrate(adaptive.measure_costs, target, draft, states, max_len,
+                                      gamma))
   tree_cost_measured = auto_tree is not None and args.cost_ratio is None
   if tree_cost_measured:
-    enc = jax.numpy.asarray(batches[0][0])
-    auto_tree = auto_tree.calibrated(adaptive_tree.measure_costs(
-        target, target.init(params, enc, adaptive_tree.target_cache_length(max_len, auto_tree)),
-        draft, draft_init(enc), max_len, auto_tree))
+    states = calibration_states(adaptive_tree.target_cache_length(max_len, auto_tree))
+    auto_tree = auto_tree.calibrated(_calibrate(adaptive_tree.measure_costs, target, draft,
+                                                states, max_len, auto_tree))
   calibration_seconds = time.perf_counter() - t0 if cost_measured or tree_cost_measured else None
   rng = jax.random.PRNGKey(args.seed)
   t0 = time.perf_counter()
@@ -442,6 +444,13 @@ def generate(args: argparse.Namespace) -> int:
                      data=mesh_shape[0], model=mesh_shape[1]).to_dict())
     atomic.write_json(args.stats, stats, indent=2)
   return 0
+
+
+def _calibrate(measure_costs, target, draft, states, max_len: int, settings):
+  """`measure_costs` (chain or tree) timed on the first of `states` (an iterator of each batch's
+  (target state, draft state)), the rest read for the starting alpha as far as it asks."""
+  target_state, draft_state = next(states)
+  return measure_costs(target, target_state, draft, draft_state, max_len, settings, more=states)
 
 
 def _stats(results, speculative_run: bool, seconds: float, compile_seconds: float) -> Dict[str, Any]:

@@ -103,7 +103,7 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
                spec_all(SamplingConfig(temperature=t), d, i, g)
                for temp in temperatures for name, (draft, dinit) in drafts.items()
                for gamma in gammas})
-  autos = {name: auto_costs(target, params, *drafts[name], batches[0], L, gmax)
+  autos = {name: auto_costs(target, params, *drafts[name], batches, L, gmax)
            for name in auto_drafts}
 
   def auto_all(config, draft, dinit, auto):
@@ -172,13 +172,17 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
   return out
 
 
-def auto_costs(target, params: Any, draft, dinit: Callable[[jax.Array], Any], enc: jax.Array,
-               max_decode_len: int, gamma_max: int) -> adaptive.AdaptiveGamma:
+def auto_costs(target, params: Any, draft, dinit: Callable[[jax.Array], Any],
+               batches: Sequence[jax.Array], max_decode_len: int,
+               gamma_max: int) -> adaptive.AdaptiveGamma:
   """`--gamma auto`'s settings for `draft` as `generate` measures them: c, v(1)..v(gamma_max) and
-  the starting alpha from `adaptive.measure_costs` on the batch `enc`."""
+  the starting alpha from `adaptive.measure_costs` on the first of `batches` (the alpha also on
+  the batches after it that it asks for)."""
+  slots = speculative.target_cache_length(max_decode_len, gamma_max)
+  states = ((target.init(params, enc, slots), dinit(enc)) for enc in batches)  # lazily
+  first = next(states)
   return adaptive.AdaptiveGamma(gamma_max=gamma_max).calibrated(adaptive.measure_costs(
-      target, target.init(params, enc, speculative.target_cache_length(max_decode_len, gamma_max)),
-      draft, dinit(enc), max_decode_len, gamma_max))
+      target, first[0], draft, first[1], max_decode_len, gamma_max, more=states))
 
 
 # name -> (tree draft, its TreeShape, init(encoder_tokens [b, S]) -> draft state)

@@ -15,7 +15,7 @@ import concurrent.futures
 import contextvars
 import statistics
 import time
-from typing import Any, Callable, List, Sequence, Tuple
+from typing import Any, Callable, Iterable, List, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -102,9 +102,11 @@ def propose_time(draft, dstate, gamma: int, batch: int, length: int, iters: int 
 
 def teacher_forced(next_token: Callable[..., Any], commit: Callable[..., Any], state: Any,
                    sequences: jax.Array, lengths: jax.Array, repeats: int = 5,
-                   min_calls: int = 64) -> Tuple[float, float]:
+                   min_calls: int = 64, more: Iterable[Tuple[Any, jax.Array, jax.Array]] = (),
+                   min_positions: int = 0) -> Tuple[float, float, int]:
   """A draft fed the true prefix at every position of a greedy decoding's output: the seconds
-  of one position (the fastest of `repeats` runs after a compiling one) and the agreement.
+  of one position (the fastest of `repeats` runs after a compiling one), the agreement, and how
+  many batches of `more` it read.
 
   `sequences [b, T]` (slot 0 the start token) and `lengths [b]` are greedy decoding's output, T at
   least max(lengths) + 2. At each position i < n = max(lengths), `next_token(state, sequences,
@@ -114,13 +116,17 @@ def teacher_forced(next_token: Callable[..., Any], commit: Callable[..., Any], s
   length) where the draft's token is greedy decoding's: at temperature 0, the acceptance rate
   (Leviathan et al. Definition 1) of a one-token proposal, averaged over every position of the
   output. The timed call makes at least `min_calls` proposals, passes over the n positions one
-  after another (a `commit` to 0 between them), so that its dispatch is not in the seconds."""
+  after another (a `commit` to 0 between them), so that its dispatch is not in the seconds.
+
+  While fewer than `min_positions` positions are counted, the agreement reads further batches
+  from `more` (`(state, sequences, lengths)` of the same shapes, e.g. the batches after the
+  first: one compiled program serves them all), untimed: an acceptance from the ~10 tokens of
+  one short output is too noisy to decide on."""
   sequences, lengths = jnp.asarray(sequences), jnp.asarray(lengths)
-  batch, n = lengths.shape[0], max(int(jnp.max(lengths)), 1)
-  passes = -(-min_calls // n)
+  batch = lengths.shape[0]
 
   @xla_options.jit
-  def loop(state):
+  def loop(state, sequences, lengths, n, passes):  # n, passes: traced (one program for all)
     def body(j, carry):
       s, agree = carry
       i = j % n
@@ -131,6 +137,20 @@ def teacher_forced(next_token: Callable[..., Any], commit: Callable[..., Any], s
       return commit(s, sequences, jnp.where(i + 1 < n, at + 1, 0)), agree + hit.astype(jnp.int32)
     return jax.lax.fori_loop(0, n * passes, body, (state, jnp.zeros((batch,), jnp.int32)))
 
-  agree = jax.device_get(loop(state)[1])  # [b]; compiles
-  seconds = min(_timed_runs(lambda: loop(state), repeats, warm=False)) / (n * passes)
-  return seconds, float(agree.sum()) / max(float(jnp.sum(lengths)), 1.0)
+  def agreement(state, sequences, lengths):  # (positions that agree, positions)
+    n = max(int(jnp.max(lengths)), 1)
+    agree = jax.device_get(loop(state, jnp.asarray(sequences), jnp.asarray(lengths), n, 1)[1])
+    return int(agree.sum()), int(jnp.sum(lengths))
+
+  n = max(int(jnp.max(lengths)), 1)
+  passes = -(-min_calls // n)
+  hits, positions = agreement(state, sequences, lengths)  # compiles
+  seconds = min(_timed_runs(lambda: loop(state, sequences, lengths, n, passes), repeats,
+                            warm=False)) / (n * passes)
+  read = 0
+  for batch_state, batch_sequences, batch_lengths in (more if positions < min_positions else ()):
+    h, p = agreement(batch_state, batch_sequences, batch_lengths)
+    hits, positions, read = hits + h, positions + p, read + 1
+    if positions >= min_positions:
+      break
+  return seconds, hits / max(positions, 1), read

@@ -226,11 +226,22 @@ def test_teacher_forced_agreement_is_the_one_token_acceptance_at_every_position(
   successor = table.successor()
   propose_one = lambda d: lambda s, q, at: (d.propose(s, q, at, None, 1, SamplingConfig())[0][:, 0],
                                             s)
-  seconds, agreement = timing.teacher_forced(propose_one(bigram), bigram.commit,
-                                             bigram.init(table), padded, lengths)
-  hits = sum(int(successor[s[i]] == s[i + 1]) for s, n in zip(seqs, lengths) for i in range(n))
-  assert seconds > 0 and agreement == hits / lengths.sum()
+  seconds, agreement, read = timing.teacher_forced(propose_one(bigram), bigram.commit,
+                                                   bigram.init(table), padded, lengths)
+  row_hits = [sum(int(successor[s[i]] == s[i + 1]) for i in range(n))
+              for s, n in zip(seqs, lengths)]
+  assert seconds > 0 and agreement == sum(row_hits) / lengths.sum() and read == 0
   assert 0 < agreement < 1, agreement
+  # More batches (each row alone here, as batch 1 would be) are read, untimed, while fewer than
+  # min_positions positions are counted, and no further: the agreement is over what was read.
+  one = lambda i: (bigram.init(table), padded[i:i + 1], lengths[i:i + 1])
+  taken = []
+  more = (taken.append(i) or one(i) for i in range(1, len(seqs)))
+  need = int(lengths[0] + lengths[1] + 1)  # row 0 and 1 are short of it; row 2 reaches it
+  _, pooled, read = timing.teacher_forced(propose_one(bigram), bigram.commit, *one(0), more=more,
+                                          min_positions=need)
+  assert read == 2 and taken == [1, 2] and lengths[:3].sum() >= need
+  assert pooled == sum(row_hits[:3]) / lengths[:3].sum()
   # the target as its own draft (its cache advanced one true token at a time, rolled back to 0
   # between the timed passes) agrees everywhere
   draft = ModelDraft.t5(model)
@@ -239,8 +250,9 @@ def test_teacher_forced_agreement_is_the_one_token_acceptance_at_every_position(
     tokens, _, s = draft.propose(s, q, at, jax.random.PRNGKey(0), 1, SamplingConfig())
     return tokens[:, 0], s
 
-  _, same = timing.teacher_forced(model_token, draft.commit, draft.init(params, enc, MAX_LEN, 1),
-                                  padded, lengths, min_calls=3 * MAX_LEN)
+  _, same, _ = timing.teacher_forced(model_token, draft.commit,
+                                     draft.init(params, enc, MAX_LEN, 1), padded, lengths,
+                                     min_calls=3 * MAX_LEN)
   assert same == 1.0
 
 
@@ -283,6 +295,41 @@ def test_measured_costs_stop_at_the_bound_or_time_every_width_and_the_loop(monke
   # tokens, bookkeeping) costs at least a greedy step's target call: v(1) >= ~1 in greedy steps
   # (a loose floor: 0.8)
   assert v[0] >= 0.8, v
+
+
+def test_alpha_is_measured_over_the_batches_after_the_first_as_far_as_it_needs(monkeypatch):
+  # Batch 1 (one row, MAX_LEN = 10 tokens at most) counts fewer positions than
+  # CALIBRATION_POSITIONS: the next batches are read, both for the first stage's agreement and,
+  # where the loop runs, for its alpha, which pools the gamma-1 loop over the same batches; the
+  # timing stays on the first batch. With a bound of 2 rows' worth, the third batch is never made.
+  model, params = model_and_params(2)
+  target = T5Decoder(model)
+  rows = [jnp.asarray(INPUTS[i:i + 1]) for i in range(len(INPUTS))]
+  seqs, lengths = _greedy_output(model, params, jnp.asarray(INPUTS))
+  bigram = NgramDraft(model.config.vocab_size)
+  table = bigram.init(fit_ngram([s[1:n + 1] for s, n in zip(seqs, lengths)], 2,
+                                model.config.vocab_size))
+  slots = MAX_LEN + GAMMA_MAX + 2
+  made = []
+
+  def states():
+    for i, enc in enumerate(rows[1:], 1):
+      made.append(i)
+      yield target.init(params, enc, slots), table
+
+  monkeypatch.setattr(adaptive, 'CALIBRATION_POSITIONS', int(lengths[0] + 1))
+  first = target.init(params, rows[0], slots)
+  c, _, alpha = adaptive.measure_costs(target, first, bigram, table, MAX_LEN, GAMMA_MAX,
+                                       more=states())
+  assert made == [1] and c == 0  # one more batch reached the bound; the loop ran (c = 0)
+  fixed = AdaptiveGamma(gamma_max=GAMMA_MAX, policy='fixed', gamma_init=1)
+  runs = [adaptive.decode(target, target.init(params, enc, slots), bigram, table,
+                          jax.random.PRNGKey(0), adaptive=fixed, max_decode_len=MAX_LEN)
+          for enc in rows[:2]]
+  assert alpha == pytest.approx(sum(float(r.beta_sum) for r in runs)
+                                / sum(float(r.beta_count) for r in runs))
+  alone = adaptive.measure_costs(target, first, bigram, table, MAX_LEN, GAMMA_MAX).alpha
+  assert alone == pytest.approx(float(runs[0].beta_sum) / float(runs[0].beta_count))
 
 
 def test_a_draft_reading_the_targets_hidden_states_is_calibrated_on_the_loop(monkeypatch):
