@@ -37,7 +37,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -132,10 +132,11 @@ def pairs_of(args) -> List[Dict[str, Any]]:
   return out
 
 
-def interleaved(runs: Dict[str, Callable[[], Any]], repeats: int) -> Dict[str, List[float]]:
+def interleaved(runs: Dict[str, Callable[[], Any]], repeats: int,
+                order: Sequence[str] = ()) -> Dict[str, List[float]]:
   """Seconds of each run, `repeats` rounds after one untimed (compile) call each, the methods in
-  turn with the order rotated every round."""
-  names = list(runs)
+  turn (in `order`, default `runs`') with the order rotated every round."""
+  names = list(order or runs)
   for name in names:
     jax.block_until_ready(runs[name]())
   times = {name: [] for name in names}
@@ -225,7 +226,14 @@ def measure_cell(runs: Dict[str, Callable[[], Any]], repeats: int, key: Dict[str
   measured."""
   load = os.getloadavg()[0]
   runs = {**runs, GREEDY_AGAIN: next(iter(runs.values()))}
-  times = interleaved(runs, repeats)
+  # The control is timed half-way round from greedy decoding, so that neither of the two runs
+  # right after the other (the rotation puts the last method before the first): on an H200,
+  # with the control last, greedy decoding followed its own program in all rounds but the first,
+  # and the control came out below it in all 8 cells (0.96x-0.99x,
+  # results/gpu/adaptive_2026-11-27).
+  names = list(runs)[:-1]
+  order = names[:len(names) // 2 + 1] + [GREEDY_AGAIN] + names[len(names) // 2 + 1:]
+  times = interleaved(runs, repeats, order)
   cell = []
   for method, fn in runs.items():
     results = fn()

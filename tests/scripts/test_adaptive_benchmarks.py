@@ -55,3 +55,33 @@ def test_a_cut_run_keeps_its_cells(module, auto, fixed, tmp_path, monkeypatch):
   assert report['complete'] is False and len(report['rows']) == 4
   assert [g['x_greedy'] for g in report['goals']] == [1.0]
   assert '**Partial**' in open(out + '.md').read()
+
+
+def test_the_ab_control_never_runs_right_after_greedy_decoding(monkeypatch):
+  # measure_cell times greedy decoding twice (the A/A control); in the rotated rounds neither
+  # copy may follow the other (a program run right after itself came out faster on a GPU).
+  captured = {}
+
+  def interleaved(runs, repeats, order=()):
+    captured.update(order=list(order), repeats=repeats)
+    return {name: [1.0] for name in runs}
+
+  class Result:  # what measure_cell reads of a decode result
+    lengths = np.array([3])
+    target_calls = np.array([3])
+    accepted = proposed = np.array([1])
+
+  monkeypatch.setattr(adaptive_gamma, 'interleaved', interleaved)
+  for count in range(3, 12):  # greedy decoding and 2..10 other methods (with 1, every pair of
+    # three neighbours somewhere in the rotation)
+    runs = {'no draft': lambda: [Result()]}
+    runs.update({f'gamma={g}': (lambda: [Result()]) for g in range(1, count)})
+    rows = adaptive_gamma.measure_cell(runs, 5, {'pair': 'p'}, lambda m, r: {},
+                                       lambda m: m.startswith('gamma='))
+    order = captured['order']
+    assert sorted(order) == sorted(list(runs) + [adaptive_gamma.GREEDY_AGAIN])
+    assert [r['method'] for r in rows][-1] == adaptive_gamma.GREEDY_AGAIN  # last in the table
+    for r in range(captured['repeats']):
+      rotated = order[r % len(order):] + order[:r % len(order)]
+      for before, after in zip(rotated, rotated[1:]):
+        assert {before, after} != {'no draft', adaptive_gamma.GREEDY_AGAIN}, (count, rotated)
