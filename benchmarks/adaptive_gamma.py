@@ -16,7 +16,8 @@ that a change in the machine's load falls on all alike); each time is the median
 `x greedy` is tokens per second over autoregressive decoding's in the same cell (sampling runs
 generate different numbers of tokens); `x best fixed` is over the fastest fixed gamma of the cell,
 found by this very sweep (the sweep a user would have to run). Every cell also times greedy
-decoding a second time, `no draft (again)`, an A/A control: its `x greedy` is what timing one
+decoding a second time, `no draft (again)`, half-way round the rotation from the first (neither
+runs right after the other), an A/A control: its `x greedy` is what timing one
 program twice gives there, the noise the 0.97x goal is read against (the goals table marks a miss
 no larger than that distance from 1.0).
 

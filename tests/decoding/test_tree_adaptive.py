@@ -231,6 +231,19 @@ def test_measured_costs_and_starting_alpha(monkeypatch):
                                       MAX_LEN, ad)
   assert cheap.alpha >= 0.7 and cheap.cost_ratio < 0.2 and all(v > 0 for v in cheap.verify_ratio)
   assert loops and {a.fixed_nodes for a in loops} == {1}, cheap
+  # Fewer than CALIBRATION_POSITIONS positions in this batch (2 rows of at most MAX_LEN): alpha
+  # pools the loop's acceptance over the next batch too (rows 3 and 4), as generate passes them.
+  tstate2 = target.init(params, jnp.asarray(INPUTS[2:]),
+                        adaptive_tree.target_cache_length(MAX_LEN, ad))
+  more = iter([(tstate2, bigram.init(table, ad.shape))])
+  pooled = adaptive_tree.measure_costs(target, tstate, bigram, bigram.init(table, ad.shape),
+                                       MAX_LEN, ad, more=more)
+  one_node = dataclasses.replace(ad, fixed_nodes=1)
+  runs = [adaptive_tree.decode(target, t, bigram, bigram.init(table, ad.shape),
+                               jax.random.PRNGKey(0), adaptive=one_node, max_decode_len=MAX_LEN)
+          for t in (tstate, tstate2)]
+  assert pooled.alpha == pytest.approx(sum(float(np.sum(r.accepted)) for r in runs)
+                                       / sum(float(np.sum(r.proposed)) for r in runs))
   cal = ad.calibrated(cheap)
   assert (cal.cost_ratio, cal.verify_ratio, cal.alpha_init) == (
       cheap.cost_ratio, tuple(cheap.verify_ratio), cheap.alpha)
