@@ -14,9 +14,9 @@
 # the wheels of nltk and rouge-score (an exported task imports its metrics; the device image
 # lacks them); about 39 MB with the tracked tree, under the 64 MiB a call carries.
 # gamma / tree: the benchmark on both pairs (translate, then summarize), batches 1 and 8, T 0 and
-# 1, the pair's draft model and a bigram, 5 rounds, under `timeout` (SECONDS, default 300: a cell
-# is rewritten to the JSON/Markdown as it is measured, so a cut run keeps its cells and says it is
-# partial), with XLA's GPU autotuning off (the cells' compiles are most of the time).
+# 1, the pair's draft model and a bigram, 5 rounds, under `timeout` (SECONDS_LIMIT, default 300:
+# a cell is rewritten to the JSON/Markdown as it is measured, so a cut run keeps its cells and
+# says it is partial), with XLA's GPU autotuning off (the cells' compiles are most of the time).
 set -u
 mode=${1:?usage: adaptive_gpu.sh kit|gamma|tree}
 kit=${KIT:-gpu_kit}/pair

@@ -1,6 +1,6 @@
 """`--tree best:auto` against fixed best-first trees and greedy decoding, side by side in one run.
 
-  python -m benchmarks.adaptive_tree --pair NAME TARGET DRAFT TASK ... --data-dir DIR \
+  python -m benchmarks.adaptive_tree --pair NAME TARGET DRAFT TASK ... [--data-dir DIR] \
       [--examples 8] [--pair-drafts draft,bigram] [--batches 1,8] [--temperatures 0,1] \
       [--nodes 2,4,8,16] [--nodes-max 16] [--depth 4] [--max-decode-len 32] [--repeats 7] \
       [--out results/benchmarks/adaptive_tree]
@@ -29,6 +29,7 @@ import numpy as np
 from benchmarks import common, workloads
 from benchmarks.adaptive_gamma import (_ints, goal_lines, goals, measure_cell, partial_note,
                                        task_inputs)
+from gqa_spec.data import exported
 from gqa_spec.decoding import adaptive_tree, autoregressive, speculative, tree_speculative
 from gqa_spec.decoding.adaptive_tree import AdaptiveTree
 from gqa_spec.decoding.drafts.ngram import fit_ngram_on_task
@@ -162,7 +163,8 @@ def main(argv=None) -> int:
   p.add_argument('--pair', nargs=4, action='append', required=True,
                  metavar=('NAME', 'TARGET', 'DRAFT', 'TASK'),
                  help='a trained pair and the task whose test inputs it decodes (repeatable)')
-  p.add_argument('--data-dir', help='the prepared DDTP data directory (not needed for exported tasks)')
+  p.add_argument('--data-dir', help='the prepared DDTP data directory (not needed for '
+                 'exported:DIR/TASK tasks)')
   p.add_argument('--examples', type=int, default=8, help='inputs per cell')
   p.add_argument('--pair-drafts', default='draft,bigram',
                  help="tree drafts of each --pair: 'draft' (its DRAFT model), 'bigram'")
@@ -176,6 +178,8 @@ def main(argv=None) -> int:
   p.add_argument('--repeats', type=int, default=7)
   common.add_out_argument(p, __file__)
   args = p.parse_args(argv)
+  if any(not exported.is_exported(task) for *_, task in args.pair) and not args.data_dir:
+    p.error('--pair with a seqio task needs --data-dir (an exported:DIR/TASK task does not)')
   if any(args.examples % b for b in _ints(args.batches)):
     p.error('--examples must be a multiple of every batch size')
   before = os.getloadavg()
