@@ -246,9 +246,8 @@ def first_stage(target: Decoder, target_state: PyTree, max_decode_len: int, next
       read.append((tstate, dstate))
       yield (dstate, *output(tstate))
 
-  t_draft, alpha, _ = timing.teacher_forced(next_token, commit, draft_state,
-                                            *output(target_state), more=more_outputs(),
-                                            min_positions=CALIBRATION_POSITIONS)
+  t_draft, alpha = timing.teacher_forced(next_token, commit, draft_state, *output(target_state),
+                                         more=more_outputs(), min_positions=CALIBRATION_POSITIONS)
   fill = max_decode_len // 2
   t_one = timing.step_time(target, target_state, 1, fill)  # greedy decoding's call
   t_two = timing.step_time(target, target_state, 2, fill)

@@ -103,10 +103,9 @@ def propose_time(draft, dstate, gamma: int, batch: int, length: int, iters: int 
 def teacher_forced(next_token: Callable[..., Any], commit: Callable[..., Any], state: Any,
                    sequences: jax.Array, lengths: jax.Array, repeats: int = 5,
                    min_calls: int = 64, more: Iterable[Tuple[Any, jax.Array, jax.Array]] = (),
-                   min_positions: int = 0) -> Tuple[float, float, int]:
+                   min_positions: int = 0) -> Tuple[float, float]:
   """A draft fed the true prefix at every position of a greedy decoding's output: the seconds
-  of one position (the fastest of `repeats` runs after a compiling one), the agreement, and how
-  many batches of `more` it read.
+  of one position (the fastest of `repeats` runs after a compiling one) and the agreement.
 
   `sequences [b, T]` (slot 0 the start token) and `lengths [b]` are greedy decoding's output, T at
   least max(lengths) + 2. At each position i < n = max(lengths), `next_token(state, sequences,
@@ -120,8 +119,8 @@ def teacher_forced(next_token: Callable[..., Any], commit: Callable[..., Any], s
 
   While fewer than `min_positions` positions are counted, the agreement reads further batches
   from `more` (`(state, sequences, lengths)` of the same shapes, e.g. the batches after the
-  first: one compiled program serves them all), untimed: an acceptance from the ~10 tokens of
-  one short output is too noisy to decide on."""
+  first: one compiled program serves them all; read lazily, none past the bound), untimed: an
+  acceptance from the ~10 tokens of one short output is too noisy to decide on."""
   sequences, lengths = jnp.asarray(sequences), jnp.asarray(lengths)
   batch = lengths.shape[0]
 
@@ -147,10 +146,9 @@ def teacher_forced(next_token: Callable[..., Any], commit: Callable[..., Any], s
   hits, positions = agreement(state, sequences, lengths)  # compiles
   seconds = min(_timed_runs(lambda: loop(state, sequences, lengths, n, passes), repeats,
                             warm=False)) / (n * passes)
-  read = 0
   for batch_state, batch_sequences, batch_lengths in (more if positions < min_positions else ()):
     h, p = agreement(batch_state, batch_sequences, batch_lengths)
-    hits, positions, read = hits + h, positions + p, read + 1
+    hits, positions = hits + h, positions + p
     if positions >= min_positions:
       break
-  return seconds, hits / max(positions, 1), read
+  return seconds, hits / max(positions, 1)
