@@ -16,8 +16,9 @@ speculates (every one at gamma_r = 0, which is final), the rest runs as plain on
 steps in a second loop, without the draft. When the costs say that not even the starting
 `alpha_init` would pay for a proposal (`AdaptiveGamma.speculates` is False: a draft that costs
 what the target costs, or one whose acceptance `measure_costs` found too low for its cost),
-`decode` is `autoregressive.decode`'s while loop, on a cache of one slot per token
-(`target_cache_length`), in a program of its own with two statistics more (`plain_decode`).
+`decode` is `autoregressive.decode` itself, greedy decoding's own compiled program, on a cache
+of one slot per token (`target_cache_length`), with two statistics from a second small program
+(`plain_decode`).
 
 Exactness: gamma_r depends only on the row's past (and, with a confidence stop, on the draft's
 distributions at the positions already proposed), so it is a stopping rule; the
@@ -367,8 +368,6 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
                       max_decode_len=max_decode_len, config=config, eos_id=eos_id, skip=skip)
 
 
-@functools.partial(xla_options.jit, static_argnames=('target', 'gamma_max', 'max_decode_len',
-                                                     'config', 'eos_id', 'iteration_trace'))
 def plain_decode(target: Decoder, target_state: PyTree, rng: jax.Array, *, gamma_max: int,
                  max_decode_len: int, config: SamplingConfig, eos_id: int,
                  skip: Optional[jax.Array], iteration_trace: bool = False) -> Tuple[jax.Array, ...]:
@@ -376,18 +375,32 @@ def plain_decode(target: Decoder, target_state: PyTree, rng: jax.Array, *, gamma
   autoregressive decoding, and its `gamma_histogram` `[b, gamma_max + 1]` and `gamma_trace`
   `[b, max_decode_len]` (every call at draft length 0), and with `iteration_trace` the trees'
   `tree_width_trace` `[max_decode_len]` (0 for each loop iteration, -1 after the last).
-  Only these arrays leave the call: at batch 1 on sub-millisecond calls, each further output
-  buffer, or an eager op after the call, is a measurable part of it (the statistics that are
-  constants are made on the host, `_as_adaptive_result`)."""
+
+  The decoding is `autoregressive.decode` itself, the compiled program greedy decoding runs (the
+  same cache entry), and the statistics come from a second small program. The earlier form, one
+  program holding both, took 4% to 18% (chain cells) and 7% to 11% (tree cells) longer than
+  greedy decoding on an H200, by more than the rounds spread (the tree at batch 1: 31.9-32.2 ms a
+  round against 35.5-36.0 ms; results/gpu/adaptive_2026-11-27; why was not profiled). This form
+  leaves the loop nothing to differ in. The statistics that are constants are made on the host
+  (`_as_adaptive_result`)."""
   r = autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len,
                             config=config, eos_id=eos_id, skip=skip)
-  batch = r.lengths.shape[0]
+  return (r, *_plain_statistics(r.target_calls, r.loop_iterations, gamma_max=gamma_max,
+                                max_decode_len=max_decode_len, iteration_trace=iteration_trace))
+
+
+@functools.partial(jax.jit, static_argnames=('gamma_max', 'max_decode_len', 'iteration_trace'))
+def _plain_statistics(target_calls: jax.Array, loop_iterations: jax.Array, *, gamma_max: int,
+                      max_decode_len: int, iteration_trace: bool) -> Tuple[jax.Array, ...]:
+  """`plain_decode`'s histogram, trace (and width trace) from `target_calls [b]` and
+  `loop_iterations []`."""
+  batch = target_calls.shape[0]
   calls = jnp.arange(max_decode_len)[None]  # [1, max_decode_len]
-  histogram = jnp.zeros((batch, gamma_max + 1), jnp.int32).at[:, 0].set(r.target_calls)
-  trace = jnp.where(calls < r.target_calls[:, None], 0, -1).astype(jnp.int32)
+  histogram = jnp.zeros((batch, gamma_max + 1), jnp.int32).at[:, 0].set(target_calls)
+  trace = jnp.where(calls < target_calls[:, None], 0, -1).astype(jnp.int32)
   if iteration_trace:
-    return r, histogram, trace, jnp.where(calls[0] < r.loop_iterations, 0, -1).astype(jnp.int32)
-  return r, histogram, trace
+    return histogram, trace, jnp.where(calls[0] < loop_iterations, 0, -1).astype(jnp.int32)
+  return histogram, trace
 
 
 @functools.partial(xla_options.jit, static_argnames=('target', 'draft', 'adaptive',

@@ -172,7 +172,7 @@ def test_bad_settings_are_user_errors(kwargs, message):
     AdaptiveGamma(**kwargs)
 
 
-def test_costs_that_never_pay_give_plain_steps_only():
+def test_costs_that_never_pay_give_plain_steps_only(monkeypatch):
   # c = 2: not even alpha_init = 0.9 pays for a draft token, so every row starts (and stays) at 0
   # and the program is the plain loop alone: greedy's output, no draft call.
   ad = AdaptiveGamma(gamma_max=GAMMA_MAX, cost_ratio=2.0, verify_ratio=1.5)
@@ -193,6 +193,21 @@ def test_costs_that_never_pay_give_plain_steps_only():
       target, s, jax.random.PRNGKey(0), max_decode_len=MAX_LEN))(state)
   assert _while_bodies(program.jaxpr) == _while_bodies(plain.jaxpr)
   assert len(_while_bodies(plain.jaxpr)) == 1
+  # and, called eagerly, it is greedy decoding's own compiled program: `autoregressive.decode`
+  # called at the top level (its arguments concrete, not traced inside another program), with
+  # greedy decoding's arguments
+  calls = []
+  greedy_decode = autoregressive.decode
+  monkeypatch.setattr(autoregressive, 'decode', lambda *a, **k: calls.append((a, k)) or
+                      greedy_decode(*a, **k))
+  result = adaptive.decode(target, state, draft, None, jax.random.PRNGKey(0), adaptive=ad,
+                           max_decode_len=MAX_LEN)
+  (args, kwargs), = calls
+  assert not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs)))
+  assert args[0] is target and args[1] is state and kwargs['max_decode_len'] == MAX_LEN
+  reference = greedy_decode(target, state, jax.random.PRNGKey(0), max_decode_len=MAX_LEN)
+  np.testing.assert_array_equal(result.sequences, reference.sequences)
+  np.testing.assert_array_equal(result.gamma_histogram[:, 0], reference.target_calls)
 
 
 def _while_bodies(jaxpr) -> list:
