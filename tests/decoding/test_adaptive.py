@@ -332,10 +332,15 @@ def test_alpha_is_measured_over_the_batches_after_the_first_as_far_as_it_needs(m
       yield target.init(params, enc, slots), table
 
   monkeypatch.setattr(adaptive, 'CALIBRATION_POSITIONS', int(lengths[0] + 1))
+  loops = []
+  speculative_loop = adaptive._speculative  # pylint: disable=protected-access
+  monkeypatch.setattr(adaptive, '_speculative',
+                      lambda *a, **k: loops.append(k['adaptive']) or speculative_loop(*a, **k))
   first = target.init(params, rows[0], slots)
   c, _, alpha = adaptive.measure_costs(target, first, bigram, table, MAX_LEN, GAMMA_MAX,
                                        more=states())
-  assert made == [1] and c == 0  # one more batch reached the bound; the loop ran (c = 0)
+  assert made == [1] and c == 0  # one more batch reached the bound
+  assert loops  # the bigram (fitted on these outputs) passed the first stage: alpha is the loop's
   fixed = AdaptiveGamma(gamma_max=GAMMA_MAX, policy='fixed', gamma_init=1)
   runs = [adaptive.decode(target, target.init(params, enc, slots), bigram, table,
                           jax.random.PRNGKey(0), adaptive=fixed, max_decode_len=MAX_LEN)

@@ -233,11 +233,20 @@ def test_measured_costs_and_starting_alpha(monkeypatch):
   assert loops and {a.fixed_nodes for a in loops} == {1}, cheap
   # Fewer than CALIBRATION_POSITIONS positions in this batch (2 rows of at most MAX_LEN): alpha
   # pools the loop's acceptance over the next batch too (rows 3 and 4), as generate passes them.
+  # The bigram is fitted on all 4 rows' outputs, so that both batches pass the first stage
+  # whatever this machine's timings (a bigram fitted on rows 1-2 alone once fell below it on a
+  # loaded CI machine: the loop was not run, and alpha was the first stage's).
+  all_out = autoregressive.decode(target, target.init(params, jnp.asarray(INPUTS), MAX_LEN + 1),
+                                  jax.random.PRNGKey(0), max_decode_len=MAX_LEN)
+  table = fit_ngram(autoregressive.strip(all_out.sequences, all_out.lengths), 2,
+                    model.config.vocab_size)
   tstate2 = target.init(params, jnp.asarray(INPUTS[2:]),
                         adaptive_tree.target_cache_length(MAX_LEN, ad))
   more = iter([(tstate2, bigram.init(table, ad.shape))])
+  loops.clear()
   pooled = adaptive_tree.measure_costs(target, tstate, bigram, bigram.init(table, ad.shape),
                                        MAX_LEN, ad, more=more)
+  assert loops, pooled  # the second stage ran: alpha is the loop's
   one_node = dataclasses.replace(ad, fixed_nodes=1)
   runs = [adaptive_tree.decode(target, t, bigram, bigram.init(table, ad.shape),
                                jax.random.PRNGKey(0), adaptive=one_node, max_decode_len=MAX_LEN)
