@@ -39,6 +39,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gqa_spec import atomic
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A 1-minute load average above this (on the 2-core machines the CPU results come from) means other
 # jobs shared the machine: the writers say so beside the timings.
@@ -197,13 +199,13 @@ def print_row(row: Dict[str, Any]) -> None:
 def write_json(out: str, results: Any, indent: int = 2) -> None:
   """Writes `results` to `out + '.json'`, making `out`'s directory."""
   os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
-  with open(out + '.json', 'w') as f:
+  with atomic.open_for_write(out + '.json') as f:  # whole or not at all (rewritten per cell)
     json.dump(results, f, indent=indent, default=float)
 
 
 def write_lines(path: str, lines: Sequence[str]) -> None:
   """Writes markdown `lines` to `path`, one a line."""
-  with open(path, 'w') as f:
+  with atomic.open_for_write(path) as f:  # whole or not at all
     f.write('\n'.join(lines) + '\n')
 
 
