@@ -26,8 +26,10 @@ correctness argument (Leviathan et al. App. A.1; Chen et al. Theorem 1) holds fo
 whatever gamma it used, and greedy output is token-identical to greedy decoding.
 
 Policies (`AdaptiveGamma.policy`):
-  'optimal'   (default) alpha_r, an exponential moving average of the per-iteration mean beta of
-              the positions the row tried (Corollary 6's estimator), and the cost ratio c give
+  'optimal'   (default) alpha_r, the row's acceptance (Corollary 6: alpha = E(beta)) as a
+              discounted ratio, the betas of the positions it tried over their number, both
+              weighted by `decay` per call, starting from `alpha_init` counted as gamma_max
+              positions, and the cost ratio c give
               gamma_r = argmax_gamma of Theorem 8 over [0, gamma_max] (`theory.optimal_gammas`;
               with a measured verification cost v(gamma), a gamma >= 1 costs gamma c + v(gamma)
               greedy steps; v(gamma) is the narrowest compiled width that holds gamma plus the
@@ -87,7 +89,13 @@ class AdaptiveGamma:
       0.9, so that a row tries speculating (at the gamma this alpha would pay for) before its own
       alpha decides; `calibrated` sets the draft's acceptance `measure_costs` found on the
       first batch instead (what `generate --gamma auto` does).
-    decay: weight of the old alpha in each update (policy 'optimal').
+    decay: the weight of the positions before each call in the running alpha (policy
+      'optimal'). The ratio counts every tried position alike, which is the acceptance's
+      maximum-likelihood estimate whatever the rule that stopped each proposal; a mean of each
+      call's mean (the earlier estimator) weights a call that a first-token rejection ended (one
+      position, beta 0) as much as a run of gamma_max accepted ones and reads alpha low: on the
+      widened pair of `benchmarks/widened.py` (alpha ~0.86) it took 2 of 8 rows to gamma 0,
+      final, after three calls that had accepted 0.75 of their tried positions.
   """
 
   gamma_max: int = 8
@@ -171,6 +179,7 @@ class AdaptiveState:
   loop: LoopState
   want: jax.Array  # [b] the draft length each row asks for next
   alpha: jax.Array  # [b] running acceptance estimate
+  weight: jax.Array  # [b] the (discounted) positions behind it
 
 
 def target_cache_length(max_decode_len: int, adaptive: AdaptiveGamma) -> int:
@@ -419,7 +428,8 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
       gamma_trace=jnp.full((batch, max_decode_len), -1, jnp.int32),
       draft_steps=jnp.zeros((), jnp.int32)))
   init = AdaptiveState(loop=loop, want=adaptive.first(batch),
-                       alpha=jnp.full((batch,), adaptive.alpha_init, jnp.float32))
+                       alpha=jnp.full((batch,), adaptive.alpha_init, jnp.float32),
+                       weight=jnp.full((batch,), float(gmax), jnp.float32))
   positions = jnp.arange(gmax + 1)  # [gmax + 1]
   widths = verify_gammas(gmax)
 
@@ -475,10 +485,7 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
     tried = (positions[None, :gmax] <= k[:, None]) & (positions[None, :gmax] < limit[:, None])
     tried &= active[:, None]  # [b, gmax]
     acc = (positions[None, :gmax] < k[:, None]) & active[:, None]  # [b, gmax]
-    n_tried = jnp.sum(tried, axis=1)  # [b]
-    mean_beta = jnp.sum(jnp.where(tried, beta, 0.0), axis=1) / jnp.maximum(n_tried, 1)  # [b]
-    alpha = jnp.where(n_tried > 0, adaptive.decay * a.alpha + (1 - adaptive.decay) * mean_beta,
-                      a.alpha)  # [b]
+    alpha, weight = running_alpha(a.alpha, a.weight, beta, tried, adaptive.decay)  # [b], [b]
     if adaptive.policy == 'heuristic':
       nxt = jnp.clip(jnp.where(k == a.want, a.want + 2, a.want - 1), 1, gmax)  # HF's schedule
     elif adaptive.policy == 'fixed':
@@ -493,7 +500,8 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
             limit, mode='drop'),
         draft_steps=r.draft_steps + steps)
     loop = LoopState(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
-    return AdaptiveState(loop=loop, want=jnp.where(active, nxt, a.want), alpha=alpha)
+    return AdaptiveState(loop=loop, want=jnp.where(active, nxt, a.want), alpha=alpha,
+                         weight=weight)
 
   def plain_statistics(s: LoopState, calls_before: jax.Array) -> LoopState:
     """The plain steps' draft length 0 in `gamma_trace` and `gamma_histogram`."""
@@ -509,6 +517,19 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
   final = jax.lax.while_loop(lambda a: ~jnp.all(a.loop.done) & speculating(a), body, init)
   loop = plain_loop(target, final.loop, max_decode_len, config, eos_id)
   return with_draft_calls(plain_statistics(loop, final.loop.result.target_calls))
+
+
+def running_alpha(alpha: jax.Array, weight: jax.Array, beta: jax.Array, tried: jax.Array,
+                  decay: float) -> Tuple[jax.Array, jax.Array]:
+  """One call's update of each row's acceptance estimate (`AdaptiveGamma.decay`): `alpha [b]`
+  over `weight [b]` discounted positions, `beta [b, g]` at the positions `tried [b, g]` (bool);
+  rows that tried none keep theirs. Returns the new `(alpha [b], weight [b])`."""
+  n = jnp.sum(tried, axis=1).astype(jnp.float32)  # [b]
+  kept = decay * weight  # [b]
+  new_weight = jnp.where(n > 0, kept + n, weight)  # [b]
+  beta_sum = jnp.sum(jnp.where(tried, beta, 0.0), axis=1)  # [b]
+  new_alpha = jnp.where(n > 0, (kept * alpha + beta_sum) / jnp.maximum(new_weight, 1e-6), alpha)
+  return new_alpha, new_weight
 
 
 def plain_loop(target: Decoder, loop: LoopState, max_decode_len: int, config: SamplingConfig,
