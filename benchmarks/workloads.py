@@ -125,13 +125,18 @@ def demo_pair(perturb: float) -> Tuple[Transformer, Any, Dict[str, Tuple[Transfo
   """
   target_model = Transformer(preset('mini'))
   params = random_params(target_model)
-  leaves, tree = jax.tree_util.tree_flatten(params)
-  keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
-  noisy = jax.tree_util.tree_unflatten(tree, [
-      x + perturb * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
   nano = Transformer(preset('nano'))
-  return target_model, params, {'perturbed': (target_model, noisy),
+  return target_model, params, {'perturbed': (target_model, perturbed(params, perturb)),
                                 'nano': (nano, random_params(nano))}
+
+
+def perturbed(params, scale: float, seed: int = 1):
+  """`params` + `scale` x (each array's std) Gaussian noise, seeded: a draft whose acceptance the
+  scale sets (high at small scales) and whose cost is the model's own."""
+  leaves, tree = jax.tree_util.tree_flatten(params)
+  keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+  return jax.tree_util.tree_unflatten(tree, [
+      x + scale * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
 
 
 # ----------------------------------------------------------------------------- inputs and bigrams
