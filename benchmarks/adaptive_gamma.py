@@ -191,15 +191,16 @@ def measure(args: argparse.Namespace,
                  'batch': batch, 'temperature': temperature}
 
           def extra(method, results, cal=cal, calibration=calibration):
-            if method == 'auto:optimal':
-              return dict(cost_ratio=cal.cost_ratio, verify_ratio=cal.verify_ratio,
-                          alpha_init=cal.alpha, calibration_seconds=calibration)
             if method.startswith(('gamma=', 'no draft')):
               return {}
             summaries = [speculative.summarize(r) for r in results]
-            return dict(gamma_histogram=[int(x) for x in np.sum(
+            out = dict(gamma_histogram=[int(x) for x in np.sum(
                 [s['gamma_histogram'] for s in summaries], axis=0)],
-                        draft_steps_saved=sum(s['draft_steps_saved'] for s in summaries))
+                       draft_steps_saved=sum(s['draft_steps_saved'] for s in summaries))
+            if method == 'auto:optimal':
+              out.update(cost_ratio=cal.cost_ratio, verify_ratio=cal.verify_ratio,
+                         alpha_init=cal.alpha, calibration_seconds=calibration)
+            return out
 
           cell = measure_cell(runs, args.repeats, key, extra,
                               lambda m: m.startswith('gamma='))
