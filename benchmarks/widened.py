@@ -14,15 +14,16 @@ model whose every call reads and multiplies wide MLP weights, and whose outputs 
 model's: a new unit `j` has zero input columns (`wi_0[:, j] = wi_1[:, j] = 0`) and a zero output
 row (`wo[j, :] = 0`), so whatever its activation of 0 it adds exact zeros to the residual stream.
 Drafts made from the trained target (noise 0: the trained model itself, acceptance 1) cost what a
-small model costs beside it, c ~0.1, with an acceptance the noise sets (on the cpu study's
-target, alpha ~0.86 at 0.1 and ~0.7 at 0.2 on its DDTP tasks). The encoder is widened alike (the
+small model costs beside it, c ~0.1-0.2, with an acceptance the noise sets (on the cpu study's
+target and its DDTP tasks, the calibration's alpha 0.82-0.95 at 0.1 and 0.70-0.78 at 0.2). The encoder is widened alike (the
 config's `mlp_dim` is shared); it runs once per batch, before any method's timed loop.
 
 What is not the same: sums over more (zero) terms may be blocked differently by XLA, so logits can
 move by rounding (tested), and a wide MLP on a narrow model (d_model 128) is not a real T5's shape.
 It is a cost model, not a model. On XLA:CPU a call of 2+ tokens per row leaves the one-row
-matrix-vector path for a packed matrix-matrix one, which reads these weights at a quarter of the
-speed: verification there costs 1.5-2.5 greedy steps at batch 1 (`docs/decoding.md`).
+matrix-vector dots for YNNPACK fusions, which read these weights at a half to a sixth of the
+speed: a verification call costs 1.4-2.0 one-token calls at batch 1
+(`results/benchmarks/verify_width_cpu_widened.md`, `benchmarks/verify_width.py`).
 """
 
 from __future__ import annotations

@@ -94,8 +94,8 @@ class AdaptiveGamma:
       maximum-likelihood estimate whatever the rule that stopped each proposal; a mean of each
       call's mean (the earlier estimator) weights a call that a first-token rejection ended (one
       position, beta 0) as much as a run of gamma_max accepted ones and reads alpha low: on the
-      widened pair of `benchmarks/widened.py` (alpha ~0.86) it took 2 of 8 rows to gamma 0,
-      final, after three calls that had accepted 0.75 of their tried positions.
+      widened pair of `benchmarks/widened.py` (translation, the 0.1-noise draft) it took 2 of 8
+      rows to gamma 0, final, after three calls that had accepted 0.75 of their tried positions.
   """
 
   gamma_max: int = 8
