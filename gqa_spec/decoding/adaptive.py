@@ -95,7 +95,8 @@ class AdaptiveGamma:
       call's mean (the earlier estimator) weights a call that a first-token rejection ended (one
       position, beta 0) as much as a run of gamma_max accepted ones and reads alpha low: on the
       widened pair of `benchmarks/widened.py` (translation, the 0.1-noise draft) it took 2 of 8
-      rows to gamma 0, final, after three calls that had accepted 0.75 of their tried positions.
+      rows to gamma 0, final, after three calls each, one of them having accepted 0.75 of the
+      positions it tried.
   """
 
   gamma_max: int = 8
