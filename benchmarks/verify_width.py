@@ -58,8 +58,9 @@ def measure(args, model, params) -> list:
 def _matmul_emitters(hlo: str):
   """(YNNPACK fusions holding a dot, dots outside them) in optimised HLO text."""
   comps, _ = op_profile.parse_hlo(hlo)
+  called = op_profile._called  # pylint: disable=protected-access
   ynn = {c for instrs in comps.values() for _, op, _, rest in instrs
-         if op == 'fusion' and '__ynn_fusion' in rest for c in op_profile._called(rest)}  # pylint: disable=protected-access
+         if op == 'fusion' and '__ynn_fusion' in rest for c in called(rest)}
   has_dot = lambda c: any(op == 'dot' for _, op, _, _ in comps.get(c, []))
   return (sum(1 for c in ynn if has_dot(c)),
           sum(1 for c, instrs in comps.items() if c not in ynn for _, op, _, _ in instrs
@@ -74,8 +75,9 @@ def markdown(result) -> list:
       f'{result["bound_ms"]:.2f} ms. call ms: one `tokens_to_logits` call of k tokens a row '
       '(fastest of 5 runs of a loop of calls); x 1 token: over the one-token call; matmul ms: '
       'its matmul thunks, summed over XLA\'s threads (one per-op profile; with two threads at '
-      'work the sum can exceed the call); weights GB/s: the decoder weights over that time; YNNPACK / XLA dots: how the optimised HLO emits its matmuls (`__ynn_fusion` fusions, '
-      'dots outside them).',
+      'work the sum can exceed the call); weights GB/s: the decoder weights over that time; '
+      'YNNPACK / XLA dots: how the optimised HLO emits its matmuls (`__ynn_fusion` fusions, dots '
+      'outside them).',
       ['batch', 'k', 'call ms', 'x 1 token', 'matmul ms', 'weights GB/s', 'YNNPACK fusions',
        'XLA dots'],
       [[r['batch'], r['tokens'], f'{r["call_ms"]:.2f}', f'{r["x_one_token"]:.2f}',

@@ -15,8 +15,9 @@ model's: a new unit `j` has zero input columns (`wi_0[:, j] = wi_1[:, j] = 0`) a
 row (`wo[j, :] = 0`), so whatever its activation of 0 it adds exact zeros to the residual stream.
 Drafts made from the trained target (noise 0: the trained model itself, acceptance 1) cost what a
 small model costs beside it, c ~0.1-0.2, with an acceptance the noise sets (on the cpu study's
-target and its DDTP tasks, the calibration's alpha 0.82-0.95 at 0.1 and 0.70-0.78 at 0.2). The encoder is widened alike (the
-config's `mlp_dim` is shared); it runs once per batch, before any method's timed loop.
+target and its DDTP tasks, the calibration's alpha 0.82-0.95 at 0.1 and 0.70-0.78 at 0.2). The
+encoder is widened alike (the config's `mlp_dim` is shared); it runs once per batch, before any
+method's timed loop.
 
 What is not the same: sums over more (zero) terms may be blocked differently by XLA, so logits can
 move by rounding (tested), and a wide MLP on a narrow model (d_model 128) is not a real T5's shape.
