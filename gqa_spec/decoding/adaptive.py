@@ -1,46 +1,50 @@
-"""Speculative decoding that tunes its own draft length per row (`generate --gamma auto`).
+"""Speculative decoding that tunes its own draft length (`generate --gamma auto`).
 
-The loop of `speculative.py` with one change: every row r keeps its own draft length gamma_r in
-[0, gamma_max], chosen inside the jitted loop from what the row has seen. Shapes stay static: the
-draft proposes into `[b, gamma_max]` buffers (a model draft stops calling its decoder once every
-row has its gamma_r tokens, `ModelDraft.propose_upto`; other drafts propose gamma_max), the target
-scores gamma_max + 1 positions, and `sampling.verify(limit=gamma_r)` verifies only each row's own
-prefix: positions past gamma_r are rejected and, when the prefix is accepted whole, the bonus token
-comes from p_{gamma_r + 1}. The causal mask keeps the positions past gamma_r from changing p at
-the ones before. The target scores only as many positions as the batch needs: the call is one of a
-few compiled widths (`verify_gammas`: 1, 2, 3, 4, 6, 8, 12, ... up to gamma_max, each + 1 tokens),
-the narrowest that holds the longest proposal an active row asked for (`lax.switch`), so a batch
-whose rows all ask for gamma 1 pays for a two-token call, not a gamma_max + 1 one (a draft that
-reads the target's hidden states, Chimera, keeps the gamma_max + 1 width). Once no active row
-speculates (every one at gamma_r = 0, which is final), the rest runs as plain one-token target
-steps in a second loop, without the draft. When the costs say that not even the starting
-`alpha_init` would pay for a proposal (`AdaptiveGamma.speculates` is False: a draft that costs
-what the target costs, or one whose acceptance `measure_costs` found too low for its cost),
-`decode` is `autoregressive.decode` itself, greedy decoding's own compiled program, on a cache
-of one slot per token (`target_cache_length`), with two statistics from a second small program
-(`plain_decode`).
+The loop of `speculative.py` with one change: the draft length is chosen inside the jitted loop, at
+every iteration, from what the rows have seen: by the batch's slowest row (policy 'optimal'), or per
+row (HF's heuristic schedule, the confidence stop), in [0, gamma_max]. Shapes stay static: the draft
+proposes into `[b, gamma_max]` buffers (a model draft stops calling its decoder once every row has
+its gamma_r tokens, `ModelDraft.propose_upto`; other drafts propose gamma_max), the target scores
+gamma_max + 1 positions, and `sampling.verify(limit=gamma_r)` verifies only each row's own prefix:
+positions past gamma_r are rejected and, when the prefix is accepted whole, the bonus token comes
+from p_{gamma_r + 1}. The causal mask keeps the positions past gamma_r from changing p at the ones
+before. The target scores only as many positions as the batch needs: the call is one of a few
+compiled widths (`verify_gammas`: 1, 2, 3, 4, 6, 8, 12, ... up to gamma_max, each + 1 tokens), the
+narrowest that holds the longest proposal an active row asked for (`lax.switch`), so a batch whose
+rows all ask for gamma 1 pays for a two-token call, not a gamma_max + 1 one (a draft that reads the
+target's hidden states, Chimera, keeps the gamma_max + 1 width). Once no active row speculates
+(every one at gamma_r = 0, which is final), the rest runs as plain one-token target steps in a
+second loop, without the draft. When the costs say that not even the starting `alpha_init` would pay
+for a proposal (`AdaptiveGamma.speculates` is False: a draft that costs what the target costs, or
+one whose acceptance `calibration.measure_costs` found too low for its cost), `decode` is
+`autoregressive.decode` itself, greedy decoding's own compiled program, on a cache of one slot per
+token (`target_cache_length`), with two statistics from a second small program (`plain_decode`).
 
-Exactness: gamma_r depends only on the row's past (and, with a confidence stop, on the draft's
-distributions at the positions already proposed), so it is a stopping rule; the
-correctness argument (Leviathan et al. App. A.1; Chen et al. Theorem 1) holds for each iteration
-whatever gamma it used, and greedy output is token-identical to greedy decoding.
+Exactness: gamma_r depends only on the past (the batch's rows' earlier iterations, and with a
+confidence stop the draft's distributions at the positions already proposed), never on this
+iteration's draws, so it is a stopping rule; the correctness argument (Leviathan et al. App. A.1;
+Chen et al. Theorem 1) holds for each iteration whatever gamma it used, and greedy output is
+token-identical to greedy decoding.
 
 Policies (`AdaptiveGamma.policy`):
-  'optimal'   (default) alpha_r, the row's acceptance (Corollary 6: alpha = E(beta)) as a
-              discounted ratio, the betas of the positions it tried over their number, both
+  'optimal'   (default) every row keeps alpha_r, its acceptance (Corollary 6: alpha = E(beta)) as
+              a discounted ratio, the betas of the positions it tried over their number, both
               weighted by `decay` per call, starting from `alpha_init` counted as gamma_max
-              positions, and the cost ratio c give
-              gamma_r = argmax_gamma of Theorem 8 over [0, gamma_max] (`theory.optimal_gammas`;
-              with a measured verification cost v(gamma), a gamma >= 1 costs gamma c + v(gamma)
-              greedy steps; v(gamma) is the narrowest compiled width that holds gamma plus the
-              loop's own per-iteration work, `measure_costs`).
-              At gamma_r = 0 the row learns nothing more, so 0 is final for it; once no active row
-              speculates the draft is no longer kept up to date and the batch stays on plain
-              target steps.
+              positions. The batch's next draft length is argmax_gamma of Theorem 8 over
+              [0, gamma_max] at the lowest alpha_r of its active rows (`batch_gamma`,
+              `theory.optimal_gammas`; with the measured costs, a gamma >= 1 costs gamma c +
+              v(gamma) plain steps, `calibration.measure_costs`), and every active row proposes
+              that many (a confidence stop may end a row's proposal sooner): an iteration costs
+              what its longest proposal costs, and the batch takes as many iterations as its
+              slowest row.
+              At batch 1 this is the row's own Theorem 8 gamma; above it, a length per row cost
+              the widened pair's batch-8 cells up to half their speed (`batch_gamma`). Gamma 0
+              is final: the draft is no longer kept up to date and the
+              batch stays on plain target steps.
   'heuristic' HF's `num_assistant_tokens_schedule="heuristic"`: +2 after a proposal accepted whole,
               else -1, within [1, gamma_max].
-  'fixed'     every row keeps `gamma_init` (not a CLI choice: `measure_costs` times this very
-              loop's iteration with it).
+  'fixed'     every row keeps `gamma_init` (not a CLI choice: `calibration.measure_costs` times
+              this very loop's iterations with it).
 `confidence` > 0 (`--draft-confidence`, model drafts only) also ends a row's proposal after the
 first token whose draft top probability is below it (HF's `assistant_confidence_threshold`).
 """
@@ -49,15 +53,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
-from typing import Any, Iterable, NamedTuple, Optional, Tuple, Union
+from typing import Any, NamedTuple, Optional, Tuple, Union
 
 import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gqa_spec.decoding import autoregressive, sampling, theory, timing, xla_options
+from gqa_spec.decoding import autoregressive, sampling, theory, xla_options
 from gqa_spec.decoding.autoregressive import EOS
 from gqa_spec.decoding.drafts.base import Draft
 from gqa_spec.decoding.sampling import SamplingConfig
@@ -80,15 +83,15 @@ class AdaptiveGamma:
     cost_ratio: c, one draft call's time over one target call's (policy 'optimal').
     verify_ratio: v, the verification call over a one-token target call (policy 'optimal'): one
       number for every gamma (1 = Theorem 8 as printed, which assumes verification costs one
-      step) or gamma_max numbers v(1)..v(gamma_max), as `measure_costs` gives.
+      step) or gamma_max numbers v(1)..v(gamma_max), as `calibration.measure_costs` gives.
     confidence: stop a row's proposal after a token whose draft top probability is below this
       (0 = off).
     gamma_init: every row's first draft length (None: the policy's choice at `alpha_init`, or
       gamma_max // 2 for 'heuristic').
     alpha_init: the running alpha's starting value (policy 'optimal'): by default an optimistic
       0.9, so that a row tries speculating (at the gamma this alpha would pay for) before its own
-      alpha decides; `calibrated` sets the draft's acceptance `measure_costs` found on the
-      first batch instead (what `generate --gamma auto` does).
+      alpha decides; `calibrated` sets the draft's acceptance `calibration.measure_costs` found
+      on the first batch instead (what `generate --gamma auto` does).
     decay: the weight of the positions before each call in the running alpha (policy
       'optimal'). The ratio counts every tried position alike, which is the acceptance's
       maximum-likelihood estimate whatever the rule that stopped each proposal; a mean of each
@@ -141,7 +144,7 @@ class AdaptiveGamma:
                                 self.verify_ratio)
 
   def calibrated(self, calibration: 'Calibration') -> 'AdaptiveGamma':
-    """These settings with `measure_costs`' c, v and starting alpha."""
+    """These settings with `calibration.measure_costs`' c, v and starting alpha."""
     return dataclasses.replace(self, cost_ratio=calibration.cost_ratio,
                                verify_ratio=calibration.verify_ratio,
                                alpha_init=min(max(calibration.alpha, 0.0), 1.0))
@@ -205,153 +208,24 @@ def verify_width(gamma: int, gamma_max: int) -> int:
 
 
 class Calibration(NamedTuple):
-  """What `measure_costs` measured: `AdaptiveGamma`'s cost_ratio, verify_ratio and alpha_init."""
+  """What `calibration.measure_costs` measured: `AdaptiveGamma`'s cost_ratio, verify_ratio and
+  alpha_init."""
   cost_ratio: float
   verify_ratio: Tuple[float, ...]
   alpha: float
 
 
-# The fewest output positions the starting alpha is measured over: `first_stage` reads batches
-# after the first (untimed: greedy decoding and the draft's teacher-forced pass, programs it has
-# compiled) until it has counted this many, or read `CALIBRATION_MAX_BATCHES` in all. One batch
-# was too few: summarisation at batch 1 (~10 tokens an output) measured a bigram's alpha at 0.80
-# on its first input, speculated, and ran at 0.55x greedy decoding on an H200, where the bigram's
-# acceptance over 8 inputs was 0.11-0.24 (results/gpu/adaptive_2026-11-27).
-CALIBRATION_POSITIONS = 128
-CALIBRATION_MAX_BATCHES = 16
-
-
-class FirstStage(NamedTuple):
-  """`first_stage`'s measurements: seconds per greedy step, per draft proposal (with its commit)
-  and per 2-token target call; the draft's teacher-forced agreement; v's lower bound in steps;
-  the `(target state, draft state)` batches of `more` it read for the agreement."""
-  t_step: float
-  t_draft: float
-  alpha: float
-  t_call: float
-  v_floor: float
-  more: Tuple[Tuple[PyTree, PyTree], ...] = ()
-
-
-def first_stage(target: Decoder, target_state: PyTree, max_decode_len: int, next_token, commit,
-                draft_state: PyTree, slack: int,
-                more: Iterable[Tuple[PyTree, PyTree]] = ()) -> FirstStage:
-  """The calibrations' first stage, chains (`measure_costs`) and trees
-  (`adaptive_tree.measure_costs`) alike: greedy decoding per step, the draft's pass over its
-  output (`timing.teacher_forced` with `next_token` and `commit`, the output padded by `slack`
-  slots) and the target's 1- and 2-token calls; v_floor = 1 + (2-token call - 1-token call) in
-  greedy steps, a lower bound of every iteration's v (`measure_costs`). The agreement also reads
-  batches of `more` (`(target state, draft state)` of the same shapes, read lazily) until
-  `CALIBRATION_POSITIONS` positions, at most `CALIBRATION_MAX_BATCHES` batches in all."""
-  rng = jax.random.PRNGKey(0)
-  greedy = lambda state: autoregressive.decode(target, state, rng, max_decode_len=max_decode_len)
-  t_step = timing.per_iteration(lambda: greedy(target_state))  # seconds per greedy step
-  read = []
-
-  def output(state):  # [b, 1 + L + slack] greedy decoding's sequences, and lengths [b]
-    out = jax.device_get(greedy(state))
-    return np.pad(out.sequences, ((0, 0), (0, slack))), out.lengths
-
-  def more_outputs():
-    for tstate, dstate in itertools.islice(more, CALIBRATION_MAX_BATCHES - 1):
-      read.append((tstate, dstate))
-      yield (dstate, *output(tstate))
-
-  t_draft, alpha = timing.teacher_forced(next_token, commit, draft_state, *output(target_state),
-                                         more=more_outputs(), min_positions=CALIBRATION_POSITIONS)
-  fill = max_decode_len // 2
-  t_one = timing.step_time(target, target_state, 1, fill)  # greedy decoding's call
-  t_two = timing.step_time(target, target_state, 2, fill)
-  return FirstStage(t_step, t_draft, alpha, t_two, 1.0 + max(t_two - t_one, 0.0) / t_step,
-                    tuple(read))
-
-
-def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
-                  max_decode_len: int, gamma_max: int,
-                  more: Iterable[Tuple[PyTree, PyTree]] = ()) -> Calibration:
-  """(c, v, alpha) on this machine and batch; c and v in units of one step of greedy decoding's
-  loop (a few seconds, compiles included; each time the fastest of a few runs):
-
-    c = one draft token: a proposal of one token and its commit (`timing.teacher_forced`);
-    v = (v(1), ..., v(gamma_max)): the rest of an iteration of this loop that verifies gamma
-        tokens: the target call at the narrowest compiled width that holds gamma
-        (`verify_width`, + 1 tokens; `timing.step_time`), plus what the loop spends besides its
-        calls (verification, appending, rollbacks, statistics, the width's `lax.switch`);
-    alpha = the draft's acceptance of one-token proposals at temperature 0 (so that no random
-        draw of the decoding to come enters it), every row's starting estimate
-        (`AdaptiveGamma.alpha_init`, `calibrated`): in the first stage its greedy token against
-        greedy decoding's at every position of greedy decoding's output on this batch, fed the
-        true prefix (`timing.teacher_forced`, the same pass that times c); where the second
-        stage runs, the acceptance in its gamma-1 run of this loop. Both are counted over at
-        least `CALIBRATION_POSITIONS` output positions: where this batch holds fewer, batches of
-        `more` (`(target state, draft state)` of the same shapes, e.g. the batches after this
-        one, made as they are read) are read too, untimed, up to `CALIBRATION_MAX_BATCHES`.
-
-  In two stages, so that ruling a draft out costs little. First the unit (greedy decoding,
-  `autoregressive.decode`, per step), c and alpha, and the target's calls of 1 and 2 tokens. If
-  Theorem 8 gives gamma 0 even with v(gamma) = 1 + (the 2-token call - the 1-token call) in
-  steps for every gamma, no gamma pays: that is a lower bound of every v (an iteration of this
-  loop does all that a greedy step does besides its call, and its call is at least 2 tokens
-  wide), so v is returned as that bound and nothing else is compiled or timed. `decode` is then
-  greedy decoding from the start. On the cpu study's trained pair (a draft at c ~0.3-0.5, alpha
-  ~0.3-0.5) this stage is the whole calibration: seconds where the second stage took half a
-  minute more.
-
-  Otherwise the other widths, and the loop's own work: this loop with every row at gamma 1
-  (policy 'fixed') per iteration, less its draft token and its width-1 call. On small models that
-  overhead is the size of a target call (measured on this CPU: the smoke pair's n-gram drafts,
-  c ~0.02, were slower than greedy at every gamma); without it Theorem 8 speculates where it does
-  not pay. A draft without `propose_upto` (n-gram, copy) proposes gamma_max tokens every
-  iteration whatever gamma a row asked for: its proposal is then part of every iteration's
-  overhead, and c is 0. (A fixed optimistic starting alpha, 0.9, made every row try speculating
-  first, which cost the smoke pair's n-gram drafts 10-30% of greedy decoding's speed on its
-  32-token outputs.)
-
-  The second stage's alpha is its own run's (the mean beta of the tried positions: the quantity
-  each row's running estimate goes on to track), the teacher-forced one counting every position
-  of the output, the loop only those it proposes at (on the cpu study's pair, summarisation at
-  batch 8: 0.465 and 0.483). A draft that reads the target's hidden states (Chimera,
-  `reads_target_hidden`) proposes from those of the loop's own verification calls, which the
-  teacher-forced pass does not make: the first stage does not stop it.
-
-  Each time is the fastest of a few runs, taken at different moments: on this shared 2-core CPU
-  the same measurement moved by up to 1.7x between runs of the calibration (c 0.16 to 0.32 for
-  the cpu study's draft at batch 8), enough to change the decision where it is close."""
-  fill = max_decode_len // 2
-  rng = jax.random.PRNGKey(0)
-
-  def next_token(dstate, seqs, at):
-    tokens, _, dstate = draft.propose(dstate, seqs, at, rng, 1, sampling.GREEDY)  # [b, 1]
-    return tokens[:, 0], dstate
-
-  first = first_stage(target, target_state, max_decode_len, next_token, draft.commit, draft_state,
-                      gamma_max + 1, more)
-  t_step, alpha = first.t_step, first.alpha
-  c = first.t_draft / t_step if getattr(draft, 'propose_upto', None) is not None else 0.0
-  t_call = {1: first.t_call}  # seconds per call of w + 1
-  floor = (first.v_floor,) * gamma_max
-  reads_hidden = getattr(draft, 'reads_target_hidden', False)
-  if not reads_hidden and _optimal_first_gamma(alpha, c, gamma_max, floor) == 0:
-    return Calibration(c, floor, alpha)
-  for w in verify_gammas(gamma_max)[1:]:
-    t_call[w] = timing.step_time(target, target_state, w + 1, fill)
-  fixed = AdaptiveGamma(gamma_max=gamma_max, policy='fixed', gamma_init=1)
-  run = lambda ts=target_state, ds=draft_state: decode(target, ts, draft, ds, rng, adaptive=fixed,
-                                                       max_decode_len=max_decode_len)
-  t_iter = timing.per_iteration(run)
-  results = jax.device_get([run()] + [run(ts, ds) for ts, ds in first.more])
-  alpha = (sum(float(r.beta_sum) for r in results)  # this loop's own, on the first stage's batches
-           / max(sum(float(r.beta_count) for r in results), 1.0))
-  overhead = max(t_iter - t_call[1] - c * t_step, 0.0)
-  return Calibration(c, tuple((t_call[verify_width(g, gamma_max)] + overhead) / t_step
-                              for g in range(1, gamma_max + 1)), alpha)
-
-
 def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
            rng: jax.Array, *, adaptive: AdaptiveGamma, max_decode_len: int,
            config: SamplingConfig = sampling.GREEDY, eos_id: int = EOS,
-           skip: Optional[jax.Array] = None) -> SpeculativeResult:
-  """Speculative decoding with per-row adaptive draft lengths (arguments as `speculative.decode`).
+           skip: Optional[jax.Array] = None,
+           first_gammas: Optional[jax.Array] = None) -> SpeculativeResult:
+  """Speculative decoding with adaptive draft lengths (arguments as `speculative.decode`).
+
+  `first_gammas` `[b]` int32 (optional): each row's first draft length in place of the policy's,
+  a traced argument, so one compiled loop serves any values (`calibration.measure_costs` times
+  the loop at every width with one compile, policy 'fixed'). Under 'optimal' a row at 0 stays at
+  0, as any row does.
 
   `draft_state` may be None where `adaptive.speculates` is False: the call is then one jitted
   function of the target alone (`plain_decode`), autoregressive decoding with its result in this
@@ -375,7 +249,8 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
                                  skip=skip)
     return _as_adaptive_result(r, histogram, trace, adaptive.gamma_max)
   return _speculative(target, target_state, draft, draft_state, rng, adaptive=adaptive,
-                      max_decode_len=max_decode_len, config=config, eos_id=eos_id, skip=skip)
+                      max_decode_len=max_decode_len, config=config, eos_id=eos_id, skip=skip,
+                      first_gammas=first_gammas)
 
 
 def plain_decode(target: Decoder, target_state: PyTree, rng: jax.Array, *, gamma_max: int,
@@ -418,7 +293,8 @@ def _plain_statistics(target_calls: jax.Array, loop_iterations: jax.Array, *, ga
 def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
                  rng: jax.Array, *, adaptive: AdaptiveGamma, max_decode_len: int,
                  config: SamplingConfig, eos_id: int,
-                 skip: Optional[jax.Array]) -> SpeculativeResult:
+                 skip: Optional[jax.Array],
+                 first_gammas: Optional[jax.Array] = None) -> SpeculativeResult:
   """`decode` where rows speculate (its docstring)."""
   gmax = adaptive.gamma_max
   upto = getattr(draft, 'propose_upto', None)
@@ -428,7 +304,8 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
       gamma_histogram=jnp.zeros((batch, gmax + 1), jnp.int32),
       gamma_trace=jnp.full((batch, max_decode_len), -1, jnp.int32),
       draft_steps=jnp.zeros((), jnp.int32)))
-  init = AdaptiveState(loop=loop, want=adaptive.first(batch),
+  want = adaptive.first(batch) if first_gammas is None else first_gammas.astype(jnp.int32)
+  init = AdaptiveState(loop=loop, want=want,
                        alpha=jnp.full((batch,), adaptive.alpha_init, jnp.float32),
                        weight=jnp.full((batch,), float(gmax), jnp.float32))
   positions = jnp.arange(gmax + 1)  # [gmax + 1]
@@ -491,9 +368,8 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
       nxt = jnp.clip(jnp.where(k == a.want, a.want + 2, a.want - 1), 1, gmax)  # HF's schedule
     elif adaptive.policy == 'fixed':
       nxt = a.want
-    else:
-      nxt = jnp.where(a.want > 0, theory.optimal_gammas(alpha, adaptive.cost_ratio, gmax,
-                                                        adaptive.verify_ratio), 0)
+    else:  # one length for the batch, Theorem 8 at its slowest row's alpha (`batch_gamma`)
+      nxt = jnp.where(a.want > 0, batch_gamma(alpha, ~done, adaptive), 0)
     rows = jnp.arange(batch)
     result = record_call(r, sequences, lengths, active, limit, k, acc, tried, beta, gmax).replace(
         gamma_histogram=r.gamma_histogram.at[rows, limit].add(active.astype(jnp.int32)),
@@ -518,6 +394,25 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
   final = jax.lax.while_loop(lambda a: ~jnp.all(a.loop.done) & speculating(a), body, init)
   loop = plain_loop(target, final.loop, max_decode_len, config, eos_id)
   return with_draft_calls(plain_statistics(loop, final.loop.result.target_calls))
+
+
+def batch_gamma(alpha: jax.Array, active: jax.Array, adaptive: AdaptiveGamma) -> jax.Array:
+  """`[]` int32: the draft length of the batch's next iteration (policy 'optimal'), Theorem 8's
+  gamma (`theory.optimal_gammas`, over [0, gamma_max]) at the lowest running alpha among the
+  `active [b]` rows (`alpha [b]`).
+
+  One length for the batch, not one per row: an iteration costs what its longest proposal costs
+  (the draft runs until the longest row has its tokens, the verification call is the narrowest
+  width that holds it), so a row proposing less saves nothing and accepts less; and the batch
+  takes as many iterations as its slowest row needs, so the length that pays is the one that pays
+  for the row accepting least. With a length per row (Theorem 8 at each row's alpha), the
+  batch-8 cells of the widened pair ran 0.56x-0.87x greedy decoding where a fixed gamma of 1-2
+  reached 1.13x (results/benchmarks/adaptive_gamma_cpu_widened): the batch paid for the longest
+  row's 4 tokens every iteration, and a row at 0 (plain steps, one token a call) among
+  speculating rows became the batch's straggler. At batch 1 the two are the same."""
+  slowest = jnp.min(jnp.where(active, alpha, 1.0))  # []
+  return theory.optimal_gammas(slowest[None], adaptive.cost_ratio, adaptive.gamma_max,
+                               adaptive.verify_ratio)[0]
 
 
 def running_alpha(alpha: jax.Array, weight: jax.Array, beta: jax.Array, tried: jax.Array,

@@ -66,7 +66,8 @@ import numpy as np
 
 from gqa_spec.decoding import (sampling, timing, tree as tree_lib, tree_speculative,
                                xla_options)
-from gqa_spec.decoding.adaptive import Calibration, first_stage, plain_decode, plain_loop
+from gqa_spec.decoding.adaptive import Calibration, plain_decode, plain_loop
+from gqa_spec.decoding.calibration import first_stage
 from gqa_spec.decoding.autoregressive import EOS
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.speculative import (LoopState, SpeculativeResult, init_loop,
@@ -232,7 +233,7 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
                   max_decode_len: int, adaptive: AdaptiveTree,
                   more: Iterable[Tuple[PyTree, PyTree]] = ()) -> Calibration:
   """(c, v, alpha) on this machine and batch, in units of one step of greedy decoding's loop, as
-  `adaptive.measure_costs` gives them for chains, in the same two stages (a few seconds, compiles
+  `calibration.measure_costs` gives them for chains, in the same two stages (a few seconds, compiles
   included; each time the fastest of a few runs):
 
     c = one of the D draft calls that grow an N_max tree (`propose_tree` and a `commit_tree` of
@@ -246,8 +247,8 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
         position of greedy decoding's output on this batch, the draft fed the true prefix
         (`timing.teacher_forced`, the same pass that times c); where the second stage runs, the
         acceptance in its 1-node run of this loop (as for `--gamma auto`); both over at least
-        `adaptive.CALIBRATION_POSITIONS` positions, reading batches of `more` where this one
-        holds fewer (as `adaptive.measure_costs`).
+        `calibration.CALIBRATION_POSITIONS` positions, reading batches of `more` where this one
+        holds fewer (as `calibration.measure_costs`).
 
   First the unit (greedy decoding per step), c, alpha and the target's calls of 1 and 2 tokens.
   If the prior at that alpha pays for no tree even with v(u) = 1 + (the 2-token call - the

@@ -23,9 +23,10 @@ reports `memory_per_device`, the target's parameter and cache bytes per device o
 and of a model draft once, at load (`gqa_spec.checkpoints.param_dtype`), so the decode loop
 converts no weight per step. `--loop-chunk K` (autoregressive decoding) runs K decode steps per
 while-loop iteration with a static trip count (`autoregressive.decode`'s `loop_chunk`): the same
-tokens, one host round trip per K steps on XLA:GPU. `--gamma auto`: each row chooses its own draft
-length in the loop (`gqa_spec.decoding.adaptive`); without `--cost-ratio`, c is measured once on
-the first batch before the timed runs, with the verification call's cost v (`adaptive.measure_costs`).
+tokens, one host round trip per K steps on XLA:GPU. `--gamma auto`: the draft length is chosen in
+the loop at every iteration (`gqa_spec.decoding.adaptive`); without `--cost-ratio`, c and the
+iteration's cost v are measured once on the first batch before the timed runs, at the run's
+temperature (`calibration.measure_costs`).
 `--tree best:auto[:N],depth:D[,width:W]`: best-first trees of at most N nodes whose size each row
 chooses in the loop (`gqa_spec.decoding.adaptive_tree`); c, v and the starting alpha are measured
 the same way (`adaptive_tree.measure_costs`) unless `--cost-ratio` gives c (v = 1 and alpha 0.9
@@ -75,14 +76,15 @@ def register(subparsers) -> None:
                       'directory) | unigram:PATH | bigram:PATH (from `gqa-spec ngram fit`) | '
                       'copy (prompt lookup) | chimera:DIR (a `train-draft --kind chimera` run)')
   p.add_argument('--gamma', type=_gamma, default=4,
-                 help='draft tokens per target call, or auto: each row its own, chosen in the loop '
-                      '(--gamma-policy)')
+                 help='draft tokens per target call, or auto: chosen in the loop at every '
+                      'iteration (--gamma-policy)')
   p.add_argument('--gamma-max', type=arguments.positive_int, default=8,
                  help='--gamma auto: the longest proposal')
   p.add_argument('--gamma-policy', choices=('optimal', 'heuristic'), default=None,
-                 help="--gamma auto: optimal (default; Leviathan's Theorem 8 from each row's running "
-                      "alpha and the cost ratio c, 0 = plain target steps) or heuristic (HF's "
-                      'schedule: +2 after a proposal accepted whole, else -1)')
+                 help="--gamma auto: optimal (default; one length for the batch, Leviathan's "
+                      "Theorem 8 at its slowest row's running alpha and the measured costs, 0 = "
+                      "plain target steps) or heuristic (HF's schedule per row: +2 after a "
+                      'proposal accepted whole, else -1)')
   p.add_argument('--cost-ratio', type=float, default=None, metavar='C',
                  help='--gamma auto, optimal policy, or --tree best:auto: a draft call\'s time over '
                       'a target call\'s, with verification taken as one step as in Theorem 8 '
@@ -305,7 +307,7 @@ def generate(args: argparse.Namespace) -> int:
 
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding import adaptive, adaptive_tree, autoregressive, speculative  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding import adaptive, adaptive_tree, autoregressive, calibration, speculative  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
 
@@ -384,8 +386,8 @@ def generate(args: argparse.Namespace) -> int:
 
   if cost_measured:  # timed on the first batch; alpha also on the next ones, as it asks
     states = calibration_states(speculative.target_cache_length(max_len, gamma))
-    auto = auto.calibrated(_calibrate(adaptive.measure_costs, target, draft, states, max_len,
-                                      gamma))
+    auto = auto.calibrated(_calibrate(calibration.measure_costs, target, draft, states, max_len,
+                                      gamma, config=config))
   tree_cost_measured = auto_tree is not None and args.cost_ratio is None
   if tree_cost_measured:
     states = calibration_states(adaptive_tree.target_cache_length(max_len, auto_tree))
@@ -446,11 +448,13 @@ def generate(args: argparse.Namespace) -> int:
   return 0
 
 
-def _calibrate(measure_costs, target, draft, states, max_len: int, settings):
-  """`measure_costs` (chain or tree) timed on the first of `states` (an iterator of each batch's
-  (target state, draft state)), the rest read for the starting alpha as far as it asks."""
+def _calibrate(measure_costs, target, draft, states, max_len: int, settings, **kwargs):
+  """`measure_costs` (chain or tree; `kwargs` to it) timed on the first of `states` (an iterator
+  of each batch's (target state, draft state)), the rest read for the starting alpha as far as it
+  asks."""
   target_state, draft_state = next(states)
-  return measure_costs(target, target_state, draft, draft_state, max_len, settings, more=states)
+  return measure_costs(target, target_state, draft, draft_state, max_len, settings, more=states,
+                       **kwargs)
 
 
 def _stats(results, speculative_run: bool, seconds: float, compile_seconds: float) -> Dict[str, Any]:

@@ -17,8 +17,8 @@ them at a time), and reports:
   speedup_thm8     Theorem 8 with the measured alpha and c; `_with_v` also with v(gamma).
 With `auto_drafts`, `measure_grid` also runs `--gamma auto` (`adaptive.decode`, policy optimal,
 gamma_max = the largest gamma) for those drafts on the same batches (`auto_rows`), with c and
-v(1)..v(gamma_max) from `adaptive.measure_costs` on the first batch, as `generate --gamma auto`
-measures them.
+v(1)..v(gamma_max) from `calibration.measure_costs` on the first batch at each temperature, as
+`generate --gamma auto` measures them.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
 import jax
 import jax.numpy as jnp
 
-from gqa_spec.decoding import adaptive, autoregressive, speculative, theory, tree_speculative
+from gqa_spec.decoding import (adaptive, autoregressive, calibration, speculative, theory,
+                               tree_speculative)
 from gqa_spec.decoding.drafts import ModelDraft
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.targets import T5Decoder
@@ -103,8 +104,9 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
                spec_all(SamplingConfig(temperature=t), d, i, g)
                for temp in temperatures for name, (draft, dinit) in drafts.items()
                for gamma in gammas})
-  autos = {name: auto_costs(target, params, *drafts[name], batches, L, gmax)
-           for name in auto_drafts}
+  autos = {(temp, name): auto_costs(target, params, *drafts[name], batches, L, gmax,
+                                    SamplingConfig(temperature=temp))
+           for temp in temperatures for name in auto_drafts}
 
   def auto_all(config, draft, dinit, auto):
     slots_auto = adaptive.target_cache_length(L, auto)  # as `generate --gamma auto` allocates
@@ -114,7 +116,7 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
                             config=config) for enc in batches]
 
   runs.update({(temp, name, 'auto'): lambda t=temp, n=name: auto_all(
-      SamplingConfig(temperature=t), *drafts[n], autos[n])
+      SamplingConfig(temperature=t), *drafts[n], autos[t, n])
                for temp in temperatures for name in auto_drafts})
   first = dict(zip(runs, first_runs(list(runs.values()), workers)))
   out: Dict[str, Any] = {'target_step_seconds': {str(k): v for k, v in t_target.items()},
@@ -158,10 +160,11 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
       tokens = sum(int(r.lengths.sum()) for r in res)
       calls = sum(int(r.target_calls.sum()) for r in res)
       spec_lists = sum((autoregressive.strip(r.sequences, r.lengths) for r in res), [])
+      auto = autos[temp, name]
       out['auto_rows'].append({
-          'draft': name, 'temperature': temp, 'gamma': 'auto', 'policy': autos[name].describe(),
-          'c': autos[name].cost_ratio, 'verify_ratio_v': list(autos[name].verify_ratio),
-          'alpha_init': autos[name].alpha_init, 'speculated': autos[name].speculates,
+          'draft': name, 'temperature': temp, 'gamma': 'auto', 'policy': auto.describe(),
+          'c': auto.cost_ratio, 'verify_ratio_v': list(auto.verify_ratio),
+          'alpha_init': auto.alpha_init, 'speculated': auto.speculates,
           'tokens': tokens, 'target_calls': calls, 'tokens_per_call': tokens / calls,
           'accepted': sum(int(r.accepted.sum()) for r in res),
           'loop_iterations': sum(int(r.loop_iterations) for r in res),
@@ -173,16 +176,16 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
 
 
 def auto_costs(target, params: Any, draft, dinit: Callable[[jax.Array], Any],
-               batches: Sequence[jax.Array], max_decode_len: int,
-               gamma_max: int) -> adaptive.AdaptiveGamma:
-  """`--gamma auto`'s settings for `draft` as `generate` measures them: c, v(1)..v(gamma_max) and
-  the starting alpha from `adaptive.measure_costs` on the first of `batches` (the alpha also on
-  the batches after it that it asks for)."""
+               batches: Sequence[jax.Array], max_decode_len: int, gamma_max: int,
+               config: SamplingConfig = SamplingConfig()) -> adaptive.AdaptiveGamma:
+  """`--gamma auto`'s settings for `draft` at `config` as `generate` measures them: c,
+  v(1)..v(gamma_max) and the starting alpha from `calibration.measure_costs` on the first of
+  `batches` (the alpha also on the batches after it that it asks for)."""
   slots = speculative.target_cache_length(max_decode_len, gamma_max)
   states = ((target.init(params, enc, slots), dinit(enc)) for enc in batches)  # lazily
   first = next(states)
-  return adaptive.AdaptiveGamma(gamma_max=gamma_max).calibrated(adaptive.measure_costs(
-      target, first[0], draft, first[1], max_decode_len, gamma_max, more=states))
+  return adaptive.AdaptiveGamma(gamma_max=gamma_max).calibrated(calibration.measure_costs(
+      target, first[0], draft, first[1], max_decode_len, gamma_max, more=states, config=config))
 
 
 # name -> (tree draft, its TreeShape, init(encoder_tokens [b, S]) -> draft state)

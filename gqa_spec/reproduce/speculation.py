@@ -6,7 +6,7 @@ Jobs (each skipped once finished):
                          and copy (prompt lookup) drafts over temperatures and gammas: alpha,
                          tokens per call, c(gamma), measured speedup, Theorem 8 (`rows`); and
                          the draft model with `--gamma auto` (gamma_max = the largest of
-                         `gammas`, c and v by `adaptive.measure_costs`: `auto_rows`).
+                         `gammas`, c and v by `calibration.measure_costs`: `auto_rows`).
   <task>.<mha>.drafts    Spector & Re and Chimera beside plain speculation, for the MHA target the
                          `drafts` stage trained against, all in one job on the same batches
                          (speedups relative to the job's own autoregressive timing):

@@ -1,9 +1,10 @@
-"""Adaptive per-row draft lengths (`decoding/adaptive.py`): exact outputs whatever each row chose.
+"""Adaptive draft lengths (`decoding/adaptive.py`): exact outputs whatever length each call used.
 
 Greedy: tiny T5 target (GQA-2) and a perturbed copy as the draft on the ragged batch of 4, every
-policy; the rows end up with different draft lengths (0 included), and the output is greedy
-decoding's, token for token. Sampling: the table stubs of `test_speculative_stub.py` (40k rows, one
-jitted batch), chi-square on the joint distribution of the first three tokens.
+policy; the iterations use different draft lengths (0 included; per row for the heuristic), and the
+output is greedy decoding's, token for token. Sampling: the table stubs of
+`test_speculative_stub.py` (40k rows, one jitted batch), chi-square on the joint distribution of the
+first three tokens.
 """
 
 import jax
@@ -11,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gqa_spec.decoding import adaptive, autoregressive, speculative, theory, timing
+from gqa_spec.decoding import adaptive, autoregressive, calibration, speculative, theory, timing
 from gqa_spec.decoding.adaptive import AdaptiveGamma
 from gqa_spec.decoding.drafts import CopyDraft, ModelDraft, NgramDraft
 from gqa_spec.decoding.drafts.ngram import fit_ngram
@@ -52,20 +53,36 @@ def _greedy(adaptive_gamma, draft_kind='perturbed'):
   return summary
 
 
-def test_optimal_policy_is_greedy_exact_with_rows_at_different_gammas():
+def test_optimal_policy_is_one_length_for_the_batch_and_greedy_exact():
   summary = _greedy(AdaptiveGamma(gamma_max=GAMMA_MAX, cost_ratio=0.4, alpha_init=0.9))
   trace = summary['gamma_per_call_per_row']
   assert trace[0][0] == GAMMA_MAX  # alpha_init 0.9 at c = 0.4: Theorem 8's best is gamma_max
-  assert len({tuple(t) for t in trace}) == len(trace)  # every row its own schedule
-  assert any(0 in t for t in trace) and any(t[-1] > 0 for t in trace)  # some rows stop speculating
-  for t in trace:  # gamma 0 is final for a row
-    assert all(g == 0 for g in t[t.index(0):]) if 0 in t else True
-  # Iteration i is row r's call i (rows are active from the start): some iterations had no row
-  # speculating, so they ran as plain target steps, without the draft.
-  plain = [i for i in range(max(map(len, trace))) if all(t[i] == 0 for t in trace if len(t) > i)]
-  assert plain
-  assert summary['draft_steps'] <= GAMMA_MAX * (summary['loop_iterations'] - len(plain))
-  assert summary['draft_steps_saved'] >= GAMMA_MAX * len(plain)
+  # Iteration i is call i of every row still decoding (rows are active from the start): one draft
+  # length for all of them at every iteration.
+  iterations = max(map(len, trace))
+  per_iteration = [{t[i] for t in trace if len(t) > i} for i in range(iterations)]
+  assert all(len(g) == 1 for g in per_iteration), per_iteration
+  gammas = [g.pop() for g in per_iteration]
+  assert len(set(gammas) - {0}) >= 2  # the length moved with the rows' acceptance
+  assert 0 in gammas and all(g == 0 for g in gammas[gammas.index(0):])  # 0 is final
+  # The iterations at 0 ran as plain target steps, without the draft.
+  plain = gammas.count(0)
+  assert summary['draft_steps'] <= GAMMA_MAX * (summary['loop_iterations'] - plain)
+  assert summary['draft_steps_saved'] >= GAMMA_MAX * plain
+
+
+def test_the_batch_length_is_theorem_8_at_the_slowest_active_row():
+  ad = AdaptiveGamma(gamma_max=8, cost_ratio=0.1, verify_ratio=1.5)
+  alpha = jnp.asarray([0.95, 0.6, 0.3, 0.9])
+  own = np.asarray(theory.optimal_gammas(alpha, 0.1, 8, 1.5))  # each row's own Theorem 8 gamma
+  assert own[0] > own[1] > own[2] == 0 and own[3] > own[1]  # measured: 8, 2, 0, 6
+  gamma = lambda active: int(adaptive.batch_gamma(alpha, jnp.asarray(active), ad))
+  assert gamma([True, True, True, True]) == own[2] == 0  # the row accepting least decides
+  assert gamma([True, True, False, True]) == own[1]  # a finished row has no say
+  assert gamma([True, False, False, True]) == own[3]
+  assert gamma([True, False, False, False]) == own[0]  # batch 1: the row's own gamma
+  jitted = jax.jit(lambda a, m: adaptive.batch_gamma(a, m, ad))  # inside the loop: traced
+  assert int(jitted(alpha, jnp.asarray([True, True, False, True]))) == own[1]
 
 
 def test_heuristic_schedule_with_confidence_stop_is_greedy_exact():
@@ -270,39 +287,61 @@ def test_teacher_forced_agreement_is_the_one_token_acceptance_at_every_position(
   assert same == 1.0
 
 
-def test_measured_costs_stop_at_the_bound_or_time_every_width_and_the_loop(monkeypatch):
+def test_measured_costs_stop_at_the_bound_or_time_the_loop_at_every_width(monkeypatch):
   model, params = model_and_params(2)
   target, enc = T5Decoder(model), jnp.asarray(INPUTS)
   state = target.init(params, enc, MAX_LEN + GAMMA_MAX + 2)
-  loops = []
+  loops, plain, timed = [], [], []
   speculative_loop = adaptive._speculative  # pylint: disable=protected-access
   monkeypatch.setattr(adaptive, '_speculative',
-                      lambda *a, **k: loops.append(k['adaptive']) or speculative_loop(*a, **k))
+                      lambda *a, **k: loops.append((k['adaptive'], k['first_gammas']))
+                      or speculative_loop(*a, **k))
+  plain_loop = autoregressive.decode
+  monkeypatch.setattr(calibration.autoregressive, 'decode',
+                      lambda *a, **k: plain.append(k.get('config')) or plain_loop(*a, **k))
+  for name in ('per_iteration', 'step_time'):  # record what each measurement returned
+    def record(*a, real=getattr(timing, name), name=name, **k):
+      timed.append((name, real(*a, **k)))
+      return timed[-1][1]
+    monkeypatch.setattr(calibration.timing, name, record)
   # A draft the size of the target (c ~1) at alpha ~0.5 pays for no gamma even if verifying
   # cost only a greedy step: the first stage decides, the loop is never run, every v is that
-  # lower bound (>= 1 greedy step), and the calibrated policy never speculates.
+  # lower bound (>= 1 greedy step), and the calibrated policy never speculates. The unit is a
+  # step of autoregressive decoding at the decoding's temperature; the agreement is greedy.
   draft = ModelDraft.t5(model)
   dstate = draft.init(perturbed_params('gqa'), enc, MAX_LEN, GAMMA_MAX)
-  c, v, alpha = adaptive.measure_costs(target, state, draft, dstate, MAX_LEN, GAMMA_MAX)
+  hot = SamplingConfig(temperature=1.0)
+  c, v, alpha = calibration.measure_costs(target, state, draft, dstate, MAX_LEN, GAMMA_MAX,
+                                          config=hot)
   assert c > 0.5 and 0.4 <= alpha < 1  # measured: c ~1.0, alpha 0.55
   assert len(set(v)) == 1 and len(v) == GAMMA_MAX and v[0] >= 1.0 and not loops
+  assert hot in plain and SamplingConfig() in plain
   assert not AdaptiveGamma(gamma_max=GAMMA_MAX).calibrated(adaptive.Calibration(c, v, alpha)
                                                            ).speculates
   # A bigram fitted on these very outputs (alpha high) that proposes gamma_max tokens whatever a
-  # row asked (so c = 0, its proposal in the overhead) passes the bound: every compiled width is
-  # timed, and the loop itself at gamma 1.
+  # row asked (so c = 0, its proposal in the iteration) passes the bound: the loop is timed at
+  # every compiled width, v(gamma) = its seconds per iteration at the width holding gamma over a
+  # greedy step's (c = 0: no draft tokens to take off), never below the bound.
   seqs, lengths = _greedy_output(model, params, enc)
   bigram = NgramDraft(model.config.vocab_size)
   table = bigram.init(fit_ngram([s[1:n + 1] for s, n in zip(seqs, lengths)], 2,
                                 model.config.vocab_size))
-  c, v, alpha = adaptive.measure_costs(target, state, bigram, table, MAX_LEN, GAMMA_MAX)
+  timed.clear()
+  c, v, alpha = calibration.measure_costs(target, state, bigram, table, MAX_LEN, GAMMA_MAX)
   assert c == 0 and alpha > 0.5 and len(v) == GAMMA_MAX
-  assert loops and {(a.policy, a.gamma_init) for a in loops} == {('fixed', 1)}
-  # one width per compiled verification call: equal gammas share a width's cost
-  widths = [adaptive.verify_width(g, GAMMA_MAX) for g in range(1, GAMMA_MAX + 1)]
-  for g in range(1, GAMMA_MAX):
-    if widths[g] == widths[g - 1]:
-      assert v[g] == v[g - 1]
+  widths = adaptive.verify_gammas(GAMMA_MAX)
+  assert {a.policy for a, _ in loops} == {'fixed'} and len({a for a, _ in loops}) == 1
+  # one compiled loop, the widths in turn as its traced first draft lengths
+  assert list(dict.fromkeys(tuple(np.asarray(f)) for _, f in loops)) == [
+      (w,) * len(INPUTS) for w in widths]
+  assert [n for n, _ in timed] == ['per_iteration', 'step_time', 'step_time'] + [
+      'per_iteration'] * len(widths)
+  t_step, t_one, t_two = (t for _, t in timed[:3])
+  t_iter = dict(zip(widths, (t for _, t in timed[3:])))
+  bound = 1 + max(t_two - t_one, 0) / t_step
+  for g in range(1, GAMMA_MAX + 1):
+    assert v[g - 1] == pytest.approx(max(t_iter[adaptive.verify_width(g, GAMMA_MAX)] / t_step,
+                                         bound))
   ad = AdaptiveGamma(gamma_max=GAMMA_MAX).calibrated(adaptive.Calibration(c, v, alpha))
   assert (ad.cost_ratio, ad.verify_ratio, ad.alpha_init) == (c, v, alpha)
   # a whole iteration at gamma 1 (a target call of 2 tokens, verification, the bigram's gamma_max
@@ -331,13 +370,13 @@ def test_alpha_is_measured_over_the_batches_after_the_first_as_far_as_it_needs(m
       made.append(i)
       yield target.init(params, enc, slots), table
 
-  monkeypatch.setattr(adaptive, 'CALIBRATION_POSITIONS', int(lengths[0] + 1))
+  monkeypatch.setattr(calibration, 'CALIBRATION_POSITIONS', int(lengths[0] + 1))
   loops = []
   speculative_loop = adaptive._speculative  # pylint: disable=protected-access
   monkeypatch.setattr(adaptive, '_speculative',
                       lambda *a, **k: loops.append(k['adaptive']) or speculative_loop(*a, **k))
   first = target.init(params, rows[0], slots)
-  c, _, alpha = adaptive.measure_costs(target, first, bigram, table, MAX_LEN, GAMMA_MAX,
+  c, _, alpha = calibration.measure_costs(target, first, bigram, table, MAX_LEN, GAMMA_MAX,
                                        more=states())
   assert made == [1] and c == 0  # one more batch reached the bound
   assert loops  # the bigram (fitted on these outputs) passed the first stage: alpha is the loop's
@@ -347,7 +386,7 @@ def test_alpha_is_measured_over_the_batches_after_the_first_as_far_as_it_needs(m
           for enc in rows[:2]]
   assert alpha == pytest.approx(sum(float(r.beta_sum) for r in runs)
                                 / sum(float(r.beta_count) for r in runs))
-  alone = adaptive.measure_costs(target, first, bigram, table, MAX_LEN, GAMMA_MAX).alpha
+  alone = calibration.measure_costs(target, first, bigram, table, MAX_LEN, GAMMA_MAX).alpha
   assert alone == pytest.approx(float(runs[0].beta_sum) / float(runs[0].beta_count))
 
 
@@ -366,7 +405,7 @@ def test_a_draft_reading_the_targets_hidden_states_is_calibrated_on_the_loop(mon
   speculative_loop = adaptive._speculative  # pylint: disable=protected-access
   monkeypatch.setattr(adaptive, '_speculative',
                       lambda *a, **k: loops.append(k['adaptive']) or speculative_loop(*a, **k))
-  _, v, alpha = adaptive.measure_costs(target, state, draft, dstate, MAX_LEN, gmax)
+  _, v, alpha = calibration.measure_costs(target, state, draft, dstate, MAX_LEN, gmax)
   assert loops and len(v) == gmax
   run = speculative_loop(target, state, draft, dstate, jax.random.PRNGKey(0),
                          adaptive=AdaptiveGamma(gamma_max=gmax, policy='fixed', gamma_init=1),

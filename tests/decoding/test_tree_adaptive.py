@@ -214,13 +214,14 @@ def test_measured_costs_and_starting_alpha(monkeypatch):
                       lambda *a, **k: loops.append(k['adaptive']) or speculative_loop(*a, **k))
   same = adaptive_tree.measure_costs(target, tstate, draft,
                                      draft.init(params, enc, MAX_LEN, ad.shape), MAX_LEN, ad)
-  assert same.alpha == 1.0 and same.cost_ratio > 0.5  # measured: c ~0.9
+  # measured: c ~0.9 alone, 0.38 beside another test worker (a loaded 2-core machine)
+  assert same.alpha == 1.0 and same.cost_ratio > 0.25
   assert len(same.verify_ratio) == len(ad.widths) == 3 and all(v > 0 for v in same.verify_ratio)
   loops.clear()
   other = adaptive_tree.measure_costs(
       target, tstate, draft, draft.init(perturbed_params('gqa'), enc, MAX_LEN, ad.shape), MAX_LEN,
       ad)
-  assert 0.0 < other.alpha < 0.85 and other.cost_ratio > 0.5 and not loops, other
+  assert 0.0 < other.alpha < 0.85 and other.cost_ratio > 0.25 and not loops, other
   assert len(set(other.verify_ratio)) == 1 and other.verify_ratio[0] >= 1.0
   assert not ad.calibrated(other).speculates
   out = autoregressive.decode(target, target.init(params, enc, MAX_LEN + 1), jax.random.PRNGKey(0),

@@ -69,6 +69,7 @@ def test_the_ab_control_never_runs_right_after_greedy_decoding(monkeypatch):
   class Result:  # what measure_cell reads of a decode result
     lengths = np.array([3])
     target_calls = np.array([3])
+    loop_iterations = np.array(3)
     accepted = proposed = np.array([1])
 
   monkeypatch.setattr(adaptive_gamma, 'interleaved', interleaved)
