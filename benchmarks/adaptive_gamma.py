@@ -8,18 +8,17 @@
 For each pair (or demo draft), batch size and temperature, on the same inputs: our jitted
 autoregressive decoding ("greedy decoding" in the goals, whatever the temperature: one target call
 per token), speculative decoding at each fixed gamma, and `adaptive.decode` with the `optimal`
-policy (c and v measured once per pair and batch size with `adaptive.measure_costs`, as
-`generate --gamma auto` does on its first batch; the seconds that took are recorded) and the
+policy (c and v measured once per pair, batch size and temperature with `calibration.measure_costs`,
+as `generate --gamma auto` does on its first batch; the seconds that took are recorded) and the
 `heuristic` policy. A cell decodes `--examples` inputs in batches of its batch size. After one
 compile call each, the methods run in turn, `--repeats` rounds, the order rotated every round (so
-that a change in the machine's load falls on all alike); each time is the median over the rounds.
-`x greedy` is tokens per second over autoregressive decoding's in the same cell (sampling runs
-generate different numbers of tokens); `x best fixed` is over the fastest fixed gamma of the cell,
-found by this very sweep (the sweep a user would have to run). Every cell also times greedy
-decoding a second time, `no draft (again)`, half-way round the rotation from the first (neither
-runs right after the other), an A/A control: its `x greedy` is what timing one
-program twice gives there, the noise the 0.97x goal is read against (the goals table marks a miss
-no larger than that distance from 1.0).
+that a change in the machine's load falls on all alike); each time is the median over the rounds. `x
+greedy` is tokens per second over autoregressive decoding's in the same cell (sampling runs generate
+different numbers of tokens); `x best fixed` is over the fastest fixed gamma of the cell, found by
+this very sweep (the sweep a user would have to run). Every cell also times greedy decoding a second
+time, `no draft (again)`, half-way round the rotation from the first (neither runs right after the
+other), an A/A control: its `x greedy` is what timing one program twice gives there, the noise the
+0.97x goal is read against (the goals table marks a miss no larger than that distance from 1.0).
 
 `--pair NAME TARGET DRAFT TASK` (repeatable): a trained target and draft (native checkpoints) and
 the seqio task whose first `--examples` test inputs they decode; `--data-dir` is the prepared DDTP
@@ -45,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common, workloads
-from gqa_spec.decoding import adaptive, autoregressive, speculative
+from gqa_spec.decoding import adaptive, autoregressive, calibration, speculative
 from gqa_spec.decoding.adaptive import AdaptiveGamma
 from gqa_spec.decoding.drafts import CopyDraft, ModelDraft, NgramDraft
 from gqa_spec.decoding.drafts.ngram import fit_ngram_on_task
@@ -164,12 +163,12 @@ def measure(args: argparse.Namespace,
         tstates = [target.init(params, enc, slots) for enc in encs]
         ar_states = [target.init(params, enc, L + 1) for enc in encs]
         dstates = [dinit(enc) for enc in encs]
-        t0 = time.perf_counter()
-        cal = adaptive.measure_costs(target, tstates[0], draft, dstates[0], L, gmax,
-                                     more=zip(tstates[1:], dstates[1:]))
-        calibration = time.perf_counter() - t0
         for temperature in [float(t) for t in args.temperatures.split(',')]:
           config = SamplingConfig(temperature=temperature)
+          t0 = time.perf_counter()
+          cal = calibration.measure_costs(target, tstates[0], draft, dstates[0], L, gmax,
+                                          more=zip(tstates[1:], dstates[1:]), config=config)
+          calibration_seconds = time.perf_counter() - t0
           rng = jax.random.PRNGKey(0)
           runs = {'no draft': lambda: [autoregressive.decode(
               target, s, rng, max_decode_len=L, config=config) for s in ar_states]}
@@ -190,8 +189,12 @@ def measure(args: argparse.Namespace,
           key = {'pair': pair['name'], 'task': pair['task'], 'draft': draft_name,
                  'batch': batch, 'temperature': temperature}
 
-          def extra(method, results, cal=cal, calibration=calibration):
-            if method.startswith(('gamma=', 'no draft')):
+          def extra(method, results, cal=cal, calibration_seconds=calibration_seconds):
+            if method.startswith('gamma='):  # what the calibration priced this iteration at
+              g = int(method.split('=')[1])
+              return ({'calibrated_iteration_steps': g * cal.cost_ratio + cal.verify_ratio[g - 1]}
+                      if g <= gmax else {})
+            if method.startswith('no draft'):
               return {}
             summaries = [speculative.summarize(r) for r in results]
             out = dict(gamma_histogram=[int(x) for x in np.sum(
@@ -199,7 +202,7 @@ def measure(args: argparse.Namespace,
                        draft_steps_saved=sum(s['draft_steps_saved'] for s in summaries))
             if method == 'auto:optimal':
               out.update(cost_ratio=cal.cost_ratio, verify_ratio=cal.verify_ratio,
-                         alpha_init=cal.alpha, calibration_seconds=calibration)
+                         alpha_init=cal.alpha, calibration_seconds=calibration_seconds)
             return out
 
           cell = measure_cell(runs, args.repeats, key, extra,
@@ -243,9 +246,10 @@ def measure_cell(runs: Dict[str, Callable[[], Any]], repeats: int, key: Dict[str
     tokens = sum(int(np.sum(np.asarray(r.lengths))) for r in results)
     calls = sum(int(np.sum(np.asarray(r.target_calls))) if hasattr(r, 'target_calls')
                 else int(np.max(np.asarray(r.lengths))) * r.lengths.shape[0] for r in results)
+    iterations = sum(int(r.loop_iterations) for r in results)  # of the batch loops, all batches
     row = dict(key, method=method, seconds=seconds, seconds_rounds=times[method], tokens=tokens,
                tokens_per_second=tokens / seconds, tokens_per_call=tokens / max(calls, 1),
-               load_before=load, cost_ratio=None, verify_ratio=None)
+               loop_iterations=iterations, load_before=load, cost_ratio=None, verify_ratio=None)
     row.update(extra(method, results))
     if not method.startswith('no draft'):
       accepted = sum(int(np.sum(np.asarray(r.accepted))) for r in results)
@@ -253,10 +257,12 @@ def measure_cell(runs: Dict[str, Callable[[], Any]], repeats: int, key: Dict[str
       row['acceptance_rate'] = accepted / max(proposed, 1)
     cell.append(row)
   base = cell[0]['tokens_per_second']
+  step = cell[0]['seconds'] / max(cell[0]['loop_iterations'], 1)  # a greedy decoding step
   best_fixed = max(r['tokens_per_second'] for r in cell if is_fixed(r['method']))
   for r in cell:
     r['x_greedy'] = r['tokens_per_second'] / base
     r['x_best_fixed'] = r['tokens_per_second'] / best_fixed
+    r['iteration_steps'] = r['seconds'] / max(r['loop_iterations'], 1) / step
     common.print_row({k: v for k, v in r.items() if not isinstance(v, (list, tuple))})
   return cell
 
@@ -318,10 +324,22 @@ def partial_note(result: Dict[str, Any]) -> List[str]:
               'the command asks for more.']
 
 
+def _iteration_cost(r: Dict[str, Any]) -> str:
+  """A row's measured seconds per loop iteration in greedy steps, and the calibration's price."""
+  if r.get('iteration_steps') is None:  # a result written before the column
+    return ''
+  out = f'{r["iteration_steps"]:.2f}'
+  if r.get('calibrated_iteration_steps') is not None:
+    out += f' ({r["calibrated_iteration_steps"]:.2f})'
+  return out
+
+
 def markdown(result: Dict[str, Any]) -> List[str]:
   trained = result['trained']
-  cells = [(*((r['pair'], r['draft']) if trained else (r['draft'],)), r['batch'], r['temperature'], r['method'],
+  cells = [(*((r['pair'], r['draft']) if trained else (r['draft'],)), r['batch'],
+            r['temperature'], r['method'],
             f'{r["seconds"]:.3f}', r['tokens'], f'{r["tokens_per_call"]:.2f}',
+            _iteration_cost(r),
             '' if r.get('acceptance_rate') is None else f'{r["acceptance_rate"]:.2f}',
             f'{r["x_greedy"]:.2f}', f'{r["x_best_fixed"]:.2f}',
             '' if r.get('gamma_histogram') is None else
@@ -341,13 +359,19 @@ def markdown(result: Dict[str, Any]) -> List[str]:
       'decoding; x best fixed: over the fastest fixed gamma of the cell; acc.: accepted / '
       'proposed draft tokens; gamma histogram: target calls per draft length (0..gamma_max), all '
       'rows; saved: draft decode calls saved against gamma_max per iteration; c / v / alpha: what '
-      'the optimal policy used, measured by `adaptive.measure_costs` once per pair and batch size '
-      '(in the seconds given, compiles included; not in the timed runs): the draft cost ratio and '
-      'the iteration cost ratios v(1)..v(gamma_max), in greedy decoding steps, and the starting '
-      'alpha (the draft\'s greedy one-token acceptance over greedy decoding\'s output on the '
-      'first batch); no draft (again): greedy decoding timed a second time (the A/A control).',
+      'the optimal policy used, measured by `calibration.measure_costs` once per pair, batch size '
+      'and temperature (in the seconds given, compiles included; not in the timed runs): the '
+      'draft cost ratio and the iteration cost ratios v(1)..v(gamma_max), in steps of '
+      'autoregressive decoding at the cell\'s temperature, and the starting alpha (the draft\'s '
+      'greedy one-token acceptance over greedy decoding\'s output, or where the calibration '
+      'timed the loop, the loop\'s own acceptance at gamma 1); no draft (again): greedy '
+      'decoding timed a second time (the A/A control); '
+      'steps/iter.: seconds per iteration of the batch loop in greedy decoding steps (its '
+      'seconds per iteration), measured, and for a fixed gamma in brackets what the calibration '
+      'priced it at (gamma c + v(gamma)).',
       [*(('pair', 'draft') if trained else ('draft',)), 'batch', 'T', 'method', 'seconds', 'tokens',
-       'tokens/call', 'acc.', 'x greedy', 'x best fixed', 'gamma histogram', 'c / v / alpha'],
+       'tokens/call', 'steps/iter.', 'acc.', 'x greedy', 'x best fixed', 'gamma histogram',
+       'c / v / alpha'],
       cells)
   lines += goal_lines(result, 'auto:optimal', 'fixed gamma', pair_column=trained)
   lines += partial_note(result)

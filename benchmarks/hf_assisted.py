@@ -10,7 +10,7 @@ A trained MHA pair (native checkpoints; HF's T5 has no K/V groups) is exported w
 Each of the task's first `--examples` test inputs (`benchmarks.adaptive_gamma.task_inputs`) is
 decoded alone (batch 1), greedily, up to `--max-decode-len` tokens or EOS, by:
   ours:  autoregressive decoding; `adaptive.decode` with policy optimal (c and v measured once on
-         the first input, `adaptive.measure_costs`, as `generate --gamma auto`) and heuristic;
+         the first input, `calibration.measure_costs`, as `generate --gamma auto`) and heuristic;
          `speculative.decode` at each of `--gammas`;
   HF:    `generate` without an assistant; with `assistant_model=` the draft, HF's default schedule
          (`num_assistant_tokens_schedule="constant"`, 20 tokens, in transformers 5 with
@@ -37,7 +37,7 @@ import numpy as np
 
 from benchmarks import common, workloads
 from benchmarks.adaptive_gamma import interleaved, task_inputs
-from gqa_spec.decoding import adaptive, autoregressive, speculative
+from gqa_spec.decoding import adaptive, autoregressive, calibration, speculative
 from gqa_spec.decoding.adaptive import AdaptiveGamma
 from gqa_spec.decoding.drafts import ModelDraft
 from gqa_spec.decoding.targets import T5Decoder
@@ -121,7 +121,7 @@ def measure(args) -> List[Dict[str, Any]]:
     tstates = [target.init(params, e, slots) for e in encs]
     ar_states = [target.init(params, e, L + 1) for e in encs]
     dstates = [draft.init(dparams, e, L, max(gmax, max(gammas))) for e in encs]
-    cal = adaptive.measure_costs(target, tstates[0], draft, dstates[0], L, gmax)
+    cal = calibration.measure_costs(target, tstates[0], draft, dstates[0], L, gmax)
     rng = jax.random.PRNGKey(0)
     ours = {'ours greedy': lambda: [autoregressive.decode(target, s, rng, max_decode_len=L)
                                     for s in ar_states]}
