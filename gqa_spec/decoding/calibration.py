@@ -97,27 +97,29 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
         (`verify_width`). It holds the target call, the sampling and verification of w + 1
         positions, appending, rollbacks, statistics and the width's `lax.switch`, at the
         decoding's temperature;
-    alpha = the draft's acceptance of one-token proposals at temperature 0 (so that no random
-        draw of the decoding to come enters it), every row's starting estimate
-        (`AdaptiveGamma.alpha_init`, `calibrated`): in the first stage its greedy token against
-        greedy decoding's at every position of greedy decoding's output on this batch, fed the
-        true prefix (`timing.teacher_forced`, the same pass that times c); where the second
-        stage runs, the acceptance in its gamma-1 run of this loop. Both are counted over at
+    alpha = the draft's acceptance, every row's starting estimate (`AdaptiveGamma.alpha_init`,
+        `calibrated`): in the first stage that of one-token proposals at temperature 0 (so that
+        no random draw enters it), its greedy token against greedy decoding's at every position
+        of greedy decoding's output on this batch, fed the true prefix (`timing.teacher_forced`,
+        the same pass that times c); where the second stage runs, the acceptance in this loop's
+        gamma-1 run at `config` (the mean beta, the quantity the running alpha goes on to
+        track, at the decoding's own temperature). Both are counted over at
         least `CALIBRATION_POSITIONS` output positions: where this batch holds fewer, batches of
         `more` (`(target state, draft state)` of the same shapes, e.g. the batches after this
         one, made as they are read) are read too, untimed, up to `CALIBRATION_MAX_BATCHES`.
 
   In two stages, so that ruling a draft out costs little. First the unit (`first_stage`), c and
-  alpha, and the target's calls of 1 and 2 tokens. If
-  Theorem 8 gives gamma 0 even with v(gamma) = 1 + (the 2-token call - the 1-token call) in
-  steps for every gamma, no gamma pays: that is a lower bound of every v (an iteration of this
-  loop does all that a greedy step does besides its call, and its call is at least 2 tokens
-  wide), so v is returned as that bound and nothing else is compiled or timed. `decode` is then
-  greedy decoding from the start. On the cpu study's trained pair (a draft at c ~0.3-0.5, alpha
-  ~0.3-0.5) this stage is the whole calibration: seconds where the second stage took half a
-  minute more.
+  alpha, and the target's calls of 1 and 2 tokens. If Theorem 8 gives gamma 0 even with v(gamma) = 1
+  + (the 2-token call - the 1-token call) in steps for every gamma, no gamma pays: that is a lower
+  bound of every v (an iteration of this loop does all that a greedy step does besides its call, and
+  its call is at least 2 tokens wide), so v is returned as that bound and nothing else is compiled
+  or timed. `decode` is then greedy decoding from the start. On the cpu study's trained pair (a
+  draft at c ~0.3-0.5, alpha ~0.3-0.5) this stage is the whole calibration: seconds where the second
+  stage took half a minute more.
 
-  Otherwise the loop at each width. An earlier form timed the target's call at each width alone
+  Otherwise the loop at each width, all of them through one compiled loop (`decode`'s traced
+  `first_gammas`: a compile per width took 135 s on the widened smoke pair at batch 1, against
+  42 s in all). An earlier form timed the target's call at each width alone
   and the loop's own work at gamma 1 and T = 0 only, and added them: on the widened pair
   (`benchmarks/widened.py`) at T = 1 an iteration at gamma 8 cost 7.6 ms more than at T = 0
   (5 ms a greedy step), at gamma 5 2.9 ms, which that form did not see, and the policy stayed at
