@@ -31,16 +31,18 @@ Policies (`AdaptiveGamma.policy`):
               a discounted ratio, the betas of the positions it tried over their number, both
               weighted by `decay` per call, starting from `alpha_init` counted as gamma_max
               positions. The batch's next draft length is argmax_gamma of Theorem 8 over
-              [0, gamma_max] at the lowest alpha_r of its active rows (`batch_gamma`,
-              `theory.optimal_gammas`; with the measured costs, a gamma >= 1 costs gamma c +
-              v(gamma) plain steps, `calibration.measure_costs`), and every active row proposes
-              that many (a confidence stop may end a row's proposal sooner): an iteration costs
-              what its longest proposal costs, and the batch takes as many iterations as its
-              slowest row.
+              [0, gamma_max] at the lowest alpha_r of its active rows, each shrunk toward the
+              rows' pooled alpha by how much of their spread is noise (`batch_alpha`;
+              `batch_gamma`, `theory.optimal_gammas`; with the measured costs, a gamma >= 1
+              costs gamma c + v(gamma) plain steps, `calibration.measure_costs`), and every
+              active row proposes that many (a confidence stop may end a row's proposal
+              sooner): an iteration costs what its longest proposal costs, and the batch takes
+              as many iterations as its slowest row.
               At batch 1 this is the row's own Theorem 8 gamma; above it, a length per row cost
               the widened pair's batch-8 cells up to 44% of their speed (`batch_gamma`). Gamma 0
-              is final: the draft is no longer kept up to date and the
-              batch stays on plain target steps.
+              is final: the draft is no longer kept up to date and the batch stays on plain
+              target steps; so it is taken only when it also wins at alpha + one standard
+              error.
   'heuristic' HF's `num_assistant_tokens_schedule="heuristic"`: +2 after a proposal accepted whole,
               else -1, within [1, gamma_max].
   'fixed'     every row keeps `gamma_init` (not a CLI choice: `calibration.measure_costs` times
@@ -369,7 +371,7 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
     elif adaptive.policy == 'fixed':
       nxt = a.want
     else:  # one length for the batch, Theorem 8 at its slowest row's alpha (`batch_gamma`)
-      nxt = jnp.where(a.want > 0, batch_gamma(alpha, ~done, adaptive), 0)
+      nxt = jnp.where(a.want > 0, batch_gamma(alpha, weight, ~done, adaptive), 0)
     rows = jnp.arange(batch)
     result = record_call(r, sequences, lengths, active, limit, k, acc, tried, beta, gmax).replace(
         gamma_histogram=r.gamma_histogram.at[rows, limit].add(active.astype(jnp.int32)),
@@ -396,10 +398,12 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
   return with_draft_calls(plain_statistics(loop, final.loop.result.target_calls))
 
 
-def batch_gamma(alpha: jax.Array, active: jax.Array, adaptive: AdaptiveGamma) -> jax.Array:
+def batch_gamma(alpha: jax.Array, weight: jax.Array, active: jax.Array,
+                adaptive: AdaptiveGamma) -> jax.Array:
   """`[]` int32: the draft length of the batch's next iteration (policy 'optimal'), Theorem 8's
-  gamma (`theory.optimal_gammas`, over [0, gamma_max]) at the lowest running alpha among the
-  `active [b]` rows (`alpha [b]`).
+  gamma (`theory.optimal_gammas`, over [0, gamma_max]) at the batch's acceptance
+  (`batch_alpha`: the lowest of the `active [b]` rows' running alphas `alpha [b]`, each over
+  `weight [b]` positions, shrunk toward the batch's pooled alpha).
 
   One length for the batch, not one per row: an iteration costs what its longest proposal costs (the
   draft runs until the longest row has its tokens, the verification call is the narrowest width that
@@ -409,10 +413,51 @@ def batch_gamma(alpha: jax.Array, active: jax.Array, adaptive: AdaptiveGamma) ->
   widened pair ran 0.56x-1.02x greedy decoding (4 of 6 below 0.9x) where a fixed gamma of 1-2
   reached up to 1.13x (results/benchmarks/adaptive_gamma_cpu_widened): the batch paid for the
   longest row's 4 tokens every iteration, and a row at 0 (plain steps, one token a call) among
-  speculating rows became the batch's straggler. At batch 1 the two are the same."""
-  slowest = jnp.min(jnp.where(active, alpha, 1.0))  # []
-  return theory.optimal_gammas(slowest[None], adaptive.cost_ratio, adaptive.gamma_max,
-                               adaptive.verify_ratio)[0]
+  speculating rows became the batch's straggler. At batch 1 the two are the same.
+
+  Gamma 0 is final (the loop leaves the draft behind), so the batch leaves speculation only when
+  gamma 0 also wins at its acceptance plus one standard error (`batch_alpha`); where only the
+  estimate itself says 0, it proposes Theorem 8's gamma at that upper value."""
+  estimate, se = batch_alpha(alpha, weight, active)  # [], []
+  both = jnp.stack([estimate, jnp.minimum(estimate + se, 1.0)])  # [2]
+  gamma, upper = theory.optimal_gammas(both, adaptive.cost_ratio, adaptive.gamma_max,
+                                       adaptive.verify_ratio)
+  return jnp.where(gamma > 0, gamma, upper)
+
+
+def batch_alpha(alpha: jax.Array, weight: jax.Array, active: jax.Array
+                ) -> Tuple[jax.Array, jax.Array]:
+  """The acceptance the batch's draft length is chosen for, `[]`, and its standard error `[]`:
+  the lowest of the `active [b]` rows' running alphas `alpha [b]` (each the ratio over `weight
+  [b]` discounted positions, `running_alpha`), after shrinking each toward the active rows' pooled
+  alpha (an empirical-Bayes posterior mean).
+
+  The plain minimum of 8 noisy ratios reads the slowest row low: a row's running alpha rests on a
+  few calls' positions (its weight, ~7 at gamma 2), a standard error of ~0.17 at alpha 0.75, and
+  the lowest of 8 such lies ~1.4 standard errors below the rows' true acceptance. On the widened
+  smoke pair at batch 8 that took the batch to gamma 1 where gamma 2 was 1.17x faster, and to
+  plain steps after one call where gamma 1 paid 1.08x (results/benchmarks/
+  adaptive_gamma_smoke_widened, before this estimate). The shrinkage: a row's estimate is the
+  pooled p plus k_r (alpha_r - p), k_r = tau^2 / (tau^2 + p (1 - p) / weight_r), tau^2 the rows'
+  spread beyond their sampling noise (the active rows' variance about p less the mean of
+  p (1 - p) / weight_r, at least 0; a Bernoulli bound of each position's variance); rows that
+  truly differ (a large spread) keep their own estimates, rows whose differences are what noise
+  gives fall to p. At batch 1 it is the row's own alpha. The standard error is that of the
+  lowest row's posterior, sqrt(k_r p (1 - p) / weight_r + (1 - k_r)^2 p (1 - p) / sum(weight))
+  (the second term: p's own, over all active rows' positions)."""
+  on = active.astype(jnp.float32)  # [b]
+  n = jnp.maximum(jnp.sum(on), 1.0)  # []
+  w = weight * on  # [b]
+  pooled = jnp.sum(w * alpha) / jnp.maximum(jnp.sum(w), 1e-6)  # []
+  noise = pooled * (1.0 - pooled) / jnp.maximum(weight, 1e-6)  # [b] each row's sampling variance
+  spread = jnp.sum(on * (alpha - pooled) ** 2) / jnp.maximum(n - 1.0, 1.0)  # []
+  tau2 = jnp.maximum(spread - jnp.sum(on * noise) / n, 0.0)  # []
+  k = jnp.where(n > 1, tau2 / jnp.maximum(tau2 + noise, 1e-12), 1.0)  # [b]
+  shrunk = jnp.where(active, pooled + k * (alpha - pooled), 2.0)  # [b]
+  lowest = jnp.argmin(shrunk)  # the row accepting least
+  pooled_var = pooled * (1.0 - pooled) / jnp.maximum(jnp.sum(w), 1e-6)  # []
+  se = jnp.sqrt(k[lowest] * noise[lowest] + (1.0 - k[lowest]) ** 2 * pooled_var)  # []
+  return jnp.minimum(shrunk[lowest], 1.0), se
 
 
 def running_alpha(alpha: jax.Array, weight: jax.Array, beta: jax.Array, tried: jax.Array,
