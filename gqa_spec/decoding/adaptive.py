@@ -436,8 +436,9 @@ def batch_alpha(alpha: jax.Array, weight: jax.Array, active: jax.Array
   few calls' positions (its weight, ~7 at gamma 2), a standard error of ~0.17 at alpha 0.75, and
   the lowest of 8 such lies ~1.4 standard errors below the rows' true acceptance. On the widened
   smoke pair at batch 8 that took the batch to gamma 1 where gamma 2 was 1.17x faster, and to
-  plain steps after one call where gamma 1 paid 1.08x (results/benchmarks/
-  adaptive_gamma_smoke_widened, before this estimate). The shrinkage: a row's estimate is the
+  plain steps after one call where gamma 1 paid 1.08x; with this estimate its 4 batch-8 cells ran
+  at 1.08x-1.23x greedy decoding, against 0.95x-1.15x (results/benchmarks/
+  adaptive_gamma_smoke_widened and the run before it, docs/decoding.md). The shrinkage: a row's estimate is the
   pooled p plus k_r (alpha_r - p), k_r = tau^2 / (tau^2 + p (1 - p) / weight_r), tau^2 the rows'
   spread beyond their sampling noise (the active rows' variance about p less the mean of
   p (1 - p) / weight_r, at least 0; a Bernoulli bound of each position's variance); rows that
