@@ -9,8 +9,9 @@ The tree counterpart of `benchmarks/adaptive_gamma.py` (same pairs, inputs, inte
 goals; see its docstring). For each pair, tree draft, batch size and temperature, on the same
 inputs: our jitted autoregressive decoding ("greedy decoding": one target call per token), tree
 speculative decoding with each fixed best-first tree `best:N,depth:D` (`tree_speculative.decode`),
-and `adaptive_tree.decode` with `best:auto:N_max,depth:D` (c and v measured once per pair and batch
-size with `adaptive_tree.measure_costs`, as `generate --tree best:auto...` does on its first batch;
+and `adaptive_tree.decode` with `best:auto:N_max,depth:D` (c and v measured once per pair, batch
+size and temperature with `adaptive_tree.measure_costs`, as `generate --tree best:auto...` does on
+its first batch;
 the seconds that took are recorded). Tree drafts: the pair's draft model grown as a tree
 (`TreeModelDraft`) and a bigram fitted on the task's training targets (`NgramTreeDraft`).
 """
@@ -78,21 +79,21 @@ def measure(args: argparse.Namespace,
         fixed = {spec: ([target.init(params, enc, tree_speculative.target_cache_length(L, s))
                          for enc in encs], [dinit(enc, s) for enc in encs])
                  for spec, s in shapes.items()}
-        auto = AdaptiveTree.parse(auto_spec)
-        auto_t = [target.init(params, enc, adaptive_tree.target_cache_length(L, auto))
-                  for enc in encs]
-        auto_d = [dinit(enc, auto.shape) for enc in encs]
-        t0 = time.perf_counter()
-        cal = adaptive_tree.measure_costs(target, auto_t[0], draft, auto_d[0], L, auto,
-                                          more=zip(auto_t[1:], auto_d[1:]))
-        calibration = time.perf_counter() - t0
-        auto = auto.calibrated(cal)
-        if not auto.speculates:  # as `generate` allocates: greedy decoding's cache, no draft
-          auto_t = [target.init(params, enc, adaptive_tree.target_cache_length(L, auto))
-                    for enc in encs]
-          auto_d = [None] * len(encs)
         for temperature in [float(t) for t in args.temperatures.split(',')]:
           config = SamplingConfig(temperature=temperature)
+          auto = AdaptiveTree.parse(auto_spec)
+          auto_t = [target.init(params, enc, adaptive_tree.target_cache_length(L, auto))
+                    for enc in encs]
+          auto_d = [dinit(enc, auto.shape) for enc in encs]
+          t0 = time.perf_counter()
+          cal = adaptive_tree.measure_costs(target, auto_t[0], draft, auto_d[0], L, auto,
+                                            more=zip(auto_t[1:], auto_d[1:]), config=config)
+          calibration = time.perf_counter() - t0
+          auto = auto.calibrated(cal)
+          if not auto.speculates:  # as `generate` allocates: greedy decoding's cache, no draft
+            auto_t = [target.init(params, enc, adaptive_tree.target_cache_length(L, auto))
+                      for enc in encs]
+            auto_d = [None] * len(encs)
           rng = jax.random.PRNGKey(0)
           runs = {'no draft': lambda: [autoregressive.decode(
               target, s, rng, max_decode_len=L, config=config) for s in ar_states]}
@@ -143,12 +144,14 @@ def markdown(result: Dict[str, Any]) -> List[str]:
       'over the fastest fixed tree of the cell; tokens/call: tokens per target call; acc.: '
       'accepted / proposed (verified) nodes; node histogram: target calls per node count asked '
       '(0..N_max), all rows; c / v / alpha: what the adaptive tree used, measured by '
-      '`adaptive_tree.measure_costs` once per pair and batch size (in the seconds given, '
-      'compiles included; not in the timed runs), in steps of greedy decoding: one of the '
-      'tree\'s D draft calls, the iteration at each compiled width (its call and the loop\'s own '
-      'work), and the starting alpha (the top node\'s greedy agreement with greedy decoding '
-      'over its output on the first batch, the true prefix fed; where even it pays for no tree, '
-      'the run is greedy decoding from the start); no draft (again): greedy decoding timed a '
+      '`adaptive_tree.measure_costs` once per pair, batch size and temperature (in the seconds '
+      'given, compiles included; not in the timed runs), in steps of autoregressive decoding at '
+      'the cell\'s temperature: one of the tree\'s D draft calls, the loop\'s iteration at each '
+      'compiled width less its draft calls, and the starting alpha (the top node\'s greedy '
+      'agreement with greedy decoding over its output on the first batch, the true prefix fed, '
+      'or where the loop was timed, its acceptance at one node per call; where even the first '
+      'pays for no tree, the run is greedy decoding from the start); no draft (again): greedy '
+      'decoding timed a '
       'second time (the A/A control).',
       ['pair', 'draft', 'batch', 'T', 'method', 'seconds', 'tokens', 'tokens/call', 'acc.',
        'x greedy', 'x best fixed', 'node histogram', 'c / v / alpha'], cells)

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import re
 from typing import Any, Iterable, Optional, Tuple, Union
 
@@ -64,8 +65,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gqa_spec.decoding import (sampling, timing, tree as tree_lib, tree_speculative,
-                               xla_options)
+from gqa_spec.decoding import (autoregressive, sampling, timing, tree as tree_lib,
+                               tree_speculative, xla_options)
 from gqa_spec.decoding.adaptive import Calibration, plain_decode, plain_loop
 from gqa_spec.decoding.calibration import first_stage
 from gqa_spec.decoding.autoregressive import EOS
@@ -106,7 +107,8 @@ class AdaptiveTree:
       (what `generate --tree best:auto...` does).
     decay: weight of the old estimate in each update.
     fixed_nodes: every row asks for this many nodes at every call, whatever its statistics (None:
-      the choice above). `measure_costs` runs the loop at 1 node per call this way.
+      the choice above), or for the first count `_speculative` is given (traced), at every call:
+      `measure_costs` times the loop at every width this way.
   """
 
   shape: TreeShape
@@ -231,41 +233,48 @@ def target_cache_length(max_decode_len: int, adaptive: AdaptiveTree) -> int:
 
 def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTree,
                   max_decode_len: int, adaptive: AdaptiveTree,
-                  more: Iterable[Tuple[PyTree, PyTree]] = ()) -> Calibration:
-  """(c, v, alpha) on this machine and batch, in units of one step of greedy decoding's loop, as
-  `calibration.measure_costs` gives them for chains, in the same two stages (a few seconds, compiles
-  included; each time the fastest of a few runs):
+                  more: Iterable[Tuple[PyTree, PyTree]] = (),
+                  config: SamplingConfig = sampling.GREEDY) -> Calibration:
+  """(c, v, alpha) on this machine and batch, for decoding at `config`, in units of one step of
+  autoregressive decoding at `config`, as `calibration.measure_costs` gives them for chains, in
+  the same two stages (seconds, compiles included; each time the fastest of a few runs):
 
     c = one of the D draft calls that grow an N_max tree (`propose_tree` and a `commit_tree` of
         nothing accepted);
-    v = (v(u) for each compiled width u): the target call at that width (u + 1 tokens,
-        `timing.step_time`: a causal call of that width, not the tree mask), plus what this loop
-        spends besides its calls (ranking, verification, the path's append and compaction,
-        statistics, the width's `lax.switch`);
-    alpha = the top-ranked node's acceptance at temperature 0, every row's starting per-token
-        estimate (`calibrated`): in the first stage its token against greedy decoding's at every
-        position of greedy decoding's output on this batch, the draft fed the true prefix
+    v = (v(u) for each compiled width u): an iteration of this loop with every row verifying u
+        nodes, timed whole at `config` (`fixed_nodes`, the first node counts a traced argument of
+        `_speculative`: one compiled loop for every width), per iteration (at least that of every
+        narrower width), less its tree's D draft calls; the widths and the unit again timed in
+        interleaved rounds (`timing.interleaved_per_iteration`), v over that unit. It holds the
+        target call at width u (the tree mask), ranking, verification at `config`, the path's
+        append and compaction, statistics and the width's `lax.switch`. An earlier form added the target's causal call
+        at each width, timed alone, to the loop's own work timed at one node and T = 0; the chain
+        calibration's form (`calibration.measure_costs`) found what that missed: sampling makes
+        wide verifications dearer at T = 1;
+    alpha = the top-ranked node's acceptance, every row's starting per-token estimate
+        (`calibrated`): in the first stage at temperature 0, its token against greedy decoding's
+        at every position of greedy decoding's output on this batch, the draft fed the true prefix
         (`timing.teacher_forced`, the same pass that times c); where the second stage runs, the
-        acceptance in its 1-node run of this loop (as for `--gamma auto`); both over at least
-        `calibration.CALIBRATION_POSITIONS` positions, reading batches of `more` where this one
-        holds fewer (as `calibration.measure_costs`).
+        acceptance in its 1-node run of this loop at `config` (as for `--gamma auto`); both over
+        at least `calibration.CALIBRATION_POSITIONS` positions, reading batches of `more` where
+        this one holds fewer (as `calibration.measure_costs`).
 
-  First the unit (greedy decoding per step), c, alpha and the target's calls of 1 and 2 tokens.
-  If the prior at that alpha pays for no tree even with v(u) = 1 + (the 2-token call - the
-  1-token call) in steps for every width (a lower bound: an iteration does all that a greedy step
-  does besides its call, with a call at least 2 tokens wide), v is that bound and nothing else is
-  compiled or timed: `decode` is greedy decoding from the start. With
+  First the unit (autoregressive decoding per step at `config`), c, alpha and the target's calls
+  of 1 and 2 tokens. If the prior at that alpha pays for no tree even with v(u) = 1 + (the 2-token
+  call - the 1-token call) in steps for every width (a lower bound: an iteration does all that a
+  greedy step does besides its call, with a call at least 2 tokens wide), v is that bound and
+  nothing else is compiled or timed: `decode` is greedy decoding from the start. With
   the fixed optimistic 0.9, every row first verified N_max nodes and then fewer until its
   statistics decided, which cost the smoke pair's draft model (c ~2.7 at batch 8) about half of
-  greedy decoding's speed on 32-token outputs (`benchmarks/adaptive_tree.py`). Otherwise the other
-  widths, and the loop's own work: this loop with every row at 1 node per call (`fixed_nodes`) per
-  iteration, less its tree and its width-1 call. A draft that reads the target's hidden states
-  (Chimera) grows its trees from those of the loop's own calls, which the teacher-forced pass
-  does not make: the first stage does not stop it.
+  greedy decoding's speed on 32-token outputs (`benchmarks/adaptive_tree.py`). Otherwise the loop
+  at every width, as above. A draft that reads the target's hidden states (Chimera) grows its
+  trees from those of the loop's own calls, which the teacher-forced pass does not make: the
+  first stage does not stop it.
   """
-  shape, fill = adaptive.shape, max_decode_len // 2
+  shape = adaptive.shape
   rng = jax.random.PRNGKey(0)
-  nothing = jnp.full((target.index(target_state).shape[0], shape.depth), -1, jnp.int32)  # no path
+  batch = target.index(target_state).shape[0]
+  nothing = jnp.full((batch, shape.depth), -1, jnp.int32)  # no path
 
   def top_token(dstate, seqs, at):
     tree, dstate = draft.propose_tree(dstate, seqs, at, rng, shape, sampling.GREEDY)
@@ -273,25 +282,32 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
 
   first = first_stage(target, target_state, max_decode_len, top_token,
                       lambda dstate, seqs, at: draft.commit_tree(dstate, seqs, at, nothing),
-                      draft_state, shape.depth + 1, more)
+                      draft_state, shape.depth + 1, more, config)
   t_step, t_tree, alpha = first.t_step, first.t_draft, first.alpha
   c = t_tree / shape.depth / t_step
-  t_call = {1: first.t_call}  # seconds per call of w + 1
   floor = (first.v_floor,) * len(adaptive.widths)
   reads_hidden = getattr(draft, 'reads_target_hidden', False)
   if not reads_hidden and not adaptive.calibrated(Calibration(c, floor, alpha)).speculates:
     return Calibration(c, floor, alpha)
-  for w in adaptive.widths[1:]:
-    t_call[w] = timing.step_time(target, target_state, w + 1, fill)
   fixed = dataclasses.replace(adaptive, fixed_nodes=1)
-  run = lambda ts=target_state, ds=draft_state: _speculative(
-      target, ts, draft, ds, rng, adaptive=fixed, max_decode_len=max_decode_len)
-  t_iter = timing.per_iteration(run)
-  results = jax.device_get([run()] + [run(ts, ds) for ts, ds in first.more])
-  alpha = (sum(float(np.sum(r.accepted)) for r in results)  # its own, on the first stage's batches
+  run = lambda u, ts=target_state, ds=draft_state: _speculative(  # one loop for every width
+      target, ts, draft, ds, rng, adaptive=fixed, max_decode_len=max_decode_len, config=config,
+      first_nodes=np.full((batch,), u, np.int32))
+  unit = lambda: autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len,
+                                       config=config)
+  # seconds per greedy step and per iteration of this loop with every row verifying u nodes, in
+  # interleaved rounds (as `calibration.measure_costs`)
+  t_step, *times = timing.interleaved_per_iteration(
+      [unit] + [lambda u=u: run(u) for u in adaptive.widths])
+  t_iter = dict(zip(adaptive.widths, times))
+  # the starting alpha: this loop's own at one node, on the first stage's batches
+  results = jax.device_get([run(1)] + [run(1, ts, ds) for ts, ds in first.more])
+  alpha = (sum(float(np.sum(r.accepted)) for r in results)
            / max(sum(float(np.sum(r.proposed)) for r in results), 1.0))
-  overhead = max(t_iter - t_tree - t_call[1], 0.0)
-  return Calibration(c, tuple((t_call[w] + overhead) / t_step for w in adaptive.widths), alpha)
+  # A wider iteration does all that a narrower one does (`calibration.measure_costs`).
+  t_iter = dict(zip(t_iter, itertools.accumulate(t_iter.values(), max)))
+  return Calibration(c, tuple(max(t_iter[u] / t_step - shape.depth * c, first.v_floor)
+                              for u in adaptive.widths), alpha)
 
 
 def decode(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTree,
@@ -335,8 +351,11 @@ def decode(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTre
 def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTree,
                  rng: jax.Array, *, adaptive: AdaptiveTree, max_decode_len: int,
                  config: SamplingConfig = sampling.GREEDY, eos_id: int = EOS,
-                 skip: Optional[jax.Array] = None) -> SpeculativeResult:
-  """`decode` where some row asks for a tree: the loop of the module docstring."""
+                 skip: Optional[jax.Array] = None,
+                 first_nodes: Optional[jax.Array] = None) -> SpeculativeResult:
+  """`decode` where some row asks for a tree: the loop of the module docstring. `first_nodes`
+  `[b]` int32 (optional, traced): each row's first node count in place of the policy's; with
+  `fixed_nodes` a row keeps it (`measure_costs` times every width through one compiled loop)."""
   shape = adaptive.shape
   depth, nmax, widths = shape.depth, adaptive.nodes_max, adaptive.widths
   reads_hidden = getattr(draft, 'reads_target_hidden', False)
@@ -346,7 +365,9 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
       tree_nodes_histogram=jnp.zeros((batch, nmax + 1), jnp.int32),
       tree_nodes_trace=jnp.full((batch, max_decode_len), -1, jnp.int32),
       tree_width_trace=jnp.full((max_decode_len,), -1, jnp.int32)))
-  init = TreeLoopState(loop=loop, want=jnp.full((batch,), adaptive.first_nodes(), jnp.int32),
+  want = (jnp.full((batch,), adaptive.first_nodes(), jnp.int32) if first_nodes is None
+          else jnp.asarray(first_nodes, jnp.int32))  # [b]
+  init = TreeLoopState(loop=loop, want=want,
                        gain=jnp.broadcast_to(jnp.diff(adaptive.prior(), prepend=0.0),
                                              (batch, len(widths))))
   positions = jnp.arange(depth + 1)  # [D + 1]
@@ -427,7 +448,10 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
             rows, jnp.where(active, r.target_calls, max_decode_len)].set(want, mode='drop'),
         tree_width_trace=r.tree_width_trace.at[r.loop_iterations].set(width, mode='drop'))
     loop = LoopState(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
-    want = jnp.where(active, adaptive.choose(jnp.cumsum(gain, axis=1)), a.want)  # [b]
+    if adaptive.fixed_nodes is None:
+      want = jnp.where(active, adaptive.choose(jnp.cumsum(gain, axis=1)), a.want)  # [b]
+    else:  # every row keeps its first count
+      want = a.want
     return TreeLoopState(loop=loop, want=want, gain=gain)
 
   def plain_statistics(s: LoopState, before: SpeculativeResult) -> LoopState:

@@ -94,9 +94,9 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
         tokens, timed whole: this loop at `config` with every row proposing w tokens (policy
         'fixed'), w each compiled verification width (`verify_gammas`), per iteration (at least
         that of every narrower width), less its w draft tokens; v(gamma) is that of the
-        narrowest width that holds gamma (`verify_width`). It holds the target call, the sampling and verification of w + 1
-        positions, appending, rollbacks, statistics and the width's `lax.switch`, at the
-        decoding's temperature;
+        narrowest width that holds gamma (`verify_width`). It holds the target call, the
+        sampling and verification of w + 1 positions, appending, rollbacks, statistics and the
+        width's `lax.switch`, at the decoding's temperature;
     alpha = the draft's acceptance, every row's starting estimate (`AdaptiveGamma.alpha_init`,
         `calibrated`): in the first stage that of one-token proposals at temperature 0 (so that
         no random draw enters it), its greedy token against greedy decoding's at every position
@@ -140,7 +140,10 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
 
   Each time is the fastest of a few runs, taken at different moments: on this shared 2-core CPU
   the same measurement moved by up to 1.7x between runs of the calibration (c 0.16 to 0.32 for
-  the cpu study's draft at batch 8), enough to change the decision where it is close."""
+  the cpu study's draft at batch 8), enough to change the decision where it is close. The second
+  stage times the unit again and the loop at every width in interleaved rounds
+  (`timing.interleaved_per_iteration`), v over that unit, so that a slow spell falls on all of
+  them alike."""
   rng = jax.random.PRNGKey(0)
 
   def next_token(dstate, seqs, at):
@@ -156,18 +159,23 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
   if not reads_hidden and not AdaptiveGamma(gamma_max=gamma_max, cost_ratio=c, verify_ratio=floor,
                                             alpha_init=alpha).speculates:
     return Calibration(c, floor, alpha)
-  t_iter = {}  # seconds per iteration of this loop with every row proposing w tokens
   fixed = AdaptiveGamma(gamma_max=gamma_max, policy='fixed', gamma_init=1)
   batch = target.index(target_state).shape[0]
-  for w in verify_gammas(gamma_max):  # one compiled loop (`first_gammas` is traced)
-    run = lambda ts=target_state, ds=draft_state, w=w: decode(
-        target, ts, draft, ds, rng, adaptive=fixed, max_decode_len=max_decode_len, config=config,
-        first_gammas=np.full((batch,), w, np.int32))
-    t_iter[w] = timing.per_iteration(run)
-    if w == 1:  # the starting alpha: this loop's own, on the first stage's batches
-      results = jax.device_get([run()] + [run(ts, ds) for ts, ds in first.more])
-      alpha = (sum(float(r.beta_sum) for r in results)
-               / max(sum(float(r.beta_count) for r in results), 1.0))
+  widths = verify_gammas(gamma_max)
+  run = lambda w, ts=target_state, ds=draft_state: decode(  # one compiled loop for every width
+      target, ts, draft, ds, rng, adaptive=fixed, max_decode_len=max_decode_len, config=config,
+      first_gammas=np.full((batch,), w, np.int32))
+  unit = lambda: autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len,
+                                       config=config)
+  # seconds per greedy step and per iteration of this loop with every row proposing w tokens, in
+  # interleaved rounds (the unit again, beside the widths it divides)
+  t_step, *times = timing.interleaved_per_iteration(
+      [unit] + [lambda w=w: run(w) for w in widths])
+  t_iter = dict(zip(widths, times))
+  # the starting alpha: this loop's own at gamma 1, on the first stage's batches
+  results = jax.device_get([run(1)] + [run(1, ts, ds) for ts, ds in first.more])
+  alpha = (sum(float(r.beta_sum) for r in results)
+           / max(sum(float(r.beta_count) for r in results), 1.0))
   # A wider iteration does all that a narrower one does: its time is at least theirs (the
   # fastest-of-3 times move by more than two widths differ: 3.14 steps at width 6 against 3.08 at
   # 8 on the widened pair at batch 8, T = 1, which sent the policy to 8).

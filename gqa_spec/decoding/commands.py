@@ -392,7 +392,7 @@ def generate(args: argparse.Namespace) -> int:
   if tree_cost_measured:
     states = calibration_states(adaptive_tree.target_cache_length(max_len, auto_tree))
     auto_tree = auto_tree.calibrated(_calibrate(adaptive_tree.measure_costs, target, draft,
-                                                states, max_len, auto_tree))
+                                                states, max_len, auto_tree, config=config))
   calibration_seconds = time.perf_counter() - t0 if cost_measured or tree_cost_measured else None
   rng = jax.random.PRNGKey(args.seed)
   t0 = time.perf_counter()

@@ -4,6 +4,7 @@
   propose_time   seconds per draft proposal of gamma tokens (drafts that are not models)
   teacher_forced seconds per draft proposal of one token, and its agreement with greedy decoding
   median_time, min_time   wall seconds of a callable over repeats (after a compiling run)
+  per_iteration, interleaved_per_iteration   seconds per loop iteration of decoding calls
   first_runs     the untimed, compiling first runs of several loops, some at a time in threads
 
 Used by `speedup` (the grids), `adaptive` (`--gamma auto`'s calibration) and the benchmarks.
@@ -66,6 +67,23 @@ def per_iteration(run: Callable[[], Any], repeats: int = 3) -> float:
   fastest of `repeats` runs after one untimed run."""
   iterations = max(int(jax.block_until_ready(run()).loop_iterations), 1)
   return min_time(run, repeats) / iterations
+
+
+def interleaved_per_iteration(runs: Sequence[Callable[[], Any]], repeats: int = 3) -> List[float]:
+  """Seconds per loop iteration of each decoding call `runs[i]()` (as `per_iteration`), the
+  fastest of `repeats` rounds after one untimed run each. A round runs every call once, in turn,
+  the order rotated each round, so that a slow spell of a shared machine falls on all of them
+  rather than on one. Timed one after another (`per_iteration` each), the calibration's v(gamma)
+  on this 2-core machine moved by 1.24x-1.41x (median 1.29x) across 4 runs on the same batch,
+  interleaved by 1.03x-1.30x (median 1.11x) (results/benchmarks/calibration_spread)."""
+  iterations = [max(int(jax.block_until_ready(run()).loop_iterations), 1) for run in runs]
+  times = [[] for _ in runs]
+  for r in range(repeats):
+    for i in [(r + j) % len(runs) for j in range(len(runs))]:
+      t0 = time.perf_counter()
+      jax.block_until_ready(runs[i]())
+      times[i].append(time.perf_counter() - t0)
+  return [min(t) / n for t, n in zip(times, iterations)]
 
 
 def step_time(decoder, state, k: int, fill: int, iters: int = 40) -> float:

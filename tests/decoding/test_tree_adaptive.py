@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gqa_spec.decoding import adaptive_tree, autoregressive, sampling, speculative, tree as tree_lib
+from gqa_spec.decoding import (adaptive_tree, autoregressive, sampling, speculative, timing,
+                               tree as tree_lib)
 from gqa_spec.decoding.adaptive_tree import AdaptiveTree
 from gqa_spec.decoding.drafts.ngram import fit_ngram
 from gqa_spec.decoding.drafts.ngram_tree import NgramTreeDraft
@@ -208,10 +209,18 @@ def test_measured_costs_and_starting_alpha(monkeypatch):
   ad = AdaptiveTree.parse('best:auto:4,depth:2,width:2')
   draft = TreeModelDraft.t5(model)
   tstate = target.init(params, enc, adaptive_tree.target_cache_length(MAX_LEN, ad))
+  # The 2-token call reads as the 1-token call just timed: v's lower bound is exactly 1, so that
+  # whether the bigram below passes the first stage does not hang on how a loaded machine timed
+  # two calls (as in tests/decoding/test_adaptive.py).
+  one = []
+  real_step_time = timing.step_time
+  monkeypatch.setattr(timing, 'step_time', lambda decoder, state, k, fill: one[-1] if k == 2 else (
+      one.append(real_step_time(decoder, state, k, fill)) or one[-1]))
   loops = []
   speculative_loop = adaptive_tree._speculative  # pylint: disable=protected-access
   monkeypatch.setattr(adaptive_tree, '_speculative',
-                      lambda *a, **k: loops.append(k['adaptive']) or speculative_loop(*a, **k))
+                      lambda *a, **k: loops.append((k['adaptive'], k.get('first_nodes')))
+                      or speculative_loop(*a, **k))
   same = adaptive_tree.measure_costs(target, tstate, draft,
                                      draft.init(params, enc, MAX_LEN, ad.shape), MAX_LEN, ad)
   # measured: c ~0.9 alone, 0.38 beside another test worker (a loaded 2-core machine)
@@ -231,7 +240,11 @@ def test_measured_costs_and_starting_alpha(monkeypatch):
   cheap = adaptive_tree.measure_costs(target, tstate, bigram, bigram.init(table, ad.shape),
                                       MAX_LEN, ad)
   assert cheap.alpha >= 0.7 and cheap.cost_ratio < 0.2 and all(v > 0 for v in cheap.verify_ratio)
-  assert loops and {a.fixed_nodes for a in loops} == {1}, cheap
+  # One compiled loop (the same settings, 1 node fixed) timed at every width in turn: the first
+  # node counts are its traced argument.
+  assert loops and {a for a, _ in loops} == {dataclasses.replace(ad, fixed_nodes=1)}, cheap
+  assert list(dict.fromkeys(tuple(np.asarray(f)) for _, f in loops)) == [
+      (u,) * len(enc) for u in ad.widths]
   # Fewer than CALIBRATION_POSITIONS positions in this batch (2 rows of at most MAX_LEN): alpha
   # pools the loop's acceptance over the next batch too (rows 3 and 4), as generate passes them.
   # The bigram is fitted on all 4 rows' outputs, so that both batches pass the first stage
@@ -263,6 +276,11 @@ def test_measured_costs_and_starting_alpha(monkeypatch):
   widths = np.asarray(result.tree_width_trace)
   assert set(widths[:int(result.loop_iterations)]) == {1}
   np.testing.assert_array_equal(np.asarray(result.proposed), np.asarray(result.target_calls))
+  wide = adaptive_tree._speculative(  # pylint: disable=protected-access
+      target, tstate, draft, draft.init(params, enc, MAX_LEN, ad.shape), jax.random.PRNGKey(0),
+      adaptive=fixed, max_decode_len=MAX_LEN, first_nodes=np.full((len(enc),), 4, np.int32))
+  assert set(np.asarray(wide.tree_width_trace)[:int(wide.loop_iterations)]) == {4}
+  np.testing.assert_array_equal(np.asarray(wide.lengths), np.asarray(result.lengths))
 
 
 @pytest.mark.parametrize('spec, kwargs, message', [
