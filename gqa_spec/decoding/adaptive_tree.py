@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import re
 from typing import Any, Iterable, Optional, Tuple, Union
 
@@ -65,10 +64,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gqa_spec.decoding import (autoregressive, sampling, timing, tree as tree_lib,
-                               tree_speculative, xla_options)
+from gqa_spec.decoding import sampling, tree as tree_lib, tree_speculative, xla_options
 from gqa_spec.decoding.adaptive import Calibration, plain_decode, plain_loop
-from gqa_spec.decoding.calibration import first_stage
+from gqa_spec.decoding.calibration import first_stage, time_widths
 from gqa_spec.decoding.autoregressive import EOS
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.speculative import (LoopState, SpeculativeResult, init_loop,
@@ -247,8 +245,9 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
         narrower width), less its tree's D draft calls; the widths and the unit again timed in
         interleaved rounds (`timing.interleaved_per_iteration`), v over that unit. It holds the
         target call at width u (the tree mask), ranking, verification at `config`, the path's
-        append and compaction, statistics and the width's `lax.switch`. An earlier form added the target's causal call
-        at each width, timed alone, to the loop's own work timed at one node and T = 0; the chain
+        append and compaction, statistics and the width's `lax.switch`
+        (`calibration.time_widths`). An earlier form added the target's causal call at each
+        width, timed alone, to the loop's own work timed at one node and T = 0; the chain
         calibration's form (`calibration.measure_costs`) found what that missed: sampling makes
         wide verifications dearer at T = 1;
     alpha = the top-ranked node's acceptance, every row's starting per-token estimate
@@ -293,19 +292,12 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
   run = lambda u, ts=target_state, ds=draft_state: _speculative(  # one loop for every width
       target, ts, draft, ds, rng, adaptive=fixed, max_decode_len=max_decode_len, config=config,
       first_nodes=np.full((batch,), u, np.int32))
-  unit = lambda: autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len,
-                                       config=config)
-  # seconds per greedy step and per iteration of this loop with every row verifying u nodes, in
-  # interleaved rounds (as `calibration.measure_costs`)
-  t_step, *times = timing.interleaved_per_iteration(
-      [unit] + [lambda u=u: run(u) for u in adaptive.widths])
-  t_iter = dict(zip(adaptive.widths, times))
+  # seconds per greedy step and per iteration of this loop with every row verifying u nodes
+  t_step, t_iter = time_widths(target, target_state, max_decode_len, config, run, adaptive.widths)
   # the starting alpha: this loop's own at one node, on the first stage's batches
   results = jax.device_get([run(1)] + [run(1, ts, ds) for ts, ds in first.more])
   alpha = (sum(float(np.sum(r.accepted)) for r in results)
            / max(sum(float(np.sum(r.proposed)) for r in results), 1.0))
-  # A wider iteration does all that a narrower one does (`calibration.measure_costs`).
-  t_iter = dict(zip(t_iter, itertools.accumulate(t_iter.values(), max)))
   return Calibration(c, tuple(max(t_iter[u] / t_step - shape.depth * c, first.v_floor)
                               for u in adaptive.widths), alpha)
 

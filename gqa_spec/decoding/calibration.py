@@ -165,23 +165,28 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
   run = lambda w, ts=target_state, ds=draft_state: decode(  # one compiled loop for every width
       target, ts, draft, ds, rng, adaptive=fixed, max_decode_len=max_decode_len, config=config,
       first_gammas=np.full((batch,), w, np.int32))
-  unit = lambda: autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len,
-                                       config=config)
-  # seconds per greedy step and per iteration of this loop with every row proposing w tokens, in
-  # interleaved rounds (the unit again, beside the widths it divides)
-  t_step, *times = timing.interleaved_per_iteration(
-      [unit] + [lambda w=w: run(w) for w in widths])
-  t_iter = dict(zip(widths, times))
+  # seconds per greedy step and per iteration of this loop with every row proposing w tokens
+  t_step, t_iter = time_widths(target, target_state, max_decode_len, config, run, widths)
   # the starting alpha: this loop's own at gamma 1, on the first stage's batches
   results = jax.device_get([run(1)] + [run(1, ts, ds) for ts, ds in first.more])
   alpha = (sum(float(r.beta_sum) for r in results)
            / max(sum(float(r.beta_count) for r in results), 1.0))
-  # A wider iteration does all that a narrower one does: its time is at least theirs (the
-  # fastest-of-3 times move by more than two widths differ: 3.14 steps at width 6 against 3.08 at
-  # 8 on the widened pair at batch 8, T = 1, which sent the policy to 8).
-  t_iter = dict(zip(t_iter, itertools.accumulate(t_iter.values(), max)))
   # gamma tokens cost gamma c + v(gamma): the iteration at the width w that holds gamma, less the
   # w draft tokens it proposed there; never below the first stage's bound.
   return Calibration(c, tuple(
       max(t_iter[w] / t_step - w * c, first.v_floor)
       for w in (verify_width(g, gamma_max) for g in range(1, gamma_max + 1))), alpha)
+
+
+def time_widths(target: Decoder, target_state: PyTree, max_decode_len: int,
+                config: SamplingConfig, run, widths: Tuple[int, ...]):
+  """The second stage's timings, chains' and trees' (`adaptive_tree.measure_costs`): seconds per
+  step of autoregressive decoding at `config` and `{w: seconds per iteration of run(w)}` for every
+  width, all in interleaved rounds (`timing.interleaved_per_iteration`: the unit again, beside the
+  widths it divides). A wider iteration does all that a narrower one does, so its time is taken
+  as at least theirs (the fastest-of-3 times moved by more than two widths differ: 3.14 steps at
+  width 6 against 3.08 at 8 on the widened pair at batch 8, T = 1, which sent the policy to 8)."""
+  unit = lambda: autoregressive.decode(target, target_state, jax.random.PRNGKey(0),
+                                       max_decode_len=max_decode_len, config=config)
+  t_step, *times = timing.interleaved_per_iteration([unit] + [lambda w=w: run(w) for w in widths])
+  return t_step, dict(zip(widths, itertools.accumulate(times, max)))
