@@ -86,3 +86,23 @@ def test_the_ab_control_never_runs_right_after_greedy_decoding(monkeypatch):
       rotated = order[r % len(order):] + order[:r % len(order)]
       for before, after in zip(rotated, rotated[1:]):
         assert {before, after} != {'no draft', adaptive_gamma.GREEDY_AGAIN}, (count, rotated)
+
+
+def test_the_alpha_memory_simulation_scores_the_library_policy(tmp_path):
+  """benchmarks/alpha_memory.py on a few short sequences: every scenario and form has a row, a
+  draft that never pays (alpha 0.40 at these costs) leaves the policy on plain steps (exactly
+  1 token per step), and the fixed gammas' best is what the form rows are scored against."""
+  from benchmarks import alpha_memory
+  out = tmp_path / 'am'
+  assert alpha_memory.main(['--lengths', '16', '--sequences', '40', '--offsets', '0',
+                            '--out', str(out)]) == 0
+  rows = json.loads((tmp_path / 'am.json').read_text())['rows']
+  assert len(rows) == len(alpha_memory.SCENARIOS) * len(alpha_memory.FORMS)
+  for r in rows:
+    best = r['best_fixed_tokens_per_step']
+    assert r['x_best_fixed'] == pytest.approx(r['tokens_per_step'] / best, rel=1e-3)
+  low = [r for r in rows if r['scenario'] == 'alpha 0.40']
+  assert all(r['tokens_per_step'] == 1.0 for r in low)
+  high = [r for r in rows if r['scenario'] == 'alpha 0.85']
+  assert all(r['tokens_per_step'] > 1.3 and r['best_fixed_gamma'] >= 4 for r in high)
+  assert '| per position + prior |' in (tmp_path / 'am.md').read_text()
