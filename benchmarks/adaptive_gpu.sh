@@ -6,9 +6,12 @@
 #   bash benchmarks/adaptive_gpu.sh kit              # HERE: builds gpu_kit/pair (git-ignored)
 #   OUT=$OUT bash benchmarks/adaptive_gpu.sh gamma   # on the GPU machine, carrying gpu_kit
 #   OUT=$OUT bash benchmarks/adaptive_gpu.sh tree    # likewise
+#   OUT=$OUT bash benchmarks/adaptive_gpu.sh overhead  # no kit: the auto loop's own cost
 #
 # kit: the pair's native checkpoints (PAIR_DIR, default the cpu study's fine-tuned
-# runs/cpu/models/finetune/ddtp_translate_summarize/{mha_g8,draft}/best) and its two tasks exported
+# runs/cpu/models/finetune/ddtp_translate_summarize/{mha_g8,draft}/best; TARGET names the target's
+# folder, default mha_g8; where PAIR_DIR holds one folder per task, as the smoke run's
+# runs/smoke/models/finetune does, each task gets its own pair) and its two tasks exported
 # at the benchmarks' lengths 64,32 (`gqa-spec data export`, from DDTP_DATA_DIR, default
 # runs/cpu/data: the pair's own vocabulary), test inputs and training targets (the bigram's fit);
 # the wheels of nltk and rouge-score (an exported task imports its metrics; the device image
@@ -17,17 +20,29 @@
 # 1, the pair's draft model and a bigram, 5 rounds, under `timeout` (SECONDS_LIMIT, default 300:
 # a cell is rewritten to the JSON/Markdown as it is measured, so a cut run keeps its cells and
 # says it is partial), with XLA's GPU autotuning off (the cells' compiles are most of the time).
+# overhead: benchmarks/adaptive_overhead.py at batches 1 and 8, and at batch 1 with loops and
+# branches in command buffers (a random-init target, no kit; ~6 files): `--gamma auto`'s loop against the fixed one,
+# per call and per iteration.
 set -u
-mode=${1:?usage: adaptive_gpu.sh kit|gamma|tree}
+mode=${1:?usage: adaptive_gpu.sh kit|gamma|tree|overhead}
 kit=${KIT:-gpu_kit}/pair
 case $mode in
   kit)
     set -e
     pair=${PAIR_DIR:-runs/cpu/models/finetune/ddtp_translate_summarize}
     data=${DDTP_DATA_DIR:-runs/cpu/data}
+    target=${TARGET:-mha_g8}
     rm -rf "$kit" && mkdir -p "$kit/models"
-    cp -r "$pair/mha_g8/best" "$kit/models/target"
-    cp -r "$pair/draft/best" "$kit/models/draft"
+    for task in ddtp_translate_en_de ddtp_summarize; do
+      [ -d "$pair/$task" ] || continue  # one pair per task
+      mkdir -p "$kit/models/$task"
+      cp -r "$pair/$task/$target/best" "$kit/models/$task/target"
+      cp -r "$pair/$task/draft/best" "$kit/models/$task/draft"
+    done
+    if [ ! -d "$kit/models/ddtp_translate_en_de" ]; then  # one pair for both tasks
+      cp -r "$pair/$target/best" "$kit/models/target"
+      cp -r "$pair/draft/best" "$kit/models/draft"
+    fi
     gqa-spec data export ddtp_translate_en_de ddtp_summarize --out "$kit/export" \
         --lengths 64,32 --splits train,test --data-dir "$data"
     rm -f "$kit"/export/*/train.text.jsonl  # raw training text: not read, 39 MB
@@ -49,14 +64,31 @@ case $mode in
     { nvidia-smi -L 2>/dev/null || true; } > "$out/nvidia-smi_$mode.txt"
     if [ "$mode" = gamma ]; then extra=(--gammas 1,2,3,4,5,6,7,8 --gamma-max 8)
     else extra=(--nodes 2,4,8,16 --nodes-max 16 --depth 4); fi
+    m=$kit/models; t=$m/ddtp_translate_en_de; s=$m/ddtp_summarize
+    [ -d "$t" ] || { t=$m; s=$m; }
     set -o pipefail
     timeout "${SECONDS_LIMIT:-300}" ${PYTHON:-python3} -m "benchmarks.adaptive_$mode" \
-        --pair translate "$kit/models/target" "$kit/models/draft" \
-            "exported:$kit/export/ddtp_translate_en_de" \
-        --pair summarize "$kit/models/target" "$kit/models/draft" \
+        --pair translate "$t/target" "$t/draft" "exported:$kit/export/ddtp_translate_en_de" \
+        --pair summarize "$s/target" "$s/draft" \
             "exported:$kit/export/ddtp_summarize" \
         --pair-drafts draft,bigram --batches 1,8 --temperatures 0,1 --repeats 5 "${extra[@]}" \
         --out "$out/adaptive_${mode}_gpu_pair" 2>&1 | tee "$out/adaptive_${mode}_gpu_pair.log"
     ;;
-  *) echo "unknown mode $mode (kit, gamma or tree)" >&2; exit 2 ;;
+  overhead)
+    out=${OUT:?OUT: where the results go}
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+    export XLA_FLAGS="--xla_gpu_autotune_level=0 ${XLA_FLAGS:-}"
+    for b in 1 8; do
+      timeout "${SECONDS_LIMIT:-120}" ${PYTHON:-python3} -m benchmarks.adaptive_overhead \
+          --batch $b --out "$out/adaptive_overhead_gpu_b$b" > "$out/adaptive_overhead_gpu_b$b.log" 2>&1
+    done
+    # the same at batch 1 with the while loops and conditionals in XLA's command buffers (CUDA
+    # graphs: no trip to the host for a loop's condition or a branch index; the whole list, as
+    # benchmarks/gpu.sh gives it)
+    cmdbuf=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL
+    XLA_FLAGS="$XLA_FLAGS --xla_gpu_enable_command_buffer=$cmdbuf" timeout "${SECONDS_LIMIT:-120}" \
+        ${PYTHON:-python3} -m benchmarks.adaptive_overhead --batch 1 \
+        --out "$out/adaptive_overhead_cmdbuf_gpu_b1" > "$out/adaptive_overhead_cmdbuf_gpu_b1.log" 2>&1
+    ;;
+  *) echo "unknown mode $mode (kit, gamma, tree or overhead)" >&2; exit 2 ;;
 esac

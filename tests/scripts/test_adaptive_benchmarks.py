@@ -106,3 +106,23 @@ def test_the_alpha_memory_simulation_scores_the_library_policy(tmp_path):
   high = [r for r in rows if r['scenario'] == 'alpha 0.85']
   assert all(r['tokens_per_step'] > 1.3 and r['best_fixed_gamma'] >= 4 for r in high)
   assert '| per position + prior |' in (tmp_path / 'am.md').read_text()
+
+
+def test_the_overhead_benchmark_holds_the_optimal_policy_at_the_fixed_gamma(tmp_path):
+  """benchmarks/adaptive_overhead.py compares like with like: the optimal policy held at gamma
+  takes exactly the loop iterations of the fixed policy and of `speculative.decode` at that gamma
+  (greedy, the same proposals), greedy decoding one per token, and each line fits its points."""
+  from benchmarks import adaptive_overhead
+  out = tmp_path / 'ao'
+  adaptive_overhead.main(['--preset', 'nano', '--lengths', '4,6', '--gamma', '2', '--repeats', '1',
+                          '--out', str(out)])
+  rows = {r['method']: r for r in json.loads((tmp_path / 'ao.json').read_text())['rows']}
+  assert len(rows) == 5
+  assert rows['greedy decoding']['iterations'] == [4, 6]
+  held = rows["auto, policy 'optimal' held at 2"]['iterations']
+  assert held == rows["auto, policy 'fixed' at 2 (calibration's program)"]['iterations']
+  assert held == rows['speculative.decode, gamma 2']['iterations']
+  for r in rows.values():  # two points: the line goes through both
+    for n, t in zip(r['iterations'], r['seconds']):
+      assert r['intercept_ms'] / 1e3 + r['slope_us'] / 1e6 * n == pytest.approx(t, rel=1e-6)
+  assert '| per call ms |' in (tmp_path / 'ao.md').read_text()

@@ -1,0 +1,142 @@
+"""What `--gamma auto`'s loop costs beyond the fixed-gamma loop, per call and per iteration.
+
+  python -m benchmarks.adaptive_overhead [--preset mini] [--batch 1] [--gamma 8] \
+      [--lengths 16,32,64] [--out results/benchmarks/adaptive_overhead]
+
+Why: on an H200 (results/benchmarks/adaptive_gamma_gpu_smoke_bigram.md) `--gamma auto` held at
+gamma 8 by the smoke pair's bigram ran at 2.6 greedy steps an iteration where the calibration,
+which times the same loop under policy 'fixed', priced it at 1.77 and `speculative.decode` at
+gamma 8 ran at 1.54: 0.59x of greedy decoding. A fixed cost per call and a cost per iteration
+read alike in that table (about 15 iterations a call). This separates them: each method decodes a
+random-init `--preset` target with a bigram draft (fitted on the target's own outputs) for exactly
+`L` tokens (EOS never ends a row) at each of `--lengths`, and a least-squares line
+`seconds = intercept + slope x loop iterations` over the lengths gives the call's fixed cost
+(intercept) and an iteration's (slope). Methods, all at `--gamma` where they hold one:
+  * greedy decoding (`autoregressive.decode`; an iteration is a token);
+  * `speculative.decode` at gamma;
+  * `adaptive.decode`, policy 'fixed' with traced `first_gammas`: the program the calibration times;
+  * `adaptive.decode`, policy 'optimal' held at gamma (a lasting prior of 10^6 positions at alpha
+    0.99, c 0, v 1: Theorem 8 gives gamma_max every iteration, which is `--gamma`), so it runs the
+    policy's own work (`batch_gamma`) every iteration and proposes what the fixed one does;
+  * `adaptive.decode`, policy 'heuristic' (its draft lengths move; its own iteration count).
+One target cache of max(lengths) + gamma + 1 slots for every length, so a step attends over the
+same allocation whatever the length. The loops' outputs are not compared here (tests do that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks import common, workloads
+from benchmarks.loop_overhead import fit
+from gqa_spec.decoding import adaptive, autoregressive, speculative
+from gqa_spec.decoding.adaptive import AdaptiveGamma
+from gqa_spec.decoding.drafts import NgramDraft
+from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.models.config import preset
+from gqa_spec.models.t5 import Transformer
+
+HELD_PRIOR = 1e6  # positions: the optimal policy's estimate never leaves alpha_init
+
+
+def methods(target, tstate, draft, dstate, batch: int, gamma: int):
+  """name -> run(L) -> result with `loop_iterations`."""
+  rng = jax.random.PRNGKey(0)
+  fixed = AdaptiveGamma(gamma_max=gamma, policy='fixed', gamma_init=gamma)
+  held = AdaptiveGamma(gamma_max=gamma, cost_ratio=0.0, verify_ratio=(1.0,) * gamma,
+                       alpha_init=0.99, prior_weight=HELD_PRIOR)
+  heuristic = AdaptiveGamma(gamma_max=gamma, policy='heuristic')
+  first = jnp.full((batch,), gamma, jnp.int32)
+  ad = lambda a, L, **kw: adaptive.decode(target, tstate, draft, dstate, rng, adaptive=a,
+                                          max_decode_len=L, eos_id=-1, **kw)
+  return {
+      'greedy decoding': lambda L: autoregressive.decode(target, tstate, rng, max_decode_len=L,
+                                                         eos_id=-1),
+      f'speculative.decode, gamma {gamma}': lambda L: speculative.decode(
+          target, tstate, draft, dstate, rng, gamma=gamma, max_decode_len=L, eos_id=-1),
+      f"auto, policy 'fixed' at {gamma} (calibration's program)": lambda L: ad(
+          fixed, L, first_gammas=first),
+      f"auto, policy 'optimal' held at {gamma}": lambda L: ad(held, L),
+      "auto, policy 'heuristic'": lambda L: ad(heuristic, L),
+  }
+
+
+def measure(args, on_row=lambda rows: None) -> list:
+  """Every method's row; `on_row(rows so far)` after each."""
+  lengths = [int(x) for x in args.lengths.split(',')]
+  model = Transformer(preset(args.preset))
+  params = workloads.random_params(model)
+  target = T5Decoder(model)
+  vocab = model.config.vocab_size
+  enc = jnp.asarray(workloads.synthetic_inputs(args.batch, args.input_length, vocab, seed=0))
+  tstate = target.init(params, enc, max(lengths) + args.gamma + 1)  # [b, S] encoded once
+  draft = NgramDraft(vocab)
+  dstate = draft.init(workloads.output_bigram(model, params, args.input_length, max(lengths)))
+  assert HELD_PRIOR > 0 and AdaptiveGamma(
+      gamma_max=args.gamma, cost_ratio=0.0, verify_ratio=(1.0,) * args.gamma,
+      alpha_init=0.99).first_gamma() == args.gamma, 'the held policy would not start at --gamma'
+  rows = []
+  for name, run in methods(target, tstate, draft, dstate, args.batch, args.gamma).items():
+    iterations, times = [], []
+    for L in lengths:
+      iterations.append(int(jax.block_until_ready(run(L)).loop_iterations))
+      times.append(common.median_seconds(lambda L=L: run(L), args.repeats))
+    intercept, slope = fit(iterations, times)
+    rows.append({'method': name, 'lengths': lengths, 'iterations': iterations, 'seconds': times,
+                 'intercept_ms': intercept * 1e3, 'slope_us': slope * 1e6})
+    rows[-1]['slope_steps'] = rows[-1]['slope_us'] / rows[0]['slope_us']  # in greedy steps
+    common.print_row(rows[-1])
+    on_row(rows)
+  return rows
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument('--preset', default='mini', help='the random-init target (models/presets.py)')
+  p.add_argument('--batch', type=int, default=1)
+  p.add_argument('--gamma', type=int, default=8, help='the held draft length (and gamma_max)')
+  p.add_argument('--lengths', default='16,32,64', help='tokens decoded (max_decode_len)')
+  p.add_argument('--input-length', type=int, default=64)
+  p.add_argument('--repeats', type=int, default=7)
+  common.add_out_argument(p, __file__)
+  args = p.parse_args(argv)
+  if len(args.lengths.split(',')) < 2:
+    p.error('--lengths needs at least two lengths for a line')
+  if args.gamma < 1:
+    p.error('--gamma must be >= 1')
+  load_before = os.getloadavg()
+  # Rewritten after every method, so that a run cut short (a device call's clock) keeps its rows.
+  measure(args, lambda rows: write(args, argv, rows, load_before))
+
+
+def write(args, argv, rows, load_before) -> None:
+  flags = os.environ.get('XLA_FLAGS', '')
+  results = common.results(__file__, argv, rows, load_before, xla_flags=flags,
+                           complete=len(rows) == 5)
+  common.write_json(args.out, results)
+  lines = [*common.heading("`--gamma auto`'s loop against the fixed one: per call and per "
+                           'iteration', results['command']),
+           f'Backend {jax.default_backend()}, XLA_FLAGS `{flags or "(none)"}`. Random-init '
+           f'`{args.preset}` target, bigram draft, batch {args.batch}, {args.input_length} input '
+           f'tokens; each time the median of {args.repeats} calls; intercept (per call) and slope '
+           f'(per loop iteration, also in greedy steps: over greedy decoding\'s slope) are a '
+           f'least-squares line over the loop iterations of {args.lengths} tokens. '
+           + common.load_note(load_before, os.getloadavg(),
+                              ' (the machine was shared with other jobs).'), '',
+           *common.table_head(['method', 'per call ms', 'per iteration us',
+                               'per iteration, greedy steps', 'iterations', 'ms each'])]
+  for r in rows:
+    lines.append(f'| {r["method"]} | {r["intercept_ms"]:.3f} | {r["slope_us"]:.1f} | '
+                 f'{r["slope_steps"]:.2f} | {" / ".join(map(str, r["iterations"]))} | '
+                 f'{" / ".join(f"{t * 1e3:.2f}" for t in r["seconds"])} |')
+  if not results['complete']:
+    lines += ['', f'**Partial**: the run stopped after {len(rows)} of the 5 methods.']
+  common.write_markdown(args.out + '.md', lines, results['machine'])
+
+
+if __name__ == '__main__':
+  main()
