@@ -6,18 +6,20 @@
 Why: on an H200 (results/benchmarks/adaptive_gamma_gpu_smoke_bigram.md) `--gamma auto` held at
 gamma 8 by the smoke pair's bigram ran at 2.6 greedy steps an iteration where the calibration,
 which times the same loop under policy 'fixed', priced it at 1.77 and `speculative.decode` at
-gamma 8 ran at 1.54: 0.59x of greedy decoding. A fixed cost per call and a cost per iteration
-read alike in that table (about 15 iterations a call). This separates them: each method decodes a
+gamma 8 ran at 1.54: 0.59x of greedy decoding (the calibration now times the optimal policy's
+own program, `adaptive.decode(held=...)`). A fixed cost per call and a cost per iteration read
+alike in that table (about 15 iterations a call). This separates them: each method decodes a
 random-init `--preset` target with a bigram draft (fitted on the target's own outputs) for exactly
 `L` tokens (EOS never ends a row) at each of `--lengths`, and a least-squares line
 `seconds = intercept + slope x loop iterations` over the lengths gives the call's fixed cost
 (intercept) and an iteration's (slope). Methods, all at `--gamma` where they hold one:
   * greedy decoding (`autoregressive.decode`; an iteration is a token);
   * `speculative.decode` at gamma;
-  * `adaptive.decode`, policy 'fixed' with traced `first_gammas`: the program the calibration times;
-  * `adaptive.decode`, policy 'optimal' held at gamma (a lasting prior of 10^6 positions at alpha
-    0.99, c 0, v 1: Theorem 8 gives gamma_max every iteration, which is `--gamma`), so it runs the
-    policy's own work (`batch_gamma`) every iteration and proposes what the fixed one does;
+  * `adaptive.decode`, policy 'fixed' with traced `first_gammas` (the calibration's program until
+    the H200 run above);
+  * `adaptive.decode`, policy 'optimal' `held` at gamma (the calibration's program now): it makes
+    the policy's choice every iteration (`batch_gamma`), does not take it, and proposes what the
+    fixed one does;
   * `adaptive.decode`, policy 'heuristic' (its draft lengths move; its own iteration count).
 One target cache of max(lengths) + gamma + 1 slots for every length, so a step attends over the
 same allocation whatever the length. The loops' outputs are not compared here (tests do that).
@@ -30,6 +32,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from benchmarks import common, workloads
 from benchmarks.loop_overhead import fit
@@ -40,15 +43,13 @@ from gqa_spec.decoding.targets import T5Decoder
 from gqa_spec.models.config import preset
 from gqa_spec.models.t5 import Transformer
 
-HELD_PRIOR = 1e6  # positions: the optimal policy's estimate never leaves alpha_init
-
-
 def methods(target, tstate, draft, dstate, batch: int, gamma: int):
   """name -> run(L) -> result with `loop_iterations`."""
   rng = jax.random.PRNGKey(0)
   fixed = AdaptiveGamma(gamma_max=gamma, policy='fixed', gamma_init=gamma)
-  held = AdaptiveGamma(gamma_max=gamma, cost_ratio=0.0, verify_ratio=(1.0,) * gamma,
-                       alpha_init=0.99, prior_weight=HELD_PRIOR)
+  optimal = AdaptiveGamma(gamma_max=gamma, cost_ratio=0.5, verify_ratio=(1.5,) * gamma,
+                          alpha_init=0.7, prior_weight=adaptive.CALIBRATED_PRIOR_WEIGHT)
+  held = np.ones((), bool)
   heuristic = AdaptiveGamma(gamma_max=gamma, policy='heuristic')
   first = jnp.full((batch,), gamma, jnp.int32)
   ad = lambda a, L, **kw: adaptive.decode(target, tstate, draft, dstate, rng, adaptive=a,
@@ -58,9 +59,9 @@ def methods(target, tstate, draft, dstate, batch: int, gamma: int):
                                                          eos_id=-1),
       f'speculative.decode, gamma {gamma}': lambda L: speculative.decode(
           target, tstate, draft, dstate, rng, gamma=gamma, max_decode_len=L, eos_id=-1),
-      f"auto, policy 'fixed' at {gamma} (calibration's program)": lambda L: ad(
-          fixed, L, first_gammas=first),
-      f"auto, policy 'optimal' held at {gamma}": lambda L: ad(held, L),
+      f"auto, policy 'fixed' at {gamma}": lambda L: ad(fixed, L, first_gammas=first),
+      f"auto, policy 'optimal' held at {gamma} (the calibration's program)": lambda L: ad(
+          optimal, L, first_gammas=first, held=held),
       "auto, policy 'heuristic'": lambda L: ad(heuristic, L),
   }
 
@@ -76,9 +77,6 @@ def measure(args, on_row=lambda rows: None) -> list:
   tstate = target.init(params, enc, max(lengths) + args.gamma + 1)  # [b, S] encoded once
   draft = NgramDraft(vocab)
   dstate = draft.init(workloads.output_bigram(model, params, args.input_length, max(lengths)))
-  assert HELD_PRIOR > 0 and AdaptiveGamma(
-      gamma_max=args.gamma, cost_ratio=0.0, verify_ratio=(1.0,) * args.gamma,
-      alpha_init=0.99).first_gamma() == args.gamma, 'the held policy would not start at --gamma'
   rows = []
   for name, run in methods(target, tstate, draft, dstate, args.batch, args.gamma).items():
     iterations, times = [], []

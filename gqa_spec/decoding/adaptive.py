@@ -47,8 +47,9 @@ Policies (`AdaptiveGamma.policy`):
               error.
   'heuristic' HF's `num_assistant_tokens_schedule="heuristic"`: +2 after a proposal accepted whole,
               else -1, within [1, gamma_max].
-  'fixed'     every row keeps `gamma_init` (not a CLI choice: `calibration.measure_costs` times
-              this very loop's iterations with it).
+  'fixed'     every row keeps `gamma_init` (not a CLI choice: the loop at one length, for tests
+              and `benchmarks/adaptive_overhead.py`; `calibration.measure_costs` times the
+              'optimal' policy's own program instead, `held` at each width).
 `confidence` > 0 (`--draft-confidence`, model drafts only) also ends a row's proposal after the
 first token whose draft top probability is below it (HF's `assistant_confidence_threshold`).
 """
@@ -244,13 +245,20 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
            rng: jax.Array, *, adaptive: AdaptiveGamma, max_decode_len: int,
            config: SamplingConfig = sampling.GREEDY, eos_id: int = EOS,
            skip: Optional[jax.Array] = None,
-           first_gammas: Optional[jax.Array] = None) -> SpeculativeResult:
+           first_gammas: Optional[jax.Array] = None,
+           held: Optional[jax.Array] = None) -> SpeculativeResult:
   """Speculative decoding with adaptive draft lengths (arguments as `speculative.decode`).
 
   `first_gammas` `[b]` int32 (optional): each row's first draft length in place of the policy's,
-  a traced argument, so one compiled loop serves any values (`calibration.measure_costs` times
-  the loop at every width with one compile, policy 'fixed'). Under 'optimal' a row at 0 stays at
-  0, as any row does.
+  a traced argument, so one compiled loop serves any values (the loop runs with them even where
+  the policy's own first length would be 0). Under 'optimal' a row at 0 stays at 0, as any row
+  does.
+  `held` `[]` bool (optional, traced): where True every row keeps its first draft length; the
+  policy still makes its choice every iteration, unused, so the compiled loop is the one a run of
+  this policy compiles (constants aside). `calibration.measure_costs` times the loop so, at every
+  width, with one compile: the iteration it prices is the policy's own. On an H200 the policies
+  that choose per iteration ran the loop at 2.6 greedy steps an iteration where the fixed policy's
+  program, timed in its place until then, took 1.8 (results/gpu/adaptive_smoke_2026-11-27).
 
   `draft_state` may be None where `adaptive.speculates` is False: the call is then one jitted
   function of the target alone (`plain_decode`), autoregressive decoding with its result in this
@@ -268,14 +276,14 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
   if adaptive.confidence and getattr(draft, 'propose_upto', None) is None:
     raise UserError(f'--draft-confidence needs a model draft (one with draft probabilities); '
                     f'{type(draft).__name__} has none')
-  if not adaptive.speculates:
+  if not adaptive.speculates and first_gammas is None:
     r, histogram, trace = plain_decode(target, target_state, rng, gamma_max=adaptive.gamma_max,
                                  max_decode_len=max_decode_len, config=config, eos_id=eos_id,
                                  skip=skip)
     return _as_adaptive_result(r, histogram, trace, adaptive.gamma_max)
   return _speculative(target, target_state, draft, draft_state, rng, adaptive=adaptive,
                       max_decode_len=max_decode_len, config=config, eos_id=eos_id, skip=skip,
-                      first_gammas=first_gammas)
+                      first_gammas=first_gammas, held=held)
 
 
 def plain_decode(target: Decoder, target_state: PyTree, rng: jax.Array, *, gamma_max: int,
@@ -319,7 +327,8 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
                  rng: jax.Array, *, adaptive: AdaptiveGamma, max_decode_len: int,
                  config: SamplingConfig, eos_id: int,
                  skip: Optional[jax.Array],
-                 first_gammas: Optional[jax.Array] = None) -> SpeculativeResult:
+                 first_gammas: Optional[jax.Array] = None,
+                 held: Optional[jax.Array] = None) -> SpeculativeResult:
   """`decode` where rows speculate (its docstring)."""
   gmax = adaptive.gamma_max
   upto = getattr(draft, 'propose_upto', None)
@@ -395,6 +404,8 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
       nxt = a.want
     else:  # one length for the batch, Theorem 8 at its slowest row's alpha (`batch_gamma`)
       nxt = jnp.where(a.want > 0, batch_gamma(alpha, weight, ~done, adaptive), 0)
+    if held is not None:  # the choice made, then not taken (`decode`: the calibration's timing)
+      nxt = jnp.where(held, a.want, nxt)
     rows = jnp.arange(batch)
     result = record_call(r, sequences, lengths, active, limit, k, acc, tried, beta, gmax).replace(
         gamma_histogram=r.gamma_histogram.at[rows, limit].add(active.astype(jnp.int32)),

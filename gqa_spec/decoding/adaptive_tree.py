@@ -105,8 +105,8 @@ class AdaptiveTree:
       (what `generate --tree best:auto...` does).
     decay: weight of the old estimate in each update.
     fixed_nodes: every row asks for this many nodes at every call, whatever its statistics (None:
-      the choice above), or for the first count `_speculative` is given (traced), at every call:
-      `measure_costs` times the loop at every width this way.
+      the choice above), or for the first count `_speculative` is given (traced), at every call
+      (tests; `measure_costs` times the policy's own loop `held` instead).
   """
 
   shape: TreeShape
@@ -240,8 +240,9 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
     c = one of the D draft calls that grow an N_max tree (`propose_tree` and a `commit_tree` of
         nothing accepted);
     v = (v(u) for each compiled width u): an iteration of this loop with every row verifying u
-        nodes, timed whole at `config` (`fixed_nodes`, the first node counts a traced argument of
-        `_speculative`: one compiled loop for every width), per iteration (at least that of every
+        nodes, timed whole at `config` (the policy's own loop `held` at u: its choice made every
+        iteration, not taken; the first node counts a traced argument of `_speculative`: one
+        compiled loop for every width), per iteration (at least that of every
         narrower width), less its tree's D draft calls; the widths and the unit again timed in
         interleaved rounds (`timing.interleaved_per_iteration`), v over that unit. It holds the
         target call at width u (the tree mask), ranking, verification at `config`, the path's
@@ -288,10 +289,12 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
   reads_hidden = getattr(draft, 'reads_target_hidden', False)
   if not reads_hidden and not adaptive.calibrated(Calibration(c, floor, alpha)).speculates:
     return Calibration(c, floor, alpha)
-  fixed = dataclasses.replace(adaptive, fixed_nodes=1)
+  # The policy's own loop (its choice made every iteration, not taken), at the first stage's
+  # numbers: the constants differ from the run's, the program does not.
+  policy, held = adaptive.calibrated(Calibration(c, floor, alpha)), np.ones((), bool)
   run = lambda u, ts=target_state, ds=draft_state: _speculative(  # one loop for every width
-      target, ts, draft, ds, rng, adaptive=fixed, max_decode_len=max_decode_len, config=config,
-      first_nodes=np.full((batch,), u, np.int32))
+      target, ts, draft, ds, rng, adaptive=policy, max_decode_len=max_decode_len, config=config,
+      first_nodes=np.full((batch,), u, np.int32), held=held)
   # seconds per greedy step and per iteration of this loop with every row verifying u nodes
   t_step, t_iter = time_widths(target, target_state, max_decode_len, config, run, adaptive.widths)
   # the starting alpha: this loop's own at one node, on the first stage's batches
@@ -344,10 +347,14 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
                  rng: jax.Array, *, adaptive: AdaptiveTree, max_decode_len: int,
                  config: SamplingConfig = sampling.GREEDY, eos_id: int = EOS,
                  skip: Optional[jax.Array] = None,
-                 first_nodes: Optional[jax.Array] = None) -> SpeculativeResult:
+                 first_nodes: Optional[jax.Array] = None,
+                 held: Optional[jax.Array] = None) -> SpeculativeResult:
   """`decode` where some row asks for a tree: the loop of the module docstring. `first_nodes`
   `[b]` int32 (optional, traced): each row's first node count in place of the policy's; with
-  `fixed_nodes` a row keeps it (`measure_costs` times every width through one compiled loop)."""
+  `fixed_nodes` a row keeps it. `held` `[]` bool (optional, traced): where True a row keeps it
+  too, the policy's choice made every iteration and not taken, so that the program is the one a
+  run compiles (`measure_costs` times every width so, through one compiled loop; as
+  `adaptive.decode`'s `held`)."""
   shape = adaptive.shape
   depth, nmax, widths = shape.depth, adaptive.nodes_max, adaptive.widths
   reads_hidden = getattr(draft, 'reads_target_hidden', False)
@@ -444,6 +451,8 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
       want = jnp.where(active, adaptive.choose(jnp.cumsum(gain, axis=1)), a.want)  # [b]
     else:  # every row keeps its first count
       want = a.want
+    if held is not None:  # the choice made, then not taken (the calibration's timing)
+      want = jnp.where(held, a.want, want)
     return TreeLoopState(loop=loop, want=want, gain=gain)
 
   def plain_statistics(s: LoopState, before: SpeculativeResult) -> LoopState:

@@ -14,8 +14,8 @@ import jax
 import numpy as np
 
 from gqa_spec.decoding import autoregressive, sampling, timing
-from gqa_spec.decoding.adaptive import (AdaptiveGamma, Calibration, decode, verify_gammas,
-                                        verify_width)
+from gqa_spec.decoding.adaptive import (CALIBRATED_PRIOR_WEIGHT, AdaptiveGamma, Calibration, decode,
+                                        verify_gammas, verify_width)
 from gqa_spec.decoding.drafts.base import Draft
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.targets import Decoder
@@ -92,11 +92,13 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
     c = one draft token: a proposal of one token and its commit (`timing.teacher_forced`);
     v = (v(1), ..., v(gamma_max)): the rest of an iteration of this loop that proposes gamma
         tokens, timed whole: this loop at `config` with every row proposing w tokens (policy
-        'fixed'), w each compiled verification width (`verify_gammas`), per iteration (at least
-        that of every narrower width), less its w draft tokens; v(gamma) is that of the
-        narrowest width that holds gamma (`verify_width`). It holds the target call, the
-        sampling and verification of w + 1 positions, appending, rollbacks, statistics and the
-        width's `lax.switch`, at the decoding's temperature;
+        'optimal' `held` at w: its choice made every iteration and not taken, so that the
+        program timed is the one the run compiles), w each compiled verification width
+        (`verify_gammas`), per iteration (at least that of every narrower width), less its w
+        draft tokens; v(gamma) is that of the narrowest width that holds gamma
+        (`verify_width`). It holds the target call, the sampling and verification of w + 1
+        positions, appending, rollbacks, statistics, the policy's own work and the width's
+        `lax.switch`, at the decoding's temperature;
     alpha = the draft's acceptance, every row's starting estimate (`AdaptiveGamma.alpha_init`,
         `calibrated`): in the first stage that of one-token proposals at temperature 0 (so that
         no random draw enters it), its greedy token against greedy decoding's at every position
@@ -159,12 +161,16 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
   if not reads_hidden and not AdaptiveGamma(gamma_max=gamma_max, cost_ratio=c, verify_ratio=floor,
                                             alpha_init=alpha).speculates:
     return Calibration(c, floor, alpha)
-  fixed = AdaptiveGamma(gamma_max=gamma_max, policy='fixed', gamma_init=1)
+  # The policy's own loop (its choice made every iteration, not taken), at the first stage's
+  # numbers: the constants differ from the run's, the program does not.
+  policy = AdaptiveGamma(gamma_max=gamma_max, cost_ratio=c, verify_ratio=floor, alpha_init=alpha,
+                         prior_weight=CALIBRATED_PRIOR_WEIGHT)
   batch = target.index(target_state).shape[0]
   widths = verify_gammas(gamma_max)
+  held = np.ones((), bool)
   run = lambda w, ts=target_state, ds=draft_state: decode(  # one compiled loop for every width
-      target, ts, draft, ds, rng, adaptive=fixed, max_decode_len=max_decode_len, config=config,
-      first_gammas=np.full((batch,), w, np.int32))
+      target, ts, draft, ds, rng, adaptive=policy, max_decode_len=max_decode_len, config=config,
+      first_gammas=np.full((batch,), w, np.int32), held=held)
   # seconds per greedy step and per iteration of this loop with every row proposing w tokens
   t_step, t_iter = time_widths(target, target_state, max_decode_len, config, run, widths)
   # the starting alpha: this loop's own at gamma 1, on the first stage's batches

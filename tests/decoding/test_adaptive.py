@@ -73,6 +73,34 @@ def test_optimal_policy_is_one_length_for_the_batch_and_greedy_exact():
   assert summary['draft_steps_saved'] >= GAMMA_MAX * plain
 
 
+def test_a_held_optimal_loop_keeps_its_first_lengths_as_the_fixed_policy_does():
+  # The calibration times the optimal policy's own program `held` at each width: its choice is made
+  # every iteration and not taken. Held, every call of every row is at the first length and the
+  # result is the fixed policy's, token for token and acceptance for acceptance; the same
+  # program not held (a traced False) moves, as the test above shows the policy does.
+  model, params = model_and_params(2)
+  target, enc = T5Decoder(model), jnp.asarray(INPUTS)
+  draft = ModelDraft.t5(model)
+  dstate = draft.decoder.init(perturbed_params('gqa'), enc, MAX_LEN + GAMMA_MAX + 2)
+  slots = MAX_LEN + GAMMA_MAX + 1
+  first = np.full((len(INPUTS),), 2, np.int32)
+  run = lambda a, **k: adaptive.decode(target, target.init(params, enc, slots), draft, dstate,
+                                       jax.random.PRNGKey(0), adaptive=a, max_decode_len=MAX_LEN,
+                                       first_gammas=first, **k)
+  optimal = AdaptiveGamma(gamma_max=GAMMA_MAX, cost_ratio=0.6, alpha_init=0.97)
+  held = run(optimal, held=np.ones((), bool))
+  fixed = run(AdaptiveGamma(gamma_max=GAMMA_MAX, policy='fixed', gamma_init=2))
+  trace = speculative.summarize(held)['gamma_per_call_per_row']
+  assert all(set(t) == {2} for t in trace), trace
+  for field in ('sequences', 'lengths', 'target_calls', 'beta_sum', 'beta_count', 'accepted'):
+    np.testing.assert_array_equal(np.asarray(getattr(held, field)),
+                                  np.asarray(getattr(fixed, field)), err_msg=field)
+  ref_seqs, _ = greedy_reference('gqa', len(INPUTS))
+  np.testing.assert_array_equal(np.asarray(held.sequences)[:, :MAX_LEN + 1], ref_seqs)
+  moved = speculative.summarize(run(optimal, held=np.zeros((), bool)))['gamma_per_call_per_row']
+  assert any(set(t) != {2} for t in moved), moved
+
+
 def test_the_batch_length_is_theorem_8_at_the_slowest_active_row():
   ad = AdaptiveGamma(gamma_max=8, cost_ratio=0.1, verify_ratio=1.5)
   alpha = jnp.asarray([0.95, 0.6, 0.3, 0.9])
@@ -333,11 +361,11 @@ def test_measured_costs_stop_at_the_bound_or_time_the_loop_at_every_width(monkey
   model, params = model_and_params(2)
   target, enc = T5Decoder(model), jnp.asarray(INPUTS)
   state = target.init(params, enc, MAX_LEN + GAMMA_MAX + 2)
-  loops, plain, timed = [], [], []
+  loops, held, plain, timed = [], [], [], []
   speculative_loop = adaptive._speculative  # pylint: disable=protected-access
   monkeypatch.setattr(adaptive, '_speculative',
                       lambda *a, **k: loops.append((k['adaptive'], k['first_gammas']))
-                      or speculative_loop(*a, **k))
+                      or held.append(k['held']) or speculative_loop(*a, **k))
   plain_loop = autoregressive.decode
   monkeypatch.setattr(calibration.autoregressive, 'decode',
                       lambda *a, **k: plain.append(k.get('config')) or plain_loop(*a, **k))
@@ -381,7 +409,8 @@ def test_measured_costs_stop_at_the_bound_or_time_the_loop_at_every_width(monkey
   c, v, alpha = calibration.measure_costs(target, state, bigram, table, MAX_LEN, GAMMA_MAX)
   assert c == 0 and alpha > 0.5 and len(v) == GAMMA_MAX
   widths = adaptive.verify_gammas(GAMMA_MAX)
-  assert {a.policy for a, _ in loops} == {'fixed'} and len({a for a, _ in loops}) == 1
+  assert {a.policy for a, _ in loops} == {'optimal'} and len({a for a, _ in loops}) == 1
+  assert all(bool(h) for h in held)  # the policy's own program, its choice not taken
   # one compiled loop, the widths in turn as its traced first draft lengths
   assert list(dict.fromkeys(tuple(np.asarray(f)) for _, f in loops)) == [
       (w,) * len(INPUTS) for w in widths]

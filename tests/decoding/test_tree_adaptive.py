@@ -216,10 +216,11 @@ def test_measured_costs_and_starting_alpha(monkeypatch):
   real_step_time = timing.step_time
   monkeypatch.setattr(timing, 'step_time', lambda decoder, state, k, fill: one[-1] if k == 2 else (
       one.append(real_step_time(decoder, state, k, fill)) or one[-1]))
-  loops = []
+  loops, held = [], []
   speculative_loop = adaptive_tree._speculative  # pylint: disable=protected-access
   monkeypatch.setattr(adaptive_tree, '_speculative',
                       lambda *a, **k: loops.append((k['adaptive'], k.get('first_nodes')))
+                      or held.append(k.get('held'))
                       or speculative_loop(*a, **k))
   same = adaptive_tree.measure_costs(target, tstate, draft,
                                      draft.init(params, enc, MAX_LEN, ad.shape), MAX_LEN, ad)
@@ -240,9 +241,10 @@ def test_measured_costs_and_starting_alpha(monkeypatch):
   cheap = adaptive_tree.measure_costs(target, tstate, bigram, bigram.init(table, ad.shape),
                                       MAX_LEN, ad)
   assert cheap.alpha >= 0.7 and cheap.cost_ratio < 0.2 and all(v > 0 for v in cheap.verify_ratio)
-  # One compiled loop (the same settings, 1 node fixed) timed at every width in turn: the first
-  # node counts are its traced argument.
-  assert loops and {a for a, _ in loops} == {dataclasses.replace(ad, fixed_nodes=1)}, cheap
+  # One compiled loop (the policy's own, `held`: its choice made, not taken) timed at every width
+  # in turn: the first node counts are its traced argument.
+  assert loops and len({a for a, _ in loops}) == 1, cheap
+  assert loops[0][0].fixed_nodes is None and all(bool(h) for h in held)
   assert list(dict.fromkeys(tuple(np.asarray(f)) for _, f in loops)) == [
       (u,) * len(enc) for u in ad.widths]
   # Fewer than CALIBRATION_POSITIONS positions in this batch (2 rows of at most MAX_LEN): alpha
@@ -281,6 +283,14 @@ def test_measured_costs_and_starting_alpha(monkeypatch):
       adaptive=fixed, max_decode_len=MAX_LEN, first_nodes=np.full((len(enc),), 4, np.int32))
   assert set(np.asarray(wide.tree_width_trace)[:int(wide.loop_iterations)]) == {4}
   np.testing.assert_array_equal(np.asarray(wide.lengths), np.asarray(result.lengths))
+  # The policy's own loop held at 4 nodes (the calibration's program) is the fixed loop's run.
+  kept = adaptive_tree._speculative(  # pylint: disable=protected-access
+      target, tstate, draft, draft.init(params, enc, MAX_LEN, ad.shape), jax.random.PRNGKey(0),
+      adaptive=cal, max_decode_len=MAX_LEN, first_nodes=np.full((len(enc),), 4, np.int32),
+      held=np.ones((), bool))
+  for field in ('sequences', 'lengths', 'target_calls', 'accepted', 'tree_width_trace'):
+    np.testing.assert_array_equal(np.asarray(getattr(kept, field)),
+                                  np.asarray(getattr(wide, field)), err_msg=field)
 
 
 @pytest.mark.parametrize('spec, kwargs, message', [

@@ -119,8 +119,8 @@ def test_the_overhead_benchmark_holds_the_optimal_policy_at_the_fixed_gamma(tmp_
   rows = {r['method']: r for r in json.loads((tmp_path / 'ao.json').read_text())['rows']}
   assert len(rows) == 5
   assert rows['greedy decoding']['iterations'] == [4, 6]
-  held = rows["auto, policy 'optimal' held at 2"]['iterations']
-  assert held == rows["auto, policy 'fixed' at 2 (calibration's program)"]['iterations']
+  held = rows["auto, policy 'optimal' held at 2 (the calibration's program)"]['iterations']
+  assert held == rows["auto, policy 'fixed' at 2"]['iterations']
   assert held == rows['speculative.decode, gamma 2']['iterations']
   for r in rows.values():  # two points: the line goes through both
     for n, t in zip(r['iterations'], r['seconds']):
