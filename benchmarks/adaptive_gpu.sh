@@ -79,14 +79,14 @@ case $mode in
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
     export XLA_FLAGS="--xla_gpu_autotune_level=0 ${XLA_FLAGS:-}"
     for b in 1 8; do
-      timeout "${SECONDS_LIMIT:-120}" ${PYTHON:-python3} -m benchmarks.adaptive_overhead \
+      timeout "${SECONDS_LIMIT:-150}" ${PYTHON:-python3} -m benchmarks.adaptive_overhead \
           --batch $b --out "$out/adaptive_overhead_gpu_b$b" > "$out/adaptive_overhead_gpu_b$b.log" 2>&1
     done
     # the same at batch 1 with the while loops and conditionals in XLA's command buffers (CUDA
     # graphs: no trip to the host for a loop's condition or a branch index; the whole list, as
     # benchmarks/gpu.sh gives it)
     cmdbuf=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL
-    XLA_FLAGS="$XLA_FLAGS --xla_gpu_enable_command_buffer=$cmdbuf" timeout "${SECONDS_LIMIT:-120}" \
+    XLA_FLAGS="$XLA_FLAGS --xla_gpu_enable_command_buffer=$cmdbuf" timeout "${SECONDS_LIMIT:-150}" \
         ${PYTHON:-python3} -m benchmarks.adaptive_overhead --batch 1 \
         --out "$out/adaptive_overhead_cmdbuf_gpu_b1" > "$out/adaptive_overhead_cmdbuf_gpu_b1.log" 2>&1
     ;;
