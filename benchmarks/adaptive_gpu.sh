@@ -21,8 +21,9 @@
 # a cell is rewritten to the JSON/Markdown as it is measured, so a cut run keeps its cells and
 # says it is partial), with XLA's GPU autotuning off (the cells' compiles are most of the time).
 # overhead: benchmarks/adaptive_overhead.py at batches 1 and 8, and at batch 1 with loops and
-# branches in command buffers (a random-init target, no kit; ~6 files): `--gamma auto`'s loop against the fixed one,
-# per call and per iteration.
+# branches in command buffers (a random-init target, no kit; 6 files; each run under
+# SECONDS_LIMIT, default 150, so a call takes at most ~7.5 minutes): `--gamma auto`'s loop against
+# the fixed one, per call and per iteration (a cut run keeps the methods it measured).
 set -u
 mode=${1:?usage: adaptive_gpu.sh kit|gamma|tree|overhead}
 kit=${KIT:-gpu_kit}/pair
