@@ -5,7 +5,7 @@
 
 Why: on an H200 (results/benchmarks/adaptive_gamma_gpu_smoke_bigram.md) `--gamma auto` held at
 gamma 8 by the smoke pair's bigram ran at 2.6 greedy steps an iteration where the calibration,
-which times the same loop under policy 'fixed', priced it at 1.77 and `speculative.decode` at
+which then timed the same loop under policy 'fixed', priced it at 1.77 and `speculative.decode` at
 gamma 8 ran at 1.54: 0.59x of greedy decoding (the calibration now times the optimal policy's
 own program, `adaptive.decode(held=...)`). A fixed cost per call and a cost per iteration read
 alike in that table (about 15 iterations a call). This separates them: each method decodes a
@@ -42,6 +42,7 @@ from gqa_spec.decoding.drafts import NgramDraft
 from gqa_spec.decoding.targets import T5Decoder
 from gqa_spec.models.config import preset
 from gqa_spec.models.t5 import Transformer
+
 
 def methods(target, tstate, draft, dstate, batch: int, gamma: int):
   """name -> run(L) -> result with `loop_iterations`."""
