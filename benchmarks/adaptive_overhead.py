@@ -78,6 +78,10 @@ def measure(args, on_row=lambda rows: None) -> list:
   tstate = target.init(params, enc, max(lengths) + args.gamma + 1)  # [b, S] encoded once
   draft = NgramDraft(vocab)
   dstate = draft.init(workloads.output_bigram(model, params, args.input_length, max(lengths)))
+  # The hardware's floor beside the figures: one greedy step reads at least the decoder's weights.
+  bw, weights = common.bandwidth(), workloads.tree_bytes(params['decoder'])
+  args.floor = {'bandwidth_gb_s': bw / 1e9, 'decoder_param_mib': weights / 2 ** 20,
+                'step_floor_us': weights / bw * 1e6}
   rows = []
   for name, run in methods(target, tstate, draft, dstate, args.batch, args.gamma).items():
     iterations, times = [], []
@@ -115,7 +119,7 @@ def main(argv=None):
 def write(args, argv, rows, load_before) -> None:
   flags = os.environ.get('XLA_FLAGS', '')
   results = common.results(__file__, argv, rows, load_before, xla_flags=flags,
-                           complete=len(rows) == 5)
+                           complete=len(rows) == 5, **args.floor)
   common.write_json(args.out, results)
   lines = [*common.heading("`--gamma auto`'s loop against the fixed one: per call and per "
                            'iteration', results['command']),
@@ -123,7 +127,15 @@ def write(args, argv, rows, load_before) -> None:
            f'`{args.preset}` target, bigram draft, batch {args.batch}, {args.input_length} input '
            f'tokens; each time the median of {args.repeats} calls; intercept (per call) and slope '
            f'(per loop iteration, also in greedy steps: over greedy decoding\'s slope) are a '
-           f'least-squares line over the loop iterations of {args.lengths} tokens. '
+           f'least-squares line over the loop iterations of {args.lengths} tokens. The floor: '
+           f'a greedy step reads the decoder\'s {args.floor["decoder_param_mib"]:.2f} MiB of '
+           f'weights at the {args.floor["bandwidth_gb_s"]:.1f} GB/s measured here (a jitted '
+           f'sum), {args.floor["step_floor_us"]:.1f} us from memory; '
+           + (f'greedy decoding\'s {rows[0]["slope_us"]:.1f} us a step is below that: the weights '
+              f'stay in cache at this size, and the loops are bound by their own work. '
+              if rows[0]['slope_us'] < args.floor['step_floor_us'] else
+              f'greedy decoding\'s step is {rows[0]["slope_us"] / args.floor["step_floor_us"]:.1f}x '
+              f'that. ')
            + common.load_note(load_before, os.getloadavg(),
                               ' (the machine was shared with other jobs).'), '',
            *common.table_head(['method', 'per call ms', 'per iteration us',
