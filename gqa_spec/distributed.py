@@ -33,7 +33,7 @@ import select
 import socket
 import threading
 import time
-from typing import Optional
+from typing import Optional, Sequence, Tuple
 
 from gqa_spec.errors import UserError
 
@@ -153,6 +153,22 @@ def is_writer() -> bool:
   """Whether this process writes the files (process 0; always true on one process)."""
   import jax  # pylint: disable=g-import-not-at-top
   return jax.process_index() == 0
+
+
+def from_process_zero(values: Sequence[float]) -> Tuple[float, ...]:
+  """Process 0's `values` (numbers) on every process, as float32 (a collective: every process calls
+  it); `values` itself on one process. For what is measured, not computed: wall times differ from
+  process to process, and a decision taken from them (`--gamma auto`'s calibration, which
+  programs to compile and run) must be the same on all, or one process waits on collectives the
+  others never start."""
+  import jax  # pylint: disable=g-import-not-at-top
+  values = tuple(float(v) for v in values)
+  if jax.process_count() == 1:
+    return values
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  agreed = multihost_utils.broadcast_one_to_all(np.asarray(values, np.float32))
+  return tuple(float(v) for v in np.asarray(agreed))
 
 
 def _short(text: str, limit: int = 300) -> str:

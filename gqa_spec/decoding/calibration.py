@@ -13,6 +13,7 @@ from typing import Any, Iterable, NamedTuple, Tuple
 import jax
 import numpy as np
 
+from gqa_spec import distributed
 from gqa_spec.decoding import autoregressive, sampling, timing
 from gqa_spec.decoding.adaptive import (CALIBRATED_PRIOR_WEIGHT, AdaptiveGamma, Calibration, decode,
                                         verify_gammas, verify_width)
@@ -77,6 +78,9 @@ def first_stage(target: Decoder, target_state: PyTree, max_decode_len: int, next
   fill = max_decode_len // 2
   t_one = timing.step_time(target, target_state, 1, fill)  # greedy decoding's call
   t_two = timing.step_time(target, target_state, 2, fill)
+  # process 0's times on every process: what comes next depends on them (`from_process_zero`)
+  t_step, t_draft, alpha, t_one, t_two = distributed.from_process_zero(
+      (t_step, t_draft, alpha, t_one, t_two))
   return FirstStage(t_step, t_draft, alpha, t_two, 1.0 + max(t_two - t_one, 0.0) / t_step,
                     tuple(read))
 
@@ -145,7 +149,13 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
   the cpu study's draft at batch 8), enough to change the decision where it is close. The second
   stage times the unit again and the loop at every width in interleaved rounds
   (`timing.interleaved_per_iteration`), v over that unit, so that a slow spell falls on all of
-  them alike."""
+  them alike.
+
+  With several processes (one mesh over all of them) every time is process 0's, on every process
+  (`distributed.from_process_zero`): each process times the same programs but reads its own
+  clock, and a calibration that differed would have one process compile and run the second
+  stage, or loop for another iteration, while another waits for it. (The second stage's alpha is
+  counted on the same global arrays by every process.)"""
   rng = jax.random.PRNGKey(0)
 
   def next_token(dstate, seqs, at):
@@ -194,5 +204,6 @@ def time_widths(target: Decoder, target_state: PyTree, max_decode_len: int,
   width 6 against 3.08 at 8 on the widened pair at batch 8, T = 1, which sent the policy to 8)."""
   unit = lambda: autoregressive.decode(target, target_state, jax.random.PRNGKey(0),
                                        max_decode_len=max_decode_len, config=config)
-  t_step, *times = timing.interleaved_per_iteration([unit] + [lambda w=w: run(w) for w in widths])
+  t_step, *times = distributed.from_process_zero(timing.interleaved_per_iteration(
+      [unit] + [lambda w=w: run(w) for w in widths]))  # process 0's on every process
   return t_step, dict(zip(widths, itertools.accumulate(times, max)))

@@ -146,11 +146,22 @@ def test_native_export_of_spread_params(runs):
 
 def test_generate_equals_one_process(runs):
   one, two, _ = runs
-  for name in ('greedy.jsonl', 'spec.jsonl'):
+  for name in ('greedy.jsonl', 'spec.jsonl', 'auto.jsonl'):
     got = (two / name).read_text().splitlines()
     assert len(got) == 5 and got == (one / name).read_text().splitlines(), name
+  assert _lines(two / 'auto.jsonl') == _lines(two / 'greedy.jsonl')  # exact at temperature 0
   stats = json.loads((two / 'greedy_stats.json').read_text())
   assert stats['mesh'] == {'data': 8, 'model': 1}
+
+
+def test_measured_numbers_are_process_zeros_everywhere(runs):
+  """`--gamma auto`'s calibration (above) decides from wall times, which each process reads from
+  its own clock: every process takes process 0's (`distributed.from_process_zero`), here on
+  values that differ by process."""
+  _, _, logs = runs
+  assert [re.findall(r'agreed: (.*)', log) for log in logs] == [['(0.5, 3.0)']] * 3
+  stats = json.loads((runs[1] / 'auto_stats.json').read_text())
+  assert stats['cost_ratio_measured'] and len(stats['verify_ratio']) == 2
 
 
 def _lines(path):

@@ -7,7 +7,8 @@ started with `--coordinator localhost:PORT --num-processes 2 --process-id I`. In
 the process (its start costs more than the work): `gqa-spec train` (2x4 mesh, synthetic data,
 checkpoints), a restore of the last checkpoint onto that mesh and a native export of its
 parameters (spread over the processes when N = 2), then `gqa-spec generate` greedy and speculative
-with that export as model draft; then, in the same process, `decode.py`'s eval, infer and
+with that export as model draft, at gamma 3 and `--gamma auto` (whose calibration reads each
+process's clock: `distributed.from_process_zero`, also printed on a value of its own); then, in the same process, `decode.py`'s eval, infer and
 generate --tree on DECODE_CKPT, into OUT/decode (the DDTP tasks read `GQA_SPEC_DATA_DIR`). Files a
 process writes go to OUT (process 1's outputs get their own names, p1_*, so the test sees that it
 wrote none).
@@ -96,6 +97,11 @@ def main(out: str, n: int, i: int, port: int, decode_ckpt: str) -> None:
        + flags)
   _run(['generate', *common, '--draft', export, '--gamma', '3', '--out', mine('spec.jsonl'),
         '--model-parallel', '2'] + flags)
+  # --gamma auto: its calibration's wall times, process 0's on every process
+  from gqa_spec import distributed  # pylint: disable=g-import-not-at-top
+  print(f'agreed: {distributed.from_process_zero([i + 0.5, 3.0])}', flush=True)  # every process
+  _run(['generate', *common, '--draft', export, '--gamma', 'auto', '--gamma-max', '2',
+        '--out', mine('auto.jsonl'), '--stats', mine('auto_stats.json')] + flags)
   os.makedirs(os.path.join(out, 'decode'), exist_ok=True)
   decode.main(os.path.join(out, 'decode'), decode_ckpt, n, i, port)
 
