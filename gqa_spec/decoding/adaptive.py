@@ -98,7 +98,8 @@ class AdaptiveGamma:
     confidence: stop a row's proposal after a token whose draft top probability is below this
       (0 = off).
     gamma_init: every row's first draft length (None: the policy's choice at `alpha_init`, or
-      gamma_max // 2 for 'heuristic').
+      gamma_max // 2 for 'heuristic'); 0 under 'optimal': no row speculates, `decode` is greedy
+      decoding (the plain calls of `guard`).
     alpha_init: the running alpha's starting value (policy 'optimal'): by default an optimistic
       0.9, so that a row tries speculating (at the gamma this alpha would pay for) before its own
       alpha decides; `calibrated` sets the draft's acceptance `calibration.measure_costs` found
@@ -235,10 +236,12 @@ def verify_width(gamma: int, gamma_max: int) -> int:
 
 class Calibration(NamedTuple):
   """What `calibration.measure_costs` measured: `AdaptiveGamma`'s cost_ratio, verify_ratio and
-  alpha_init."""
+  alpha_init, and the unit they are in, seconds per greedy decoding step (`guard`; 0: not
+  measured)."""
   cost_ratio: float
   verify_ratio: Tuple[float, ...]
   alpha: float
+  step_seconds: float = 0.0
 
 
 def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,

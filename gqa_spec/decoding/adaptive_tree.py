@@ -106,7 +106,8 @@ class AdaptiveTree:
     decay: weight of the old estimate in each update.
     fixed_nodes: every row asks for this many nodes at every call, whatever its statistics (None:
       the choice above), or for the first count `_speculative` is given (traced), at every call
-      (tests; `measure_costs` times the policy's own loop `held` instead).
+      (tests; `measure_costs` times the policy's own loop `held` instead); 0: no row asks for a
+      tree, `decode` is greedy decoding (the plain calls of `guard`).
   """
 
   shape: TreeShape
@@ -133,8 +134,8 @@ class AdaptiveTree:
     if not 0.0 <= self.alpha_init <= 1.0 or not 0.0 <= self.decay < 1.0:
       raise UserError(f'alpha_init must be in [0, 1] and decay in [0, 1), got {self.alpha_init}, '
                       f'{self.decay}')
-    if self.fixed_nodes is not None and self.fixed_nodes not in self.widths:
-      raise UserError(f'fixed_nodes must be one of the compiled widths {self.widths}, got '
+    if self.fixed_nodes is not None and self.fixed_nodes not in (0,) + self.widths:
+      raise UserError(f'fixed_nodes must be 0 or one of the compiled widths {self.widths}, got '
                       f'{self.fixed_nodes}')
 
   @classmethod
@@ -288,7 +289,7 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
   floor = (first.v_floor,) * len(adaptive.widths)
   reads_hidden = getattr(draft, 'reads_target_hidden', False)
   if not reads_hidden and not adaptive.calibrated(Calibration(c, floor, alpha)).speculates:
-    return Calibration(c, floor, alpha)
+    return Calibration(c, floor, alpha, t_step)
   # The policy's own loop (its choice made every iteration, not taken), at the first stage's
   # numbers: the constants differ from the run's, the program does not.
   policy, held = adaptive.calibrated(Calibration(c, floor, alpha)), np.ones((), bool)
@@ -302,7 +303,7 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
   alpha = (sum(float(np.sum(r.accepted)) for r in results)
            / max(sum(float(np.sum(r.proposed)) for r in results), 1.0))
   return Calibration(c, tuple(max(t_iter[u] / t_step - shape.depth * c, first.v_floor)
-                              for u in adaptive.widths), alpha)
+                              for u in adaptive.widths), alpha, t_step)
 
 
 def decode(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTree,

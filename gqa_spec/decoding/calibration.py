@@ -170,7 +170,7 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
   reads_hidden = getattr(draft, 'reads_target_hidden', False)
   if not reads_hidden and not AdaptiveGamma(gamma_max=gamma_max, cost_ratio=c, verify_ratio=floor,
                                             alpha_init=alpha).speculates:
-    return Calibration(c, floor, alpha)
+    return Calibration(c, floor, alpha, t_step)
   # The policy's own loop (its choice made every iteration, not taken), at the first stage's
   # numbers: the constants differ from the run's, the program does not.
   policy = AdaptiveGamma(gamma_max=gamma_max, cost_ratio=c, verify_ratio=floor, alpha_init=alpha,
@@ -191,7 +191,7 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
   # w draft tokens it proposed there; never below the first stage's bound.
   return Calibration(c, tuple(
       max(t_iter[w] / t_step - w * c, first.v_floor)
-      for w in (verify_width(g, gamma_max) for g in range(1, gamma_max + 1))), alpha)
+      for w in (verify_width(g, gamma_max) for g in range(1, gamma_max + 1))), alpha, t_step)
 
 
 def time_widths(target: Decoder, target_state: PyTree, max_decode_len: int,

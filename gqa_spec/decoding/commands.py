@@ -4,7 +4,7 @@
       [--vocab SPM] [--task TASK]
       [--max-decode-len N] [--batch-size B] [--draft {none,CKPT_DIR,unigram:PATH,bigram:PATH,copy}]
       [--gamma {G,auto} [--gamma-max G] [--gamma-policy {optimal,heuristic}] [--cost-ratio C]
-       [--draft-confidence T]]
+       [--draft-confidence T]] [--guard | --no-guard]
       [--tree {topk:K1,K2,...|best:N,depth:D[,width:W]|best:auto[:N],depth:D[,width:W]}[,replace]]
       [--stage2 bigram:PATH [--stage2-gamma G2]] [--temperature T]
       [--top-k K] [--top-p P] [--lenience L] [--seed S] [--model-parallel N]
@@ -30,7 +30,8 @@ temperature (`calibration.measure_costs`).
 `--tree best:auto[:N],depth:D[,width:W]`: best-first trees of at most N nodes whose size each row
 chooses in the loop (`gqa_spec.decoding.adaptive_tree`); c, v and the starting alpha are measured
 the same way (`adaptive_tree.measure_costs`) unless `--cost-ratio` gives c (v = 1 and alpha 0.9
-then).
+then). With measured costs both then time every call and stop speculating once the speculative
+calls measure below 0.97x greedy decoding (`guard.SpeculationGuard`; `--no-guard`: off).
 With the multi-process flags (`gqa_spec.distributed`) every process reads the same inputs and
 decodes on one mesh of all processes' devices (model axis `--model-parallel`, default 1); process 0
 writes `--out` and `--stats`.
@@ -39,6 +40,7 @@ writes `--out` and `--stats`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -89,6 +91,11 @@ def register(subparsers) -> None:
                  help='--gamma auto, optimal policy, or --tree best:auto: a draft call\'s time over '
                       'a target call\'s, with verification taken as one step as in Theorem 8 '
                       '(default: both measured once on the first batch)')
+  p.add_argument('--guard', action=argparse.BooleanOptionalAction, default=None,
+                 help='--gamma auto (optimal) or --tree best:auto with measured costs: time every '
+                      'call and stop speculating for the rest of the run once the speculative calls '
+                      'measure below 0.97x greedy decoding, a plain call confirming it '
+                      '(gqa_spec.decoding.guard; default: on where the costs are measured)')
   p.add_argument('--draft-confidence', type=float, default=None, metavar='T',
                  help="--gamma auto, model drafts: end a row's proposal after a token whose draft "
                       'top probability is below T (HF\'s assistant_confidence_threshold)')
@@ -273,6 +280,11 @@ def generate(args: argparse.Namespace) -> int:
   if args.loop_chunk != 1 and draft_spec != 'none':
     raise UserError('--loop-chunk applies to autoregressive decoding; drop it or --draft')
   auto = _adaptive(args, draft_spec, shape, auto_tree)
+  if args.guard is not None and not auto and auto_tree is None:
+    raise UserError(f'--{"" if args.guard else "no-"}guard needs --gamma auto or --tree best:auto')
+  if args.guard and (args.cost_ratio is not None or args.gamma_policy == 'heuristic'):
+    raise UserError('--guard compares the run with the measured costs: drop --cost-ratio'
+                    if args.cost_ratio is not None else '--guard applies to --gamma-policy optimal')
   if not auto:
     _positive('gamma', args.gamma)
   gamma = args.gamma_max if auto else args.gamma
@@ -308,6 +320,7 @@ def generate(args: argparse.Namespace) -> int:
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding import adaptive, adaptive_tree, autoregressive, calibration, speculative  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding import guard as guard_lib, run_stats  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
 
@@ -343,26 +356,30 @@ def generate(args: argparse.Namespace) -> int:
     draft, draft_init, draft_desc = factory.make_draft(draft_spec, target_config, gamma, max_len,
                                                        **placement)
 
-  def run(enc, n, rng):
+  def run(enc, n, rng, plain=False):
+    """One batch; `plain`: the adaptive run's greedy decoding, no draft (`guard`)."""
     skip = np.arange(batch) >= n  # dummy rows filling the last batch
     if draft is None:
       state = target.init(params, enc, max_len + 1)
       return run_ar(target, state, rng, max_decode_len=max_len, config=config, skip=skip,
                     loop_chunk=args.loop_chunk)
     if auto_tree is not None:
-      state = target.init(params, enc, adaptive_tree.target_cache_length(max_len, auto_tree))
+      policy = dataclasses.replace(auto_tree, fixed_nodes=0) if plain else auto_tree
+      state = target.init(params, enc, adaptive_tree.target_cache_length(max_len, policy))
       return adaptive_tree.decode(target, state, draft,
-                                  draft_init(enc) if auto_tree.speculates else None, rng,
-                                  adaptive=auto_tree, max_decode_len=max_len, config=config,
+                                  draft_init(enc) if policy.speculates else None, rng,
+                                  adaptive=policy, max_decode_len=max_len, config=config,
                                   skip=skip)
     if shape is not None:
       state = target.init(params, enc, tree_speculative.target_cache_length(max_len, shape))
       return run_tree(target, state, draft, draft_init(enc), rng, shape=shape,
                       max_decode_len=max_len, config=config, skip=skip)
     if auto:  # no draft state (its encoder pass) where no row will speculate
-      state = target.init(params, enc, adaptive.target_cache_length(max_len, auto))
-      return adaptive.decode(target, state, draft, draft_init(enc) if auto.speculates else None,
-                             rng, adaptive=auto, max_decode_len=max_len, config=config, skip=skip)
+      policy = dataclasses.replace(auto, gamma_init=0) if plain else auto
+      state = target.init(params, enc, adaptive.target_cache_length(max_len, policy))
+      return adaptive.decode(target, state, draft, draft_init(enc) if policy.speculates else None,
+                             rng, adaptive=policy, max_decode_len=max_len, config=config,
+                             skip=skip)
     state = target.init(params, enc, speculative.target_cache_length(max_len, gamma))
     return run_spec(target, state, draft, draft_init(enc), rng, gamma=gamma,
                     max_decode_len=max_len, config=config, skip=skip)
@@ -384,29 +401,33 @@ def generate(args: argparse.Namespace) -> int:
     return ((target.init(params, enc, slots), draft_init(enc))
             for enc in (jax.numpy.asarray(b[0]) for b in batches))
 
+  cal = None
   if cost_measured:  # timed on the first batch; alpha also on the next ones, as it asks
     states = calibration_states(speculative.target_cache_length(max_len, gamma))
-    auto = auto.calibrated(_calibrate(calibration.measure_costs, target, draft, states, max_len,
-                                      gamma, config=config))
+    cal = _calibrate(calibration.measure_costs, target, draft, states, max_len, gamma,
+                     config=config)
+    auto = auto.calibrated(cal)
   tree_cost_measured = auto_tree is not None and args.cost_ratio is None
   if tree_cost_measured:
     states = calibration_states(adaptive_tree.target_cache_length(max_len, auto_tree))
-    auto_tree = auto_tree.calibrated(_calibrate(adaptive_tree.measure_costs, target, draft,
-                                                states, max_len, auto_tree, config=config))
+    cal = _calibrate(adaptive_tree.measure_costs, target, draft, states, max_len, auto_tree,
+                     config=config)
+    auto_tree = auto_tree.calibrated(cal)
   calibration_seconds = time.perf_counter() - t0 if cost_measured or tree_cost_measured else None
+  # the calibrated run's own calls against greedy decoding's (`guard`), unless --no-guard
+  guard = (guard_lib.SpeculationGuard(cal.step_seconds)
+           if cal is not None and args.guard is not False and (auto_tree or auto).speculates
+           else None)
   rng = jax.random.PRNGKey(args.seed)
   t0 = time.perf_counter()
   jax.block_until_ready(run(*batches[0], rng))  # compile (and warm) once
   compile_seconds = time.perf_counter() - t0
-  outputs, results, seconds = [], [], 0.0
-  for enc, n in batches:
-    rng, step_rng = jax.random.split(rng)
-    t0 = time.perf_counter()
-    result = mesh.to_host(jax.block_until_ready(run(enc, n, step_rng)))
-    seconds += time.perf_counter() - t0
-    seqs, lengths = np.asarray(result.sequences)[:n], np.asarray(result.lengths)[:n]
-    outputs.extend(autoregressive.strip(seqs, lengths))
-    results.append((result, n))
+  results, seconds, plain_compile = guard_lib.decode_batches(
+      lambda enc, n, rng, plain: mesh.to_host(jax.block_until_ready(run(enc, n, rng, plain))),
+      batches, rng, guard)
+  compile_seconds += plain_compile  # greedy decoding's program, where the guard turned to it
+  outputs = [ids for result, n in results for ids in autoregressive.strip(
+      np.asarray(result.sequences)[:n], np.asarray(result.lengths)[:n])]
 
   if not distributed.is_writer():  # every process decoded the same rows; process 0 writes
     return 0
@@ -417,7 +438,7 @@ def generate(args: argparse.Namespace) -> int:
         line['output'] = vocab.decode(ids)
       f.write(json.dumps(line) + '\n')
   if args.stats:
-    stats = _stats(results, draft is not None, seconds, compile_seconds)
+    stats = run_stats.summarize(results, draft is not None, seconds, compile_seconds)
     stats.update(draft=draft_spec if draft is None else draft_desc,
                  gamma=(auto.describe() if auto else gamma) if draft and shape is None else None,
                  cost_ratio=(auto_tree.cost_ratio if auto_tree else None if auto is None
@@ -430,6 +451,7 @@ def generate(args: argparse.Namespace) -> int:
                  alpha_init=(auto_tree.alpha_init if auto_tree else auto.alpha_init
                              if auto and auto.policy == 'optimal' else None),
                  speculated=(auto_tree or auto).speculates if auto_tree or auto else None,
+                 guard=guard.to_dict() if guard else None,
                  tree=(auto_tree.describe() if auto_tree else
                        None if shape is None else shape.describe()),
                  tree_node_widths=list(auto_tree.widths) if auto_tree else None,
@@ -455,59 +477,6 @@ def _calibrate(measure_costs, target, draft, states, max_len: int, settings, **k
   target_state, draft_state = next(states)
   return measure_costs(target, target_state, draft, draft_state, max_len, settings, more=states,
                        **kwargs)
-
-
-def _stats(results, speculative_run: bool, seconds: float, compile_seconds: float) -> Dict[str, Any]:
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  tokens = sum(int(np.sum(np.asarray(r.lengths)[:n])) for r, n in results)
-  calls = sum(int(np.sum(np.asarray(r.target_calls)[:n])) for r, n in results)
-  out = {'tokens': tokens, 'seconds': seconds, 'compile_seconds': compile_seconds,
-         'tokens_per_second': tokens / seconds if seconds else None, 'target_calls': calls,
-         'mean_tokens_per_call': tokens / calls if calls else 0.0,
-         'mean_tokens_per_call_note': 'tokens / target calls; with a draft the corrected or bonus '
-                                      'token is counted',
-         'acceptance_rate': None, 'accepted_per_position': []}
-  if not speculative_run:
-    return out
-  proposed = accepted = 0
-  per_position = histogram = None
-  beta_sum = beta_count = 0.0
-  draft_calls = None
-  for r, n in results:
-    if r.draft_calls is not None:  # batched draft decode calls (staged drafts count them)
-      draft_calls = (draft_calls or 0) + int(r.draft_calls)
-    # Dummy rows of the last batch start done: the loop leaves them out of every count.
-    proposed += int(np.sum(np.asarray(r.proposed)[:n]))
-    accepted += int(np.sum(np.asarray(r.accepted)[:n]))
-    pp = np.asarray(r.accepted_per_position)
-    per_position = pp if per_position is None else per_position + pp
-    h = np.asarray(r.accept_histogram)
-    histogram = h if histogram is None else histogram + h
-    beta_sum += float(r.beta_sum)
-    beta_count += float(r.beta_count)
-  if results[0][0].gamma_histogram is not None:  # --gamma auto
-    from gqa_spec.decoding.speculative import adaptive_summary  # pylint: disable=g-import-not-at-top
-    parts = [adaptive_summary(r, n) for r, n in results]
-    out.update({key: [x for p in parts for x in p[key]] for key in (
-        'gamma_histogram_per_row', 'gamma_per_call_per_row')})
-    out.update(gamma_histogram=[int(x) for x in np.sum([p['gamma_histogram'] for p in parts], 0)],
-               draft_steps=sum(p['draft_steps'] for p in parts),
-               draft_steps_saved=sum(p['draft_steps_saved'] for p in parts),
-               draft_steps_note=parts[0]['draft_steps_note'])
-  if results[0][0].tree_nodes_histogram is not None:  # --tree best:auto
-    from gqa_spec.decoding.speculative import tree_nodes_summary  # pylint: disable=g-import-not-at-top
-    parts = [tree_nodes_summary(r, n) for r, n in results]
-    out.update({key: [x for p in parts for x in p[key]] for key in (
-        'tree_nodes_histogram_per_row', 'tree_nodes_per_call_per_row',
-        'tree_nodes_verified_histogram_per_row', 'tree_nodes_verified_per_call_per_row')})
-    out.update(tree_nodes_histogram=[int(x) for x in np.sum(
-        [p['tree_nodes_histogram'] for p in parts], 0)], tree_nodes_note=parts[0]['tree_nodes_note'])
-  out.update(acceptance_rate=accepted / proposed if proposed else None,
-             accepted_per_position=[int(x) for x in per_position],
-             accept_histogram=[int(x) for x in histogram],
-             proposed=proposed, accepted=accepted,
-             alpha=beta_sum / beta_count if beta_count else None, draft_calls=draft_calls)
-  return out
 
 
 def ngram_fit(args: argparse.Namespace) -> int:

@@ -192,6 +192,9 @@ def test_gamma_auto_gives_greedy_outputs_and_reports_gammas(workdir):
   assert out == ref
   assert stats['gamma'].startswith('auto(optimal,max=3,c=') and stats['cost_ratio_measured']
   assert stats['calibration_seconds'] > 0
+  # the guard times the run where it speculates (one call here: too few to decide)
+  assert (stats['guard'] is not None) == stats['speculated']
+  assert stats['guard'] is None or stats['guard']['speculative_calls'] == 1
   # a bigram proposes gamma_max tokens whatever a row asks: its cost is in every iteration's v
   assert stats['cost_ratio'] == 0
   v = stats['verify_ratio']  # v(1)..v(3): the widths 2, 3, 4 tokens, each measured
@@ -206,7 +209,41 @@ def test_gamma_auto_gives_greedy_outputs_and_reports_gammas(workdir):
   assert (stats['draft_steps'] > 0) == (stats['proposed'] > 0)
 
 
+def test_gamma_auto_guard_turns_to_greedy_decodings_program(workdir, monkeypatch):
+  """`--guard` (the default with measured costs) end to end, made to fire: the calibration is
+  replaced by one that speculates (c 0, v 1, alpha 0.9) with a greedy step priced at 1e-12 s, so
+  the first call measures far below 0.97x and the second is a plain probe (greedy decoding's
+  program; the probe's unit then decides the third). The tokens stay greedy decoding's."""
+  import functools  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding import adaptive, calibration, guard  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(calibration, 'measure_costs',
+                      lambda *a, **k: adaptive.Calibration(0.0, (1.0,) * 3, 0.9, 1e-12))
+  monkeypatch.setattr(guard, 'SpeculationGuard',
+                      functools.partial(guard.SpeculationGuard, min_calls=1))
+  ref, _ = _generate(workdir, 'guard_ref', '--batch-size', '1')
+  out, stats = _generate(workdir, 'guard', '--batch-size', '1', '--draft',
+                         'bigram:' + str(workdir / 'bigram.npz'), '--gamma', 'auto',
+                         '--gamma-max', '3')
+  assert out == ref and stats['speculated']
+  g = stats['guard']
+  assert g['speculative_calls'] + g['plain_calls'] == 3 and g['plain_calls'] >= 1
+  assert g['unit_measured'] and g['unit_seconds'] > 1e-9 and g['floor'] == 0.97
+  trace = stats['gamma_per_call_per_row']  # one row a batch: row i is call i
+  assert trace[0][0] == 3 and set(trace[1]) == {0}  # speculated, then the probe's plain steps
+  assert stats['compile_seconds'] > 0
+  _, stats = _generate(workdir, 'no_guard', '--batch-size', '1', '--draft',
+                       'bigram:' + str(workdir / 'bigram.npz'), '--gamma', 'auto',
+                       '--gamma-max', '3', '--no-guard')
+  assert stats['guard'] is None and all(t[0] == 3 for t in stats['gamma_per_call_per_row'])
+
+
 @pytest.mark.parametrize('extra, message', [
+    (['--guard'], '--guard needs --gamma auto or --tree best:auto'),
+    (['--no-guard', '--draft', 'copy'], '--no-guard needs --gamma auto or --tree best:auto'),
+    (['--gamma', 'auto', '--draft', 'copy', '--cost-ratio', '0.1', '--guard'],
+     '--guard compares the run with the measured costs: drop --cost-ratio'),
+    (['--gamma', 'auto', '--draft', 'copy', '--gamma-policy', 'heuristic', '--guard'],
+     '--guard applies to --gamma-policy optimal'),
     (['--gamma', 'auto'], '--gamma auto needs a --draft'),
     (['--draft-confidence', '0.4', '--draft', 'copy'], '--draft-confidence needs --gamma auto'),
     (['--gamma', 'auto', '--draft', 'copy', '--draft-confidence', '0.4'],

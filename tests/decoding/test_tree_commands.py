@@ -57,6 +57,24 @@ def test_sampling_tree_runs(workdir):  # pylint: disable=redefined-outer-name
   assert len(out) == 3 and stats['acceptance_rate'] is not None
 
 
+def test_adaptive_tree_guard_turns_to_greedy_decodings_program(workdir, monkeypatch):  # pylint: disable=redefined-outer-name
+  """The guard (tests/decoding/test_commands.py's chain case) on `--tree best:auto`: a calibration
+  that pays for trees with a greedy step priced at 1e-12 s; the second call is a plain probe."""
+  import functools  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding import adaptive, adaptive_tree, guard  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(adaptive_tree, 'measure_costs',
+                      lambda *a, **k: adaptive.Calibration(0.0, (1.0,) * 3, 0.9, 1e-12))
+  monkeypatch.setattr(guard, 'SpeculationGuard',
+                      functools.partial(guard.SpeculationGuard, min_calls=1))
+  ref, _ = _generate(workdir, 'tree_guard_ref', '--batch-size', '1')
+  out, stats = _generate(workdir, 'tree_guard', '--batch-size', '1', '--draft',
+                         'bigram:' + str(workdir / 'bigram.npz'), '--tree',
+                         'best:auto:4,depth:2,width:2')
+  assert out == ref and stats['speculated'] and stats['guard']['plain_calls'] >= 1
+  per_row = stats['tree_nodes_per_call_per_row']  # one row a batch: row i is call i
+  assert per_row[0][0] == 4 and set(per_row[1]) == {0}
+
+
 @pytest.mark.parametrize('extra, message', [
     (['--tree', 'topk:0'], 'branching'),
     (['--tree', 'best:3'], 'tree must be'),

@@ -1,0 +1,151 @@
+"""A run of many batches that stops speculating once its own calls measure slower than greedy
+decoding (`generate --gamma auto` and `--tree best:auto`, `--guard`).
+
+The calibration (`calibration.measure_costs`, `adaptive_tree.measure_costs`) prices an iteration
+before the run, and the policy speculates only where that price says it pays. A price can be
+wrong for the whole run: on an H200 the adaptive loop with a bigram draft cost 2.6 greedy steps an
+iteration where the calibration had timed 1.8, and `--gamma auto` ran at 0.59x greedy decoding
+(results/gpu/adaptive_smoke_2026-11-27). The guard checks the price against the run's own calls:
+
+  speed = unit * steps / seconds  over the speculative calls so far,
+
+steps being the greedy decoding steps each call replaced (the longest output of its batch: greedy
+decoding's loop runs until its slowest row ends), unit the seconds of a greedy step: the plain
+calls' own (seconds over their loop iterations) once some have run, before that the
+calibration's. After `min_calls` speculative calls, a speed below `floor`:
+  - with no plain call timed yet, makes the next call a plain one (a probe: greedy decoding's own
+    program; it costs what greedy decoding costs, nothing more), whose time becomes the unit;
+  - otherwise stops speculation for the rest of the run (final, as gamma 0 is within a call).
+A probe whose unit shows speculation paying after all resumes it.
+
+Every decision uses only calls already made, so each call is exact speculative (or plain)
+decoding whatever the guard chose: greedy output is token for token greedy decoding's, sampled
+output has the target's distribution. Like the calibration, it reads the clock: at temperature
+> 0 which calls speculate, and so the draws, can differ between runs with the same seed.
+With several processes the caller gives every process process 0's seconds
+(`distributed.from_process_zero`), so that all of them decide alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import jax
+import numpy as np
+
+from gqa_spec import distributed
+
+# The speed below which speculation stops: the issue's bound (never below 0.97x greedy decoding).
+DEFAULT_FLOOR = 0.97
+# Speculative calls before the first decision: one call's time on a shared machine moves by more
+# than the 3% the floor allows.
+DEFAULT_MIN_CALLS = 2
+
+
+@dataclasses.dataclass
+class SpeculationGuard:
+  """The guard's state over a run (module docstring); `next_plain` says how to decode the next
+  batch, `record` takes each timed call.
+
+  Attributes:
+    step_seconds: the calibration's seconds per greedy decoding step at this batch size
+      (`Calibration.step_seconds`), the unit until a plain call is timed.
+    floor: stop below this speed.
+    min_calls: speculative calls before deciding.
+  """
+  step_seconds: float
+  floor: float = DEFAULT_FLOOR
+  min_calls: int = DEFAULT_MIN_CALLS
+  speculative_calls: int = 0
+  speculative_seconds: float = 0.0
+  speculative_steps: int = 0
+  plain_calls: int = 0
+  plain_seconds: float = 0.0
+  plain_steps: int = 0
+  stopped_after: Optional[int] = None  # calls made (both kinds) when speculation stopped
+  probing: bool = False
+
+  def __post_init__(self):
+    if not self.step_seconds > 0:
+      raise ValueError(f'step_seconds must be > 0, got {self.step_seconds}')
+    if not 0 < self.floor <= 1 or self.min_calls < 1:
+      raise ValueError(f'floor must be in (0, 1] and min_calls >= 1, got {self.floor}, '
+                       f'{self.min_calls}')
+
+  @property
+  def next_plain(self) -> bool:
+    """Whether the next call decodes without the draft (a probe, or speculation stopped)."""
+    return self.probing or self.stopped_after is not None
+
+  @property
+  def unit(self) -> float:
+    """Seconds per greedy step: the plain calls' own, else the calibration's."""
+    return self.plain_seconds / self.plain_steps if self.plain_steps else self.step_seconds
+
+  @property
+  def speed(self) -> Optional[float]:
+    """The speculative calls' speed over greedy decoding's so far (None before any)."""
+    if not self.speculative_seconds:
+      return None
+    return self.unit * self.speculative_steps / self.speculative_seconds
+
+  def record(self, seconds: float, lengths: Sequence[int], iterations: int, plain: bool) -> None:
+    """A timed call: its wall `seconds`, the output lengths of its real rows, its loop
+    `iterations`, and whether it was plain (`next_plain` when it was made)."""
+    if plain:
+      self.plain_calls += 1
+      self.plain_seconds += seconds
+      self.plain_steps += max(int(iterations), 1)
+      if not self.probing:
+        return
+      self.probing = False
+    else:
+      self.speculative_calls += 1
+      self.speculative_seconds += seconds
+      self.speculative_steps += max(max((int(n) for n in lengths), default=0), 1)
+    if self.speculative_calls < self.min_calls or self.speed >= self.floor:
+      return
+    if self.plain_steps:
+      self.stopped_after = self.speculative_calls + self.plain_calls
+    else:
+      self.probing = True
+
+  def to_dict(self) -> Dict[str, Any]:
+    """`generate --stats`' `guard` entry."""
+    return {'floor': self.floor, 'min_calls': self.min_calls,
+            'speculative_calls': self.speculative_calls, 'plain_calls': self.plain_calls,
+            'speed': self.speed, 'unit_seconds': self.unit,
+            'unit_measured': bool(self.plain_steps), 'stopped_after_call': self.stopped_after}
+
+
+def decode_batches(run: Callable[[Any, int, jax.Array, bool], Any], batches: Iterable[Tuple[Any, int]],
+                   rng: jax.Array, guard: Optional[SpeculationGuard] = None,
+                   clock: Callable[[], float] = time.perf_counter
+                   ) -> Tuple[List[Tuple[Any, int]], float, float]:
+  """Each `(inputs, real rows n)` of `batches` decoded in turn by `run(inputs, n, rng, plain)`
+  (the result on the host, ready: `lengths [b]`, `loop_iterations`), each with its own key split
+  from `rng`, `plain` as `guard.next_plain` says, each call timed and given to the guard (process
+  0's seconds on every process). Greedy decoding's program, the first time the guard turns to
+  it, is compiled by a first, untimed call on that batch, as the caller's first call compiles
+  the speculative one. Returns `([(result, n)], seconds of the timed calls, seconds of that
+  compiling call)`."""
+  results, seconds, compile_seconds, plain_compiled = [], 0.0, 0.0, False
+  for inputs, n in batches:
+    rng, step_rng = jax.random.split(rng)
+    plain = guard is not None and guard.next_plain
+    if plain and not plain_compiled:
+      t0 = clock()
+      run(inputs, n, step_rng, True)
+      compile_seconds += clock() - t0
+      plain_compiled = True
+    t0 = clock()
+    result = run(inputs, n, step_rng, plain)
+    call = clock() - t0
+    seconds += call
+    results.append((result, n))
+    if guard is not None:
+      guard.record(distributed.from_process_zero([call])[0], np.asarray(result.lengths)[:n],
+                   int(result.loop_iterations), plain)
+  return results, seconds, compile_seconds
