@@ -126,3 +126,38 @@ def test_the_overhead_benchmark_holds_the_optimal_policy_at_the_fixed_gamma(tmp_
     for n, t in zip(r['iterations'], r['seconds']):
       assert r['intercept_ms'] / 1e3 + r['slope_us'] / 1e6 * n == pytest.approx(t, rel=1e-6)
   assert '| per call ms |' in (tmp_path / 'ao.md').read_text()
+
+
+def test_the_guard_benchmark_runs_generates_batches_and_keeps_its_tokens(tmp_path, tiny_gpu_export):
+  """benchmarks/guard.py on a tiny pair (one checkpoint as target and as draft: alpha 1) over an
+  exported task: its three methods per cell, greedy outputs' tokens in every one (temperature 0:
+  exact whichever calls speculated), and the guarded rows' decisions, one per round."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from benchmarks import guard as guard_benchmark  # pylint: disable=g-import-not-at-top
+  from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
+  from gqa_spec.models.config import T5Config  # pylint: disable=g-import-not-at-top
+  from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  config = T5Config(vocab_size=512, emb_dim=16, num_heads=2, num_kv_heads=2, head_dim=8,
+                    mlp_dim=32, num_encoder_layers=1, num_decoder_layers=1)
+  tokens = jnp.ones((1, 3), jnp.int32)
+  params = jax.jit(lambda: Transformer(config).init(jax.random.PRNGKey(0), tokens, tokens, tokens,
+                                                    enable_dropout=False)['params'])()
+  ckpt = str(tmp_path / 'ckpt')
+  native.save_checkpoint(ckpt, config, jax.tree.map(np.asarray, params))
+  out = tmp_path / 'g'
+  assert guard_benchmark.main([
+      '--pair', 'tiny', ckpt, ckpt, f'exported:{tiny_gpu_export}/ddtp_translate_en_de',
+      '--examples', '3', '--batches', '1', '--temperatures', '0', '--repeats', '2',
+      '--gamma-max', '2', '--max-decode-len', '6', '--input-length', '32',
+      '--out', str(out)]) == 0
+  rows = json.loads((tmp_path / 'g.json').read_text())['rows']
+  assert [r['method'] for r in rows] == list(guard_benchmark.METHODS)
+  assert len({r['tokens'] for r in rows}) == 1 and rows[0]['calls'] == 3
+  auto = rows[-1]
+  if auto['speculated']:  # the measured costs decide it: the draft costs what the target does
+    assert len(auto['guard_rounds']) == 2
+    assert all(d['speculative_calls'] + d['plain_calls'] == 3 for d in auto['guard_rounds'])
+  else:
+    assert auto['guard_rounds'] == []
+  assert '| auto |' in (tmp_path / 'g.md').read_text()
