@@ -7,6 +7,7 @@
 #   OUT=$OUT bash benchmarks/adaptive_gpu.sh gamma   # on the GPU machine, carrying gpu_kit
 #   OUT=$OUT bash benchmarks/adaptive_gpu.sh tree    # likewise
 #   OUT=$OUT bash benchmarks/adaptive_gpu.sh overhead  # no kit: the auto loop's own cost
+#   OUT=$OUT bash benchmarks/adaptive_gpu.sh guard   # carrying gpu_kit: the guard, whole runs
 #
 # kit: the pair's native checkpoints (PAIR_DIR, default the cpu study's fine-tuned
 # runs/cpu/models/finetune/ddtp_translate_summarize/{mha_g8,draft}/best; TARGET names the target's
@@ -24,8 +25,11 @@
 # branches in command buffers (a random-init target, no kit; 6 files; each run under
 # SECONDS_LIMIT, default 150, so a call takes at most ~7.5 minutes): `--gamma auto`'s loop against
 # the fixed one, per call and per iteration (a cut run keeps the methods it measured).
+# guard: benchmarks/guard.py on the translation pair's bigram (where the H200 ran `--gamma auto` at
+# 0.59x greedy decoding), 24 inputs, batches 1 and 8, T = 0, 3 rounds, under SECONDS_LIMIT
+# (default 300): greedy decoding, `--gamma auto --no-guard` and `--gamma auto` over whole runs.
 set -u
-mode=${1:?usage: adaptive_gpu.sh kit|gamma|tree|overhead}
+mode=${1:?usage: adaptive_gpu.sh kit|gamma|tree|overhead|guard}
 kit=${KIT:-gpu_kit}/pair
 case $mode in
   kit)
@@ -53,7 +57,7 @@ case $mode in
     ${PYTHON:-python} -m pip wheel -q --no-deps -w "$kit/wheels" rouge-score==0.1.2
     du -sh "$kit"
     ;;
-  gamma|tree)
+  gamma|tree|guard)
     out=${OUT:?OUT: where the results go}
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
     if ls "$kit"/wheels/*.whl > /dev/null 2>&1; then
@@ -63,11 +67,18 @@ case $mode in
     fi
     export XLA_FLAGS="--xla_gpu_autotune_level=0 ${XLA_FLAGS:-}"
     { nvidia-smi -L 2>/dev/null || true; } > "$out/nvidia-smi_$mode.txt"
-    if [ "$mode" = gamma ]; then extra=(--gammas 1,2,3,4,5,6,7,8 --gamma-max 8)
-    else extra=(--nodes 2,4,8,16 --nodes-max 16 --depth 4); fi
     m=$kit/models; t=$m/ddtp_translate_en_de; s=$m/ddtp_summarize
     [ -d "$t" ] || { t=$m; s=$m; }
     set -o pipefail
+    if [ "$mode" = guard ]; then
+      timeout "${SECONDS_LIMIT:-300}" ${PYTHON:-python3} -m benchmarks.guard \
+          --pair translate "$t/target" "$t/draft" "exported:$kit/export/ddtp_translate_en_de" \
+          --pair-drafts bigram --examples 24 --batches 1,8 --temperatures 0 --repeats 3 \
+          --out "$out/guard_gpu_bigram" 2>&1 | tee "$out/guard_gpu_bigram.log"
+      exit
+    fi
+    if [ "$mode" = gamma ]; then extra=(--gammas 1,2,3,4,5,6,7,8 --gamma-max 8)
+    else extra=(--nodes 2,4,8,16 --nodes-max 16 --depth 4); fi
     timeout "${SECONDS_LIMIT:-300}" ${PYTHON:-python3} -m "benchmarks.adaptive_$mode" \
         --pair translate "$t/target" "$t/draft" "exported:$kit/export/ddtp_translate_en_de" \
         --pair summarize "$s/target" "$s/draft" \
@@ -91,5 +102,5 @@ case $mode in
         ${PYTHON:-python3} -m benchmarks.adaptive_overhead --batch 1 \
         --out "$out/adaptive_overhead_cmdbuf_gpu_b1" > "$out/adaptive_overhead_cmdbuf_gpu_b1.log" 2>&1
     ;;
-  *) echo "unknown mode $mode (kit, gamma, tree or overhead)" >&2; exit 2 ;;
+  *) echo "unknown mode $mode (kit, gamma, tree, overhead or guard)" >&2; exit 2 ;;
 esac
