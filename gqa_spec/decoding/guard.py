@@ -105,7 +105,8 @@ class SpeculationGuard:
       self.speculative_calls += 1
       self.speculative_seconds += seconds
       self.speculative_steps += max(max((int(n) for n in lengths), default=0), 1)
-    if self.speculative_calls < self.min_calls or self.speed >= self.floor:
+    speed = self.speed
+    if self.speculative_calls < self.min_calls or speed is None or speed >= self.floor:
       return
     if self.plain_steps:
       self.stopped_after = self.speculative_calls + self.plain_calls
