@@ -98,6 +98,14 @@ def task_inputs(task: str, data_dir: str, n: int, input_length: int,
   return np.stack(rows).astype(np.int32)
 
 
+def add_pair_arguments(p: argparse.ArgumentParser, what: str, required: bool = False) -> None:
+  """`--pair NAME TARGET DRAFT TASK` (repeatable; `what`: its help) and `--data-dir`."""
+  p.add_argument('--pair', nargs=4, action='append', required=required,
+                 metavar=('NAME', 'TARGET', 'DRAFT', 'TASK'), help=what)
+  p.add_argument('--data-dir', help='the prepared DDTP data directory (with --pair; not needed '
+                 'for exported:DIR/TASK tasks)')
+
+
 def pairs_of(args) -> List[Dict[str, Any]]:
   """Each pair to measure: name, target model and params, drafts (name -> (draft, init(enc))),
   inputs `[examples, S]`."""
@@ -382,10 +390,7 @@ def markdown(result: Dict[str, Any]) -> List[str]:
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument('--pair', nargs=4, action='append', metavar=('NAME', 'TARGET', 'DRAFT', 'TASK'),
-                 help='a trained pair and the task whose test inputs it decodes (repeatable)')
-  p.add_argument('--data-dir', help='the prepared DDTP data directory (with --pair; not needed '
-                 'for exported:DIR/TASK tasks)')
+  add_pair_arguments(p, 'a trained pair and the task whose test inputs it decodes (repeatable)')
   p.add_argument('--examples', type=int, default=8, help='inputs per cell')
   p.add_argument('--pair-drafts', default='draft,bigram',
                  help="drafts of each --pair: 'draft' (its DRAFT model), 'bigram' (fitted on its "

@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common, workloads
-from benchmarks.adaptive_gamma import (_ints, goal_lines, goals, measure_cell, partial_note,
-                                       task_inputs)
+from benchmarks.adaptive_gamma import (_ints, add_pair_arguments, goal_lines, goals, measure_cell,
+                                       partial_note, task_inputs)
 from gqa_spec.data import exported
 from gqa_spec.decoding import adaptive_tree, autoregressive, speculative, tree_speculative
 from gqa_spec.decoding.adaptive_tree import AdaptiveTree
@@ -163,11 +163,8 @@ def markdown(result: Dict[str, Any]) -> List[str]:
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument('--pair', nargs=4, action='append', required=True,
-                 metavar=('NAME', 'TARGET', 'DRAFT', 'TASK'),
-                 help='a trained pair and the task whose test inputs it decodes (repeatable)')
-  p.add_argument('--data-dir', help='the prepared DDTP data directory (not needed for '
-                 'exported:DIR/TASK tasks)')
+  add_pair_arguments(
+      p, 'a trained pair and the task whose test inputs it decodes (repeatable)', required=True)
   p.add_argument('--examples', type=int, default=8, help='inputs per cell')
   p.add_argument('--pair-drafts', default='draft,bigram',
                  help="tree drafts of each --pair: 'draft' (its DRAFT model), 'bigram'")

@@ -143,11 +143,8 @@ def markdown(result: Dict[str, Any]) -> List[str]:
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument('--pair', nargs=4, action='append', required=True,
-                 metavar=('NAME', 'TARGET', 'DRAFT', 'TASK'),
-                 help='a trained pair (its draft model) and the task whose test inputs it decodes')
-  p.add_argument('--data-dir', help='the prepared DDTP data directory (not needed for '
-                 'exported:DIR/TASK tasks)')
+  adaptive_gamma.add_pair_arguments(
+      p, 'a trained pair and the task whose test inputs it decodes (repeatable)', required=True)
   p.add_argument('--pair-drafts', default='draft', choices=('draft', 'bigram', 'copy'),
                  help="each pair's draft: its DRAFT model, a bigram fitted on its task's training "
                       'targets, or copy (prompt lookup)')

@@ -3,7 +3,7 @@
 import pytest
 
 from gqa_spec import cli
-from tests.decoding.test_commands import _generate, workdir  # pylint: disable=unused-import
+from tests.decoding.test_commands import _generate, fire_guard, workdir  # pylint: disable=unused-import
 
 
 def test_greedy_trees_give_the_autoregressive_outputs(workdir):  # pylint: disable=redefined-outer-name
@@ -60,12 +60,8 @@ def test_sampling_tree_runs(workdir):  # pylint: disable=redefined-outer-name
 def test_adaptive_tree_guard_turns_to_greedy_decodings_program(workdir, monkeypatch):  # pylint: disable=redefined-outer-name
   """The guard (tests/decoding/test_commands.py's chain case) on `--tree best:auto`: a calibration
   that pays for trees with a greedy step priced at 1e-12 s; the second call is a plain probe."""
-  import functools  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding import adaptive, adaptive_tree, guard  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(adaptive_tree, 'measure_costs',
-                      lambda *a, **k: adaptive.Calibration(0.0, (1.0,) * 3, 0.9, 1e-12))
-  monkeypatch.setattr(guard, 'SpeculationGuard',
-                      functools.partial(guard.SpeculationGuard, min_calls=1))
+  from gqa_spec.decoding import adaptive_tree  # pylint: disable=g-import-not-at-top
+  fire_guard(monkeypatch, adaptive_tree)
   ref, _ = _generate(workdir, 'tree_guard_ref', '--batch-size', '1')
   out, stats = _generate(workdir, 'tree_guard', '--batch-size', '1', '--draft',
                          'bigram:' + str(workdir / 'bigram.npz'), '--tree',
