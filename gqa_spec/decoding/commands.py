@@ -282,9 +282,11 @@ def generate(args: argparse.Namespace) -> int:
   auto = _adaptive(args, draft_spec, shape, auto_tree)
   if args.guard is not None and not auto and auto_tree is None:
     raise UserError(f'--{"" if args.guard else "no-"}guard needs --gamma auto or --tree best:auto')
-  if args.guard and (args.cost_ratio is not None or args.gamma_policy == 'heuristic'):
-    raise UserError('--guard compares the run with the measured costs: drop --cost-ratio'
-                    if args.cost_ratio is not None else '--guard applies to --gamma-policy optimal')
+  if args.guard is not None and (args.cost_ratio is not None or args.gamma_policy == 'heuristic'):
+    flag = '--guard' if args.guard else '--no-guard'
+    raise UserError(f'{flag}: the guard runs with measured costs only, so not with --cost-ratio'
+                    if args.cost_ratio is not None else
+                    f'{flag} applies to --gamma-policy optimal (heuristic has no guard)')
   if not auto:
     _positive('gamma', args.gamma)
   gamma = args.gamma_max if auto else args.gamma
