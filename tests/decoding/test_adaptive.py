@@ -389,9 +389,10 @@ def test_measured_costs_stop_at_the_bound_or_time_the_loop_at_every_width(monkey
   draft = ModelDraft.t5(model)
   dstate = draft.init(perturbed_params('gqa'), enc, MAX_LEN, GAMMA_MAX)
   hot = SamplingConfig(temperature=1.0)
-  c, v, alpha = calibration.measure_costs(target, state, draft, dstate, MAX_LEN, GAMMA_MAX,
-                                          config=hot)
+  c, v, alpha, step = calibration.measure_costs(target, state, draft, dstate, MAX_LEN, GAMMA_MAX,
+                                                config=hot)
   assert c > 0.5 and 0.4 <= alpha < 1  # measured: c ~1.0, alpha 0.55
+  assert 0 < step < 1  # the unit in seconds (the guard's, `guard.SpeculationGuard`)
   assert len(set(v)) == 1 and len(v) == GAMMA_MAX and v[0] >= 1.0 and not loops
   assert hot in plain and SamplingConfig() in plain
   assert not AdaptiveGamma(gamma_max=GAMMA_MAX).calibrated(adaptive.Calibration(c, v, alpha)
@@ -406,7 +407,8 @@ def test_measured_costs_stop_at_the_bound_or_time_the_loop_at_every_width(monkey
   table = bigram.init(fit_ngram([s[1:n + 1] for s, n in zip(seqs, lengths)], 2,
                                 model.config.vocab_size))
   timed.clear()
-  c, v, alpha = calibration.measure_costs(target, state, bigram, table, MAX_LEN, GAMMA_MAX)
+  c, v, alpha, step = calibration.measure_costs(target, state, bigram, table, MAX_LEN, GAMMA_MAX)
+  assert 0 < step < 1  # the second stage's unit
   assert c == 0 and alpha > 0.5 and len(v) == GAMMA_MAX
   widths = adaptive.verify_gammas(GAMMA_MAX)
   assert {a.policy for a, _ in loops} == {'optimal'} and len({a for a, _ in loops}) == 1
@@ -460,8 +462,8 @@ def test_alpha_is_measured_over_the_batches_after_the_first_as_far_as_it_needs(m
   monkeypatch.setattr(adaptive, '_speculative',
                       lambda *a, **k: loops.append(k['adaptive']) or speculative_loop(*a, **k))
   first = target.init(params, rows[0], slots)
-  c, _, alpha = calibration.measure_costs(target, first, bigram, table, MAX_LEN, GAMMA_MAX,
-                                       more=states())
+  c, _, alpha, _ = calibration.measure_costs(target, first, bigram, table, MAX_LEN, GAMMA_MAX,
+                                             more=states())
   assert made == [1] and c == 0  # one more batch reached the bound
   assert loops  # the bigram (fitted on these outputs) passed the first stage: alpha is the loop's
   fixed = AdaptiveGamma(gamma_max=GAMMA_MAX, policy='fixed', gamma_init=1)
@@ -489,7 +491,7 @@ def test_a_draft_reading_the_targets_hidden_states_is_calibrated_on_the_loop(mon
   speculative_loop = adaptive._speculative  # pylint: disable=protected-access
   monkeypatch.setattr(adaptive, '_speculative',
                       lambda *a, **k: loops.append(k['adaptive']) or speculative_loop(*a, **k))
-  _, v, alpha = calibration.measure_costs(target, state, draft, dstate, MAX_LEN, gmax)
+  _, v, alpha, _ = calibration.measure_costs(target, state, draft, dstate, MAX_LEN, gmax)
   assert loops and len(v) == gmax
   run = speculative_loop(target, state, draft, dstate, jax.random.PRNGKey(0),
                          adaptive=AdaptiveGamma(gamma_max=gmax, policy='fixed', gamma_init=1),
