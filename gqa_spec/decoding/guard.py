@@ -16,13 +16,16 @@ calibration's. After `min_calls` speculative calls, a speed below `floor`:
   - with no plain call timed yet, makes the next call a plain one (a probe: greedy decoding's own
     program; it costs what greedy decoding costs, nothing more), whose time becomes the unit;
   - otherwise stops speculation for the rest of the run (final, as gamma 0 is within a call).
-A probe whose unit shows speculation paying after all resumes it.
+A probe whose unit shows speculation paying after all resumes it. The calibration's unit is the
+decoding loop's step alone, while each call also encodes its batch: the first check can read
+speculation slower than it is, and a probe settles it (on the widened smoke pair at batch 1, one
+probe a 24-call run where speculation paid 1.35x: results/benchmarks/guard_smoke_widened.md).
 
 Every decision uses only calls already made, so each call is exact speculative (or plain)
 decoding whatever the guard chose: greedy output is token for token greedy decoding's, sampled
 output has the target's distribution. Like the calibration, it reads the clock: at temperature
 > 0 which calls speculate, and so the draws, can differ between runs with the same seed.
-With several processes the caller gives every process process 0's seconds
+With several processes `decode_batches` gives every process process 0's seconds
 (`distributed.from_process_zero`), so that all of them decide alike.
 """
 
