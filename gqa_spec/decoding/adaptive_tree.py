@@ -74,6 +74,7 @@ from gqa_spec.decoding.speculative import (LoopState, SpeculativeResult, init_lo
 from gqa_spec.decoding.targets import Decoder
 from gqa_spec.decoding.tree import TreeShape
 from gqa_spec.errors import UserError
+from gqa_spec.partitioning import to_host
 
 PyTree = Any
 DEFAULT_MAX_NODES = 64  # `best:auto` without :N: every candidate, at most this many
@@ -299,7 +300,7 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
   # seconds per greedy step and per iteration of this loop with every row verifying u nodes
   t_step, t_iter = time_widths(target, target_state, max_decode_len, config, run, adaptive.widths)
   # the starting alpha: this loop's own at one node, on the first stage's batches
-  results = jax.device_get([run(1)] + [run(1, ts, ds) for ts, ds in first.more])
+  results = to_host([run(1)] + [run(1, ts, ds) for ts, ds in first.more])  # multi-process too
   alpha = (sum(float(np.sum(r.accepted)) for r in results)
            / max(sum(float(np.sum(r.proposed)) for r in results), 1.0))
   return Calibration(c, tuple(max(t_iter[u] / t_step - shape.depth * c, first.v_floor)

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 
 from gqa_spec import distributed
+from gqa_spec.partitioning import to_host
 from gqa_spec.decoding import autoregressive, sampling, timing
 from gqa_spec.decoding.adaptive import (CALIBRATED_PRIOR_WEIGHT, AdaptiveGamma, Calibration, decode,
                                         verify_gammas, verify_width)
@@ -65,7 +66,7 @@ def first_stage(target: Decoder, target_state: PyTree, max_decode_len: int, next
   read = []
 
   def output(state):  # [b, 1 + L + slack] greedy decoding's sequences, and lengths [b]
-    out = jax.device_get(greedy(state))
+    out = to_host(greedy(state))  # all rows, also where they are spread over processes
     return np.pad(out.sequences, ((0, 0), (0, slack))), out.lengths
 
   def more_outputs():
@@ -184,7 +185,7 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
   # seconds per greedy step and per iteration of this loop with every row proposing w tokens
   t_step, t_iter = time_widths(target, target_state, max_decode_len, config, run, widths)
   # the starting alpha: this loop's own at gamma 1, on the first stage's batches
-  results = jax.device_get([run(1)] + [run(1, ts, ds) for ts, ds in first.more])
+  results = to_host([run(1)] + [run(1, ts, ds) for ts, ds in first.more])
   alpha = (sum(float(r.beta_sum) for r in results)
            / max(sum(float(r.beta_count) for r in results), 1.0))
   # gamma tokens cost gamma c + v(gamma): the iteration at the width w that holds gamma, less the

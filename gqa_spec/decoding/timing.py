@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from gqa_spec.decoding import xla_options
 from gqa_spec.decoding.sampling import SamplingConfig
+from gqa_spec.partitioning import to_host
 
 
 def _timed_runs(fn: Callable[[], Any], repeats: int, warm: bool = True) -> List[float]:
@@ -156,7 +157,7 @@ def teacher_forced(next_token: Callable[..., Any], commit: Callable[..., Any], s
 
   def agreement(state, sequences, lengths):  # (positions that agree, positions)
     n = max(int(jnp.max(lengths)), 1)
-    agree = jax.device_get(loop(state, jnp.asarray(sequences), jnp.asarray(lengths), n, 1)[1])
+    agree = to_host(loop(state, jnp.asarray(sequences), jnp.asarray(lengths), n, 1)[1])  # [b]
     return int(agree.sum()), int(jnp.sum(lengths))
 
   n = max(int(jnp.max(lengths)), 1)

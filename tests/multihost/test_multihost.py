@@ -157,11 +157,13 @@ def test_generate_equals_one_process(runs):
 def test_measured_numbers_are_process_zeros_everywhere(runs):
   """`--gamma auto`'s calibration (above) decides from wall times, which each process reads from
   its own clock: every process takes process 0's (`distributed.from_process_zero`), here on
-  values that differ by process."""
+  values that differ by process. Its batch of 8 rows is spread over both processes' devices: the
+  calibration reads its arrays back with `partitioning.to_host` (a plain fetch failed there)."""
   _, _, logs = runs
   assert [re.findall(r'agreed: (.*)', log) for log in logs] == [['(0.5, 3.0)']] * 3
   stats = json.loads((runs[1] / 'auto_stats.json').read_text())
   assert stats['cost_ratio_measured'] and len(stats['verify_ratio']) == 2
+  assert stats['batch_size'] == 8 and stats['mesh'] == {'data': 8, 'model': 1}
 
 
 def _lines(path):

@@ -100,8 +100,11 @@ def main(out: str, n: int, i: int, port: int, decode_ckpt: str) -> None:
   # --gamma auto: its calibration's wall times, process 0's on every process
   from gqa_spec import distributed  # pylint: disable=g-import-not-at-top
   print(f'agreed: {distributed.from_process_zero([i + 0.5, 3.0])}', flush=True)  # every process
-  _run(['generate', *common, '--draft', export, '--gamma', 'auto', '--gamma-max', '2',
-        '--out', mine('auto.jsonl'), '--stats', mine('auto_stats.json')] + flags)
+  # batch 8 on 8 devices: the rows are spread over both processes, and so are the arrays the
+  # calibration reads back (`partitioning.to_host`)
+  _run(['generate', *common, '--batch-size', '8', '--draft', export, '--gamma', 'auto',
+        '--gamma-max', '2', '--out', mine('auto.jsonl'), '--stats', mine('auto_stats.json')]
+       + flags)
   os.makedirs(os.path.join(out, 'decode'), exist_ok=True)
   decode.main(os.path.join(out, 'decode'), decode_ckpt, n, i, port)
 
