@@ -28,6 +28,10 @@
 # guard: benchmarks/guard.py on the translation pair's bigram (where the H200 ran `--gamma auto` at
 # 0.59x greedy decoding), 24 inputs, batches 1 and 8, T = 0, 3 rounds, under SECONDS_LIMIT
 # (default 300): greedy decoding, `--gamma auto --no-guard` and `--gamma auto` over whole runs.
+# A device call brings back at most 8 files from $OUT: each mode writes its files (JSON, Markdown,
+# logs, nvidia-smi) into $OUT/<mode>/ and packs them into one $OUT/<mode>.tgz at the end, also
+# when its benchmark was cut (`tar xzf <mode>.tgz` here). The 2026-11-28 call that ran guard and
+# overhead unpacked lost guard's files to that limit.
 set -u
 mode=${1:?usage: adaptive_gpu.sh kit|gamma|tree|overhead|guard}
 kit=${KIT:-gpu_kit}/pair
@@ -58,7 +62,8 @@ case $mode in
     du -sh "$kit"
     ;;
   gamma|tree|guard)
-    out=${OUT:?OUT: where the results go}
+    out=${OUT:?OUT: where the results go}/$mode
+    mkdir -p "$out"; trap 'tar czf "$out.tgz" -C "$out" . && rm -rf "$out"' EXIT
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
     if ls "$kit"/wheels/*.whl > /dev/null 2>&1; then
       ${PYTHON:-python3} -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
@@ -87,7 +92,8 @@ case $mode in
         --out "$out/adaptive_${mode}_gpu_pair" 2>&1 | tee "$out/adaptive_${mode}_gpu_pair.log"
     ;;
   overhead)
-    out=${OUT:?OUT: where the results go}
+    out=${OUT:?OUT: where the results go}/$mode
+    mkdir -p "$out"; trap 'tar czf "$out.tgz" -C "$out" . && rm -rf "$out"' EXIT
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
     export XLA_FLAGS="--xla_gpu_autotune_level=0 ${XLA_FLAGS:-}"
     for b in 1 8; do
