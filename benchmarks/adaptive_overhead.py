@@ -1,7 +1,8 @@
 """What `--gamma auto`'s loop costs beyond the fixed-gamma loop, per call and per iteration.
 
   python -m benchmarks.adaptive_overhead [--preset mini] [--batch 1] [--gamma 8] \
-      [--lengths 16,32,64] [--out results/benchmarks/adaptive_overhead]
+      [--lengths 16,32,64] [--methods greedy,speculative,fixed,held,heuristic] \
+      [--out results/benchmarks/adaptive_overhead]
 
 Why: on an H200 (results/benchmarks/adaptive_gamma_gpu_smoke_bigram.md) `--gamma auto` held at
 gamma 8 by the smoke pair's bigram ran at 2.6 greedy steps an iteration where the calibration,
@@ -12,15 +13,19 @@ alike in that table (about 15 iterations a call). This separates them: each meth
 random-init `--preset` target with a bigram draft (fitted on the target's own outputs) for exactly
 `L` tokens (EOS never ends a row) at each of `--lengths`, and a least-squares line
 `seconds = intercept + slope x loop iterations` over the lengths gives the call's fixed cost
-(intercept) and an iteration's (slope). Methods, all at `--gamma` where they hold one:
-  * greedy decoding (`autoregressive.decode`; an iteration is a token);
-  * `speculative.decode` at gamma;
-  * `adaptive.decode`, policy 'fixed' with traced `first_gammas` (the calibration's program until
-    the H200 run above);
-  * `adaptive.decode`, policy 'optimal' `held` at gamma (the calibration's program now): it makes
-    the policy's choice every iteration (`batch_gamma`), does not take it, and proposes what the
-    fixed one does;
-  * `adaptive.decode`, policy 'heuristic' (its draft lengths move; its own iteration count).
+(intercept) and an iteration's (slope). Methods (`--methods`, in this order; each costs a compile per length, ~50 s of a GPU call's
+time: on an H200 a 156 s run measured 3 of the 5, results/gpu/guard_2026-11-28), all at `--gamma`
+where they hold one:
+  * greedy: greedy decoding (`autoregressive.decode`; an iteration is a token), always measured
+    (the unit of the greedy-steps column);
+  * speculative: `speculative.decode` at gamma;
+  * fixed: `adaptive.decode`, policy 'fixed' with traced `first_gammas` (the calibration's program
+    until the H200 run above);
+  * held: `adaptive.decode`, policy 'optimal' `held` at gamma (the calibration's program now): it
+    makes the policy's choice every iteration (`batch_gamma`), does not take it, and proposes what
+    the fixed one does;
+  * heuristic: `adaptive.decode`, policy 'heuristic' (its draft lengths move; its own iteration
+    count).
 One target cache of max(lengths) + gamma + 1 slots for every length, so a step attends over the
 same allocation whatever the length. The loops' outputs are not compared here (tests do that).
 """
@@ -44,8 +49,11 @@ from gqa_spec.models.config import preset
 from gqa_spec.models.t5 import Transformer
 
 
+METHODS = ('greedy', 'speculative', 'fixed', 'held', 'heuristic')
+
+
 def methods(target, tstate, draft, dstate, batch: int, gamma: int):
-  """name -> run(L) -> result with `loop_iterations`."""
+  """name -> run(L) -> result with `loop_iterations`, in `METHODS`' order."""
   rng = jax.random.PRNGKey(0)
   fixed = AdaptiveGamma(gamma_max=gamma, policy='fixed', gamma_init=gamma)
   optimal = AdaptiveGamma(gamma_max=gamma, cost_ratio=0.5, verify_ratio=(1.5,) * gamma,
@@ -83,7 +91,11 @@ def measure(args, on_row=lambda rows: None) -> list:
   args.floor = {'bandwidth_gb_s': bw / 1e9, 'decoder_param_mib': weights / 2 ** 20,
                 'step_floor_us': weights / bw * 1e6}
   rows = []
-  for name, run in methods(target, tstate, draft, dstate, args.batch, args.gamma).items():
+  chosen = args.methods.split(',')
+  every = methods(target, tstate, draft, dstate, args.batch, args.gamma)
+  for key, (name, run) in zip(METHODS, every.items()):
+    if key not in chosen:
+      continue
     iterations, times = [], []
     for L in lengths:
       iterations.append(int(jax.block_until_ready(run(L)).loop_iterations))
@@ -105,8 +117,14 @@ def main(argv=None):
   p.add_argument('--lengths', default='16,32,64', help='tokens decoded (max_decode_len)')
   p.add_argument('--input-length', type=int, default=64)
   p.add_argument('--repeats', type=int, default=7)
+  p.add_argument('--methods', default=','.join(METHODS),
+                 help=f'which loops, comma-separated, of {",".join(METHODS)} (greedy always)')
   common.add_out_argument(p, __file__)
   args = p.parse_args(argv)
+  unknown = set(args.methods.split(',')) - set(METHODS)
+  if unknown:
+    p.error(f'--methods: unknown {",".join(sorted(unknown))}; choose from {",".join(METHODS)}')
+  args.methods = ','.join(['greedy'] + [m for m in args.methods.split(',') if m != 'greedy'])
   if len(args.lengths.split(',')) < 2:
     p.error('--lengths needs at least two lengths for a line')
   if args.gamma < 1:
@@ -119,7 +137,7 @@ def main(argv=None):
 def write(args, argv, rows, load_before) -> None:
   flags = os.environ.get('XLA_FLAGS', '')
   results = common.results(__file__, argv, rows, load_before, xla_flags=flags,
-                           complete=len(rows) == 5, **args.floor)
+                           complete=len(rows) == len(args.methods.split(',')), **args.floor)
   common.write_json(args.out, results)
   lines = [*common.heading("`--gamma auto`'s loop against the fixed one: per call and per "
                            'iteration', results['command']),
@@ -145,7 +163,8 @@ def write(args, argv, rows, load_before) -> None:
                  f'{r["slope_steps"]:.2f} | {" / ".join(map(str, r["iterations"]))} | '
                  f'{" / ".join(f"{t * 1e3:.2f}" for t in r["seconds"])} |')
   if not results['complete']:
-    lines += ['', f'**Partial**: the run stopped after {len(rows)} of the 5 methods.']
+    lines += ['', f'**Partial**: the run stopped after {len(rows)} of the '
+                  f'{len(args.methods.split(","))} methods.']
   common.write_markdown(args.out + '.md', lines, results['machine'])
 
 

@@ -229,6 +229,15 @@ def verify_gammas(gamma_max: int) -> Tuple[int, ...]:
   return tuple(sorted({x for x in out if x < gamma_max} | {gamma_max}))
 
 
+def width_index(widths: Tuple[int, ...], longest: jax.Array) -> jax.Array:
+  """`[]` int32: the index of the first of the sorted `widths` >= `longest` (len(widths) if none),
+  as `jnp.searchsorted` (side 'left') gives it, but as one comparison and a sum: the loops call it
+  every iteration, and `jnp.searchsorted`'s default method is a `fori_loop` of log2(len) steps, a
+  while loop nested in the decoding loop (on a GPU each of its steps is its own kernel launches).
+  """
+  return jnp.sum(jnp.asarray(widths, jnp.int32) < longest, dtype=jnp.int32)
+
+
 def verify_width(gamma: int, gamma_max: int) -> int:
   """The narrowest compiled proposal length (`verify_gammas`) that holds `gamma`."""
   return min(w for w in verify_gammas(gamma_max) if w >= gamma)
@@ -359,8 +368,8 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
       return call
     if len(widths) == 1:
       return branch(gmax)(tstate, inputs)
-    index = jnp.searchsorted(jnp.asarray(widths), longest)  # the first width >= longest
-    return jax.lax.switch(index, [branch(w) for w in widths], tstate, inputs)
+    return jax.lax.switch(width_index(widths, longest), [branch(w) for w in widths], tstate,
+                          inputs)
 
   def speculate(s: LoopState, want, draft_rng, verify_rng):
     r = s.result

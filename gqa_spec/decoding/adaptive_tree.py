@@ -65,7 +65,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gqa_spec.decoding import sampling, tree as tree_lib, tree_speculative, xla_options
-from gqa_spec.decoding.adaptive import Calibration, plain_decode, plain_loop
+from gqa_spec.decoding.adaptive import Calibration, plain_decode, plain_loop, width_index
 from gqa_spec.decoding.calibration import first_stage, time_widths
 from gqa_spec.decoding.autoregressive import EOS
 from gqa_spec.decoding.sampling import SamplingConfig
@@ -407,7 +407,7 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
                                       config)  # [b, N_max] nodes
     ranked, order = tree_lib.by_rank(tree)  # [b, N_max] best first; order: rank -> tree index
     last = jnp.take_along_axis(r.sequences, r.lengths[:, None], axis=1)  # [b, 1]
-    index = jnp.searchsorted(width_array, jnp.max(want))  # the narrowest width holding every ask
+    index = width_index(widths, jnp.max(want))  # the narrowest width holding every ask
     width = width_array[index]  # []
     args = (s.target_state, ranked, last, r.lengths, verify_rng)
     if len(widths) == 1:

@@ -111,13 +111,19 @@ def test_the_alpha_memory_simulation_scores_the_library_policy(tmp_path):
 def test_the_overhead_benchmark_holds_the_optimal_policy_at_the_fixed_gamma(tmp_path):
   """benchmarks/adaptive_overhead.py compares like with like: the optimal policy held at gamma
   takes exactly the loop iterations of the fixed policy and of `speculative.decode` at that gamma
-  (greedy, the same proposals), greedy decoding one per token, and each line fits its points."""
+  (greedy, the same proposals), greedy decoding one per token, and each line fits its points;
+  `--methods` picks loops (greedy always, in the benchmark's order), a name it lacks is an error."""
   from benchmarks import adaptive_overhead
   out = tmp_path / 'ao'
   adaptive_overhead.main(['--preset', 'nano', '--lengths', '4,6', '--gamma', '2', '--repeats', '1',
-                          '--out', str(out)])
-  rows = {r['method']: r for r in json.loads((tmp_path / 'ao.json').read_text())['rows']}
-  assert len(rows) == 5
+                          '--methods', 'held,speculative,fixed', '--out', str(out)])
+  result = json.loads((tmp_path / 'ao.json').read_text())
+  rows = {r['method']: r for r in result['rows']}
+  assert list(rows) == ['greedy decoding', 'speculative.decode, gamma 2', "auto, policy 'fixed' at 2",
+                        "auto, policy 'optimal' held at 2 (the calibration's program)"]
+  assert result['complete']
+  with pytest.raises(SystemExit):
+    adaptive_overhead.main(['--methods', 'fixed,bogus', '--out', str(tmp_path / 'x')])
   assert rows['greedy decoding']['iterations'] == [4, 6]
   held = rows["auto, policy 'optimal' held at 2 (the calibration's program)"]['iterations']
   assert held == rows["auto, policy 'fixed' at 2"]['iterations']
