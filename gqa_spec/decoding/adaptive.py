@@ -14,11 +14,12 @@ narrowest that holds the longest proposal an active row asked for (`lax.switch`)
 rows all ask for gamma 1 pays for a two-token call, not a gamma_max + 1 one (a draft that reads the
 target's hidden states, Chimera, keeps the gamma_max + 1 width). Once no active row speculates
 (every one at gamma_r = 0, which is final), the rest runs as plain one-token target steps in a
-second loop, without the draft. When the costs say that not even the starting `alpha_init` would pay
-for a proposal (`AdaptiveGamma.speculates` is False: a draft that costs what the target costs, or
-one whose acceptance `calibration.measure_costs` found too low for its cost), `decode` is
-`autoregressive.decode` itself, greedy decoding's own compiled program, on a cache of one slot per
-token (`target_cache_length`), with two statistics from a second small program (`plain_decode`).
+second loop, without the draft (`plain_steps.plain_loop`). When the costs say that not even the
+starting `alpha_init` would pay for a proposal (`AdaptiveGamma.speculates` is False: a draft that
+costs what the target costs, or one whose acceptance `calibration.measure_costs` found too low for
+its cost), `decode` is `autoregressive.decode` itself, greedy decoding's own compiled program, on a
+cache of one slot per token (`target_cache_length`), with two statistics from a second small
+program (`plain_steps.plain_decode`).
 
 Exactness: gamma_r depends only on the past (the batch's rows' earlier iterations, and with a
 confidence stop the draft's distributions at the positions already proposed), never on this
@@ -63,11 +64,11 @@ from typing import Any, NamedTuple, Optional, Tuple, Union
 import flax
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from gqa_spec.decoding import autoregressive, sampling, theory, xla_options
+from gqa_spec.decoding import sampling, theory, xla_options
 from gqa_spec.decoding.autoregressive import EOS
 from gqa_spec.decoding.drafts.base import Draft
+from gqa_spec.decoding.plain_steps import as_adaptive_result, plain_decode, plain_loop
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.speculative import (LoopState, SpeculativeResult, append_accepted,
                                            init_loop, record_call, with_draft_calls)
@@ -272,11 +273,11 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
   that choose per iteration ran the loop at 2.6 greedy steps an iteration where the fixed policy's
   program, timed in its place until then, took 1.8 (results/gpu/adaptive_smoke_2026-11-27).
 
-  `draft_state` may be None where `adaptive.speculates` is False: the call is then one jitted
-  function of the target alone (`plain_decode`), autoregressive decoding with its result in this
-  function's form (`sequences` then `[b, 1 + max_decode_len]`, without the draft's slack), so
-  that its dispatch costs about what greedy decoding's does (the draft and the settings are not
-  even hashed).
+  `draft_state` may be None where `adaptive.speculates` is False: the call is then greedy
+  decoding's own jitted program on the target alone (`plain_steps.plain_decode`), with its result
+  in this function's form (`sequences` then `[b, 1 + max_decode_len]`, without the draft's
+  slack), so that its dispatch costs about what greedy decoding's does (the draft and the
+  settings are not even hashed).
 
   Returns:
     `SpeculativeResult` with depth gamma_max, plus `gamma_histogram` `[b, gamma_max + 1]` (how
@@ -292,45 +293,10 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
     r, histogram, trace = plain_decode(target, target_state, rng, gamma_max=adaptive.gamma_max,
                                  max_decode_len=max_decode_len, config=config, eos_id=eos_id,
                                  skip=skip)
-    return _as_adaptive_result(r, histogram, trace, adaptive.gamma_max)
+    return as_adaptive_result(r, histogram, trace, adaptive.gamma_max)
   return _speculative(target, target_state, draft, draft_state, rng, adaptive=adaptive,
                       max_decode_len=max_decode_len, config=config, eos_id=eos_id, skip=skip,
                       first_gammas=first_gammas, held=held)
-
-
-def plain_decode(target: Decoder, target_state: PyTree, rng: jax.Array, *, gamma_max: int,
-                 max_decode_len: int, config: SamplingConfig, eos_id: int,
-                 skip: Optional[jax.Array], iteration_trace: bool = False) -> Tuple[jax.Array, ...]:
-  """`decode` where no row speculates (also `adaptive_tree.decode`'s, gamma_max = N_max there):
-  autoregressive decoding, and its `gamma_histogram` `[b, gamma_max + 1]` and `gamma_trace`
-  `[b, max_decode_len]` (every call at draft length 0), and with `iteration_trace` the trees'
-  `tree_width_trace` `[max_decode_len]` (0 for each loop iteration, -1 after the last).
-
-  The decoding is `autoregressive.decode` itself, the compiled program greedy decoding runs (the
-  same cache entry), and the statistics come from a second small program. The earlier form, one
-  program holding both, took 4% to 18% (chain cells) and 7% to 11% (tree cells) longer than
-  greedy decoding on an H200, by more than the rounds spread (the tree at batch 1: 31.9-32.2 ms a
-  round against 35.5-36.0 ms; results/gpu/adaptive_2026-11-27; why was not profiled). This form
-  leaves the loop nothing to differ in. The statistics that are constants are made on the host
-  (`_as_adaptive_result`)."""
-  r = autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len,
-                            config=config, eos_id=eos_id, skip=skip)
-  return (r, *_plain_statistics(r.target_calls, r.loop_iterations, gamma_max=gamma_max,
-                                max_decode_len=max_decode_len, iteration_trace=iteration_trace))
-
-
-@functools.partial(jax.jit, static_argnames=('gamma_max', 'max_decode_len', 'iteration_trace'))
-def _plain_statistics(target_calls: jax.Array, loop_iterations: jax.Array, *, gamma_max: int,
-                      max_decode_len: int, iteration_trace: bool) -> Tuple[jax.Array, ...]:
-  """`plain_decode`'s histogram, trace (and width trace) from `target_calls [b]` and
-  `loop_iterations []`."""
-  batch = target_calls.shape[0]
-  calls = jnp.arange(max_decode_len)[None]  # [1, max_decode_len]
-  histogram = jnp.zeros((batch, gamma_max + 1), jnp.int32).at[:, 0].set(target_calls)
-  trace = jnp.where(calls < target_calls[:, None], 0, -1).astype(jnp.int32)
-  if iteration_trace:
-    return histogram, trace, jnp.where(calls[0] < loop_iterations, 0, -1).astype(jnp.int32)
-  return histogram, trace
 
 
 @functools.partial(xla_options.jit, static_argnames=('target', 'draft', 'adaptive',
@@ -539,51 +505,3 @@ def running_alpha(alpha: jax.Array, weight: jax.Array, beta: jax.Array, tried: j
   beta_sum = jnp.sum(jnp.where(tried, beta, 0.0), axis=1)  # [b]
   new_alpha = (kept * alpha + beta_sum) / jnp.maximum(new_weight, 1e-6)  # [b]
   return new_alpha, new_weight
-
-
-def plain_loop(target: Decoder, loop: LoopState, max_decode_len: int, config: SamplingConfig,
-               eos_id: int) -> LoopState:
-  """`loop` run to the end with plain one-token target steps (no draft), each token appended for
-  the active rows; target calls and loop iterations are counted, the caller adds the draft sizes
-  of these calls (0) to its own statistics. Also the tree loop's (`adaptive_tree.py`).
-
-  The draft's state (its parameters and cache) stays out of the loop's carry: XLA copies a carried
-  input buffer into the loop once per call, which at batch 1 on small models is a measurable part
-  of the call."""
-  batch = loop.done.shape[0]
-
-  def plain_step(s: LoopState) -> LoopState:
-    r = s.result
-    rng, step_rng = jax.random.split(s.rng)
-    active = ~s.done  # [b]
-    last = jnp.take_along_axis(r.sequences, r.lengths[:, None], axis=1)  # [b, 1]
-    logits, tstate = target.tokens_to_logits(s.target_state, last)  # [b, 1, V]
-    t, _ = sampling.choose(step_rng, logits[:, 0], config)  # [b]
-    rows = jnp.arange(batch)
-    slot = r.lengths + 1  # [b]
-    sequences = r.sequences.at[rows, slot].set(
-        jnp.where(active, t, r.sequences[rows, slot]))  # [b, width]
-    lengths = r.lengths + active  # [b]
-    done = s.done | (active & (t == eos_id)) | (lengths >= max_decode_len)
-    result = r.replace(sequences=sequences, lengths=lengths, target_calls=r.target_calls + active,
-                       loop_iterations=r.loop_iterations + 1)
-    return LoopState(target_state=target.rollback(tstate, lengths), draft_state=s.draft_state,
-                     done=done, result=result, rng=rng)
-
-  out = jax.lax.while_loop(lambda s: ~jnp.all(s.done), plain_step, loop.replace(draft_state=None))
-  return out.replace(draft_state=loop.draft_state)
-
-
-def _as_adaptive_result(r: autoregressive.DecodeResult, histogram: jax.Array, trace: jax.Array,
-                        gamma_max: int) -> SpeculativeResult:
-  """`plain_decode`'s outputs as `decode`'s result; `sequences` stay `[b, 1 + max_decode_len]` (no
-  draft slack), the statistics that are zeros are host constants."""
-  batch = r.lengths.shape[0]
-  zeros_b = np.zeros((batch,), np.int32)
-  return SpeculativeResult(
-      sequences=r.sequences, lengths=r.lengths, target_calls=r.target_calls, proposed=zeros_b,
-      accepted=zeros_b, accepted_per_position=np.zeros((gamma_max,), np.int32),
-      accept_histogram=np.zeros((gamma_max + 1,), np.int32),
-      beta_sum=np.zeros((), np.float32), beta_count=np.zeros((), np.float32),
-      loop_iterations=r.loop_iterations, gamma_histogram=histogram, gamma_trace=trace,
-      draft_steps=np.zeros((), np.int32))

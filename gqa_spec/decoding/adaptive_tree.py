@@ -19,7 +19,7 @@ each row's running acceptance, inside the jitted loop, shapes static:
 Every row verifies all w nodes of the call, not only its own N_r: the extra nodes cost nothing in
 that call (the draft grew them anyway, the target scores w tokens for every row), and they can
 only add accepted tokens. Once no active row asks for a tree, the rest runs as plain one-token
-target steps without the draft (`adaptive.plain_loop`), as `--gamma auto` does at gamma 0.
+target steps without the draft (`plain_steps.plain_loop`), as `--gamma auto` does at gamma 0.
 
 Exactness: w depends only on the batch's past, never on the current iteration's draws, so it is a
 stopping rule, and the top-w tree is a best-first tree of budget w, verified by the lossless
@@ -65,9 +65,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from gqa_spec.decoding import sampling, tree as tree_lib, tree_speculative, xla_options
-from gqa_spec.decoding.adaptive import Calibration, plain_decode, plain_loop, width_index
+from gqa_spec.decoding.adaptive import Calibration, width_index
 from gqa_spec.decoding.calibration import first_stage, time_widths
 from gqa_spec.decoding.autoregressive import EOS
+from gqa_spec.decoding.plain_steps import plain_decode, plain_loop
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.speculative import (LoopState, SpeculativeResult, init_loop,
                                            with_draft_calls)
@@ -316,7 +317,7 @@ def decode(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTre
   for `adaptive.shape`, and the target's cache has `target_cache_length(...)` slots).
 
   `draft_state` may be None where `adaptive.speculates` is False: the call is then greedy decoding
-  of the target alone (`adaptive.plain_decode`, as `--gamma auto` where no row speculates), with
+  of the target alone (`plain_steps.plain_decode`, as `--gamma auto` where no row speculates), with
   `sequences` `[b, 1 + max_decode_len]`.
 
   Returns:
