@@ -8,6 +8,7 @@
 #   OUT=$OUT bash benchmarks/adaptive_gpu.sh tree    # likewise
 #   OUT=$OUT bash benchmarks/adaptive_gpu.sh overhead  # no kit: the auto loop's own cost
 #   OUT=$OUT bash benchmarks/adaptive_gpu.sh guard   # carrying gpu_kit: the guard, whole runs
+#   OUT=$OUT bash benchmarks/adaptive_gpu.sh bigram  # carrying gpu_kit: gamma's bigram cells alone
 #
 # kit: the pair's native checkpoints (PAIR_DIR, default the cpu study's fine-tuned
 # runs/cpu/models/finetune/ddtp_translate_summarize/{mha_g8,draft}/best; TARGET names the target's
@@ -30,12 +31,16 @@
 # guard: benchmarks/guard.py on the translation pair's bigram (where the H200 ran `--gamma auto` at
 # 0.59x greedy decoding), 24 inputs, batches 1 and 8, T = 0, 3 rounds, under SECONDS_LIMIT
 # (default 300): greedy decoding, `--gamma auto --no-guard` and `--gamma auto` over whole runs.
+# bigram: gamma's sweep on the translation pair's bigram alone, batches 1 and 8, T = 0, 5 rounds
+# (the cells where `--gamma auto` ran at 0.59x and 0.71x on an H200 and the fixed gammas at up to
+# 1.07x and 1.14x: the goal "within 5% of the best fixed gamma" read there; ~180 s), under
+# SECONDS_LIMIT (default 250).
 # A device call brings back at most 8 files from $OUT: each mode writes its files (JSON, Markdown,
 # logs, nvidia-smi) into $OUT/<mode>/ and packs them into one $OUT/<mode>.tgz at the end, also
 # when its benchmark was cut (`tar xzf <mode>.tgz` here). The 2026-11-28 call that ran guard and
 # overhead unpacked lost guard's files to that limit.
 set -u
-mode=${1:?usage: adaptive_gpu.sh kit|gamma|tree|overhead|guard}
+mode=${1:?usage: adaptive_gpu.sh kit|gamma|tree|overhead|guard|bigram}
 kit=${KIT:-gpu_kit}/pair
 case $mode in
   kit)
@@ -63,7 +68,7 @@ case $mode in
     ${PYTHON:-python} -m pip wheel -q --no-deps -w "$kit/wheels" rouge-score==0.1.2
     du -sh "$kit"
     ;;
-  gamma|tree|guard)
+  gamma|tree|guard|bigram)
     out=${OUT:?OUT: where the results go}/$mode
     mkdir -p "$out"; trap 'tar czf "$out.tgz" -C "$out" . && rm -rf "$out"' EXIT
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -82,6 +87,14 @@ case $mode in
           --pair translate "$t/target" "$t/draft" "exported:$kit/export/ddtp_translate_en_de" \
           --pair-drafts bigram --examples 24 --batches 1,8 --temperatures 0 --repeats 3 \
           --out "$out/guard_gpu_bigram" 2>&1 | tee "$out/guard_gpu_bigram.log"
+      exit
+    fi
+    if [ "$mode" = bigram ]; then
+      timeout "${SECONDS_LIMIT:-250}" ${PYTHON:-python3} -m benchmarks.adaptive_gamma \
+          --pair translate "$t/target" "$t/draft" "exported:$kit/export/ddtp_translate_en_de" \
+          --pair-drafts bigram --batches 1,8 --temperatures 0 --repeats 5 \
+          --gammas 1,2,3,4,5,6,7,8 --gamma-max 8 --out "$out/adaptive_gamma_gpu_bigram" 2>&1 \
+          | tee "$out/adaptive_gamma_gpu_bigram.log"
       exit
     fi
     if [ "$mode" = gamma ]; then extra=(--gammas 1,2,3,4,5,6,7,8 --gamma-max 8)
@@ -105,5 +118,5 @@ case $mode in
         --methods greedy,speculative,fixed --out "$out/adaptive_overhead_gpu_b8" \
         > "$out/adaptive_overhead_gpu_b8.log" 2>&1
     ;;
-  *) echo "unknown mode $mode (kit, gamma, tree, overhead or guard)" >&2; exit 2 ;;
+  *) echo "unknown mode $mode (kit, gamma, tree, overhead, guard or bigram)" >&2; exit 2 ;;
 esac
