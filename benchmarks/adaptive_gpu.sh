@@ -23,9 +23,10 @@
 # a cell is rewritten to the JSON/Markdown as it is measured, so a cut run keeps its cells and
 # says it is partial), with XLA's GPU autotuning off (the cells' compiles are most of the time).
 # overhead: benchmarks/adaptive_overhead.py (a random-init target, no kit): `--gamma auto`'s loop
-# against `speculative.decode` and greedy decoding, per call and per iteration, at batch 1 (the
-# fixed and the held optimal policy) and batch 8 (the fixed one), each run under SECONDS_LIMIT
-# (default 200; a method costs ~50 s there, compiles; a cut run keeps the methods it measured).
+# against `speculative.decode` and greedy decoding, per call and per iteration, at batches 1 and 8
+# (the fixed policy with every width and with one, `AdaptiveGamma.one_width`), each run under
+# SECONDS_LIMIT (default 220; a method costs ~50 s there, compiles; a cut run keeps the methods it
+# measured).
 # The 2026-11-28 H200 run also put the loops in command buffers (CUDA graphs); that changed the
 # adaptive loop's extra cost little (results/gpu/guard_2026-11-28), so it is not repeated.
 # guard: benchmarks/guard.py on the translation pair's bigram (where the H200 ran `--gamma auto` at
@@ -111,11 +112,11 @@ case $mode in
     mkdir -p "$out"; trap 'tar czf "$out.tgz" -C "$out" . && rm -rf "$out"' EXIT
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
     export XLA_FLAGS="--xla_gpu_autotune_level=0 ${XLA_FLAGS:-}"
-    timeout "${SECONDS_LIMIT:-200}" ${PYTHON:-python3} -m benchmarks.adaptive_overhead --batch 1 \
-        --methods greedy,speculative,fixed,held --out "$out/adaptive_overhead_gpu_b1" \
+    timeout "${SECONDS_LIMIT:-220}" ${PYTHON:-python3} -m benchmarks.adaptive_overhead --batch 1 \
+        --methods greedy,speculative,fixed,onewidth --out "$out/adaptive_overhead_gpu_b1" \
         > "$out/adaptive_overhead_gpu_b1.log" 2>&1
-    timeout "${SECONDS_LIMIT:-200}" ${PYTHON:-python3} -m benchmarks.adaptive_overhead --batch 8 \
-        --methods greedy,speculative,fixed --out "$out/adaptive_overhead_gpu_b8" \
+    timeout "${SECONDS_LIMIT:-220}" ${PYTHON:-python3} -m benchmarks.adaptive_overhead --batch 8 \
+        --methods greedy,speculative,fixed,onewidth --out "$out/adaptive_overhead_gpu_b8" \
         > "$out/adaptive_overhead_gpu_b8.log" 2>&1
     ;;
   *) echo "unknown mode $mode (kit, gamma, tree, overhead, guard or bigram)" >&2; exit 2 ;;

@@ -1,7 +1,7 @@
 """What `--gamma auto`'s loop costs beyond the fixed-gamma loop, per call and per iteration.
 
   python -m benchmarks.adaptive_overhead [--preset mini] [--batch 1] [--gamma 8] \
-      [--lengths 16,32,64] [--methods greedy,speculative,fixed,held,heuristic] \
+      [--lengths 16,32,64] [--methods greedy,speculative,fixed,onewidth,held,heuristic] \
       [--out results/benchmarks/adaptive_overhead]
 
 Why: on an H200 (results/benchmarks/adaptive_gamma_gpu_smoke_bigram.md) `--gamma auto` held at
@@ -21,6 +21,8 @@ where they hold one:
   * speculative: `speculative.decode` at gamma;
   * fixed: `adaptive.decode`, policy 'fixed' with traced `first_gammas` (the calibration's program
     until the H200 run above);
+  * onewidth: the same with `AdaptiveGamma.one_width` (every proposal verified at gamma + 1
+    tokens, no `lax.switch` over widths, as `speculative.decode`);
   * held: `adaptive.decode`, policy 'optimal' `held` at gamma (the calibration's program now): it
     makes the policy's choice every iteration (`batch_gamma`), does not take it, and proposes what
     the fixed one does;
@@ -33,6 +35,7 @@ same allocation whatever the length. The loops' outputs are not compared here (t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 
 import jax
@@ -49,7 +52,7 @@ from gqa_spec.models.config import preset
 from gqa_spec.models.t5 import Transformer
 
 
-METHODS = ('greedy', 'speculative', 'fixed', 'held', 'heuristic')
+METHODS = ('greedy', 'speculative', 'fixed', 'onewidth', 'held', 'heuristic')
 
 
 def methods(target, tstate, draft, dstate, batch: int, gamma: int):
@@ -69,6 +72,8 @@ def methods(target, tstate, draft, dstate, batch: int, gamma: int):
       f'speculative.decode, gamma {gamma}': lambda L: speculative.decode(
           target, tstate, draft, dstate, rng, gamma=gamma, max_decode_len=L, eos_id=-1),
       f"auto, policy 'fixed' at {gamma}": lambda L: ad(fixed, L, first_gammas=first),
+      f"auto, policy 'fixed' at {gamma}, one width": lambda L: ad(
+          dataclasses.replace(fixed, one_width=True), L, first_gammas=first),
       f"auto, policy 'optimal' held at {gamma} (the calibration's program)": lambda L: ad(
           optimal, L, first_gammas=first, held=held),
       "auto, policy 'heuristic'": lambda L: ad(heuristic, L),

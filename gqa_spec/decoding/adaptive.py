@@ -123,6 +123,13 @@ class AdaptiveGamma:
       task and draft over at least `calibration.CALIBRATION_POSITIONS` positions, and a row's
       estimate is then (prior_weight alpha_init + w alpha_r) / (prior_weight + w), its own
       evidence w moving it from there (`with_prior`).
+    one_width: verify every proposal at gamma_max + 1 tokens: one compiled target call and no
+      `lax.switch` over widths (`verify_widths`). On a GPU the adaptive loop at a fixed gamma cost
+      40-90 us an iteration more than `speculative.decode`, which has no switch
+      (results/gpu/guard_2026-11-28), while a verification's cost there hardly depends on its
+      width at these sizes; whether one width closes that gap is what `benchmarks/
+      adaptive_overhead.py`'s 'one width' row measures. The calibration times the loop this
+      setting gives (`calibration.measure_costs(one_width=...)`).
   """
 
   gamma_max: int = 8
@@ -134,6 +141,7 @@ class AdaptiveGamma:
   alpha_init: float = 0.9
   decay: float = 0.85
   prior_weight: float = 0.0
+  one_width: bool = False
 
   def __post_init__(self):
     if int(self.gamma_max) != self.gamma_max or self.gamma_max < 1:
@@ -176,6 +184,12 @@ class AdaptiveGamma:
                                verify_ratio=calibration.verify_ratio,
                                alpha_init=min(max(calibration.alpha, 0.0), 1.0),
                                prior_weight=CALIBRATED_PRIOR_WEIGHT)
+
+  @property
+  def verify_widths(self) -> Tuple[int, ...]:
+    """The proposal lengths the loop compiles a verification call for: `verify_gammas`, or
+    gamma_max alone with `one_width`."""
+    return (self.gamma_max,) if self.one_width else verify_gammas(self.gamma_max)
 
   @property
   def speculates(self) -> bool:
@@ -239,9 +253,10 @@ def width_index(widths: Tuple[int, ...], longest: jax.Array) -> jax.Array:
   return jnp.sum(jnp.asarray(widths, jnp.int32) < longest, dtype=jnp.int32)
 
 
-def verify_width(gamma: int, gamma_max: int) -> int:
-  """The narrowest compiled proposal length (`verify_gammas`) that holds `gamma`."""
-  return min(w for w in verify_gammas(gamma_max) if w >= gamma)
+def verify_width(gamma: int, widths: Tuple[int, ...]) -> int:
+  """The narrowest compiled proposal length of `widths` (`AdaptiveGamma.verify_widths`) that
+  holds `gamma`."""
+  return min(w for w in widths if w >= gamma)
 
 
 class Calibration(NamedTuple):
@@ -321,7 +336,7 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
                        alpha=jnp.full((batch,), adaptive.alpha_init, jnp.float32),
                        weight=jnp.full((batch,), float(gmax), jnp.float32))
   positions = jnp.arange(gmax + 1)  # [gmax + 1]
-  widths = verify_gammas(gmax)
+  widths = adaptive.verify_widths
 
   def verify_call(tstate, inputs, longest):
     """The target's logits `[b, gmax + 1, V]` for `inputs [b, gmax + 1]`, scored at the narrowest

@@ -17,7 +17,7 @@ from gqa_spec import distributed
 from gqa_spec.partitioning import to_host
 from gqa_spec.decoding import autoregressive, sampling, timing
 from gqa_spec.decoding.adaptive import (CALIBRATED_PRIOR_WEIGHT, AdaptiveGamma, Calibration, decode,
-                                        verify_gammas, verify_width)
+                                        verify_width)
 from gqa_spec.decoding.drafts.base import Draft
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.targets import Decoder
@@ -89,8 +89,11 @@ def first_stage(target: Decoder, target_state: PyTree, max_decode_len: int, next
 def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
                   max_decode_len: int, gamma_max: int,
                   more: Iterable[Tuple[PyTree, PyTree]] = (),
-                  config: SamplingConfig = sampling.GREEDY) -> Calibration:
-  """(c, v, alpha) on this machine and batch, for decoding at `config`; c and v in units of one
+                  config: SamplingConfig = sampling.GREEDY,
+                  one_width: bool = False) -> Calibration:
+  """(c, v, alpha) on this machine and batch, for decoding at `config` (and with
+  `AdaptiveGamma.one_width`: the loop that verifies at gamma_max + 1 tokens only, timed at that
+  one width); c and v in units of one
   step of autoregressive decoding at `config` (seconds to a minute, compiles included; each time
   the fastest of a few runs):
 
@@ -99,8 +102,8 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
         tokens, timed whole: this loop at `config` with every row proposing w tokens (policy
         'optimal' `held` at w: its choice made every iteration and not taken, so that the
         program timed is the one the run compiles), w each compiled verification width
-        (`verify_gammas`), per iteration (at least that of every narrower width), less its w
-        draft tokens; v(gamma) is that of the narrowest width that holds gamma
+        (`AdaptiveGamma.verify_widths`), per iteration (at least that of every narrower width),
+        less its w draft tokens; v(gamma) is that of the narrowest width that holds gamma
         (`verify_width`). It holds the target call, the sampling and verification of w + 1
         positions, appending, rollbacks, statistics, the policy's own work and the width's
         `lax.switch`, at the decoding's temperature;
@@ -170,14 +173,14 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
   floor = (first.v_floor,) * gamma_max
   reads_hidden = getattr(draft, 'reads_target_hidden', False)
   if not reads_hidden and not AdaptiveGamma(gamma_max=gamma_max, cost_ratio=c, verify_ratio=floor,
-                                            alpha_init=alpha).speculates:
+                                            alpha_init=alpha, one_width=one_width).speculates:
     return Calibration(c, floor, alpha, t_step)
   # The policy's own loop (its choice made every iteration, not taken), at the first stage's
   # numbers: the constants differ from the run's, the program does not.
   policy = AdaptiveGamma(gamma_max=gamma_max, cost_ratio=c, verify_ratio=floor, alpha_init=alpha,
-                         prior_weight=CALIBRATED_PRIOR_WEIGHT)
+                         prior_weight=CALIBRATED_PRIOR_WEIGHT, one_width=one_width)
   batch = target.index(target_state).shape[0]
-  widths = verify_gammas(gamma_max)
+  widths = policy.verify_widths
   held = np.ones((), bool)
   run = lambda w, ts=target_state, ds=draft_state: decode(  # one compiled loop for every width
       target, ts, draft, ds, rng, adaptive=policy, max_decode_len=max_decode_len, config=config,
@@ -192,7 +195,7 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
   # w draft tokens it proposed there; never below the first stage's bound.
   return Calibration(c, tuple(
       max(t_iter[w] / t_step - w * c, first.v_floor)
-      for w in (verify_width(g, gamma_max) for g in range(1, gamma_max + 1))), alpha, t_step)
+      for w in (verify_width(g, widths) for g in range(1, gamma_max + 1))), alpha, t_step)
 
 
 def time_widths(target: Decoder, target_state: PyTree, max_decode_len: int,

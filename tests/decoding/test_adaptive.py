@@ -233,7 +233,8 @@ def test_verification_widths():
   assert adaptive.verify_gammas(8) == (1, 2, 3, 4, 6, 8)
   assert adaptive.verify_gammas(1) == (1,) and adaptive.verify_gammas(5) == (1, 2, 3, 4, 5)
   assert adaptive.verify_gammas(20) == (1, 2, 3, 4, 6, 8, 12, 16, 20)
-  assert [adaptive.verify_width(g, 8) for g in range(1, 9)] == [1, 2, 3, 4, 6, 6, 8, 8]
+  assert [adaptive.verify_width(g, adaptive.verify_gammas(8)) for g in range(1, 9)] == [
+      1, 2, 3, 4, 6, 6, 8, 8]
 
 
 def test_narrow_verification_calls_are_greedy_exact():
@@ -246,6 +247,18 @@ def test_narrow_verification_calls_are_greedy_exact():
   trace = summary['gamma_per_call_per_row']  # call i of every row is iteration i (module test)
   longest = [max(t[i] for t in trace if len(t) > i) for i in range(max(map(len, trace)))]
   assert any(0 < g < GAMMA_MAX for g in longest), longest  # calls narrower than gamma_max + 1
+
+
+def test_one_width_verifies_every_proposal_at_gamma_max_and_is_greedy_exact():
+  # The same policy as above, one compiled width: the rows' gammas still spread, each row verifies
+  # its own prefix of the gamma_max + 1 tokens, and the output stays greedy's.
+  ad = AdaptiveGamma(gamma_max=GAMMA_MAX, cost_ratio=0.05, verify_ratio=(1.05, 1.1, 1.2, 1.5),
+                     one_width=True)
+  assert ad.verify_widths == (GAMMA_MAX,)
+  assert AdaptiveGamma(gamma_max=GAMMA_MAX).verify_widths == adaptive.verify_gammas(GAMMA_MAX)
+  summary = _greedy(ad)
+  gammas = {g for t in summary['gamma_per_call_per_row'] for g in t}
+  assert len(gammas - {0, GAMMA_MAX}) >= 2, gammas
 
 
 @pytest.mark.parametrize('kwargs, message', [
@@ -426,14 +439,25 @@ def test_measured_costs_stop_at_the_bound_or_time_the_loop_at_every_width(monkey
   assert t_two == t_one
   bound = 1.0  # 1 + (t_two - t_one) / the first stage's unit
   for g in range(1, GAMMA_MAX + 1):
-    assert v[g - 1] == pytest.approx(max(t_iter[adaptive.verify_width(g, GAMMA_MAX)] / t_step,
-                                         bound))
+    w = adaptive.verify_width(g, adaptive.verify_gammas(GAMMA_MAX))
+    assert v[g - 1] == pytest.approx(max(t_iter[w] / t_step, bound))
   ad = AdaptiveGamma(gamma_max=GAMMA_MAX).calibrated(adaptive.Calibration(c, v, alpha))
   assert (ad.cost_ratio, ad.verify_ratio, ad.alpha_init) == (c, v, alpha)
   # a whole iteration at gamma 1 (a target call of 2 tokens, verification, the bigram's gamma_max
   # tokens, bookkeeping) costs at least a greedy step's target call: v(1) >= ~1 in greedy steps
   # (a loose floor: 0.8)
   assert v[0] >= 0.8, v
+  # With one width (`AdaptiveGamma.one_width`) the loop timed is that policy's, at gamma_max
+  # alone, and every gamma is priced at that one iteration.
+  loops.clear()
+  timed.clear()
+  c, v, alpha, step = calibration.measure_costs(target, state, bigram, table, MAX_LEN, GAMMA_MAX,
+                                                one_width=True)
+  assert {a.one_width for a, _ in loops} == {True}
+  assert list(dict.fromkeys(tuple(np.asarray(f)) for _, f in loops)) == [
+      (GAMMA_MAX,) * len(INPUTS), (1,) * len(INPUTS)]  # timed at gamma_max; alpha at gamma 1
+  t_step, t_iter = timed[-1][1]
+  assert v == (max(t_iter / t_step, 1.0),) * GAMMA_MAX
 
 
 def test_alpha_is_measured_over_the_batches_after_the_first_as_far_as_it_needs(monkeypatch):

@@ -52,6 +52,20 @@ def _loops(fun, *args):
   return sorted(walk(jax.make_jaxpr(fun)(*args).jaxpr, 0))
 
 
+def _switches(jaxpr, branches):
+  """The `cond`s of a jaxpr (at any depth) with `branches` branches."""
+  count = 0
+  for eqn in jaxpr.eqns:
+    count += eqn.primitive.name == 'cond' and len(eqn.params['branches']) == branches
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (list, tuple)) else [value]:
+        if hasattr(sub, 'consts'):
+          count += _switches(sub.jaxpr, branches)
+        elif hasattr(sub, 'eqns'):
+          count += _switches(sub, branches)
+  return count
+
+
 def _nested(loops):
   return [x for x in loops if x[0] > 0]
 
@@ -81,6 +95,22 @@ def test_chain_loop_adds_no_nested_loop(pair, policy):
       target, ts, draft, ds, rng, gamma=8, max_decode_len=MAX_LEN), *args)
   assert [x for x in ours if x[0] == 0] == [(0, 'while')] * 2
   assert _nested(ours) == _nested(fixed)
+
+
+def test_one_width_loop_has_no_switch(pair):
+  """`AdaptiveGamma.one_width`: the loop holds no switch over the verification widths (one
+  `cond` of 6 branches at gamma_max 8 without it)."""
+  model, params, target, enc, table = pair
+  draft = NgramDraft(model.config.vocab_size)
+  conds = []
+  for one_width in (False, True):
+    policy = AdaptiveGamma(gamma_max=8, policy='fixed', gamma_init=8, one_width=one_width)
+    tstate = target.init(params, enc, adaptive.target_cache_length(MAX_LEN, policy))
+    jaxpr = jax.make_jaxpr(lambda ts, ds, rng, p=policy: adaptive.decode(
+        target, ts, draft, ds, rng, adaptive=p, max_decode_len=MAX_LEN))(
+            tstate, draft.init(table), jax.random.PRNGKey(0))
+    conds.append(_switches(jaxpr.jaxpr, len(adaptive.verify_gammas(8))))  # 1, 2, 3, 4, 6, 8
+  assert conds == [1, 0]
 
 
 def test_tree_loop_adds_no_nested_loop(pair):

@@ -116,11 +116,14 @@ def test_the_overhead_benchmark_holds_the_optimal_policy_at_the_fixed_gamma(tmp_
   from benchmarks import adaptive_overhead
   out = tmp_path / 'ao'
   adaptive_overhead.main(['--preset', 'nano', '--lengths', '4,6', '--gamma', '2', '--repeats', '1',
-                          '--methods', 'held,speculative,fixed', '--out', str(out)])
+                          '--methods', 'held,speculative,onewidth,fixed', '--out', str(out)])
   result = json.loads((tmp_path / 'ao.json').read_text())
   rows = {r['method']: r for r in result['rows']}
   assert list(rows) == ['greedy decoding', 'speculative.decode, gamma 2', "auto, policy 'fixed' at 2",
+                        "auto, policy 'fixed' at 2, one width",
                         "auto, policy 'optimal' held at 2 (the calibration's program)"]
+  assert rows["auto, policy 'fixed' at 2, one width"]['iterations'] == rows[
+      "auto, policy 'fixed' at 2"]['iterations']
   assert result['complete']
   with pytest.raises(SystemExit):
     adaptive_overhead.main(['--methods', 'fixed,bogus', '--out', str(tmp_path / 'x')])
