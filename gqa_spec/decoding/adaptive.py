@@ -208,7 +208,8 @@ class AdaptiveGamma:
     v = f'{v[0]:.3g}..{v[-1]:.3g}' if isinstance(v, tuple) else f'{v:.3g}'
     extra = f',c={self.cost_ratio:.3g},v={v}' if self.policy == 'optimal' else ''
     conf = f',confidence={self.confidence:g}' if self.confidence else ''
-    return f'auto({self.policy},max={self.gamma_max}{extra}{conf})'
+    one = ',one_width' if self.one_width else ''
+    return f'auto({self.policy},max={self.gamma_max}{extra}{conf}{one})'
 
 
 @functools.lru_cache(maxsize=256)

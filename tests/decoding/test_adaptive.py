@@ -254,7 +254,7 @@ def test_one_width_verifies_every_proposal_at_gamma_max_and_is_greedy_exact():
   # its own prefix of the gamma_max + 1 tokens, and the output stays greedy's.
   ad = AdaptiveGamma(gamma_max=GAMMA_MAX, cost_ratio=0.05, verify_ratio=(1.05, 1.1, 1.2, 1.5),
                      one_width=True)
-  assert ad.verify_widths == (GAMMA_MAX,)
+  assert ad.verify_widths == (GAMMA_MAX,) and ad.describe().endswith(',one_width)')
   assert AdaptiveGamma(gamma_max=GAMMA_MAX).verify_widths == adaptive.verify_gammas(GAMMA_MAX)
   summary = _greedy(ad)
   gammas = {g for t in summary['gamma_per_call_per_row'] for g in t}
