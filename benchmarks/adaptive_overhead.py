@@ -13,9 +13,9 @@ alike in that table (about 15 iterations a call). This separates them: each meth
 random-init `--preset` target with a bigram draft (fitted on the target's own outputs) for exactly
 `L` tokens (EOS never ends a row) at each of `--lengths`, and a least-squares line
 `seconds = intercept + slope x loop iterations` over the lengths gives the call's fixed cost
-(intercept) and an iteration's (slope). Methods (`--methods`, in this order; each costs a compile per length, ~50 s of a GPU call's
-time: on an H200 a 156 s run measured 3 of the 5, results/gpu/guard_2026-11-28), all at `--gamma`
-where they hold one:
+(intercept) and an iteration's (slope). Methods (`--methods`, in this order; each costs a compile
+per length, ~50 s of a GPU call's time: on an H200 a 156 s run measured 3 of the first 5,
+results/gpu/guard_2026-11-28), all at `--gamma` where they hold one:
   * greedy: greedy decoding (`autoregressive.decode`; an iteration is a token), always measured
     (the unit of the greedy-steps column);
   * speculative: `speculative.decode` at gamma;
@@ -56,7 +56,7 @@ METHODS = ('greedy', 'speculative', 'fixed', 'onewidth', 'held', 'heuristic')
 
 
 def methods(target, tstate, draft, dstate, batch: int, gamma: int):
-  """name -> run(L) -> result with `loop_iterations`, in `METHODS`' order."""
+  """`METHODS` key -> (the row's name, run(L) -> result with `loop_iterations`)."""
   rng = jax.random.PRNGKey(0)
   fixed = AdaptiveGamma(gamma_max=gamma, policy='fixed', gamma_init=gamma)
   optimal = AdaptiveGamma(gamma_max=gamma, cost_ratio=0.5, verify_ratio=(1.5,) * gamma,
@@ -67,16 +67,16 @@ def methods(target, tstate, draft, dstate, batch: int, gamma: int):
   ad = lambda a, L, **kw: adaptive.decode(target, tstate, draft, dstate, rng, adaptive=a,
                                           max_decode_len=L, eos_id=-1, **kw)
   return {
-      'greedy decoding': lambda L: autoregressive.decode(target, tstate, rng, max_decode_len=L,
-                                                         eos_id=-1),
-      f'speculative.decode, gamma {gamma}': lambda L: speculative.decode(
-          target, tstate, draft, dstate, rng, gamma=gamma, max_decode_len=L, eos_id=-1),
-      f"auto, policy 'fixed' at {gamma}": lambda L: ad(fixed, L, first_gammas=first),
-      f"auto, policy 'fixed' at {gamma}, one width": lambda L: ad(
-          dataclasses.replace(fixed, one_width=True), L, first_gammas=first),
-      f"auto, policy 'optimal' held at {gamma} (the calibration's program)": lambda L: ad(
-          optimal, L, first_gammas=first, held=held),
-      "auto, policy 'heuristic'": lambda L: ad(heuristic, L),
+      'greedy': ('greedy decoding', lambda L: autoregressive.decode(
+          target, tstate, rng, max_decode_len=L, eos_id=-1)),
+      'speculative': (f'speculative.decode, gamma {gamma}', lambda L: speculative.decode(
+          target, tstate, draft, dstate, rng, gamma=gamma, max_decode_len=L, eos_id=-1)),
+      'fixed': (f"auto, policy 'fixed' at {gamma}", lambda L: ad(fixed, L, first_gammas=first)),
+      'onewidth': (f"auto, policy 'fixed' at {gamma}, one width", lambda L: ad(
+          dataclasses.replace(fixed, one_width=True), L, first_gammas=first)),
+      'held': (f"auto, policy 'optimal' held at {gamma} (the calibration's program)", lambda L: ad(
+          optimal, L, first_gammas=first, held=held)),
+      'heuristic': ("auto, policy 'heuristic'", lambda L: ad(heuristic, L)),
   }
 
 
@@ -96,11 +96,8 @@ def measure(args, on_row=lambda rows: None) -> list:
   args.floor = {'bandwidth_gb_s': bw / 1e9, 'decoder_param_mib': weights / 2 ** 20,
                 'step_floor_us': weights / bw * 1e6}
   rows = []
-  chosen = args.methods.split(',')
   every = methods(target, tstate, draft, dstate, args.batch, args.gamma)
-  for key, (name, run) in zip(METHODS, every.items()):
-    if key not in chosen:
-      continue
+  for name, run in (every[key] for key in METHODS if key in args.methods.split(',')):
     iterations, times = [], []
     for L in lengths:
       iterations.append(int(jax.block_until_ready(run(L)).loop_iterations))
