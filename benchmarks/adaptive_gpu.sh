@@ -9,6 +9,7 @@
 #   OUT=$OUT bash benchmarks/adaptive_gpu.sh overhead  # no kit: the auto loop's own cost
 #   OUT=$OUT bash benchmarks/adaptive_gpu.sh guard   # carrying gpu_kit: the guard, whole runs
 #   OUT=$OUT bash benchmarks/adaptive_gpu.sh bigram  # carrying gpu_kit: gamma's bigram cells alone
+#   OUT=$OUT bash benchmarks/adaptive_gpu.sh plain   # no kit: the plain path's call against greedy
 #
 # kit: the pair's native checkpoints (PAIR_DIR, default the cpu study's fine-tuned
 # runs/cpu/models/finetune/ddtp_translate_summarize/{mha_g8,draft}/best; TARGET names the target's
@@ -26,7 +27,8 @@
 # against `speculative.decode` and greedy decoding, per call and per iteration, at batches 1 and 8
 # (the fixed policy with every width and with one, `AdaptiveGamma.one_width`), each run under
 # SECONDS_LIMIT (default 220; a method costs ~50 s there, compiles; a cut run keeps the methods it
-# measured).
+# measured); BATCHES (default "1 8") and METHODS (default greedy,speculative,fixed,onewidth)
+# narrow it.
 # The 2026-11-28 H200 run also put the loops in command buffers (CUDA graphs); that changed the
 # adaptive loop's extra cost little (results/gpu/guard_2026-11-28), so it is not repeated.
 # guard: benchmarks/guard.py on the translation pair's bigram (where the H200 ran `--gamma auto` at
@@ -36,12 +38,15 @@
 # (the cells where `--gamma auto` ran at 0.59x and 0.71x on an H200 and the fixed gammas at up to
 # 1.07x and 1.14x: the goal "within 5% of the best fixed gamma" read there; ~180 s), under
 # SECONDS_LIMIT (default 250).
+# plain: benchmarks/plain_path.py --shuffle (a random-init target, no kit): `--gamma auto`'s call
+# where it does not speculate, against greedy decoding and the parts it could be made of, batches 1
+# and 8, 300 rounds (~100 s on an H200), under SECONDS_LIMIT (default 150).
 # A device call brings back at most 8 files from $OUT: each mode writes its files (JSON, Markdown,
 # logs, nvidia-smi) into $OUT/<mode>/ and packs them into one $OUT/<mode>.tgz at the end, also
 # when its benchmark was cut (`tar xzf <mode>.tgz` here). The 2026-11-28 call that ran guard and
 # overhead unpacked lost guard's files to that limit.
 set -u
-mode=${1:?usage: adaptive_gpu.sh kit|gamma|tree|overhead|guard|bigram}
+mode=${1:?usage: adaptive_gpu.sh kit|gamma|tree|overhead|guard|bigram|plain}
 kit=${KIT:-gpu_kit}/pair
 case $mode in
   kit)
@@ -107,17 +112,25 @@ case $mode in
         --pair-drafts draft,bigram --batches 1,8 --temperatures 0,1 --repeats 5 "${extra[@]}" \
         --out "$out/adaptive_${mode}_gpu_pair" 2>&1 | tee "$out/adaptive_${mode}_gpu_pair.log"
     ;;
+  plain)
+    out=${OUT:?OUT: where the results go}/$mode
+    mkdir -p "$out"; trap 'tar czf "$out.tgz" -C "$out" . && rm -rf "$out"' EXIT
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+    export XLA_FLAGS="--xla_gpu_autotune_level=0 ${XLA_FLAGS:-}"
+    timeout "${SECONDS_LIMIT:-150}" ${PYTHON:-python3} -m benchmarks.plain_path --shuffle \
+        --batches 1,8 --rounds 300 --out "$out/plain_path_gpu_shuffled" \
+        > "$out/plain_path_gpu_shuffled.log" 2>&1
+    ;;
   overhead)
     out=${OUT:?OUT: where the results go}/$mode
     mkdir -p "$out"; trap 'tar czf "$out.tgz" -C "$out" . && rm -rf "$out"' EXIT
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
     export XLA_FLAGS="--xla_gpu_autotune_level=0 ${XLA_FLAGS:-}"
-    timeout "${SECONDS_LIMIT:-220}" ${PYTHON:-python3} -m benchmarks.adaptive_overhead --batch 1 \
-        --methods greedy,speculative,fixed,onewidth --out "$out/adaptive_overhead_gpu_b1" \
-        > "$out/adaptive_overhead_gpu_b1.log" 2>&1
-    timeout "${SECONDS_LIMIT:-220}" ${PYTHON:-python3} -m benchmarks.adaptive_overhead --batch 8 \
-        --methods greedy,speculative,fixed,onewidth --out "$out/adaptive_overhead_gpu_b8" \
-        > "$out/adaptive_overhead_gpu_b8.log" 2>&1
+    for batch in ${BATCHES:-1 8}; do
+      timeout "${SECONDS_LIMIT:-220}" ${PYTHON:-python3} -m benchmarks.adaptive_overhead \
+          --batch "$batch" --methods "${METHODS:-greedy,speculative,fixed,onewidth}" \
+          --out "$out/adaptive_overhead_gpu_b$batch" > "$out/adaptive_overhead_gpu_b$batch.log" 2>&1
+    done
     ;;
-  *) echo "unknown mode $mode (kit, gamma, tree, overhead, guard or bigram)" >&2; exit 2 ;;
+  *) echo "unknown mode $mode (kit, gamma, tree, overhead, guard, bigram or plain)" >&2; exit 2 ;;
 esac

@@ -137,6 +137,37 @@ def test_the_overhead_benchmark_holds_the_optimal_policy_at_the_fixed_gamma(tmp_
   assert '| per call ms |' in (tmp_path / 'ao.md').read_text()
 
 
+def test_the_plain_path_benchmark_times_one_computation_in_each_variant(tmp_path):
+  """benchmarks/plain_path.py: every variant decodes greedy decoding's tokens and makes the same
+  length statistics (auto's, `plain_steps.plain_decode`'s, are the reference), and the rows name
+  every variant at every batch, greedy decoding's difference from itself 0."""
+  import jax.numpy as jnp
+  from benchmarks import plain_path, workloads
+  from gqa_spec.decoding.targets import T5Decoder
+  from gqa_spec.models.config import preset
+  from gqa_spec.models.t5 import Transformer
+  model = Transformer(preset('nano'))
+  target = T5Decoder(model)
+  enc = jnp.asarray(workloads.synthetic_inputs(2, 8, model.config.vocab_size, seed=0))
+  state = target.init(workloads.random_params(model), enc, 5)
+  runs = plain_path.variants(target, state, 4)
+  auto = runs['auto']()
+  assert auto.gamma_histogram.shape == (2, plain_path.GAMMA_MAX + 1)
+  for name, run in runs.items():
+    out = run()
+    r = out if name in ('greedy', 'auto') else out[0]
+    np.testing.assert_array_equal(r.sequences[:, :5], auto.sequences[:, :5])
+    if name not in ('greedy', 'auto', 'greedy + identity'):
+      np.testing.assert_array_equal(out[1], auto.gamma_histogram)
+      np.testing.assert_array_equal(out[2], auto.gamma_trace)
+  plain_path.main(['--preset', 'nano', '--batches', '1,2', '--length', '4', '--input-length', '8',
+                   '--rounds', '2', '--shuffle', '--out', str(tmp_path / 'pp')])
+  rows = json.loads((tmp_path / 'pp.json').read_text())['rows']
+  assert [(r['batch'], r['variant']) for r in rows] == [(b, v) for b in (1, 2) for v in runs]
+  assert all(r['over_greedy_us'] == 0 for r in rows if r['variant'] == 'greedy')
+  assert 'a new random order every round' in (tmp_path / 'pp.md').read_text()
+
+
 def test_the_guard_benchmark_runs_generates_batches_and_keeps_its_tokens(tmp_path, tiny_gpu_export):
   """benchmarks/guard.py on a tiny pair (one checkpoint as target and as draft: alpha 1) over an
   exported task: its three methods per cell, greedy outputs' tokens in every one (temperature 0:
