@@ -17,9 +17,9 @@ target's hidden states, Chimera, keeps the gamma_max + 1 width). Once no active 
 second loop, without the draft (`plain_steps.plain_loop`). When the costs say that not even the
 starting `alpha_init` would pay for a proposal (`AdaptiveGamma.speculates` is False: a draft that
 costs what the target costs, or one whose acceptance `calibration.measure_costs` found too low for
-its cost), `decode` is `autoregressive.decode` itself, greedy decoding's own compiled program, on a
-cache of one slot per token (`target_cache_length`), with two statistics from a second small
-program (`plain_steps.plain_decode`).
+its cost), `decode` is `autoregressive.decode`'s loop on a cache of one slot per token
+(`target_cache_length`), compiled with two length statistics in one program
+(`plain_steps.plain_decode`).
 
 Exactness: gamma_r depends only on the past (the batch's rows' earlier iterations, and with a
 confidence stop the draft's distributions at the positions already proposed), never on this
@@ -290,10 +290,10 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
   program, timed in its place until then, took 1.8 (results/gpu/adaptive_smoke_2026-11-27).
 
   `draft_state` may be None where `adaptive.speculates` is False: the call is then greedy
-  decoding's own jitted program on the target alone (`plain_steps.plain_decode`), with its result
-  in this function's form (`sequences` then `[b, 1 + max_decode_len]`, without the draft's
-  slack), so that its dispatch costs about what greedy decoding's does (the draft and the
-  settings are not even hashed).
+  decoding's loop on the target alone, one jitted program with the length statistics
+  (`plain_steps.plain_decode`), its result in this function's form (`sequences` then
+  `[b, 1 + max_decode_len]`, without the draft's slack), so that its dispatch costs about what
+  greedy decoding's does (the draft and the settings are not even hashed).
 
   Returns:
     `SpeculativeResult` with depth gamma_max, plus `gamma_histogram` `[b, gamma_max + 1]` (how

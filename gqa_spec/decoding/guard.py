@@ -13,8 +13,8 @@ steps being the greedy decoding steps each call replaced (the longest output of 
 decoding's loop runs until its slowest row ends), unit the seconds of a greedy step: the plain
 calls' own (seconds over their loop iterations) once some have run, before that the
 calibration's. After `min_calls` speculative calls, a speed below `floor`:
-  - with no plain call timed yet, makes the next call a plain one (a probe: greedy decoding's own
-    program; it costs what greedy decoding costs, nothing more), whose time becomes the unit;
+  - with no plain call timed yet, makes the next call a plain one (a probe: greedy decoding's loop
+    with its length statistics, `plain_steps.plain_decode`), whose time becomes the unit;
   - otherwise stops speculation for the rest of the run (final, as gamma 0 is within a call).
 A probe whose unit shows speculation paying after all resumes it. The calibration's unit is the
 decoding loop's step alone, while each call also encodes its batch: the first check can read

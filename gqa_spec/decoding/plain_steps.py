@@ -2,8 +2,8 @@
 0 for every active row, `--tree best:auto` at 0 nodes).
 
 `plain_decode` is a whole call that never speculates (the calibration found that not even the
-starting alpha pays): greedy decoding's own compiled program, `autoregressive.decode`, with the
-adaptive result's length statistics beside it. `plain_loop` finishes an adaptive loop's call once
+starting alpha pays): greedy decoding's loop, `autoregressive.decode`, with the adaptive result's
+length statistics, in one compiled program. `plain_loop` finishes an adaptive loop's call once
 every active row is at 0: one-token target steps without the draft. `as_adaptive_result` puts
 `plain_decode`'s outputs in `adaptive.decode`'s result form.
 """
@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gqa_spec.decoding import autoregressive, sampling
+from gqa_spec.decoding import autoregressive, sampling, xla_options
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.speculative import LoopState, SpeculativeResult
 from gqa_spec.decoding.targets import Decoder
@@ -25,6 +25,8 @@ from gqa_spec.decoding.targets import Decoder
 PyTree = Any
 
 
+@functools.partial(xla_options.jit, static_argnames=('target', 'gamma_max', 'max_decode_len',
+                                                     'config', 'eos_id', 'iteration_trace'))
 def plain_decode(target: Decoder, target_state: PyTree, rng: jax.Array, *, gamma_max: int,
                  max_decode_len: int, config: SamplingConfig, eos_id: int,
                  skip: Optional[jax.Array], iteration_trace: bool = False) -> Tuple[jax.Array, ...]:
@@ -33,32 +35,20 @@ def plain_decode(target: Decoder, target_state: PyTree, rng: jax.Array, *, gamma
   `[b, max_decode_len]` (every call at draft length 0), and with `iteration_trace` the trees'
   `tree_width_trace` `[max_decode_len]` (0 for each loop iteration, -1 after the last).
 
-  The decoding is `autoregressive.decode` itself, the compiled program greedy decoding runs (the
-  same cache entry), and the statistics come from a second small program. The earlier form, one
-  program holding both, took 4% to 18% (chain cells) and 7% to 11% (tree cells) longer than
-  greedy decoding on an H200, by more than the rounds spread (the tree at batch 1: 31.9-32.2 ms a
-  round against 35.5-36.0 ms; results/gpu/adaptive_2026-11-27; why was not profiled). This form
-  leaves the loop nothing to differ in. The statistics that are constants are made on the host
-  (`as_adaptive_result`). Making the other two on the host as well (a fetch of `target_calls`
-  inside the call) was slower on this CPU (results/gpu/guard_2026-11-28)."""
+  One compiled program: `autoregressive.decode`'s loop and the statistics after it. On an H200
+  (`benchmarks/plain_path.py`, results/benchmarks/plain_path_gpu.md) any second program after
+  greedy decoding's cost 130-200 us a call (its dispatch and the wait for it), the statistics
+  computed on the host after a fetch 820-880 us, and this form 15-39 us, against calls of 6-10 ms.
+  The statistics that are constants are made on the host (`as_adaptive_result`)."""
   r = autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len,
                             config=config, eos_id=eos_id, skip=skip)
-  return (r, *_plain_statistics(r.target_calls, r.loop_iterations, gamma_max=gamma_max,
-                                max_decode_len=max_decode_len, iteration_trace=iteration_trace))
-
-
-@functools.partial(jax.jit, static_argnames=('gamma_max', 'max_decode_len', 'iteration_trace'))
-def _plain_statistics(target_calls: jax.Array, loop_iterations: jax.Array, *, gamma_max: int,
-                      max_decode_len: int, iteration_trace: bool) -> Tuple[jax.Array, ...]:
-  """`plain_decode`'s histogram, trace (and width trace) from `target_calls [b]` and
-  `loop_iterations []`."""
-  batch = target_calls.shape[0]
+  batch = r.target_calls.shape[0]
   calls = jnp.arange(max_decode_len)[None]  # [1, max_decode_len]
-  histogram = jnp.zeros((batch, gamma_max + 1), jnp.int32).at[:, 0].set(target_calls)
-  trace = jnp.where(calls < target_calls[:, None], 0, -1).astype(jnp.int32)
+  histogram = jnp.zeros((batch, gamma_max + 1), jnp.int32).at[:, 0].set(r.target_calls)
+  trace = jnp.where(calls < r.target_calls[:, None], 0, -1).astype(jnp.int32)
   if iteration_trace:
-    return histogram, trace, jnp.where(calls[0] < loop_iterations, 0, -1).astype(jnp.int32)
-  return histogram, trace
+    return r, histogram, trace, jnp.where(calls[0] < r.loop_iterations, 0, -1).astype(jnp.int32)
+  return r, histogram, trace
 
 
 def plain_loop(target: Decoder, loop: LoopState, max_decode_len: int, config: SamplingConfig,
