@@ -10,6 +10,7 @@
 #   OUT=$OUT bash benchmarks/adaptive_gpu.sh guard   # carrying gpu_kit: the guard, whole runs
 #   OUT=$OUT bash benchmarks/adaptive_gpu.sh bigram  # carrying gpu_kit: gamma's bigram cells alone
 #   OUT=$OUT bash benchmarks/adaptive_gpu.sh plain   # no kit: the plain path's call against greedy
+#   OUT=$OUT bash benchmarks/adaptive_gpu.sh kernels # no kit: kernels per loop iteration (compiles)
 #
 # kit: the pair's native checkpoints (PAIR_DIR, default the cpu study's fine-tuned
 # runs/cpu/models/finetune/ddtp_translate_summarize/{mha_g8,draft}/best; TARGET names the target's
@@ -41,12 +42,15 @@
 # plain: benchmarks/plain_path.py --shuffle (a random-init target, no kit): `--gamma auto`'s call
 # where it does not speculate, against greedy decoding and the parts it could be made of, batches 1
 # and 8, 300 rounds (~100 s on an H200), under SECONDS_LIMIT (default 150).
+# kernels: benchmarks/loop_kernels.py (no kit, nothing timed): the kernels each loop's iteration
+# launches in XLA:GPU's compiled programs (overhead's methods and the held policy), batches 1 and 8,
+# under SECONDS_LIMIT (default 150).
 # A device call brings back at most 8 files from $OUT: each mode writes its files (JSON, Markdown,
 # logs, nvidia-smi) into $OUT/<mode>/ and packs them into one $OUT/<mode>.tgz at the end, also
 # when its benchmark was cut (`tar xzf <mode>.tgz` here). The 2026-11-28 call that ran guard and
 # overhead unpacked lost guard's files to that limit.
 set -u
-mode=${1:?usage: adaptive_gpu.sh kit|gamma|tree|overhead|guard|bigram|plain}
+mode=${1:?usage: adaptive_gpu.sh kit|gamma|tree|overhead|guard|bigram|plain|kernels}
 kit=${KIT:-gpu_kit}/pair
 case $mode in
   kit)
@@ -121,6 +125,17 @@ case $mode in
         --batches 1,8 --rounds 300 --out "$out/plain_path_gpu_shuffled" \
         > "$out/plain_path_gpu_shuffled.log" 2>&1
     ;;
+  kernels)
+    out=${OUT:?OUT: where the results go}/$mode
+    mkdir -p "$out"; trap 'tar czf "$out.tgz" -C "$out" . && rm -rf "$out"' EXIT
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+    export XLA_FLAGS="--xla_gpu_autotune_level=0 ${XLA_FLAGS:-}"
+    for batch in 1 8; do
+      timeout "${SECONDS_LIMIT:-150}" ${PYTHON:-python3} -m benchmarks.loop_kernels \
+          --batch "$batch" --methods greedy,speculative,fixed,onewidth,held --out "$out/loop_kernels_gpu_b$batch" \
+          > "$out/loop_kernels_gpu_b$batch.log" 2>&1
+    done
+    ;;
   overhead)
     out=${OUT:?OUT: where the results go}/$mode
     mkdir -p "$out"; trap 'tar czf "$out.tgz" -C "$out" . && rm -rf "$out"' EXIT
@@ -132,5 +147,6 @@ case $mode in
           --out "$out/adaptive_overhead_gpu_b$batch" > "$out/adaptive_overhead_gpu_b$batch.log" 2>&1
     done
     ;;
-  *) echo "unknown mode $mode (kit, gamma, tree, overhead, guard, bigram or plain)" >&2; exit 2 ;;
+  *) echo "unknown mode $mode (kit, gamma, tree, overhead, guard, bigram, plain or kernels)" >&2
+     exit 2 ;;
 esac

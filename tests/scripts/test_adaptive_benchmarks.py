@@ -168,6 +168,30 @@ def test_the_plain_path_benchmark_times_one_computation_in_each_variant(tmp_path
   assert 'a new random order every round' in (tmp_path / 'pp.md').read_text()
 
 
+def test_the_loop_kernels_benchmark_reads_each_loop_body_from_the_compiled_program(tmp_path):
+  """benchmarks/loop_kernels.py: greedy decoding and `speculative.decode` compile to one while
+  loop, the adaptive loops to two (the speculative loop, then the plain steps); the fixed policy's
+  body holds the verification's switch (a conditional: one control instruction) and the one-width
+  loop's does not; every body has the target's matmuls; the policy held at gamma keeps its choice
+  in the program (the held flag is an argument, not a folded constant)."""
+  from benchmarks import loop_kernels
+  loop_kernels.main(['--preset', 'nano', '--length', '6', '--input-length', '8', '--gamma', '2',
+                     '--methods', 'greedy,speculative,fixed,onewidth,held', '--out',
+                     str(tmp_path / 'lk')])
+  rows = json.loads((tmp_path / 'lk.json').read_text())['rows']
+  by = {}
+  for r in rows:
+    by.setdefault(r['method'], []).append(r)
+  assert [len(by[m]) for m in by] == [1, 1, 2, 2, 2]
+  greedy, spec, fixed, one, held = (v[0] for v in by.values())
+  assert all(r['by_category'].get('matmul', 0) > 0 for r in rows)
+  assert fixed['by_category'].get('control', 0) == 1
+  assert one['by_category'].get('control', 0) == 0 and one['kernels'] < fixed['kernels']
+  assert held['kernels'] > fixed['kernels']  # the optimal policy's choice, made and not taken
+  assert by[list(by)[2]][1]['kernels'] == greedy['kernels']  # the plain steps: greedy's step
+  assert '| kernels |' in (tmp_path / 'lk.md').read_text()
+
+
 def test_the_guard_benchmark_runs_generates_batches_and_keeps_its_tokens(tmp_path, tiny_gpu_export):
   """benchmarks/guard.py on a tiny pair (one checkpoint as target and as draft: alpha 1) over an
   exported task: its three methods per cell, greedy outputs' tokens in every one (temperature 0:
