@@ -64,6 +64,7 @@ from typing import Any, NamedTuple, Optional, Tuple, Union
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from gqa_spec.decoding import sampling, theory, xla_options
 from gqa_spec.decoding.autoregressive import EOS
@@ -215,10 +216,10 @@ class AdaptiveGamma:
 @functools.lru_cache(maxsize=256)
 def _optimal_first_gamma(alpha: float, c: float, gamma_max: int,
                          v: Union[float, Tuple[float, ...]]) -> int:
-  """Theorem 8's gamma at `alpha`, a Python int (computed once per setting: callers ask per
-  batch, and it is a few eager device ops)."""
-  with jax.ensure_compile_time_eval():  # a Python int, also while tracing
-    return int(theory.optimal_gammas(jnp.full((1,), alpha), c, gamma_max, v)[0])
+  """Theorem 8's gamma at `alpha`, a Python int (`theory.optimal_gammas`' steps, on the host;
+  cached: `decode` asks once per call)."""
+  edges, gammas = theory.optimal_gamma_steps(float(c), gamma_max, v)
+  return int(gammas[int(np.sum(np.float32(min(max(alpha, 0.0), 1.0)) > edges))])
 
 
 @flax.struct.dataclass

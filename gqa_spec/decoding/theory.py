@@ -16,7 +16,8 @@ is v = 1). `c` may be a number or a function of gamma (measured, see benchmarks/
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence, Union
+import functools
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -93,6 +94,48 @@ def optimal_gamma(alpha_: float, c: Cost, max_gamma: int = 64, verify_ratio: Cos
   return int(gammas[int(np.argmax(values))])
 
 
+def _theorem8_gammas(alphas: np.ndarray, c: float, max_gamma: int,
+                       verify_ratio: Tuple[float, ...]) -> np.ndarray:
+  """`[n]` alphas -> `[n]`: the gamma in [0, max_gamma] maximising Theorem 8, in NumPy float64
+  (`optimal_gammas`' definition; `optimal_gamma_steps` samples it)."""
+  gammas = np.arange(max_gamma + 1, dtype=np.float64)  # [G + 1]
+  a = np.clip(alphas, 0.0, 1.0)[:, None]  # [n, 1]
+  tokens = np.cumsum(a ** gammas[None], axis=-1)  # [n, G + 1]
+  cost = gammas * c + np.concatenate([[1.0], verify_ratio])  # [G + 1]
+  return np.argmax(tokens / cost[None], axis=-1)  # [n] (the first maximum: ties to the smaller)
+
+
+@functools.lru_cache(maxsize=256)
+def optimal_gamma_steps(c: float, max_gamma: int, verify_ratio: Union[float, Tuple[float, ...]],
+                        grid: int = 1 << 14) -> Tuple[np.ndarray, np.ndarray]:
+  """Theorem 8's gamma (`_theorem8_gammas`) as a step function of alpha: `(edges [m] float32
+  ascending, gammas [m + 1] int32)`, the gamma at alpha being `gammas[sum(alpha > edges)]` (at an
+  edge, where two gammas tie, the one before it: the smaller where gamma grows with alpha).
+  Found on `grid` + 1 evenly spaced alphas in [0, 1], each change then bisected to float32
+  resolution: a change of gamma and back within one 1/`grid` interval would be missed (the tests
+  compare the steps with the formula on dense grids).
+
+  One definition serves both places that choose gamma: the host (`adaptive.AdaptiveGamma`'s first
+  gamma, before any device op) and the jitted loops (`optimal_gammas`: a comparison and a sum
+  where the formula is a power, a cumulative sum, a division and an argmax every iteration; on
+  XLA:CPU the adaptive loop's body compiles to one kernel fewer, `benchmarks/loop_kernels.py`)."""
+  v = tuple(np.broadcast_to(np.asarray(verify_ratio, np.float64), (max_gamma,)).tolist())
+  alphas = np.linspace(0.0, 1.0, grid + 1)
+  gammas = _theorem8_gammas(alphas, c, max_gamma, v)
+  edges, values = [], [int(gammas[0])]
+  for i in np.flatnonzero(gammas[1:] != gammas[:-1]):
+    lo, hi = alphas[i], alphas[i + 1]  # gamma(lo) = values[-1] != gamma(hi)
+    while np.float32(lo) != np.float32(hi) and hi - lo > 1e-12:
+      mid = (lo + hi) / 2
+      if _theorem8_gammas(np.array([mid]), c, max_gamma, v)[0] == values[-1]:
+        lo = mid
+      else:
+        hi = mid
+    edges.append(hi)
+    values.append(int(gammas[i + 1]))
+  return np.asarray(edges, np.float32), np.asarray(values, np.int32)
+
+
 def optimal_gammas(alpha_: jax.Array, c: float, max_gamma: int,
                    verify_ratio: Union[float, Sequence[float]] = 1.0) -> jax.Array:
   """`[b]` alphas -> `[b]` int32: the gamma in [0, max_gamma] maximising Theorem 8, in jitted code.
@@ -101,10 +144,10 @@ def optimal_gammas(alpha_: jax.Array, c: float, max_gamma: int,
   `speedup_measured_costs`); v may be one number or `max_gamma` numbers, v(1)..v(max_gamma), the
   verification call's cost at each gamma. gamma = 0 (plain target steps, improvement 1) wins when
   no gamma >= 1 pays. Ties go to the smaller gamma (fewer draft calls for the same expected speed).
-  """
-  gammas = jnp.arange(max_gamma + 1, dtype=jnp.float32)  # [G + 1]
-  a = jnp.clip(alpha_.astype(jnp.float32), 0.0, 1.0)[:, None]  # [b, 1]
-  tokens = jnp.cumsum(a ** gammas[None], axis=-1)  # [b, G + 1] Eq. 1: sum_{i<=gamma} alpha^i
-  v = jnp.broadcast_to(jnp.asarray(verify_ratio, jnp.float32), (max_gamma,))  # [G]
-  cost = gammas * c + jnp.concatenate([jnp.ones((1,), jnp.float32), v])  # [G + 1]
-  return jnp.argmax(tokens / cost[None], axis=-1).astype(jnp.int32)  # [b]
+  Read from `optimal_gamma_steps` (made once per setting on the host, in float64): a comparison
+  and a sum here."""
+  v = verify_ratio if isinstance(verify_ratio, (int, float)) else tuple(map(float, verify_ratio))
+  edges, gammas = optimal_gamma_steps(float(c), int(max_gamma), v)
+  a = jnp.clip(alpha_.astype(jnp.float32), 0.0, 1.0)  # [b]
+  index = jnp.sum(a[:, None] > jnp.asarray(edges)[None], axis=1)  # [b]
+  return jnp.asarray(gammas)[index]  # [b]

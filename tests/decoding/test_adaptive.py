@@ -229,6 +229,28 @@ def test_optimal_gammas_follow_theorem_8():
   assert flat[1] == flat[2] == 0
 
 
+def test_optimal_gammas_read_from_steps_equal_the_formula():
+  """`theory.optimal_gammas` reads Theorem 8's gamma from steps made on the host
+  (`optimal_gamma_steps`): on dense grids of alpha it equals the float64 formula everywhere but
+  within float32 resolution of a step's edge, for scalar and per-gamma verification costs."""
+  v_measured = (1.49, 1.58, 1.58, 1.58, 1.58, 1.58, 1.58, 1.58)  # an H200's held calibration
+  v_growing = (1.1, 1.3, 1.6, 2.0, 2.6, 3.2, 3.9, 4.6)
+  alphas = np.linspace(0.0, 1.0, 20001).astype(np.float32)
+  for c, gmax, v in [(0.0, 8, v_measured), (0.05, 8, v_growing), (0.3, 8, 1.0), (0.9, 8, 1.6),
+                     (0.05, 16, 1.2), (0.5, 4, 0.8), (2.0, 8, 1.5)]:
+    edges, gammas = theory.optimal_gamma_steps(c, gmax, v)
+    assert len(gammas) == len(edges) + 1 and np.all(np.diff(edges) > 0)
+    vs = tuple(np.broadcast_to(np.asarray(v, np.float64), (gmax,)).tolist())
+    want = theory._theorem8_gammas(alphas.astype(np.float64), c, gmax, vs)
+    got = np.asarray(theory.optimal_gammas(jnp.asarray(alphas), c, gmax, v))
+    near = np.any(np.abs(alphas[:, None] - edges[None]) <= 2 * np.spacing(np.float32(1)), axis=1)
+    assert np.all((got == want) | near), (c, gmax, v)
+    assert np.mean(near) < 0.01
+  # the first gamma (a Python int, on the host) is the same function
+  ad = AdaptiveGamma(gamma_max=8, cost_ratio=0.05, verify_ratio=v_growing, alpha_init=0.7)
+  assert ad.first_gamma() == int(theory.optimal_gammas(jnp.asarray([0.7]), 0.05, 8, v_growing)[0])
+
+
 def test_verification_widths():
   assert adaptive.verify_gammas(8) == (1, 2, 3, 4, 6, 8)
   assert adaptive.verify_gammas(1) == (1,) and adaptive.verify_gammas(5) == (1, 2, 3, 4, 5)
