@@ -3,14 +3,15 @@
   python -m benchmarks.adaptive_gamma [--pair NAME TARGET DRAFT TASK ... --data-dir DIR] \
       [--examples 8] [--drafts bigram,perturbed] [--batches 1,8] [--temperatures 0,1] \
       [--gammas 1,2,3,4,5,6,7,8] [--gamma-max 8] [--max-decode-len 32] [--input-length 64] \
-      [--repeats 7] [--out results/benchmarks/adaptive_gamma]
+      [--repeats 7] [--one-width] [--out results/benchmarks/adaptive_gamma]
 
 For each pair (or demo draft), batch size and temperature, on the same inputs: our jitted
 autoregressive decoding ("greedy decoding" in the goals, whatever the temperature: one target call
 per token), speculative decoding at each fixed gamma, and `adaptive.decode` with the `optimal`
 policy (c and v measured once per pair, batch size and temperature with `calibration.measure_costs`,
 as `generate --gamma auto` does on its first batch; the seconds that took are recorded) and the
-`heuristic` policy. A cell decodes `--examples` inputs in batches of its batch size. After one
+`heuristic` policy (and with `--one-width` the optimal policy at one verification width,
+`AdaptiveGamma.one_width`, calibrated on that loop). A cell decodes `--examples` inputs in batches of its batch size. After one
 compile call each, the methods run in turn, `--repeats` rounds, the order rotated every round (so
 that a change in the machine's load falls on all alike); each time is the median over the rounds. `x
 greedy` is tokens per second over autoregressive decoding's in the same cell (sampling runs generate
@@ -154,6 +155,11 @@ def interleaved(runs: Dict[str, Callable[[], Any]], repeats: int,
   return times
 
 
+# `--one-width`'s method: the optimal policy verifying every proposal at gamma_max + 1 tokens
+# (`AdaptiveGamma.one_width`: no switch over widths), calibrated on that loop.
+ONE_WIDTH = 'optimal,one_width'
+
+
 def measure(args: argparse.Namespace,
             on_cell: Callable[[List[Dict[str, Any]]], None] = lambda rows: None
             ) -> List[Dict[str, Any]]:
@@ -161,6 +167,7 @@ def measure(args: argparse.Namespace,
   L, gmax = args.max_decode_len, args.gamma_max
   gammas = _ints(args.gammas)
   slots = speculative.target_cache_length(L, max(gmax, max(gammas)))
+  policies = ['optimal', 'heuristic'] + ([ONE_WIDTH] if args.one_width else [])
   rows = []
   for pair in pairs_of(args):
     target, params = T5Decoder(pair['target_model']), pair['params']
@@ -173,10 +180,15 @@ def measure(args: argparse.Namespace,
         dstates = [dinit(enc) for enc in encs]
         for temperature in [float(t) for t in args.temperatures.split(',')]:
           config = SamplingConfig(temperature=temperature)
-          t0 = time.perf_counter()
-          cal = calibration.measure_costs(target, tstates[0], draft, dstates[0], L, gmax,
-                                          more=zip(tstates[1:], dstates[1:]), config=config)
-          calibration_seconds = time.perf_counter() - t0
+          cals = {}  # policy -> (calibration, its seconds)
+          for policy in policies:
+            if policy.startswith('optimal'):
+              t0 = time.perf_counter()
+              cals[policy] = (calibration.measure_costs(
+                  target, tstates[0], draft, dstates[0], L, gmax,
+                  more=zip(tstates[1:], dstates[1:]), config=config,
+                  one_width=policy == ONE_WIDTH), time.perf_counter() - t0)
+          cal = cals['optimal'][0]
           rng = jax.random.PRNGKey(0)
           runs = {'no draft': lambda: [autoregressive.decode(
               target, s, rng, max_decode_len=L, config=config) for s in ar_states]}
@@ -184,9 +196,10 @@ def measure(args: argparse.Namespace,
             runs[f'gamma={g}'] = (lambda g=g: [speculative.decode(
                 target, t, draft, d, rng, gamma=g, max_decode_len=L, config=config)
                 for t, d in zip(tstates, dstates)])
-          for policy in ('optimal', 'heuristic'):
-            auto = AdaptiveGamma(gamma_max=gmax, policy=policy)
-            auto = auto.calibrated(cal) if policy == 'optimal' else auto
+          for policy in policies:
+            auto = AdaptiveGamma(gamma_max=gmax, policy=policy.split(',')[0],
+                                 one_width=policy == ONE_WIDTH)
+            auto = auto.calibrated(cals[policy][0]) if policy in cals else auto
             auto_states = (tstates if adaptive.target_cache_length(L, auto) == slots else
                            [target.init(params, enc, adaptive.target_cache_length(L, auto))
                             for enc in encs])  # as `generate --gamma auto` allocates
@@ -197,7 +210,7 @@ def measure(args: argparse.Namespace,
           key = {'pair': pair['name'], 'task': pair['task'], 'draft': draft_name,
                  'batch': batch, 'temperature': temperature}
 
-          def extra(method, results, cal=cal, calibration_seconds=calibration_seconds):
+          def extra(method, results, cal=cal, cals=cals):
             if method.startswith('gamma='):  # what the calibration priced this iteration at
               g = int(method.split('=')[1])
               return ({'calibrated_iteration_steps': g * cal.cost_ratio + cal.verify_ratio[g - 1]}
@@ -208,9 +221,10 @@ def measure(args: argparse.Namespace,
             out = dict(gamma_histogram=[int(x) for x in np.sum(
                 [s['gamma_histogram'] for s in summaries], axis=0)],
                        draft_steps_saved=sum(s['draft_steps_saved'] for s in summaries))
-            if method == 'auto:optimal':
-              out.update(cost_ratio=cal.cost_ratio, verify_ratio=cal.verify_ratio,
-                         alpha_init=cal.alpha, calibration_seconds=calibration_seconds)
+            if method.split(':')[1] in cals:
+              c, seconds = cals[method.split(':')[1]]
+              out.update(cost_ratio=c.cost_ratio, verify_ratio=c.verify_ratio,
+                         alpha_init=c.alpha, calibration_seconds=seconds)
             return out
 
           cell = measure_cell(runs, args.repeats, key, extra,
@@ -405,6 +419,9 @@ def main(argv=None) -> int:
   p.add_argument('--max-decode-len', type=int, default=32)
   p.add_argument('--input-length', type=int, default=64)
   p.add_argument('--repeats', type=int, default=7)
+  p.add_argument('--one-width', action='store_true',
+                 help="one more method, 'auto:optimal,one_width': the optimal policy verifying "
+                      'at gamma_max + 1 tokens only (AdaptiveGamma.one_width), its own calibration')
   common.add_out_argument(p, __file__)
   args = p.parse_args(argv)
   if args.data_dir and not args.pair:
