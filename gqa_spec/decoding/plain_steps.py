@@ -36,10 +36,12 @@ def plain_decode(target: Decoder, target_state: PyTree, rng: jax.Array, *, gamma
   `tree_width_trace` `[max_decode_len]` (0 for each loop iteration, -1 after the last).
 
   One compiled program: `autoregressive.decode`'s loop and the statistics after it. On an H200
-  (`benchmarks/plain_path.py`, results/benchmarks/plain_path_gpu.md) any second program after
-  greedy decoding's cost 130-200 us a call (its dispatch and the wait for it), the statistics
-  computed on the host after a fetch 820-880 us, and this form 15-39 us, against calls of 6-10 ms.
-  The statistics that are constants are made on the host (`as_adaptive_result`)."""
+  (`benchmarks/plain_path.py`, results/gpu/adaptive_2026-11-28b) any second program after greedy
+  decoding's cost 130-200 us a call (its dispatch and the wait for it) and the statistics made on
+  the host after a fetch 700-880 us, against calls of 6-10 ms; this call went from +350-380 us over
+  greedy decoding (two programs) to +220-255 us, where a jitted closure of the same computation
+  measured +15-39 us in another place of the benchmark's rotation (not resolved). The statistics
+  that are constants are made on the host (`as_adaptive_result`)."""
   r = autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len,
                             config=config, eos_id=eos_id, skip=skip)
   batch = r.target_calls.shape[0]

@@ -95,7 +95,7 @@ def optimal_gamma(alpha_: float, c: Cost, max_gamma: int = 64, verify_ratio: Cos
 
 
 def _theorem8_gammas(alphas: np.ndarray, c: float, max_gamma: int,
-                       verify_ratio: Tuple[float, ...]) -> np.ndarray:
+                     verify_ratio: Tuple[float, ...]) -> np.ndarray:
   """`[n]` alphas -> `[n]`: the gamma in [0, max_gamma] maximising Theorem 8, in NumPy float64
   (`optimal_gammas`' definition; `optimal_gamma_steps` samples it)."""
   gammas = np.arange(max_gamma + 1, dtype=np.float64)  # [G + 1]
@@ -146,7 +146,8 @@ def optimal_gammas(alpha_: jax.Array, c: float, max_gamma: int,
   no gamma >= 1 pays. Ties go to the smaller gamma (fewer draft calls for the same expected speed).
   Read from `optimal_gamma_steps` (made once per setting on the host, in float64): a comparison
   and a sum here."""
-  v = verify_ratio if isinstance(verify_ratio, (int, float)) else tuple(map(float, verify_ratio))
+  v = (float(verify_ratio) if np.ndim(verify_ratio) == 0 else
+       tuple(float(x) for x in np.asarray(verify_ratio).reshape(-1)))
   edges, gammas = optimal_gamma_steps(float(c), int(max_gamma), v)
   a = jnp.clip(alpha_.astype(jnp.float32), 0.0, 1.0)  # [b]
   index = jnp.sum(a[:, None] > jnp.asarray(edges)[None], axis=1)  # [b]
