@@ -33,17 +33,16 @@ variant always follows the same one.
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common, workloads
-from gqa_spec.decoding import adaptive, autoregressive, sampling
+from gqa_spec.decoding import adaptive, autoregressive, plain_steps, sampling
 from gqa_spec.decoding.adaptive import AdaptiveGamma
 from gqa_spec.decoding.targets import T5Decoder
 from gqa_spec.models.config import preset
@@ -55,19 +54,11 @@ NO_SPECULATION = AdaptiveGamma(gamma_max=GAMMA_MAX, cost_ratio=2.0,
                                verify_ratio=(1.5,) * GAMMA_MAX, alpha_init=0.1)
 
 
-def _statistics(target_calls: jax.Array, length: int) -> Tuple[jax.Array, jax.Array]:
-  """`plain_decode`'s `gamma_histogram` `[b, GAMMA_MAX + 1]` and `gamma_trace` `[b, length]`."""
-  histogram = jnp.zeros((target_calls.shape[0], GAMMA_MAX + 1), jnp.int32).at[:, 0].set(
-      target_calls)
-  trace = jnp.where(jnp.arange(length)[None] < target_calls[:, None], 0, -1).astype(jnp.int32)
-  return histogram, trace
-
-
 def variants(target: T5Decoder, state: Any, length: int) -> Dict[str, Callable[[], Any]]:
   """The variants' names -> a call each (its result's arrays are what is waited for)."""
   rng, greedy = jax.random.PRNGKey(0), sampling.GREEDY
   assert not NO_SPECULATION.speculates
-  stats = jax.jit(functools.partial(_statistics, length=length))
+  stats = jax.jit(lambda calls: plain_steps.length_statistics(calls, None, GAMMA_MAX, length))
   decode = lambda: autoregressive.decode(target, state, rng, max_decode_len=length, eos_id=-1)
 
   def host():
@@ -83,7 +74,7 @@ def variants(target: T5Decoder, state: Any, length: int) -> Dict[str, Callable[[
   @jax.jit
   def one_program(s, key):
     r = autoregressive.decode(target, s, key, max_decode_len=length, eos_id=-1)
-    return r, *_statistics(r.target_calls, length)
+    return r, *plain_steps.length_statistics(r.target_calls, None, GAMMA_MAX, length)
 
   return {
       'greedy': decode,

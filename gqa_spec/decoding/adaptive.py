@@ -64,7 +64,6 @@ from typing import Any, NamedTuple, Optional, Tuple, Union
 import flax
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from gqa_spec.decoding import sampling, theory, xla_options
 from gqa_spec.decoding.autoregressive import EOS
@@ -216,10 +215,9 @@ class AdaptiveGamma:
 @functools.lru_cache(maxsize=256)
 def _optimal_first_gamma(alpha: float, c: float, gamma_max: int,
                          v: Union[float, Tuple[float, ...]]) -> int:
-  """Theorem 8's gamma at `alpha`, a Python int (`theory.optimal_gammas`' steps, on the host;
-  cached: `decode` asks once per call)."""
-  edges, gammas = theory.optimal_gamma_steps(float(c), gamma_max, v)
-  return int(gammas[int(np.sum(np.float32(min(max(alpha, 0.0), 1.0)) > edges))])
+  """Theorem 8's gamma at `alpha`, a Python int (`theory.step_gamma`, on the host; cached:
+  `decode` asks once per call)."""
+  return theory.step_gamma(alpha, c, gamma_max, v)
 
 
 @flax.struct.dataclass

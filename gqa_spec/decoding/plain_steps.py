@@ -44,13 +44,23 @@ def plain_decode(target: Decoder, target_state: PyTree, rng: jax.Array, *, gamma
   that are constants are made on the host (`as_adaptive_result`)."""
   r = autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len,
                             config=config, eos_id=eos_id, skip=skip)
-  batch = r.target_calls.shape[0]
+  return (r, *length_statistics(r.target_calls, r.loop_iterations, gamma_max, max_decode_len,
+                                iteration_trace))
+
+
+def length_statistics(target_calls: jax.Array, loop_iterations: jax.Array, gamma_max: int,
+                      max_decode_len: int, iteration_trace: bool = False
+                      ) -> Tuple[jax.Array, ...]:
+  """`plain_decode`'s statistics from `target_calls [b]` and `loop_iterations []`:
+  `gamma_histogram` `[b, gamma_max + 1]`, `gamma_trace` `[b, max_decode_len]` and with
+  `iteration_trace` the width trace `[max_decode_len]`."""
+  batch = target_calls.shape[0]
   calls = jnp.arange(max_decode_len)[None]  # [1, max_decode_len]
-  histogram = jnp.zeros((batch, gamma_max + 1), jnp.int32).at[:, 0].set(r.target_calls)
-  trace = jnp.where(calls < r.target_calls[:, None], 0, -1).astype(jnp.int32)
+  histogram = jnp.zeros((batch, gamma_max + 1), jnp.int32).at[:, 0].set(target_calls)
+  trace = jnp.where(calls < target_calls[:, None], 0, -1).astype(jnp.int32)
   if iteration_trace:
-    return r, histogram, trace, jnp.where(calls[0] < r.loop_iterations, 0, -1).astype(jnp.int32)
-  return r, histogram, trace
+    return histogram, trace, jnp.where(calls[0] < loop_iterations, 0, -1).astype(jnp.int32)
+  return histogram, trace
 
 
 def plain_loop(target: Decoder, loop: LoopState, max_decode_len: int, config: SamplingConfig,

@@ -136,6 +136,19 @@ def optimal_gamma_steps(c: float, max_gamma: int, verify_ratio: Union[float, Tup
   return np.asarray(edges, np.float32), np.asarray(values, np.int32)
 
 
+def _verify_key(verify_ratio) -> Union[float, Tuple[float, ...]]:
+  """`verify_ratio` as `optimal_gamma_steps`' hashable key."""
+  return (float(verify_ratio) if np.ndim(verify_ratio) == 0 else
+          tuple(float(x) for x in np.asarray(verify_ratio).reshape(-1)))
+
+
+def step_gamma(alpha_: float, c: float, max_gamma: int,
+               verify_ratio: Union[float, Sequence[float]] = 1.0) -> int:
+  """`optimal_gammas` at one alpha, on the host (no device op): a Python int."""
+  edges, gammas = optimal_gamma_steps(float(c), int(max_gamma), _verify_key(verify_ratio))
+  return int(gammas[int(np.sum(np.float32(min(max(alpha_, 0.0), 1.0)) > edges))])
+
+
 def optimal_gammas(alpha_: jax.Array, c: float, max_gamma: int,
                    verify_ratio: Union[float, Sequence[float]] = 1.0) -> jax.Array:
   """`[b]` alphas -> `[b]` int32: the gamma in [0, max_gamma] maximising Theorem 8, in jitted code.
@@ -146,9 +159,7 @@ def optimal_gammas(alpha_: jax.Array, c: float, max_gamma: int,
   no gamma >= 1 pays. Ties go to the smaller gamma (fewer draft calls for the same expected speed).
   Read from `optimal_gamma_steps` (made once per setting on the host, in float64): a comparison
   and a sum here."""
-  v = (float(verify_ratio) if np.ndim(verify_ratio) == 0 else
-       tuple(float(x) for x in np.asarray(verify_ratio).reshape(-1)))
-  edges, gammas = optimal_gamma_steps(float(c), int(max_gamma), v)
+  edges, gammas = optimal_gamma_steps(float(c), int(max_gamma), _verify_key(verify_ratio))
   a = jnp.clip(alpha_.astype(jnp.float32), 0.0, 1.0)  # [b]
   index = jnp.sum(a[:, None] > jnp.asarray(edges)[None], axis=1)  # [b]
   return jnp.asarray(gammas)[index]  # [b]
