@@ -157,10 +157,12 @@ def is_writer() -> bool:
 
 def from_process_zero(values: Sequence[float]) -> Tuple[float, ...]:
   """Process 0's `values` (numbers) on every process, as float32 (a collective: every process calls
-  it); `values` itself on one process. For what is measured, not computed: wall times differ from
+  it); `values` itself on one process. For what is observed, not computed: wall times differ from
   process to process, and a decision taken from them (`--gamma auto`'s calibration, which
   programs to compile and run) must be the same on all, or one process waits on collectives the
-  others never start."""
+  others never start. So must what a file check decides (`native.save_checkpoint`'s existing
+  directory, `uptrain.convert_checkpoint`'s finished conversion): files process 0 writes appear
+  while the others look."""
   import jax  # pylint: disable=g-import-not-at-top
   values = tuple(float(v) for v in values)
   if jax.process_count() == 1:

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gqa_spec import atomic, rundir
+from gqa_spec import atomic, distributed, rundir
 from gqa_spec.checkpoints import aborted_reads, integrity
 from gqa_spec.checkpoints.orbax_lock import LOCK
 from gqa_spec.errors import UserError
@@ -121,11 +121,17 @@ def save_checkpoint(directory: str, config: T5Config, params: Params,
   """
   directory = os.path.abspath(directory)
   check_params(params, config, 'parameters to save')
-  if vocab_path is not None and not os.path.isfile(vocab_path):
-    raise UserError(f'{vocab_path}: vocabulary file not found')
-  if os.path.exists(directory) and not overwrite:  # on every process, before the gather
-    raise UserError(f'{directory}: output directory already exists '
-                    '(pass --overwrite to replace it)')
+  # What process 0 sees decides, on every process alike. A process that checked for itself could
+  # find the directory process 0 has just written and raise while process 0 waits for it: the
+  # gather below need not wait for the others when each process holds whole copies (a data x
+  # model mesh whose model axis lies within a host), and CI saw it happen.
+  problems = (f'{vocab_path}: vocabulary file not found',
+              f'{directory}: output directory already exists (pass --overwrite to replace it)')
+  problem = (1 if vocab_path is not None and not os.path.isfile(vocab_path) else
+             2 if os.path.exists(directory) and not overwrite else 0)
+  problem = int(distributed.from_process_zero([problem])[0])
+  if problem:
+    raise UserError(problems[problem - 1])
   # numpy leaves carry no sharding, so the checkpoint loads on any device layout. Parameters
   # spread over processes are gathered first: every process calls this, process 0 writes.
   host = to_host(params)

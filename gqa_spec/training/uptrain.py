@@ -31,7 +31,7 @@ from typing import Callable, Optional
 import jax
 
 from gqa_spec.rundir import CONVERTED_DIR, UPTRAIN_FILE
-from gqa_spec import atomic, rundir_lock
+from gqa_spec import atomic, distributed, rundir_lock
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 from gqa_spec.checkpoints.load import load_any, vocab_of
@@ -47,7 +47,8 @@ def convert_checkpoint(model_dir: str, initial_checkpoint_path: str, model_confi
   from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
   converted = os.path.join(model_dir, CONVERTED_DIR)
   record_path = os.path.join(converted, UPTRAIN_FILE)
-  if os.path.isfile(record_path):
+  # process 0's view on every process: it writes the record, maybe while another one looks
+  if distributed.from_process_zero([os.path.isfile(record_path)])[0]:
     with open(record_path) as f:
       return json.load(f)
   source_config, params, step = load_any(initial_checkpoint_path,
@@ -66,7 +67,8 @@ def convert_checkpoint(model_dir: str, initial_checkpoint_path: str, model_confi
             'source_num_kv_heads': source_config.num_kv_heads,
             'num_kv_heads': config.num_kv_heads, 'original_train_steps': int(steps)}
   # Written last: its presence marks a complete conversion.
-  atomic.write_json(record_path, record, indent=2)
+  if distributed.is_writer():
+    atomic.write_json(record_path, record, indent=2)
   return record
 
 

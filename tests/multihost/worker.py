@@ -16,6 +16,7 @@ wrote none).
 
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -82,7 +83,9 @@ def main(out: str, n: int, i: int, port: int, decode_ckpt: str) -> None:
   ckpt.close()
   spread = not all(x.is_fully_addressable for x in jax.tree_util.tree_leaves(state.params))
   assert spread == (n > 1), spread
-  native.save_checkpoint(os.path.join(out, "export"), config, state.params)  # process 0 writes
+  if i == 1:  # late on purpose: the export's existence check is process 0's, made before it writes
+    time.sleep(3)  # (a process checking for itself found process 0's export and raised, in CI)
+  native.save_checkpoint(os.path.join(out, 'export'), config, state.params)  # process 0 writes
 
   export = os.path.join(out, 'export')  # process 0's, read by every process
   inputs = os.path.join(out, 'inputs.jsonl')
