@@ -78,12 +78,15 @@ def measure(args: argparse.Namespace, on_cell=lambda rows: None) -> List[Dict[st
               target, state, draft, dinit(enc) if policy.speculates else None, rng,
               adaptive=policy, max_decode_len=L, config=config)))
 
+        for call in (greedy_call, auto_call):  # compile, untimed (the first call `generate` makes)
+          call(*batches[0], jax.random.PRNGKey(0), False)
+        # as `generate`: the encoder pass on the first batch, at the run's slots
+        auto_slots = adaptive.target_cache_length(L, auto)
+        call_seconds = guard.call_seconds(lambda: target.init(params, batches[0][0], auto_slots))
         make = {'greedy': lambda: (greedy_call, None),
                 'auto --no-guard': lambda: (auto_call, None),
-                'auto': lambda: (auto_call, guard.SpeculationGuard(cal.step_seconds)
-                                 if auto.speculates else None)}  # as `generate`
-        for name in METHODS:  # compile, untimed (the first call `generate` makes)
-          make[name]()[0](*batches[0], jax.random.PRNGKey(0), False)
+                'auto': lambda: (auto_call, guard.SpeculationGuard(cal.step_seconds, call_seconds)
+                                 if auto.speculates else None)}
         seconds = {m: [] for m in METHODS}
         tokens = {m: [] for m in METHODS}
         decisions = []
@@ -106,7 +109,7 @@ def measure(args: argparse.Namespace, on_cell=lambda rows: None) -> List[Dict[st
             row.update(cost_ratio=cal.cost_ratio, verify_ratio=list(cal.verify_ratio),
                        alpha_init=cal.alpha, speculated=auto.speculates, misprice=args.misprice)
           if m == 'auto':
-            row['guard_rounds'] = decisions
+            row.update(guard_rounds=decisions, call_seconds=call_seconds)
           rows.append(row)
           common.print_row({k: v for k, v in row.items() if not isinstance(v, (list, dict))})
         on_cell(rows)
@@ -118,7 +121,7 @@ def _decisions(row: Dict[str, Any]) -> str:
   """A guarded row's rounds: speculative + plain calls, and where it stopped."""
   if not row.get('guard_rounds'):
     return '' if row['method'] != 'auto' else 'no speculation (calibration)'
-  return '; '.join(
+  return (f'call {row["call_seconds"] * 1e3:.0f} ms: ' if 'call_seconds' in row else '') + '; '.join(
       f'{d["speculative_calls"]}+{d["plain_calls"]}'
       + (f' stop@{d["stopped_after_call"]}' if d['stopped_after_call'] else '')
       + (f' ({d["speed"]:.2f}x)' if d['speed'] is not None else '') for d in row['guard_rounds'])
@@ -134,7 +137,9 @@ def markdown(result: Dict[str, Any]) -> List[str]:
       '`generate`); seconds: the timed calls, median of '
       f'{result["repeats"]} rounds (methods in turn, order rotated); x greedy: tokens/s over '
       "greedy decoding's in the cell; guard: per round, speculative + plain calls, stop@N: "
-      'speculation stopped after call N, and the guard\'s speed estimate at the end.',
+      'speculation stopped after call N, and the guard\'s speed estimate at the end; call: the '
+      "encoder pass the guard adds to each call's greedy-equivalent seconds until a plain call is "
+      'timed (`guard.call_seconds`).',
       ['pair', 'draft', 'batch', 'T', 'calls', 'method', 'seconds', 'tokens', 'x greedy', 'guard'],
       cells) + common.result_load_note(
           result, ': the machine was shared with other jobs; ratios within a cell were measured '

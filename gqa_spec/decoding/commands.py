@@ -416,14 +416,18 @@ def generate(args: argparse.Namespace) -> int:
                      config=config)
     auto_tree = auto_tree.calibrated(cal)
   calibration_seconds = time.perf_counter() - t0 if cost_measured or tree_cost_measured else None
-  # the calibrated run's own calls against greedy decoding's (`guard`), unless --no-guard
-  guard = (guard_lib.SpeculationGuard(cal.step_seconds)
-           if cal is not None and args.guard is not False and (auto_tree or auto).speculates
-           else None)
   rng = jax.random.PRNGKey(args.seed)
   t0 = time.perf_counter()
   jax.block_until_ready(run(*batches[0], rng))  # compile (and warm) once
   compile_seconds = time.perf_counter() - t0
+  # the calibrated run's own calls against greedy decoding's (`guard`), unless --no-guard; a
+  # call's encoder pass, timed on the first batch at the slots the run's calls compiled
+  guard = None
+  if cal is not None and args.guard is not False and (auto_tree or auto).speculates:
+    slots = (adaptive_tree.target_cache_length(max_len, auto_tree) if auto_tree
+             else adaptive.target_cache_length(max_len, auto))
+    guard = guard_lib.SpeculationGuard(cal.step_seconds, guard_lib.call_seconds(
+        lambda: target.init(params, batches[0][0], slots)))
   results, seconds, plain_compile = guard_lib.decode_batches(
       lambda enc, n, rng, plain: mesh.to_host(jax.block_until_ready(run(enc, n, rng, plain))),
       batches, rng, guard)

@@ -7,19 +7,22 @@ wrong for the whole run: on an H200 the adaptive loop with a bigram draft cost 2
 iteration where the calibration had timed 1.8, and `--gamma auto` ran at 0.59x greedy decoding
 (results/gpu/adaptive_smoke_2026-11-27). The guard checks the price against the run's own calls:
 
-  speed = unit * steps / seconds  over the speculative calls so far,
+  speed = (unit * steps + call * calls) / seconds  over the speculative calls so far,
 
 steps being the greedy decoding steps each call replaced (the longest output of its batch: greedy
-decoding's loop runs until its slowest row ends), unit the seconds of a greedy step: the plain
-calls' own (seconds over their loop iterations) once some have run, before that the
-calibration's. After `min_calls` speculative calls, a speed below `floor`:
+decoding's loop runs until its slowest row ends), unit the seconds of a greedy step and call the
+seconds a greedy call spends besides its steps. Once plain calls have run, unit is their own
+(seconds over their loop iterations, what each call spends besides its steps included) and call
+0; before that unit is the calibration's, timed on an encoded batch, and call the target's
+encoder pass and cache set-up on one batch (`call_seconds`), which every call of the run also
+makes. After `min_calls` speculative calls, a speed below `floor`:
   - with no plain call timed yet, makes the next call a plain one (a probe: greedy decoding's loop
     with its length statistics, `plain_steps.plain_decode`), whose time becomes the unit;
   - otherwise stops speculation for the rest of the run (final, as gamma 0 is within a call).
-A probe whose unit shows speculation paying after all resumes it. The calibration's unit is the
-decoding loop's step alone, while each call also encodes its batch: the first check can read
-speculation slower than it is, and a probe settles it (on the widened smoke pair at batch 1, one
-probe a 24-call run where speculation paid 1.35x: results/benchmarks/guard_smoke_widened.md).
+A probe whose unit shows speculation paying after all resumes it. Without the call term the
+first check read speculation slower than it was and probed where it paid (on the widened smoke
+pair at batch 1, one probe a 24-call run where speculation paid 1.35x:
+results/benchmarks/guard_smoke_widened.md).
 
 Every decision uses only calls already made, so each call is exact speculative (or plain)
 decoding whatever the guard chose: greedy output is token for token greedy decoding's, sampled
@@ -39,6 +42,7 @@ import jax
 import numpy as np
 
 from gqa_spec import distributed
+from gqa_spec.decoding import timing
 
 # The speed below which speculation stops: the issue's bound (never below 0.97x greedy decoding).
 DEFAULT_FLOOR = 0.97
@@ -55,10 +59,13 @@ class SpeculationGuard:
   Attributes:
     step_seconds: the calibration's seconds per greedy decoding step at this batch size
       (`Calibration.step_seconds`), the unit until a plain call is timed.
+    call_seconds: what a greedy call spends besides its steps (`call_seconds`), counted until a
+      plain call is timed (whose unit holds it).
     floor: stop below this speed.
     min_calls: speculative calls before deciding.
   """
   step_seconds: float
+  call_seconds: float = 0.0
   floor: float = DEFAULT_FLOOR
   min_calls: int = DEFAULT_MIN_CALLS
   speculative_calls: int = 0
@@ -71,8 +78,9 @@ class SpeculationGuard:
   probing: bool = False
 
   def __post_init__(self):
-    if not self.step_seconds > 0:
-      raise ValueError(f'step_seconds must be > 0, got {self.step_seconds}')
+    if not self.step_seconds > 0 or not self.call_seconds >= 0:
+      raise ValueError(f'step_seconds must be > 0 and call_seconds >= 0, got '
+                       f'{self.step_seconds}, {self.call_seconds}')
     if not 0 < self.floor <= 1 or self.min_calls < 1:
       raise ValueError(f'floor must be in (0, 1] and min_calls >= 1, got {self.floor}, '
                        f'{self.min_calls}')
@@ -92,7 +100,9 @@ class SpeculationGuard:
     """The speculative calls' speed over greedy decoding's so far (None before any)."""
     if not self.speculative_seconds:
       return None
-    return self.unit * self.speculative_steps / self.speculative_seconds
+    call = 0.0 if self.plain_steps else self.call_seconds
+    return ((self.unit * self.speculative_steps + call * self.speculative_calls)
+            / self.speculative_seconds)
 
   def record(self, seconds: float, lengths: Sequence[int], iterations: int, plain: bool) -> None:
     """A timed call: its wall `seconds`, the output lengths of its real rows, its loop
@@ -121,7 +131,15 @@ class SpeculationGuard:
     return {'floor': self.floor, 'min_calls': self.min_calls,
             'speculative_calls': self.speculative_calls, 'plain_calls': self.plain_calls,
             'speed': self.speed, 'unit_seconds': self.unit,
+            'call_seconds': 0.0 if self.plain_steps else self.call_seconds,
             'unit_measured': bool(self.plain_steps), 'stopped_after_call': self.stopped_after}
+
+
+def call_seconds(init: Callable[[], Any], repeats: int = 3) -> float:
+  """`SpeculationGuard.call_seconds`: seconds of `init()`, the target's encoder pass and cache
+  set-up on one batch (compiled already), the fastest of `repeats` runs; process 0's on every
+  process, as every second the guard reads."""
+  return distributed.from_process_zero([timing.min_time(init, repeats)])[0]
 
 
 def decode_batches(run: Callable[[Any, int, jax.Array, bool], Any], batches: Iterable[Tuple[Any, int]],

@@ -195,6 +195,8 @@ def test_gamma_auto_gives_greedy_outputs_and_reports_gammas(workdir):
   # the guard times the run where it speculates (one call here: too few to decide)
   assert (stats['guard'] is not None) == stats['speculated']
   assert stats['guard'] is None or stats['guard']['speculative_calls'] == 1
+  # ... with a call's encoder pass in its greedy-equivalent seconds (no plain call timed)
+  assert stats['guard'] is None or 0 < stats['guard']['call_seconds'] < stats['seconds']
   # a bigram proposes gamma_max tokens whatever a row asks: its cost is in every iteration's v
   assert stats['cost_ratio'] == 0
   v = stats['verify_ratio']  # v(1)..v(3): the widths 2, 3, 4 tokens, each measured

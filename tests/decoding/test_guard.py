@@ -2,13 +2,14 @@
 measure slower than greedy decoding, after a plain call confirms it (the CLI end to end:
 tests/decoding/test_commands.py)."""
 
+import time
 import types
 
 import jax
 import numpy as np
 import pytest
 
-from gqa_spec.decoding.guard import SpeculationGuard, decode_batches
+from gqa_spec.decoding.guard import SpeculationGuard, call_seconds, decode_batches
 
 
 def test_speculation_that_pays_is_never_interrupted():
@@ -32,8 +33,38 @@ def test_slow_speculation_is_confirmed_by_a_plain_call_then_stopped():
   assert guard.next_plain and guard.stopped_after == 3
   assert guard.to_dict() == {
       'floor': 0.97, 'min_calls': 2, 'speculative_calls': 2, 'plain_calls': 2,
-      'speed': pytest.approx(0.5), 'unit_seconds': pytest.approx(0.1),
+      'speed': pytest.approx(0.5), 'unit_seconds': pytest.approx(0.1), 'call_seconds': 0.0,
       'unit_measured': True, 'stopped_after_call': 3}
+
+
+def test_a_calls_encoder_pass_counts_until_plain_calls_are_timed():
+  # 10 steps at the calibration's 0.1 s plus an encoder pass of 0.2 s, in 1.1 s: 1.09x greedy
+  # decoding. Steps alone (1.0 s) would read 0.91x and probe.
+  guard = SpeculationGuard(step_seconds=0.1, call_seconds=0.2)
+  for _ in range(5):
+    guard.record(1.1, [10], iterations=4, plain=False)
+  assert guard.speed == pytest.approx(1.2 / 1.1) and not guard.next_plain
+  assert guard.to_dict()['call_seconds'] == 0.2
+  bare = SpeculationGuard(step_seconds=0.1)
+  for _ in range(2):
+    bare.record(1.1, [10], iterations=4, plain=False)
+  assert bare.speed == pytest.approx(1.0 / 1.1) and bare.probing
+  # A plain call's own unit holds its encoder pass: the term is dropped once one is timed.
+  guard.probing = True
+  guard.record(1.5, [10], iterations=10, plain=True)  # 0.15 s a step, call included
+  assert guard.speed == pytest.approx(0.15 * 50 / 5.5) and guard.to_dict()['call_seconds'] == 0.0
+
+
+def test_call_seconds_times_the_encoder_pass():
+  calls = []
+
+  def init():
+    calls.append(1)
+    time.sleep(0.02)
+    return jax.numpy.zeros(3)
+
+  seconds = call_seconds(init, repeats=3)
+  assert 0.02 <= seconds < 0.2 and len(calls) == 4  # one untimed run, then the fastest of 3
 
 
 def test_a_probe_that_finds_speculation_paying_resumes_it():
@@ -52,7 +83,8 @@ def test_a_probe_that_finds_speculation_paying_resumes_it():
 
 
 def test_bad_settings_raise():
-  for kwargs in ({'step_seconds': 0.0}, {'step_seconds': 1.0, 'floor': 1.5},
+  for kwargs in ({'step_seconds': 0.0}, {'step_seconds': 1.0, 'call_seconds': -1.0},
+                 {'step_seconds': 1.0, 'floor': 1.5},
                  {'step_seconds': 1.0, 'min_calls': 0}):
     with pytest.raises(ValueError):
       SpeculationGuard(**kwargs)
