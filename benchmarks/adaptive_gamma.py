@@ -3,7 +3,7 @@
   python -m benchmarks.adaptive_gamma [--pair NAME TARGET DRAFT TASK ... --data-dir DIR] \
       [--examples 8] [--drafts bigram,perturbed] [--batches 1,8] [--temperatures 0,1] \
       [--gammas 1,2,3,4,5,6,7,8] [--gamma-max 8] [--max-decode-len 32] [--input-length 64] \
-      [--repeats 7] [--one-width] [--out results/benchmarks/adaptive_gamma]
+      [--repeats 7] [--one-width] [--shuffle] [--out results/benchmarks/adaptive_gamma]
 
 For each pair (or demo draft), batch size and temperature, on the same inputs: our jitted
 autoregressive decoding ("greedy decoding" in the goals, whatever the temperature: one target call
@@ -13,7 +13,8 @@ as `generate --gamma auto` does on its first batch; the seconds that took are re
 `heuristic` policy (and with `--one-width` the optimal policy at one verification width,
 `AdaptiveGamma.one_width`, calibrated on that loop). A cell decodes `--examples` inputs in batches of its batch size. After one
 compile call each, the methods run in turn, `--repeats` rounds, the order rotated every round (so
-that a change in the machine's load falls on all alike); each time is the median over the rounds. `x
+that a change in the machine's load falls on all alike; `--shuffle`: a new random order every
+round, so that no method always follows the same one); each time is the median over the rounds. `x
 greedy` is tokens per second over autoregressive decoding's in the same cell (sampling runs generate
 different numbers of tokens); `x best fixed` is over the fastest fixed gamma of the cell, found by
 this very sweep (the sweep a user would have to run). Every cell also times greedy decoding a second
@@ -142,17 +143,33 @@ def pairs_of(args) -> List[Dict[str, Any]]:
 
 
 def interleaved(runs: Dict[str, Callable[[], Any]], repeats: int,
-                order: Sequence[str] = ()) -> Dict[str, List[float]]:
+                order: Sequence[str] = (), shuffle: bool = False) -> Dict[str, List[float]]:
   """Seconds of each run, `repeats` rounds after one untimed (compile) call each, the methods in
-  turn (in `order`, default `runs`') with the order rotated every round."""
+  turn (in `order`, default `runs`') with the order rotated every round, or with `shuffle` in a
+  new random order every round (seeded: the same orders every run), so that no method always
+  follows the same one (on an H200 a program timed right after another one ran slower than
+  right after itself: results/gpu/adaptive_2026-11-28b)."""
   names = list(order or runs)
   for name in names:
     jax.block_until_ready(runs[name]())
   times = {name: [] for name in names}
+  orders = np.random.default_rng(0)
   for r in range(repeats):
-    for name in names[r % len(names):] + names[:r % len(names)]:
+    for name in (list(orders.permutation(names)) if shuffle else
+                 names[r % len(names):] + names[:r % len(names)]):
       times[name].append(common.seconds(runs[name]))
   return times
+
+
+def add_shuffle_argument(p: argparse.ArgumentParser) -> None:
+  p.add_argument('--shuffle', action='store_true',
+                 help="a new random order of a cell's methods every round (seeded; default: the "
+                      'order rotated)')
+
+
+def order_words(result: Dict[str, Any]) -> str:
+  """How a report's rounds ordered the methods."""
+  return 'a new random order every round' if result.get('shuffle') else 'order rotated'
 
 
 # `--one-width`'s method: the optimal policy verifying every proposal at gamma_max + 1 tokens
@@ -228,7 +245,7 @@ def measure(args: argparse.Namespace,
             return out
 
           cell = measure_cell(runs, args.repeats, key, extra,
-                              lambda m: m.startswith('gamma='))
+                              lambda m: m.startswith('gamma='), args.shuffle)
           rows.extend(cell)
           on_cell(rows)
           # Free the cell's compiled programs: a run of hundreds of them ran out of memory for
@@ -245,12 +262,12 @@ GREEDY_AGAIN = 'no draft (again)'
 
 def measure_cell(runs: Dict[str, Callable[[], Any]], repeats: int, key: Dict[str, Any],
                  extra: Callable[[str, List[Any]], Dict[str, Any]],
-                 is_fixed: Callable[[str], bool]) -> List[Dict[str, Any]]:
+                 is_fixed: Callable[[str], bool], shuffle: bool = False) -> List[Dict[str, Any]]:
   """One cell's rows: each method of `runs` (the first is greedy decoding), and the first again
   (`GREEDY_AGAIN`), timed `interleaved`, its tokens, tokens per target call, acceptance and
   `extra(method, results)`, `key` (the cell's pair, draft, batch, temperature) in every row, and
   the speed over greedy decoding and over the fastest method that `is_fixed`. Printed as they are
-  measured."""
+  measured. `shuffle`: `interleaved`'s."""
   load = os.getloadavg()[0]
   runs = {**runs, GREEDY_AGAIN: next(iter(runs.values()))}
   # The control is timed half-way round from greedy decoding, so that neither of the two runs
@@ -260,7 +277,7 @@ def measure_cell(runs: Dict[str, Callable[[], Any]], repeats: int, key: Dict[str
   # results/gpu/adaptive_2026-11-27).
   names = list(runs)[:-1]
   order = names[:len(names) // 2 + 1] + [GREEDY_AGAIN] + names[len(names) // 2 + 1:]
-  times = interleaved(runs, repeats, order)
+  times = interleaved(runs, repeats, order, shuffle)
   cell = []
   for method, fn in runs.items():
     results = fn()
@@ -376,8 +393,8 @@ def markdown(result: Dict[str, Any]) -> List[str]:
   lines = common.table_report(
       '--gamma auto against fixed gamma and greedy decoding', result,
       f'On {pair}; {result["examples"]} inputs per cell in batches of the cell\'s size; seconds: '
-      f'all of them, median of {result["repeats"]} interleaved rounds (methods in turn, order '
-      'rotated) after a compile call; x greedy: tokens/s over the cell\'s autoregressive '
+      f'all of them, median of {result["repeats"]} interleaved rounds (methods in turn, '
+      f'{order_words(result)}) after a compile call; x greedy: tokens/s over the cell\'s autoregressive '
       'decoding; x best fixed: over the fastest fixed gamma of the cell; acc.: accepted / '
       'proposed draft tokens; gamma histogram: target calls per draft length (0..gamma_max), all '
       'rows; saved: draft decode calls saved against gamma_max per iteration; c / v / alpha: what '
@@ -422,6 +439,7 @@ def main(argv=None) -> int:
   p.add_argument('--one-width', action='store_true',
                  help="one more method, 'auto:optimal,one_width': the optimal policy verifying "
                       'at gamma_max + 1 tokens only (AdaptiveGamma.one_width), its own calibration')
+  add_shuffle_argument(p)
   common.add_out_argument(p, __file__)
   args = p.parse_args(argv)
   if args.data_dir and not args.pair:
@@ -436,7 +454,7 @@ def main(argv=None) -> int:
   def write(rows, complete):
     result = common.results(__file__, argv, rows, before, trained=bool(args.pair),
                             repeats=args.repeats, examples=args.examples, goals=goals(rows),
-                            complete=complete)
+                            complete=complete, shuffle=args.shuffle)
     common.write_report(args.out, result, markdown(result))
 
   # Rewritten after every cell, so that a run cut short (a device call's clock, a kill) keeps what

@@ -38,7 +38,9 @@
 # bigram: gamma's sweep on the translation pair's bigram alone, batches 1 and 8, T = 0, 5 rounds
 # (the cells where `--gamma auto` ran at 0.59x and 0.71x on an H200 and the fixed gammas at up to
 # 1.07x and 1.14x: the goal "within 5% of the best fixed gamma" read there; ~165 s), with
-# `--one-width` (the optimal policy at one verification width as one more row, ~40 s more), under
+# `--one-width` (the optimal policy at one verification width as one more row, ~40 s more) and
+# `--shuffle` (a new order of the methods every round: on the H200 a program ran slower right after
+# another one than right after itself, and the rotation gave each method the same neighbour), under
 # SECONDS_LIMIT (default 250).
 # plain: benchmarks/plain_path.py --shuffle (a random-init target, no kit): `--gamma auto`'s call
 # where it does not speculate, against greedy decoding and the parts it could be made of, batches 1
@@ -104,7 +106,7 @@ case $mode in
       timeout "${SECONDS_LIMIT:-250}" ${PYTHON:-python3} -m benchmarks.adaptive_gamma \
           --pair translate "$t/target" "$t/draft" "exported:$kit/export/ddtp_translate_en_de" \
           --pair-drafts bigram --batches 1,8 --temperatures 0 --repeats 5 --one-width \
-          --gammas 1,2,3,4,5,6,7,8 --gamma-max 8 --out "$out/adaptive_gamma_gpu_bigram" 2>&1 \
+          --gammas 1,2,3,4,5,6,7,8 --gamma-max 8 --shuffle --out "$out/adaptive_gamma_gpu_bigram" 2>&1 \
           | tee "$out/adaptive_gamma_gpu_bigram.log"
       exit
     fi

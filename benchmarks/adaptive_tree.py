@@ -3,7 +3,7 @@
   python -m benchmarks.adaptive_tree --pair NAME TARGET DRAFT TASK ... [--data-dir DIR] \
       [--examples 8] [--pair-drafts draft,bigram] [--batches 1,8] [--temperatures 0,1] \
       [--nodes 2,4,8,16] [--nodes-max 16] [--depth 4] [--max-decode-len 32] [--repeats 7] \
-      [--out results/benchmarks/adaptive_tree]
+      [--shuffle] [--out results/benchmarks/adaptive_tree]
 
 The tree counterpart of `benchmarks/adaptive_gamma.py` (same pairs, inputs, interleaved timing and
 goals; see its docstring). For each pair, tree draft, batch size and temperature, on the same
@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common, workloads
-from benchmarks.adaptive_gamma import (_ints, add_pair_arguments, goal_lines, goals, measure_cell,
-                                       partial_note, task_inputs)
+from benchmarks.adaptive_gamma import (_ints, add_pair_arguments, add_shuffle_argument, goal_lines,
+                                       goals, measure_cell, order_words, partial_note, task_inputs)
 from gqa_spec.data import exported
 from gqa_spec.decoding import adaptive_tree, autoregressive, speculative, tree_speculative
 from gqa_spec.decoding.adaptive_tree import AdaptiveTree
@@ -118,7 +118,8 @@ def measure(args: argparse.Namespace,
                         nodes_histogram=[int(x) for x in np.sum(
                             [n['tree_nodes_histogram'] for n in nodes], axis=0)])
 
-          cell = measure_cell(runs, args.repeats, key, extra, lambda m, s=shapes: m in s)
+          cell = measure_cell(runs, args.repeats, key, extra, lambda m, s=shapes: m in s,
+                              args.shuffle)
           rows.extend(cell)
           on_cell(rows)
           jax.clear_caches()  # as adaptive_gamma: LLVM runs out of memory after ~230 programs
@@ -139,8 +140,8 @@ def markdown(result: Dict[str, Any]) -> List[str]:
       '--tree best:auto against fixed best-first trees and greedy decoding', result,
       f'On the trained pairs of the command line (`--pair`), on their tasks\' test inputs; '
       f'{result["examples"]} inputs per cell in batches of the cell\'s size; seconds: all of them, '
-      f'median of {result["repeats"]} interleaved rounds (methods in turn, order rotated) after a '
-      'compile call; x greedy: tokens/s over the cell\'s autoregressive decoding; x best fixed: '
+      f'median of {result["repeats"]} interleaved rounds (methods in turn, {order_words(result)}) '
+      'after a compile call; x greedy: tokens/s over the cell\'s autoregressive decoding; x best fixed: '
       'over the fastest fixed tree of the cell; tokens/call: tokens per target call; acc.: '
       'accepted / proposed (verified) nodes; node histogram: target calls per node count asked '
       '(0..N_max), all rows; c / v / alpha: what the adaptive tree used, measured by '
@@ -176,6 +177,7 @@ def main(argv=None) -> int:
   p.add_argument('--max-decode-len', type=int, default=32)
   p.add_argument('--input-length', type=int, default=64)
   p.add_argument('--repeats', type=int, default=7)
+  add_shuffle_argument(p)
   common.add_out_argument(p, __file__)
   args = p.parse_args(argv)
   if any(not exported.is_exported(task) for *_, task in args.pair) and not args.data_dir:
@@ -189,7 +191,8 @@ def main(argv=None) -> int:
   def write(rows, complete):
     result = common.results(__file__, argv, rows, before, repeats=args.repeats,
                             examples=args.examples, auto_spec=auto_spec,
-                            goals=goals(rows, auto_spec, lambda m: m in fixed), complete=complete)
+                            goals=goals(rows, auto_spec, lambda m: m in fixed), complete=complete,
+                            shuffle=args.shuffle)
     common.write_report(args.out, result, markdown(result))
 
   # As adaptive_gamma: rewritten after every cell (`complete`: every cell was measured).

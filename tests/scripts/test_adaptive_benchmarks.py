@@ -62,8 +62,8 @@ def test_the_ab_control_never_runs_right_after_greedy_decoding(monkeypatch):
   # copy may follow the other (a program run right after itself came out faster on a GPU).
   captured = {}
 
-  def interleaved(runs, repeats, order=()):
-    captured.update(order=list(order), repeats=repeats)
+  def interleaved(runs, repeats, order=(), shuffle=False):
+    captured.update(order=list(order), repeats=repeats, shuffle=shuffle)
     return {name: [1.0] for name in runs}
 
   class Result:  # what measure_cell reads of a decode result
@@ -86,6 +86,23 @@ def test_the_ab_control_never_runs_right_after_greedy_decoding(monkeypatch):
       rotated = order[r % len(order):] + order[:r % len(order)]
       for before, after in zip(rotated, rotated[1:]):
         assert {before, after} != {'no draft', adaptive_gamma.GREEDY_AGAIN}, (count, rotated)
+
+
+def test_shuffled_rounds_give_each_method_changing_neighbours_in_seeded_orders():
+  def rounds(shuffle):
+    calls = []
+    runs = {m: (lambda m=m: calls.append(m)) for m in 'abcde'}
+    times = adaptive_gamma.interleaved(runs, 12, shuffle=shuffle)
+    assert {m: len(t) for m, t in times.items()} == dict.fromkeys('abcde', 12)
+    return [calls[5 + 5 * r:10 + 5 * r] for r in range(12)]  # after the compile calls
+
+  rotated, shuffled = rounds(False), rounds(True)
+  assert rotated[1] == list('bcdea') and all(sorted(o) == list('abcde') for o in shuffled)
+  assert shuffled == rounds(True)  # seeded
+  for orders, neighbours in ((rotated, 1), (shuffled, 3)):  # each method's predecessors (or none)
+    for m in 'abcde':
+      before = {o[o.index(m) - 1] if o.index(m) else None for o in orders}
+      assert len(before) >= neighbours if orders is shuffled else len(before) == 2, (m, before)
 
 
 def test_the_alpha_memory_simulation_scores_the_library_policy(tmp_path):
