@@ -16,7 +16,7 @@ from typing import Any, Tuple
 import jax
 import jax.numpy as jnp
 
-from gqa_spec import atomic, rundir
+from gqa_spec import atomic, distributed, rundir
 from gqa_spec.checkpoints import manager
 from gqa_spec.errors import UserError
 from gqa_spec.models import chimera
@@ -45,8 +45,9 @@ def write_draft_file(model_dir: str, kind: str, target_path: str, draft_config: 
       raise UserError(f'{path}: this MODEL_DIR trains a different draft ({old["kind"]} against '
                       f'{old["target"]}); use a new MODEL_DIR')
     return
-  os.makedirs(model_dir, exist_ok=True)
-  atomic.write_json(path, record, indent=2)
+  if distributed.is_writer():  # process 0 writes; another may find it written (the same record)
+    os.makedirs(model_dir, exist_ok=True)
+    atomic.write_json(path, record, indent=2)
 
 
 @functools.lru_cache(maxsize=8)
