@@ -113,7 +113,8 @@ def measure(args: argparse.Namespace,
               return {}
             nodes = [speculative.tree_nodes_summary(r) for r in results]
             return dict(cost_ratio=cal.cost_ratio, verify_ratio=list(cal.verify_ratio),
-                        alpha_init=cal.alpha, speculated=auto.speculates,
+                        alpha_init=cal.alpha, accepted_init=list(cal.accepted),
+                        speculated=auto.speculates,
                         calibration_seconds=calibration,
                         nodes_histogram=[int(x) for x in np.sum(
                             [n['tree_nodes_histogram'] for n in nodes], axis=0)])
@@ -134,7 +135,9 @@ def markdown(result: Dict[str, Any]) -> List[str]:
             '' if r.get('nodes_histogram') is None else str(r['nodes_histogram']),
             '' if r['cost_ratio'] is None else
             f'{r["cost_ratio"]:.3f} / {" ".join(f"{x:.2f}" for x in r["verify_ratio"])} / '
-            f'{r["alpha_init"]:.2f} ({r["calibration_seconds"]:.1f} s)')
+            f'{r["alpha_init"]:.2f}'
+            + (f' / {" ".join(f"{x:.2f}" for x in r["accepted_init"])}'
+               if r.get('accepted_init') else '') + f' ({r["calibration_seconds"]:.1f} s)')
            for r in result['rows']]
   lines = common.table_report(
       '--tree best:auto against fixed best-first trees and greedy decoding', result,
@@ -151,7 +154,8 @@ def markdown(result: Dict[str, Any]) -> List[str]:
       'compiled width less its draft calls, and the starting alpha (the top node\'s greedy '
       'agreement with greedy decoding over its output on the first batch, the true prefix fed, '
       'or where the loop was timed, its acceptance at one node per call; where even the first '
-      'pays for no tree, the run is greedy decoding from the start); no draft (again): greedy '
+      'pays for no tree, the run is greedy decoding from the start), and where the loop was '
+      'timed, the prior: draft tokens it accepted per call at each width; no draft (again): greedy '
       'decoding timed a '
       'second time (the A/A control).',
       ['pair', 'draft', 'batch', 'T', 'method', 'seconds', 'tokens', 'tokens/call', 'acc.',

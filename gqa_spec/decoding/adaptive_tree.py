@@ -35,10 +35,16 @@ exponential moving average per compiled width u_j of the tokens the nodes ranked
 held; accepted_r(u_j) = gain_r(u_1) + ... + gain_r(u_j). Keeping the gains rather than the counts
 keeps a width the call did not hold in step with the smaller ones (only its own gain is stale),
 so a stale, larger count cannot make a failing row ask for ever larger trees. The gains start
-from a prior, the counts of a chain of min(u, D) tokens each accepted with probability `alpha_init`
-(sum_i alpha^i; no gain past depth D): the top node's acceptance measured on the first batch
-(`measure_costs`, `calibrated`), or an optimistic 0.9, so that one bad first call (e.g. a Chimera
-draft's, before it has any hidden state) does not end speculation. Where the prior itself pays for
+from a prior: where the calibration's second stage ran (`measure_costs`, `calibrated`), the
+tokens this loop accepted per call at each width there (`accepted_init`); otherwise the counts
+of a chain of min(u, D) tokens each accepted with probability `alpha_init` (sum_i alpha^i; no gain
+past depth D), the top node's acceptance measured on the first batch, or an optimistic 0.9, so
+that one bad first call (e.g. a Chimera draft's, before it has any hidden state) does not end
+speculation. The chain reads a top-u tree as a path of min(u, D) nodes, which a best-first tree
+of a few nodes seldom is: on the cpu study's widened pair at batch 1 (alpha 0.95, trees 0.76x
+greedy decoding at best) it priced 4 nodes at 3.5 tokens a call, every input began with a call
+at N_max and a few at 4 before its statistics ended them, and `--tree best:auto` ran at 0.85x-0.91x
+greedy decoding (results/benchmarks/adaptive_tree_cpu_widened). Where the prior itself pays for
 no tree, no row ever asks for one and `decode` is greedy decoding from the start. A row asks for
 
     N_r = argmax over n in {0} + widths of  (1 + accepted_r(n)) / cost(n),
@@ -47,9 +53,10 @@ no tree, no row ever asks for one and `decode` is greedy decoding from the start
 tokens per greedy-step equivalent: D draft calls of c each (c: one draft call of the tree over one
 step of greedy decoding) and v(n) the iteration's verification call at width n and the loop's own
 work over a greedy step (both measured, `measure_costs`, or c given and v = 1 as in Theorem 8).
-Ties go to the smaller tree. Unless no row speculates, the first iteration verifies N_max for
-every row, so every width is observed at once; later, a width larger than the call's is not
-observed that iteration and keeps its estimate.
+Ties go to the smaller tree. With the chain prior, unless no row speculates, the first iteration
+verifies N_max for every row, so every width is observed at once; with a measured prior every row
+starts at the prior's own choice. A width larger than the call's is not observed that iteration
+and keeps its estimate.
 """
 
 from __future__ import annotations
@@ -105,6 +112,10 @@ class AdaptiveTree:
       0.9, so that a row keeps trying trees for a few calls before its own statistics decide;
       `calibrated` sets the draft's top-node acceptance `measure_costs` found on the first batch
       (what `generate --tree best:auto...` does).
+    accepted_init: the prior itself, draft tokens accepted per call at each compiled width (one
+      number per `widths`, in [0, D]), in place of the chain from `alpha_init`: `calibrated`
+      sets the ones `measure_costs` measured in this loop (`Calibration.accepted`) where its
+      second stage ran; None: the chain.
     decay: weight of the old estimate in each update.
     fixed_nodes: every row asks for this many nodes at every call, whatever its statistics (None:
       the choice above), or for the first count `_speculative` is given (traced), at every call
@@ -118,6 +129,7 @@ class AdaptiveTree:
   alpha_init: float = 0.9
   decay: float = 0.7
   fixed_nodes: Optional[int] = None
+  accepted_init: Optional[Tuple[float, ...]] = None
 
   def __post_init__(self):
     if self.shape.budget is None:
@@ -136,6 +148,12 @@ class AdaptiveTree:
     if not 0.0 <= self.alpha_init <= 1.0 or not 0.0 <= self.decay < 1.0:
       raise UserError(f'alpha_init must be in [0, 1] and decay in [0, 1), got {self.alpha_init}, '
                       f'{self.decay}')
+    if self.accepted_init is not None:
+      a = tuple(float(x) for x in self.accepted_init)
+      if len(a) != len(self.widths) or not all(0.0 <= x <= self.shape.depth for x in a):
+        raise UserError(f'accepted_init must be {len(self.widths)} numbers in [0, '
+                        f'{self.shape.depth}] (widths {self.widths}), got {self.accepted_init}')
+      object.__setattr__(self, 'accepted_init', a)  # hashable
     if self.fixed_nodes is not None and self.fixed_nodes not in (0,) + self.widths:
       raise UserError(f'fixed_nodes must be 0 or one of the compiled widths {self.widths}, got '
                       f'{self.fixed_nodes}')
@@ -167,8 +185,11 @@ class AdaptiveTree:
     return node_widths(self.nodes_max)
 
   def prior(self) -> jax.Array:
-    """`[K]` the starting accepted-length estimate per compiled width: sum_{i <= min(u, D)}
-    alpha_init^i."""
+    """`[K]` the starting accepted-length estimate per compiled width: `accepted_init`, made
+    non-decreasing (a wider tree holds the narrower one's nodes; each width was measured on its
+    own run), else sum_{i <= min(u, D)} alpha_init^i."""
+    if self.accepted_init is not None:
+      return jnp.asarray(np.maximum.accumulate(self.accepted_init), jnp.float32)
     return jnp.asarray([sum(self.alpha_init ** i for i in range(1, min(u, self.shape.depth) + 1))
                         for u in self.widths], jnp.float32)
 
@@ -186,9 +207,11 @@ class AdaptiveTree:
     return jnp.asarray((0,) + widths, jnp.int32)[best]
 
   def first_nodes(self) -> int:
-    """Every row's first node count, a Python int: `fixed_nodes`, or N_max where the prior's own
-    choice is a tree (the first call then observes every width), else 0: not even `alpha_init`
-    pays for a tree, no row ever asks for one, and `decode` is greedy decoding from the start."""
+    """Every row's first node count, a Python int: `fixed_nodes`; with a measured prior
+    (`accepted_init`) the prior's own choice (every width is measured already); with the chain
+    from `alpha_init`, N_max where the prior's own choice is a tree (the first call then observes
+    every width). 0: the prior pays for no tree, no row ever asks for one, and `decode` is
+    greedy decoding from the start."""
     return _first_nodes(self)
 
   @property
@@ -196,10 +219,14 @@ class AdaptiveTree:
     return self.first_nodes() > 0
 
   def calibrated(self, calibration: 'Calibration') -> 'AdaptiveTree':
-    """These settings with `measure_costs`' c, v and starting alpha."""
-    return dataclasses.replace(self, cost_ratio=calibration.cost_ratio,
-                               verify_ratio=calibration.verify_ratio,
-                               alpha_init=min(max(calibration.alpha, 0.0), 1.0))
+    """These settings with `measure_costs`' c, v, starting alpha and, where its second stage
+    ran, the accepted tokens per width it measured (the prior)."""
+    depth = self.shape.depth
+    return dataclasses.replace(
+        self, cost_ratio=calibration.cost_ratio, verify_ratio=calibration.verify_ratio,
+        alpha_init=min(max(calibration.alpha, 0.0), 1.0),
+        accepted_init=tuple(min(max(a, 0.0), depth) for a in calibration.accepted)
+        if calibration.accepted else None)
 
   def describe(self) -> str:
     v = self.verify_ratio
@@ -216,7 +243,10 @@ def _first_nodes(adaptive: AdaptiveTree) -> int:
   if adaptive.fixed_nodes is not None:
     return adaptive.fixed_nodes
   with jax.ensure_compile_time_eval():  # a Python int, also while tracing
-    return adaptive.nodes_max if int(adaptive.choose(adaptive.prior()[None])[0]) > 0 else 0
+    choice = int(adaptive.choose(adaptive.prior()[None])[0])
+  if adaptive.accepted_init is not None:  # measured at every width: nothing to observe first
+    return choice
+  return adaptive.nodes_max if choice > 0 else 0
 
 
 @flax.struct.dataclass
@@ -260,7 +290,10 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
         (`timing.teacher_forced`, the same pass that times c); where the second stage runs, the
         acceptance in its 1-node run of this loop at `config` (as for `--gamma auto`); both over
         at least `calibration.CALIBRATION_POSITIONS` positions, reading batches of `more` where
-        this one holds fewer (as `calibration.measure_costs`).
+        this one holds fewer (as `calibration.measure_costs`);
+    accepted = where the second stage runs, the draft tokens this loop accepted per call with
+        every row verifying u nodes, for each width, on the same batches as that alpha
+        (`Calibration.accepted`: the prior of `calibrated`, `AdaptiveTree.accepted_init`).
 
   First the unit (autoregressive decoding per step at `config`), c, alpha and the target's calls
   of 1 and 2 tokens. If the prior at that alpha pays for no tree even with v(u) = 1 + (the 2-token
@@ -300,12 +333,16 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
       first_nodes=np.full((batch,), u, np.int32), held=held)
   # seconds per greedy step and per iteration of this loop with every row verifying u nodes
   t_step, t_iter = time_widths(target, target_state, max_decode_len, config, run, adaptive.widths)
-  # the starting alpha: this loop's own at one node, on the first stage's batches
-  results = to_host([run(1)] + [run(1, ts, ds) for ts, ds in first.more])  # multi-process too
-  alpha = (sum(float(np.sum(r.accepted)) for r in results)
-           / max(sum(float(np.sum(r.proposed)) for r in results), 1.0))
+  # this loop's own acceptance at each width, on the first stage's batches (multi-process too):
+  # the starting alpha at one node, and the prior, draft tokens accepted per call at each width
+  results = {u: to_host([run(u)] + [run(u, ts, ds) for ts, ds in first.more])
+             for u in adaptive.widths}
+  total = lambda u, field: sum(float(np.sum(getattr(r, field))) for r in results[u])
+  alpha = total(1, 'accepted') / max(total(1, 'proposed'), 1.0)
+  accepted = tuple(total(u, 'accepted') / max(total(u, 'target_calls'), 1.0)
+                   for u in adaptive.widths)
   return Calibration(c, tuple(max(t_iter[u] / t_step - shape.depth * c, first.v_floor)
-                              for u in adaptive.widths), alpha, t_step)
+                              for u in adaptive.widths), alpha, t_step, accepted)
 
 
 def decode(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTree,

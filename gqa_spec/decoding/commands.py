@@ -461,6 +461,8 @@ def generate(args: argparse.Namespace) -> int:
                  tree=(auto_tree.describe() if auto_tree else
                        None if shape is None else shape.describe()),
                  tree_node_widths=list(auto_tree.widths) if auto_tree else None,
+                 tree_accepted_init=(list(auto_tree.accepted_init)
+                                     if auto_tree and auto_tree.accepted_init else None),
                  stage2=args.stage2,
                  stage2_gamma=args.stage2_gamma if args.stage2 else None,
                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

@@ -18,6 +18,7 @@ import pytest
 
 from gqa_spec.decoding import (adaptive_tree, autoregressive, sampling, speculative, timing,
                                tree as tree_lib)
+from gqa_spec.decoding.adaptive import Calibration
 from gqa_spec.decoding.adaptive_tree import AdaptiveTree
 from gqa_spec.decoding.drafts.ngram import fit_ngram
 from gqa_spec.decoding.drafts.ngram_tree import NgramTreeDraft
@@ -197,6 +198,33 @@ def test_a_prior_that_pays_for_no_tree_is_greedy_decoding_from_the_start():
   assert dataclasses.replace(ad, cost_ratio=0.1).first_nodes() == 2
 
 
+def test_a_measured_prior_replaces_the_chain_of_alpha():
+  # At alpha 0.95 the chain prices 4 nodes at 0.95 + 0.90 + 0.86 + 0.81 = 3.52 tokens a call, and
+  # a tree pays at c 0.2 and v 3 (4.52 tokens for 3.8 steps). Measured at 0.3 and 0.2 tokens a call
+  # (the best-first trees the loop verified), none does: no row ever asks for one.
+  ad = AdaptiveTree.parse('best:auto:4,depth:4,width:2', cost_ratio=0.2, verify_ratio=3.0,
+                          alpha_init=0.95)
+  assert ad.widths == (1, 2, 4) and ad.speculates
+  np.testing.assert_allclose(ad.prior(), [0.95, 0.95 + 0.95 ** 2, sum(0.95 ** i for i in range(1, 5))],
+                             rtol=1e-6)
+  measured = dataclasses.replace(ad, accepted_init=(0.3, 0.25, 0.2))
+  np.testing.assert_allclose(measured.prior(), [0.3, 0.3, 0.3])  # non-decreasing in the width
+  assert not measured.speculates and measured.first_nodes() == 0
+  # Measured where trees pay: every row starts at the prior's own choice, 4 nodes (the chain, which
+  # has not seen the widths, starts every row at N_max = 8 to observe them all in one call).
+  eight = AdaptiveTree.parse('best:auto:8,depth:4,width:2', cost_ratio=0.2, verify_ratio=3.0,
+                             alpha_init=0.95)
+  assert eight.first_nodes() == 8
+  paying = dataclasses.replace(eight, accepted_init=(0.9, 1.7, 2.9, 2.8))  # 8 nodes: no more
+  np.testing.assert_array_equal(paying.choose(paying.prior()[None]), [4])
+  assert paying.first_nodes() == 4 and paying.speculates
+  calibration = Calibration(0.2, (3.0, 3.0, 3.0), 0.95, 1e-3, (0.9, 1.7, 9.0))
+  assert ad.calibrated(calibration).accepted_init == (0.9, 1.7, 4.0)  # at most D tokens a call
+  for bad in ((0.5, 0.5), (0.5, -0.1, 1.0), (0.5, 1.0, 4.5)):
+    with pytest.raises(UserError, match='accepted_init'):
+      dataclasses.replace(ad, accepted_init=bad)
+
+
 def test_measured_costs_and_starting_alpha(monkeypatch):
   # The target as its own draft: its top node is always greedy's token (alpha 1). A perturbed copy
   # is right less often: at c ~1 per draft call its 2 calls cannot buy what they cost even with
@@ -269,6 +297,18 @@ def test_measured_costs_and_starting_alpha(monkeypatch):
           for t in (tstate, tstate2)]
   assert pooled.alpha == pytest.approx(sum(float(np.sum(r.accepted)) for r in runs)
                                        / sum(float(np.sum(r.proposed)) for r in runs))
+  # ... and the prior, tokens accepted per call at each width, over the same two batches
+  for u, measured in zip(ad.widths, pooled.accepted):
+    held_at_u = [adaptive_tree.decode(target, t, bigram, bigram.init(table, ad.shape),
+                                      jax.random.PRNGKey(0), adaptive=dataclasses.replace(
+                                          ad, fixed_nodes=u), max_decode_len=MAX_LEN)
+                 for t in (tstate, tstate2)]
+    assert measured == pytest.approx(sum(float(np.sum(r.accepted)) for r in held_at_u)
+                                     / sum(float(np.sum(r.target_calls)) for r in held_at_u)), u
+  assert pooled.accepted[0] == pytest.approx(pooled.alpha)  # one node: one token proposed a call
+  assert not other.accepted  # the first stage alone measures no prior
+  assert ad.calibrated(pooled).accepted_init == tuple(pooled.accepted)
+  assert ad.calibrated(other).accepted_init is None
   cal = ad.calibrated(cheap)
   assert (cal.cost_ratio, cal.verify_ratio, cal.alpha_init) == (
       cheap.cost_ratio, tuple(cheap.verify_ratio), cheap.alpha)
