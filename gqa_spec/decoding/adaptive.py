@@ -262,14 +262,11 @@ def verify_width(gamma: int, widths: Tuple[int, ...]) -> int:
 class Calibration(NamedTuple):
   """What `calibration.measure_costs` measured: `AdaptiveGamma`'s cost_ratio, verify_ratio and
   alpha_init, and the unit they are in, seconds per greedy decoding step (`guard`; 0: not
-  measured); for token trees (`adaptive_tree.measure_costs`) also `accepted`, the draft tokens
-  the loop accepted per call at each compiled width where its second stage ran (`AdaptiveTree`'s
-  prior; () where it did not)."""
+  measured)."""
   cost_ratio: float
   verify_ratio: Tuple[float, ...]
   alpha: float
   step_seconds: float = 0.0
-  accepted: Tuple[float, ...] = ()
 
 
 def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,

@@ -64,7 +64,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from typing import Any, Iterable, Optional, Tuple, Union
+from typing import Any, Iterable, NamedTuple, Optional, Tuple, Union
 
 import flax
 import jax
@@ -114,7 +114,7 @@ class AdaptiveTree:
       (what `generate --tree best:auto...` does).
     accepted_init: the prior itself, draft tokens accepted per call at each compiled width (one
       number per `widths`, in [0, D]), in place of the chain from `alpha_init`: `calibrated`
-      sets the ones `measure_costs` measured in this loop (`Calibration.accepted`) where its
+      sets the ones `measure_costs` measured in this loop (`TreeCalibration.accepted`) where its
       second stage ran; None: the chain.
     decay: weight of the old estimate in each update.
     fixed_nodes: every row asks for this many nodes at every call, whatever its statistics (None:
@@ -218,15 +218,16 @@ class AdaptiveTree:
   def speculates(self) -> bool:
     return self.first_nodes() > 0
 
-  def calibrated(self, calibration: 'Calibration') -> 'AdaptiveTree':
+  def calibrated(self, calibration: Union['TreeCalibration', Calibration]) -> 'AdaptiveTree':
     """These settings with `measure_costs`' c, v, starting alpha and, where its second stage
-    ran, the accepted tokens per width it measured (the prior)."""
+    ran, the accepted tokens per width it measured (the prior; a chain's `Calibration` has
+    none)."""
     depth = self.shape.depth
+    accepted = getattr(calibration, 'accepted', ())
     return dataclasses.replace(
         self, cost_ratio=calibration.cost_ratio, verify_ratio=calibration.verify_ratio,
         alpha_init=min(max(calibration.alpha, 0.0), 1.0),
-        accepted_init=tuple(min(max(a, 0.0), depth) for a in calibration.accepted)
-        if calibration.accepted else None)
+        accepted_init=tuple(min(max(a, 0.0), depth) for a in accepted) if accepted else None)
 
   def describe(self) -> str:
     v = self.verify_ratio
@@ -234,6 +235,18 @@ class AdaptiveTree:
     replace = ',replace' if self.shape.replace else ''
     return (f'best:auto:{self.nodes_max},depth:{self.shape.depth},width:{self.shape.frontier}'
             f'{replace} (c={self.cost_ratio:.3g},v={v})')
+
+
+class TreeCalibration(NamedTuple):
+  """What `measure_costs` measured: `Calibration`'s fields (c, v per compiled width, the
+  starting alpha, seconds per greedy step) and `accepted`, the draft tokens this loop accepted per
+  call at each compiled width where its second stage ran (the prior, `AdaptiveTree.accepted_init`;
+  () where it did not)."""
+  cost_ratio: float
+  verify_ratio: Tuple[float, ...]
+  alpha: float
+  step_seconds: float = 0.0
+  accepted: Tuple[float, ...] = ()
 
 
 @functools.lru_cache(maxsize=256)
@@ -265,7 +278,7 @@ def target_cache_length(max_decode_len: int, adaptive: AdaptiveTree) -> int:
 def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTree,
                   max_decode_len: int, adaptive: AdaptiveTree,
                   more: Iterable[Tuple[PyTree, PyTree]] = (),
-                  config: SamplingConfig = sampling.GREEDY) -> Calibration:
+                  config: SamplingConfig = sampling.GREEDY) -> TreeCalibration:
   """(c, v, alpha) on this machine and batch, for decoding at `config`, in units of one step of
   autoregressive decoding at `config`, as `calibration.measure_costs` gives them for chains, in
   the same two stages (seconds, compiles included; each time the fastest of a few runs):
@@ -293,7 +306,7 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
         this one holds fewer (as `calibration.measure_costs`);
     accepted = where the second stage runs, the draft tokens this loop accepted per call with
         every row verifying u nodes, for each width, on the same batches as that alpha
-        (`Calibration.accepted`: the prior of `calibrated`, `AdaptiveTree.accepted_init`).
+        (`TreeCalibration.accepted`: the prior of `calibrated`, `AdaptiveTree.accepted_init`).
 
   First the unit (autoregressive decoding per step at `config`), c, alpha and the target's calls
   of 1 and 2 tokens. If the prior at that alpha pays for no tree even with v(u) = 1 + (the 2-token
@@ -324,7 +337,7 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
   floor = (first.v_floor,) * len(adaptive.widths)
   reads_hidden = getattr(draft, 'reads_target_hidden', False)
   if not reads_hidden and not adaptive.calibrated(Calibration(c, floor, alpha)).speculates:
-    return Calibration(c, floor, alpha, t_step)
+    return TreeCalibration(c, floor, alpha, t_step)
   # The policy's own loop (its choice made every iteration, not taken), at the first stage's
   # numbers: the constants differ from the run's, the program does not.
   policy, held = adaptive.calibrated(Calibration(c, floor, alpha)), np.ones((), bool)
@@ -341,7 +354,7 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
   alpha = total(1, 'accepted') / max(total(1, 'proposed'), 1.0)
   accepted = tuple(total(u, 'accepted') / max(total(u, 'target_calls'), 1.0)
                    for u in adaptive.widths)
-  return Calibration(c, tuple(max(t_iter[u] / t_step - shape.depth * c, first.v_floor)
+  return TreeCalibration(c, tuple(max(t_iter[u] / t_step - shape.depth * c, first.v_floor)
                               for u in adaptive.widths), alpha, t_step, accepted)
 
 

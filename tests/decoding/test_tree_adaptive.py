@@ -19,7 +19,7 @@ import pytest
 from gqa_spec.decoding import (adaptive_tree, autoregressive, sampling, speculative, timing,
                                tree as tree_lib)
 from gqa_spec.decoding.adaptive import Calibration
-from gqa_spec.decoding.adaptive_tree import AdaptiveTree
+from gqa_spec.decoding.adaptive_tree import AdaptiveTree, TreeCalibration
 from gqa_spec.decoding.drafts.ngram import fit_ngram
 from gqa_spec.decoding.drafts.ngram_tree import NgramTreeDraft
 from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
@@ -218,8 +218,9 @@ def test_a_measured_prior_replaces_the_chain_of_alpha():
   paying = dataclasses.replace(eight, accepted_init=(0.9, 1.7, 2.9, 2.8))  # 8 nodes: no more
   np.testing.assert_array_equal(paying.choose(paying.prior()[None]), [4])
   assert paying.first_nodes() == 4 and paying.speculates
-  calibration = Calibration(0.2, (3.0, 3.0, 3.0), 0.95, 1e-3, (0.9, 1.7, 9.0))
+  calibration = TreeCalibration(0.2, (3.0, 3.0, 3.0), 0.95, 1e-3, (0.9, 1.7, 9.0))
   assert ad.calibrated(calibration).accepted_init == (0.9, 1.7, 4.0)  # at most D tokens a call
+  assert ad.calibrated(Calibration(*calibration[:4])).accepted_init is None  # a chain's: the chain
   for bad in ((0.5, 0.5), (0.5, -0.1, 1.0), (0.5, 1.0, 4.5)):
     with pytest.raises(UserError, match='accepted_init'):
       dataclasses.replace(ad, accepted_init=bad)
