@@ -72,12 +72,16 @@ class MeshT5Decoder(T5Decoder):
                    cache=part.cache_shardings(state.cache))
 
   def init(self, params: PyTree, encoder_input_tokens: Any, cache_length: int) -> T5State:
-    """Encodes `[b, S]` inputs (global rows, see `shard_rows`) and creates the cache on the mesh."""
-    tokens = shard_rows(self.partitioner, encoder_input_tokens)
-    init = lambda p, t: targets._t5_init(self.model, p, t, cache_length)  # pylint: disable=protected-access
-    return _run(('init', self, cache_length), init,
-                (self.partitioner.param_shardings(params), tokens.sharding),
-                self.state_shardings, (params, tokens))
+    """Encodes `[b, S]` inputs (global rows, see `shard_rows`) and creates the cache on the mesh;
+    the state holds the parameters as placed on the mesh, not a copy (`targets.t5_cache`)."""
+    part = self.partitioner
+    tokens = shard_rows(part, encoder_input_tokens)
+    shardings = part.param_shardings(params)
+    params = put(params, shardings)  # the same buffers where already placed so
+    cache = _run(('init', self, cache_length),
+                 lambda p, t: targets.t5_cache(self.model, p, t, cache_length),
+                 (shardings, tokens.sharding), part.cache_shardings, (params, tokens))
+    return T5State(params=params, cache=cache)
 
   def _constrain(self, state: T5State) -> T5State:
     return jax.lax.with_sharding_constraint(state, self.state_shardings(state))

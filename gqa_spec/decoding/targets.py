@@ -64,8 +64,10 @@ class T5Decoder:
   model: Transformer
 
   def init(self, params: PyTree, encoder_input_tokens: jax.Array, cache_length: int) -> T5State:
-    """Encodes `[b, S]` inputs once and creates a cache of `cache_length` slots (index 0)."""
-    return _t5_init(self.model, params, jnp.asarray(encoder_input_tokens, jnp.int32), cache_length)
+    """Encodes `[b, S]` inputs once and creates a cache of `cache_length` slots (index 0). The
+    state holds `params` themselves, not a copy (`t5_cache`)."""
+    return T5State(params=params, cache=t5_cache(
+        self.model, params, jnp.asarray(encoder_input_tokens, jnp.int32), cache_length))
 
   def tokens_to_logits(self, state: T5State, tokens: jax.Array, positions=None, mask=None):
     logits, cache = decode_cache.decode_tokens(self.model, state.params, state.cache, tokens,
@@ -98,12 +100,16 @@ class T5Decoder:
 
 
 @functools.partial(xla_options.jit, static_argnames=('model', 'cache_length'))
-def _t5_init(model: Transformer, params: PyTree, encoder_input_tokens: jax.Array,
-             cache_length: int) -> T5State:
+def t5_cache(model: Transformer, params: PyTree, encoder_input_tokens: jax.Array,
+             cache_length: int) -> PyTree:
+  """The decode cache of `[b, S]` inputs (their encoding, `cache_length` empty slots). Only the
+  cache: a jitted function's outputs are new buffers, and when `init` returned the parameters
+  from here too, every state held its own copy of them (every batch of a `generate` run, every
+  state of a benchmark: the widened pair's tree benchmark ran out of 24 GiB holding 192 MiB of
+  target and draft weights per state)."""
   encoded = model.apply({'params': params}, encoder_input_tokens,
                         method=Transformer.encode)  # [b, S, emb]
-  cache = decode_cache.init_decode_cache(model, params, encoded, encoder_input_tokens, cache_length)
-  return T5State(params=params, cache=cache)
+  return decode_cache.init_decode_cache(model, params, encoded, encoder_input_tokens, cache_length)
 
 
 @flax.struct.dataclass

@@ -206,6 +206,13 @@ def main():
       draft_decoder, draft_state = mesh_drafts.get((data, model_size), (None, None))
       state = decoder.init(params, enc, TARGET_SLOTS)
       entry = report[f'{name}/{data}x{model_size}'] = {}
+      # A state of placed parameters holds those buffers, not a copy of them.
+      again = decoder.init(state.params, enc, TARGET_SLOTS)
+      entry['params_shared'] = all(
+          [s.data.unsafe_buffer_pointer() for s in a.addressable_shards]
+          == [s.data.unsafe_buffer_pointer() for s in b.addressable_shards]
+          for a, b in zip(jax.tree_util.tree_leaves(state.params),
+                          jax.tree_util.tree_leaves(again.params)))
       for loop in loops:
         kind = 'beam' if loop == 'beam' else 'target'
         if loop not in refs:

@@ -57,6 +57,16 @@ def test_skip_rows_generate_nothing_and_chunked_loops_decode_the_same():
   np.testing.assert_array_equal(np.asarray(sampled[0].sequences), np.asarray(sampled[1].sequences))
 
 
+def test_a_state_holds_the_parameters_not_a_copy():
+  """`T5Decoder.init` once returned the parameters from its jitted function: every state (every
+  batch of a run) held its own copy of the weights."""
+  model, params = model_and_params(2)
+  params = jax.device_put(params)
+  state = T5Decoder(model).init(params, jnp.asarray(INPUTS), MAX_LEN + 1)
+  pointers = lambda tree: [x.unsafe_buffer_pointer() for x in jax.tree_util.tree_leaves(tree)]
+  assert pointers(state.params) == pointers(params)
+
+
 def test_rollback_leaves_no_trace_in_later_logits():
   model, params = model_and_params(1)
   dec = T5Decoder(model)

@@ -113,6 +113,7 @@ def test_cache_and_param_shardings_follow_the_rules(report, run, kv):
   model_size = int(run.split('x')[1])
   assert entry['query_kernel_spec'] == [None, M if model_size > 1 else None]  # 8 query heads
   assert entry['index_spec'] == [D] and entry['sequences_spec'] == [D, None]
+  assert entry['params_shared']  # a state of placed parameters holds them, not a copy
   if 'draft_kv_spec' in entry:  # the MQA draft: its own rules, rows on data, its head replicated
     assert entry['draft_kv_spec'] == [D, None, None, None]
 
