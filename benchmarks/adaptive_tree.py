@@ -3,7 +3,7 @@
   python -m benchmarks.adaptive_tree --pair NAME TARGET DRAFT TASK ... [--data-dir DIR] \
       [--examples 8] [--pair-drafts draft,bigram] [--batches 1,8] [--temperatures 0,1] \
       [--nodes 2,4,8,16] [--nodes-max 16] [--depth 4] [--max-decode-len 32] [--repeats 7] \
-      [--shuffle] [--out results/benchmarks/adaptive_tree]
+      [--shuffle] [--confirm 0] [--seeds 1] [--out results/benchmarks/adaptive_tree]
 
 The tree counterpart of `benchmarks/adaptive_gamma.py` (same pairs, inputs, interleaved timing and
 goals; see its docstring). For each pair, tree draft, batch size and temperature, on the same
@@ -24,12 +24,14 @@ import time
 from typing import Any, Callable, Dict, List
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common, workloads
-from benchmarks.adaptive_gamma import (_ints, add_pair_arguments, add_shuffle_argument, goal_lines,
-                                       goals, measure_cell, order_words, partial_note, task_inputs)
+from benchmarks.adaptive_gamma import (_ints, add_confirm_argument, add_pair_arguments,
+                                       add_seeds_argument, add_shuffle_argument, batches_of,
+                                       goal_lines, goals, measure_cell, order_words, partial_note,
+                                       sampling_keys, seeds_words, split_held_out,
+                                       task_inputs, x_best_fixed_cell)
 from gqa_spec.data import exported
 from gqa_spec.decoding import adaptive_tree, autoregressive, speculative, tree_speculative
 from gqa_spec.decoding.adaptive_tree import AdaptiveTree
@@ -70,15 +72,18 @@ def measure(args: argparse.Namespace,
   for name, target_path, draft_path, task in args.pair:
     target_model, params = workloads.checkpoint_model(target_path)
     target = T5Decoder(target_model)
-    inputs = task_inputs(task, args.data_dir, args.examples, args.input_length, L)
+    inputs = split_held_out(task_inputs(task, args.data_dir,
+                                        args.examples * (2 if args.confirm else 1),
+                                        args.input_length, L), args.examples, args.confirm)
     for draft_name, (draft, dinit) in tree_drafts(args, task, target_model, draft_path).items():
       for batch in _ints(args.batches):
-        encs = [jnp.asarray(inputs[i:i + batch])
-                for i in range(0, args.examples - batch + 1, batch)]
-        ar_states = [target.init(params, enc, L + 1) for enc in encs]
-        fixed = {spec: ([target.init(params, enc, tree_speculative.target_cache_length(L, s))
-                         for enc in encs], [dinit(enc, s) for enc in encs])
-                 for spec, s in shapes.items()}
+        encs, held = batches_of(inputs['inputs'], batch), batches_of(inputs['held_out'], batch)
+        states = lambda encs, dinit=dinit: (
+            [target.init(params, enc, L + 1) for enc in encs],
+            {spec: ([target.init(params, enc, tree_speculative.target_cache_length(L, s))
+                     for enc in encs], [dinit(enc, s) for enc in encs])
+             for spec, s in shapes.items()})
+        ar_states, fixed = states(encs)
         for temperature in [float(t) for t in args.temperatures.split(',')]:
           config = SamplingConfig(temperature=temperature)
           auto = AdaptiveTree.parse(auto_spec)
@@ -94,17 +99,32 @@ def measure(args: argparse.Namespace,
             auto_t = [target.init(params, enc, adaptive_tree.target_cache_length(L, auto))
                       for enc in encs]
             auto_d = [None] * len(encs)
-          rng = jax.random.PRNGKey(0)
-          runs = {'no draft': lambda: [autoregressive.decode(
-              target, s, rng, max_decode_len=L, config=config) for s in ar_states]}
-          for spec, shape in shapes.items():
-            ts, ds = fixed[spec]
-            runs[spec] = (lambda shape=shape, ts=ts, ds=ds: [tree_speculative.decode(
-                target, t, draft, d, rng, shape=shape, max_decode_len=L, config=config)
-                for t, d in zip(ts, ds)])
-          runs[auto_spec] = lambda: [adaptive_tree.decode(
-              target, t, draft, d, rng, adaptive=auto, max_decode_len=L, config=config)
-              for t, d in zip(auto_t, auto_d)]
+          rngs = sampling_keys(args.seeds, temperature)
+
+          def cell_runs(ar_states, fixed, auto_t, auto_d, config=config, auto=auto,
+                        draft=draft):
+            """The cell's methods on these batches' states (the sweep's calibration)."""
+            runs = {'no draft': lambda: [autoregressive.decode(
+                target, s, rng, max_decode_len=L, config=config)
+                for rng in rngs for s in ar_states]}
+            for spec, shape in shapes.items():
+              ts, ds = fixed[spec]
+              runs[spec] = (lambda shape=shape, ts=ts, ds=ds: [tree_speculative.decode(
+                  target, t, draft, d, rng, shape=shape, max_decode_len=L, config=config)
+                  for rng in rngs for t, d in zip(ts, ds)])
+            runs[auto_spec] = lambda: [adaptive_tree.decode(
+                target, t, draft, d, rng, adaptive=auto, max_decode_len=L, config=config)
+                for rng in rngs for t, d in zip(auto_t, auto_d)]
+            return runs
+
+          runs = cell_runs(ar_states, fixed, auto_t, auto_d)
+          held_runs = None
+          if held is not None:
+            held_t = [target.init(params, enc, adaptive_tree.target_cache_length(L, auto))
+                      for enc in held]
+            held_d = ([dinit(enc, auto.shape) for enc in held] if auto.speculates
+                      else [None] * len(held))
+            held_runs = cell_runs(*states(held), held_t, held_d)
           key = {'pair': name, 'task': task, 'draft': draft_name, 'batch': batch,
                  'temperature': temperature}
 
@@ -120,7 +140,7 @@ def measure(args: argparse.Namespace,
                             [n['tree_nodes_histogram'] for n in nodes], axis=0)])
 
           cell = measure_cell(runs, args.repeats, key, extra, lambda m, s=shapes: m in s,
-                              args.shuffle)
+                              args.shuffle, args.confirm, held_runs)
           rows.extend(cell)
           on_cell(rows)
           jax.clear_caches()  # as adaptive_gamma: LLVM runs out of memory after ~230 programs
@@ -131,7 +151,7 @@ def markdown(result: Dict[str, Any]) -> List[str]:
   cells = [(r['pair'], r['draft'], r['batch'], r['temperature'], r['method'],
             f'{r["seconds"]:.3f}', r['tokens'], f'{r["tokens_per_call"]:.2f}',
             '' if r.get('acceptance_rate') is None else f'{r["acceptance_rate"]:.2f}',
-            f'{r["x_greedy"]:.2f}', f'{r["x_best_fixed"]:.2f}',
+            f'{r["x_greedy"]:.2f}', x_best_fixed_cell(r),
             '' if r.get('nodes_histogram') is None else str(r['nodes_histogram']),
             '' if r['cost_ratio'] is None else
             f'{r["cost_ratio"]:.3f} / {" ".join(f"{x:.2f}" for x in r["verify_ratio"])} / '
@@ -142,10 +162,11 @@ def markdown(result: Dict[str, Any]) -> List[str]:
   lines = common.table_report(
       '--tree best:auto against fixed best-first trees and greedy decoding', result,
       f'On the trained pairs of the command line (`--pair`), on their tasks\' test inputs; '
-      f'{result["examples"]} inputs per cell in batches of the cell\'s size; seconds: all of them, '
-      f'median of {result["repeats"]} interleaved rounds (methods in turn, {order_words(result)}) '
-      'after a compile call; x greedy: tokens/s over the cell\'s autoregressive decoding; x best fixed: '
-      'over the fastest fixed tree of the cell; tokens/call: tokens per target call; acc.: '
+      f'{result["examples"]} inputs per cell in batches of the cell\'s size; seconds: all of '
+      f'them{seeds_words(result)}, median of {result["repeats"]} interleaved rounds (methods in '
+      f'turn, {order_words(result)}) after a compile call; x greedy: tokens/s over the cell\'s '
+      'autoregressive decoding; x best fixed: over the fastest fixed tree of the cell (in '
+      'brackets: confirmed, see the goals); tokens/call: tokens per target call; acc.: '
       'accepted / proposed (verified) nodes; node histogram: target calls per node count asked '
       '(0..N_max), all rows; c / v / alpha: what the adaptive tree used, measured by '
       '`adaptive_tree.measure_costs` once per pair, batch size and temperature (in the seconds '
@@ -182,6 +203,8 @@ def main(argv=None) -> int:
   p.add_argument('--input-length', type=int, default=64)
   p.add_argument('--repeats', type=int, default=7)
   add_shuffle_argument(p)
+  add_confirm_argument(p)
+  add_seeds_argument(p)
   common.add_out_argument(p, __file__)
   args = p.parse_args(argv)
   if any(not exported.is_exported(task) for *_, task in args.pair) and not args.data_dir:
@@ -196,7 +219,7 @@ def main(argv=None) -> int:
     result = common.results(__file__, argv, rows, before, repeats=args.repeats,
                             examples=args.examples, auto_spec=auto_spec,
                             goals=goals(rows, auto_spec, lambda m: m in fixed), complete=complete,
-                            shuffle=args.shuffle)
+                            shuffle=args.shuffle, confirm=args.confirm, seeds=args.seeds)
     common.write_report(args.out, result, markdown(result))
 
   # As adaptive_gamma: rewritten after every cell (`complete`: every cell was measured).

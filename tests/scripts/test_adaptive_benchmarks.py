@@ -242,3 +242,73 @@ def test_the_guard_benchmark_runs_generates_batches_and_keeps_its_tokens(tmp_pat
   else:
     assert auto['guard_rounds'] == []
   assert '| auto |' in (tmp_path / 'g.md').read_text()
+
+
+def test_confirmation_rounds_time_the_chosen_fixed_method_again_and_decide_the_goal(monkeypatch):
+  """`--confirm`: after the sweep, the adaptive methods and the sweep's fastest fixed method (the
+  largest of noisy medians: here gamma=2's lucky 0.8 s) run again in rounds of their own, on the
+  held-out inputs' runs (their own token counts); the goal against the best fixed reads the
+  median of the paired per-round ratios."""
+  calls = []
+  sweep = {'no draft': [1.0] * 3, 'gamma=1': [0.9] * 3, 'gamma=2': [0.8] * 3,
+           'auto:optimal': [1.0] * 3, adaptive_gamma.GREEDY_AGAIN: [1.0] * 3}
+  again = {'gamma=2': [1.0, 1.0, 1.2], 'auto:optimal': [0.9, 1.25, 1.1]}
+
+  def interleaved(runs, repeats, order=(), shuffle=False):
+    calls.append((sorted(runs), repeats))
+    return sweep if len(calls) == 1 else again
+
+  def result(tokens):
+    class Result:
+      lengths = np.array([tokens])
+      target_calls = np.array([3])
+      loop_iterations = np.array(3)
+      accepted = proposed = np.array([1])
+    return lambda: [Result()]
+
+  monkeypatch.setattr(adaptive_gamma, 'interleaved', interleaved)
+  runs = {'no draft': result(10), 'gamma=1': result(10), 'gamma=2': result(10),
+          'auto:optimal': result(11)}
+  held = {'no draft': result(20), 'gamma=1': result(20), 'gamma=2': result(21),
+          'auto:optimal': result(22)}
+  rows = adaptive_gamma.measure_cell(
+      runs, 3, {'pair': 'p', 'draft': 'd', 'batch': 1, 'temperature': 0.0}, lambda m, r: {},
+      lambda m: m.startswith('gamma='), confirm=3, held_runs=held)
+  assert calls[1] == (['auto:optimal', 'gamma=2'], 3)  # the adaptive method and the sweep's best
+  auto = next(r for r in rows if r['method'] == 'auto:optimal')
+  assert auto['x_best_fixed'] == pytest.approx((11 / 1.0) / (10 / 0.8))  # 0.88: a miss
+  ratios = [(22 / 0.9) / (21 / 1.0), (22 / 1.25) / (21 / 1.0), (22 / 1.1) / (21 / 1.2)]
+  assert auto['confirm_ratios'] == pytest.approx(ratios)
+  assert auto['x_best_fixed_confirmed'] == pytest.approx(float(np.median(ratios)))  # 1.05
+  assert auto['confirmed_best_fixed'] == 'gamma=2' and auto['confirm_held_out']
+  assert auto['confirm_tokens'] == {'auto:optimal': 22, 'gamma=2': 21}
+  assert all('x_best_fixed_confirmed' not in r for r in rows if r['method'] != 'auto:optimal')
+  (goal,) = adaptive_gamma.goals(rows)
+  assert goal['best_fixed_goal'] and goal['x_best_fixed'] < 0.95
+  lines = adaptive_gamma.goal_lines({'goals': [goal], 'confirm': 3, 'examples': 8},
+                                    'auto:optimal', 'fixed gamma')
+  assert f'| {np.median(ratios):.3f} | met |' in lines[-1]
+  assert 'on the next 8 test inputs' in '\n'.join(lines)
+  calls.clear()
+  adaptive_gamma.measure_cell(runs, 3, {'pair': 'p'}, lambda m, r: {},
+                              lambda m: m.startswith('gamma='))
+  assert len(calls) == 1  # no confirmation rounds unless asked
+
+
+def test_confirmation_inputs_are_the_ones_after_the_sweeps():
+  inputs = np.arange(12).reshape(6, 2)
+  split = adaptive_gamma.split_held_out(inputs, 3, 5)
+  np.testing.assert_array_equal(split['inputs'], inputs[:3])
+  np.testing.assert_array_equal(split['held_out'], inputs[3:])
+  assert adaptive_gamma.split_held_out(inputs[:3], 3, 0)['held_out'] is None
+  assert [b.shape for b in adaptive_gamma.batches_of(split['held_out'], 1)] == [(1, 2)] * 3
+
+
+def test_sampled_cells_decode_with_several_keys_greedy_ones_with_one():
+  keys = adaptive_gamma.sampling_keys(3, 1.0)
+  assert len(keys) == 3 and len({tuple(np.asarray(k).tolist()) for k in keys}) == 3
+  assert len(adaptive_gamma.sampling_keys(3, 0.0)) == 1  # greedy: every key decodes alike
+  with pytest.raises(SystemExit, match='--seeds'):
+    adaptive_gamma.sampling_keys(0, 1.0)
+  assert adaptive_gamma.seeds_words({'seeds': 1}) == ''
+  assert '4 random keys' in adaptive_gamma.seeds_words({'seeds': 4})
