@@ -300,7 +300,8 @@ def measure(args: argparse.Namespace,
             if method.split(':')[1] in cals:
               c, seconds = cals[method.split(':')[1]]
               out.update(cost_ratio=c.cost_ratio, verify_ratio=c.verify_ratio,
-                         alpha_init=c.alpha, calibration_seconds=seconds)
+                         alpha_init=c.alpha, calibration_seconds=seconds,
+                         output_length=c.output_length)
             return out
 
           cell = measure_cell(runs, args.repeats, key, extra,
@@ -499,6 +500,7 @@ def x_best_fixed_cell(r: Dict[str, Any]) -> str:
 
 def markdown(result: Dict[str, Any]) -> List[str]:
   trained = result['trained']
+  length = lambda r: f' / L {r["output_length"]:.0f}' if r.get('output_length') else ''
   cells = [(*((r['pair'], r['draft']) if trained else (r['draft'],)), r['batch'],
             r['temperature'], r['method'],
             f'{r["seconds"]:.3f}', r['tokens'], f'{r["tokens_per_call"]:.2f}',
@@ -509,7 +511,7 @@ def markdown(result: Dict[str, Any]) -> List[str]:
             f'{r["gamma_histogram"]} (saved {r["draft_steps_saved"]})',
             '' if r['cost_ratio'] is None else
             f'{r["cost_ratio"]:.3f} / {" ".join(f"{v:.2f}" for v in r["verify_ratio"])} / '
-            f'{r["alpha_init"]:.2f} ({r["calibration_seconds"]:.1f} s)')
+            f'{r["alpha_init"]:.2f}{length(r)} ({r["calibration_seconds"]:.1f} s)')
            for r in result['rows']]
   pair = ('the trained pairs of the command line (`--pair`), on their tasks\' test inputs'
           if trained else 'the built-in UNTRAINED demo pair (`workloads.demo_pair`) on synthetic '
@@ -528,7 +530,9 @@ def markdown(result: Dict[str, Any]) -> List[str]:
       'and the iteration cost ratios v(1)..v(gamma_max), in steps of autoregressive decoding at '
       'the cell\'s temperature, and the starting alpha (the draft\'s greedy one-token '
       'acceptance over greedy decoding\'s output, or where the calibration timed the loop, the '
-      'loop\'s own acceptance at gamma 1); no draft (again): greedy decoding timed a second time '
+      'loop\'s own acceptance at gamma 1), and where given (/ L) the output length its batch '
+      'pricing used (the mean of the calibration batches\' longest greedy outputs, tokens; '
+      '`theory.batch_inflation`); no draft (again): greedy decoding timed a second time '
       '(the A/A control); steps/iter.: seconds per iteration of the batch loop in greedy '
       'decoding steps (its seconds per iteration), measured, and for a fixed gamma in brackets '
       'what the calibration priced it at (gamma c + v(gamma)).',

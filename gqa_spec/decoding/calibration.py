@@ -37,13 +37,15 @@ CALIBRATION_MAX_BATCHES = 16
 class FirstStage(NamedTuple):
   """`first_stage`'s measurements: seconds per greedy step, per draft proposal (with its commit)
   and per 2-token target call; the draft's teacher-forced agreement; v's lower bound in steps;
-  the `(target state, draft state)` batches of `more` it read for the agreement."""
+  the `(target state, draft state)` batches of `more` it read for the agreement; the mean of
+  those batches' longest greedy outputs, in tokens."""
   t_step: float
   t_draft: float
   alpha: float
   t_call: float
   v_floor: float
   more: Tuple[Tuple[PyTree, PyTree], ...] = ()
+  output_length: float = 0.0
 
 
 def first_stage(target: Decoder, target_state: PyTree, max_decode_len: int, next_token, commit,
@@ -63,10 +65,11 @@ def first_stage(target: Decoder, target_state: PyTree, max_decode_len: int, next
   greedy = lambda state, config=sampling.GREEDY: autoregressive.decode(
       target, state, rng, max_decode_len=max_decode_len, config=config)
   t_step = timing.per_iteration(lambda: greedy(target_state, config))  # seconds per plain step
-  read = []
+  read, longest = [], []
 
   def output(state):  # [b, 1 + L + slack] greedy decoding's sequences, and lengths [b]
     out = to_host(greedy(state))  # all rows, also where they are spread over processes
+    longest.append(int(np.max(out.lengths)))
     return np.pad(out.sequences, ((0, 0), (0, slack))), out.lengths
 
   def more_outputs():
@@ -83,7 +86,7 @@ def first_stage(target: Decoder, target_state: PyTree, max_decode_len: int, next
   t_step, t_draft, alpha, t_one, t_two = distributed.from_process_zero(
       (t_step, t_draft, alpha, t_one, t_two))
   return FirstStage(t_step, t_draft, alpha, t_two, 1.0 + max(t_two - t_one, 0.0) / t_step,
-                    tuple(read))
+                    tuple(read), float(np.mean(longest)))
 
 
 def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
@@ -107,6 +110,9 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
         (`verify_width`). It holds the target call, the sampling and verification of w + 1
         positions, appending, rollbacks, statistics, the policy's own work and the width's
         `lax.switch`, at the decoding's temperature;
+    rows, output_length = the batch's rows and the mean of the batches' longest greedy outputs the
+        first stage read (in tokens): what the policy prices a batch's wait for its slowest row
+        with (`AdaptiveGamma.output_length`, `theory.batch_inflation`);
     alpha = the draft's acceptance, every row's starting estimate (`AdaptiveGamma.alpha_init`,
         `calibrated`): in the first stage that of one-token proposals at temperature 0 (so that
         no random draw enters it), its greedy token against greedy decoding's at every position
@@ -171,15 +177,17 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
   t_step, alpha = first.t_step, first.alpha
   c = first.t_draft / t_step if getattr(draft, 'propose_upto', None) is not None else 0.0
   floor = (first.v_floor,) * gamma_max
+  batch = target.index(target_state).shape[0]
+  shape = dict(rows=batch, output_length=first.output_length)  # what the batch waits for
   reads_hidden = getattr(draft, 'reads_target_hidden', False)
   if not reads_hidden and not AdaptiveGamma(gamma_max=gamma_max, cost_ratio=c, verify_ratio=floor,
-                                            alpha_init=alpha, one_width=one_width).speculates:
-    return Calibration(c, floor, alpha, t_step)
+                                            alpha_init=alpha, one_width=one_width,
+                                            **shape).speculates:
+    return Calibration(c, floor, alpha, t_step, **shape)
   # The policy's own loop (its choice made every iteration, not taken), at the first stage's
   # numbers: the constants differ from the run's, the program does not.
   policy = AdaptiveGamma(gamma_max=gamma_max, cost_ratio=c, verify_ratio=floor, alpha_init=alpha,
-                         prior_weight=CALIBRATED_PRIOR_WEIGHT, one_width=one_width)
-  batch = target.index(target_state).shape[0]
+                         prior_weight=CALIBRATED_PRIOR_WEIGHT, one_width=one_width, **shape)
   widths = policy.verify_widths
   held = np.ones((), bool)
   run = lambda w, ts=target_state, ds=draft_state: decode(  # one compiled loop for every width
@@ -195,7 +203,8 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
   # w draft tokens it proposed there; never below the first stage's bound.
   return Calibration(c, tuple(
       max(t_iter[w] / t_step - w * c, first.v_floor)
-      for w in (verify_width(g, widths) for g in range(1, gamma_max + 1))), alpha, t_step)
+      for w in (verify_width(g, widths) for g in range(1, gamma_max + 1))), alpha, t_step,
+      **shape)
 
 
 def time_widths(target: Decoder, target_state: PyTree, max_decode_len: int,

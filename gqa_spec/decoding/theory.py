@@ -12,11 +12,17 @@ Theorem 8 assumes the target scores gamma + 1 positions in the time of one. On r
 verification grows with gamma, so `speedup_measured_costs` also takes v(gamma) = T_target(gamma + 1
 tokens) / T_target(1 token): per iteration the cost is gamma c + v(gamma) target steps (Theorem 8
 is v = 1). `c` may be a number or a function of gamma (measured, see benchmarks/speculative.py).
+
+Eq. 1 counts one row's tokens per iteration; a batch iterates until its slowest row is done.
+`batch_inflation` prices that: the expected iterations of a batch of `rows` rows of `length`
+tokens over the length / E[tokens] that Theorem 8 assumes (greedy decoding, one token an
+iteration, needs exactly `length`).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable, Optional, Sequence, Tuple, Union
 
 import jax
@@ -94,19 +100,64 @@ def optimal_gamma(alpha_: float, c: Cost, max_gamma: int = 64, verify_ratio: Cos
   return int(gammas[int(np.argmax(values))])
 
 
+@functools.lru_cache(maxsize=64)
+def expected_max_normal(n: int) -> float:
+  """E[max of n independent standard normals] (0 for n = 1; 1.42 for 8), by quadrature."""
+  if n <= 1:
+    return 0.0
+  x = np.linspace(-10.0, 10.0, 8001)  # [k]
+  cdf = 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))  # [k]
+  pdf = np.exp(-x * x / 2.0) / math.sqrt(2.0 * math.pi)  # [k]
+  return float(np.sum(x * n * pdf * cdf ** (n - 1)) * (x[1] - x[0]))
+
+
+def batch_inflation(alphas: np.ndarray, max_gamma: int, rows: int, length: float) -> np.ndarray:
+  """`[n]` alphas -> `[n, max_gamma + 1]`: a batch's expected iterations at each gamma over
+  length / E[tokens] (Eq. 1), for `rows` rows that each need `length` tokens (1 where length is 0:
+  not priced).
+
+  A row's tokens per iteration X are 1 + its accepted count (a geometric at alpha, cut at gamma):
+  mean mu = Eq. 1, E[X^2] = sum_{j=1}^{gamma+1} (2j - 1) alpha^(j-1). A row's iterations K to
+  reach `length` tokens have mean (length + E[overshoot]) / mu (Wald; the last iteration's tokens
+  past the end, in the stationary limit (E[X^2] - mu) / (2 mu)) and variance ~ length sigma^2 /
+  mu^3 (renewal theory), and the batch waits for the largest of `rows` of them: about
+  `expected_max_normal(rows)` standard deviations above the mean. So
+
+    inflation = 1 + (E[X^2] - mu) / (2 mu length) + z_rows sigma / sqrt(mu length),
+
+  1 at gamma 0 (X = 1). Against simulated batches of independent rows (tests/decoding/
+  test_theory.py) it is within 5% at 8 rows of 20-60 tokens, alpha 0.6-0.85, gamma 1-4; at
+  8 rows of 30 tokens and alpha 0.6, gamma 1 takes 1.11x the iterations Eq. 1 gives. Rows of
+  unequal length wait less for each other than this (the shorter rows rarely decide the batch):
+  an upper estimate there."""
+  a = np.clip(np.asarray(alphas, np.float64), 0.0, 1.0)[:, None]  # [n, 1]
+  if not length > 0:
+    return np.ones((a.shape[0], max_gamma + 1))
+  powers = a ** np.arange(max_gamma + 1)[None]  # [n, G + 1] alpha^j, j = 0..G
+  mu = np.cumsum(powers, axis=-1)  # [n, G + 1]
+  ex2 = np.cumsum((2.0 * np.arange(max_gamma + 1) + 1.0)[None] * powers, axis=-1)  # [n, G + 1]
+  sigma = np.sqrt(np.maximum(ex2 - mu * mu, 0.0))  # [n, G + 1]
+  return (1.0 + (ex2 - mu) / (2.0 * mu * length)
+          + expected_max_normal(int(rows)) * sigma / np.sqrt(mu * length))
+
+
 def _theorem8_gammas(alphas: np.ndarray, c: float, max_gamma: int,
-                     verify_ratio: Tuple[float, ...]) -> np.ndarray:
+                     verify_ratio: Tuple[float, ...], rows: int = 1,
+                     length: float = 0.0) -> np.ndarray:
   """`[n]` alphas -> `[n]`: the gamma in [0, max_gamma] maximising Theorem 8, in NumPy float64
-  (`optimal_gammas`' definition; `optimal_gamma_steps` samples it)."""
+  (`optimal_gammas`' definition; `optimal_gamma_steps` samples it); with a `length` > 0, the
+  expected tokens per iteration divided by the batch's iterations' inflation (`batch_inflation`)."""
   gammas = np.arange(max_gamma + 1, dtype=np.float64)  # [G + 1]
   a = np.clip(alphas, 0.0, 1.0)[:, None]  # [n, 1]
   tokens = np.cumsum(a ** gammas[None], axis=-1)  # [n, G + 1]
+  tokens = tokens / batch_inflation(alphas, max_gamma, rows, length)  # [n, G + 1]
   cost = gammas * c + np.concatenate([[1.0], verify_ratio])  # [G + 1]
   return np.argmax(tokens / cost[None], axis=-1)  # [n] (the first maximum: ties to the smaller)
 
 
 @functools.lru_cache(maxsize=256)
 def optimal_gamma_steps(c: float, max_gamma: int, verify_ratio: Union[float, Tuple[float, ...]],
+                        rows: int = 1, length: float = 0.0,
                         grid: int = 1 << 14) -> Tuple[np.ndarray, np.ndarray]:
   """Theorem 8's gamma (`_theorem8_gammas`) as a step function of alpha: `(edges [m] float32
   ascending, gammas [m + 1] int32)`, the gamma at alpha being `gammas[sum(alpha > edges)]` (at an
@@ -121,13 +172,13 @@ def optimal_gamma_steps(c: float, max_gamma: int, verify_ratio: Union[float, Tup
   XLA:CPU the adaptive loop's body compiles to one kernel fewer, `benchmarks/loop_kernels.py`)."""
   v = tuple(np.broadcast_to(np.asarray(verify_ratio, np.float64), (max_gamma,)).tolist())
   alphas = np.linspace(0.0, 1.0, grid + 1)
-  gammas = _theorem8_gammas(alphas, c, max_gamma, v)
+  gammas = _theorem8_gammas(alphas, c, max_gamma, v, rows, length)
   edges, values = [], [int(gammas[0])]
   for i in np.flatnonzero(gammas[1:] != gammas[:-1]):
     lo, hi = alphas[i], alphas[i + 1]  # gamma(lo) = values[-1] != gamma(hi)
     while np.float32(lo) != np.float32(hi) and hi - lo > 1e-12:
       mid = (lo + hi) / 2
-      if _theorem8_gammas(np.array([mid]), c, max_gamma, v)[0] == values[-1]:
+      if _theorem8_gammas(np.array([mid]), c, max_gamma, v, rows, length)[0] == values[-1]:
         lo = mid
       else:
         hi = mid
@@ -143,23 +194,29 @@ def _verify_key(verify_ratio) -> Union[float, Tuple[float, ...]]:
 
 
 def step_gamma(alpha_: float, c: float, max_gamma: int,
-               verify_ratio: Union[float, Sequence[float]] = 1.0) -> int:
+               verify_ratio: Union[float, Sequence[float]] = 1.0, rows: int = 1,
+               length: float = 0.0) -> int:
   """`optimal_gammas` at one alpha, on the host (no device op): a Python int."""
-  edges, gammas = optimal_gamma_steps(float(c), int(max_gamma), _verify_key(verify_ratio))
+  edges, gammas = optimal_gamma_steps(float(c), int(max_gamma), _verify_key(verify_ratio),
+                                      int(rows), float(length))
   return int(gammas[int(np.sum(np.float32(min(max(alpha_, 0.0), 1.0)) > edges))])
 
 
 def optimal_gammas(alpha_: jax.Array, c: float, max_gamma: int,
-                   verify_ratio: Union[float, Sequence[float]] = 1.0) -> jax.Array:
+                   verify_ratio: Union[float, Sequence[float]] = 1.0, rows: int = 1,
+                   length: float = 0.0) -> jax.Array:
   """`[b]` alphas -> `[b]` int32: the gamma in [0, max_gamma] maximising Theorem 8, in jitted code.
 
   With `verify_ratio` v != 1 a gamma >= 1 costs gamma c + v target steps (as
   `speedup_measured_costs`); v may be one number or `max_gamma` numbers, v(1)..v(max_gamma), the
   verification call's cost at each gamma. gamma = 0 (plain target steps, improvement 1) wins when
   no gamma >= 1 pays. Ties go to the smaller gamma (fewer draft calls for the same expected speed).
+  With `length` > 0 (tokens a row needs) the expected tokens are over the iterations a batch of
+  `rows` such rows takes (`batch_inflation`), not one row's.
   Read from `optimal_gamma_steps` (made once per setting on the host, in float64): a comparison
   and a sum here."""
-  edges, gammas = optimal_gamma_steps(float(c), int(max_gamma), _verify_key(verify_ratio))
+  edges, gammas = optimal_gamma_steps(float(c), int(max_gamma), _verify_key(verify_ratio),
+                                      int(rows), float(length))
   a = jnp.clip(alpha_.astype(jnp.float32), 0.0, 1.0)  # [b]
   index = jnp.sum(a[:, None] > jnp.asarray(edges)[None], axis=1)  # [b]
   return jnp.asarray(gammas)[index]  # [b]

@@ -246,9 +246,43 @@ def test_optimal_gammas_read_from_steps_equal_the_formula():
     near = np.any(np.abs(alphas[:, None] - edges[None]) <= 2 * np.spacing(np.float32(1)), axis=1)
     assert np.all((got == want) | near), (c, gmax, v)
     assert np.mean(near) < 0.01
+  # ... and where the batch's wait for its slowest row is priced (rows, output length)
+  for rows, length in [(8, 30.0), (4, 12.0), (1, 40.0)]:
+    edges, gammas = theory.optimal_gamma_steps(0.02, 8, v_measured, rows, length)
+    want = theory._theorem8_gammas(alphas.astype(np.float64), 0.02, 8, v_measured, rows, length)
+    got = np.asarray(theory.optimal_gammas(jnp.asarray(alphas), 0.02, 8, v_measured, rows, length))
+    near = np.any(np.abs(alphas[:, None] - edges[None]) <= 2 * np.spacing(np.float32(1)), axis=1)
+    assert np.all((got == want) | near) and np.mean(near) < 0.01, (rows, length)
   # the first gamma (a Python int, on the host) is the same function
   ad = AdaptiveGamma(gamma_max=8, cost_ratio=0.05, verify_ratio=v_growing, alpha_init=0.7)
   assert ad.first_gamma() == int(theory.optimal_gammas(jnp.asarray([0.7]), 0.05, 8, v_growing)[0])
+  ad = dataclasses.replace(ad, rows=8, output_length=20.0)
+  assert ad.first_gamma() == int(theory.optimal_gammas(jnp.asarray([0.7]), 0.05, 8, v_growing,
+                                                       8, 20.0)[0])
+
+
+def test_the_policy_prices_the_batchs_wait_for_its_slowest_row():
+  # The widened smoke pair's 0.2-noise draft at batch 8, greedy (results/benchmarks/
+  # adaptive_gamma_smoke_widened_confirmed): c 0.022, v as calibrated, alpha 0.62. Each row's own
+  # Theorem 8 says gamma 1 pays (1.62 tokens for 1.56 steps); the batch of 8 rows of ~30 tokens
+  # waits ~11% longer than that for its slowest row, and ran at 0.90x greedy decoding there: with
+  # the batch priced, the policy does not speculate. At batch 1 only the last call's overshoot
+  # is priced (~1%), and it still speculates.
+  v = (1.54, 2.03, 2.55, 2.89, 4.36, 4.36, 4.98, 4.98)
+  per_row = AdaptiveGamma(gamma_max=8, cost_ratio=0.022, verify_ratio=v, alpha_init=0.62)
+  assert per_row.first_gamma() == 1 and per_row.speculates
+  assert not dataclasses.replace(per_row, rows=8, output_length=30.0).speculates
+  assert dataclasses.replace(per_row, rows=1, output_length=30.0).first_gamma() == 1
+  # The 0.1-noise draft there (alpha 0.85): gamma 2 by each row's Theorem 8, gamma 1 for the
+  # batch (measured: gamma 1 1.09x, gamma 2 1.06x greedy decoding).
+  v = (1.60, 2.10, 2.73, 3.19, 4.66, 4.66, 5.36, 5.36)
+  per_row = AdaptiveGamma(gamma_max=8, cost_ratio=0.030, verify_ratio=v, alpha_init=0.85)
+  assert per_row.first_gamma() == 2
+  assert dataclasses.replace(per_row, rows=8, output_length=30.0).first_gamma() == 1
+  with pytest.raises(UserError, match='rows'):
+    AdaptiveGamma(rows=0)
+  with pytest.raises(UserError, match='output_length'):
+    AdaptiveGamma(output_length=-1.0)
 
 
 def test_verification_widths():
@@ -428,7 +462,7 @@ def test_measured_costs_stop_at_the_bound_or_time_the_loop_at_every_width(monkey
   dstate = draft.init(perturbed_params('gqa'), enc, MAX_LEN, GAMMA_MAX)
   hot = SamplingConfig(temperature=1.0)
   c, v, alpha, step = calibration.measure_costs(target, state, draft, dstate, MAX_LEN, GAMMA_MAX,
-                                                config=hot)
+                                                config=hot)[:4]
   assert c > 0.5 and 0.4 <= alpha < 1  # measured: c ~1.0, alpha 0.55
   assert 0 < step < 1  # the unit in seconds (the guard's, `guard.SpeculationGuard`)
   assert len(set(v)) == 1 and len(v) == GAMMA_MAX and v[0] >= 1.0 and not loops
@@ -445,8 +479,11 @@ def test_measured_costs_stop_at_the_bound_or_time_the_loop_at_every_width(monkey
   table = bigram.init(fit_ngram([s[1:n + 1] for s, n in zip(seqs, lengths)], 2,
                                 model.config.vocab_size))
   timed.clear()
-  c, v, alpha, step = calibration.measure_costs(target, state, bigram, table, MAX_LEN, GAMMA_MAX)
+  cal = calibration.measure_costs(target, state, bigram, table, MAX_LEN, GAMMA_MAX)
+  c, v, alpha, step = cal[:4]
   assert 0 < step < 1  # the second stage's unit
+  # what the batch waits for: its rows and its longest greedy output (one batch read)
+  assert (cal.rows, cal.output_length) == (len(INPUTS), float(np.max(lengths)))
   assert c == 0 and alpha > 0.5 and len(v) == GAMMA_MAX
   widths = adaptive.verify_gammas(GAMMA_MAX)
   assert {a.policy for a, _ in loops} == {'optimal'} and len({a for a, _ in loops}) == 1
@@ -466,8 +503,9 @@ def test_measured_costs_stop_at_the_bound_or_time_the_loop_at_every_width(monkey
   for g in range(1, GAMMA_MAX + 1):
     w = adaptive.verify_width(g, adaptive.verify_gammas(GAMMA_MAX))
     assert v[g - 1] == pytest.approx(max(t_iter[w] / t_step, bound))
-  ad = AdaptiveGamma(gamma_max=GAMMA_MAX).calibrated(adaptive.Calibration(c, v, alpha))
+  ad = AdaptiveGamma(gamma_max=GAMMA_MAX).calibrated(cal)
   assert (ad.cost_ratio, ad.verify_ratio, ad.alpha_init) == (c, v, alpha)
+  assert (ad.rows, ad.output_length) == (cal.rows, cal.output_length)
   # a whole iteration at gamma 1 (a target call of 2 tokens, verification, the bigram's gamma_max
   # tokens, bookkeeping) costs at least a greedy step's target call: v(1) >= ~1 in greedy steps
   # (a loose floor: 0.8)
@@ -477,7 +515,7 @@ def test_measured_costs_stop_at_the_bound_or_time_the_loop_at_every_width(monkey
   loops.clear()
   timed.clear()
   c, v, alpha, step = calibration.measure_costs(target, state, bigram, table, MAX_LEN, GAMMA_MAX,
-                                                one_width=True)
+                                                one_width=True)[:4]
   assert {a.one_width for a, _ in loops} == {True}
   assert list(dict.fromkeys(tuple(np.asarray(f)) for _, f in loops)) == [
       (GAMMA_MAX,) * len(INPUTS), (1,) * len(INPUTS)]  # timed at gamma_max; alpha at gamma 1
@@ -511,9 +549,11 @@ def test_alpha_is_measured_over_the_batches_after_the_first_as_far_as_it_needs(m
   monkeypatch.setattr(adaptive, '_speculative',
                       lambda *a, **k: loops.append(k['adaptive']) or speculative_loop(*a, **k))
   first = target.init(params, rows[0], slots)
-  c, _, alpha, _ = calibration.measure_costs(target, first, bigram, table, MAX_LEN, GAMMA_MAX,
-                                             more=states())
+  cal = calibration.measure_costs(target, first, bigram, table, MAX_LEN, GAMMA_MAX, more=states())
+  c, alpha = cal.cost_ratio, cal.alpha
   assert made == [1] and c == 0  # one more batch reached the bound
+  # the output length priced: the mean of the two batches' longest outputs (one row each)
+  assert cal.rows == 1 and cal.output_length == pytest.approx((lengths[0] + lengths[1]) / 2)
   assert loops  # the bigram (fitted on these outputs) passed the first stage: alpha is the loop's
   fixed = AdaptiveGamma(gamma_max=GAMMA_MAX, policy='fixed', gamma_init=1)
   runs = [adaptive.decode(target, target.init(params, enc, slots), bigram, table,
@@ -540,7 +580,7 @@ def test_a_draft_reading_the_targets_hidden_states_is_calibrated_on_the_loop(mon
   speculative_loop = adaptive._speculative  # pylint: disable=protected-access
   monkeypatch.setattr(adaptive, '_speculative',
                       lambda *a, **k: loops.append(k['adaptive']) or speculative_loop(*a, **k))
-  _, v, alpha, _ = calibration.measure_costs(target, state, draft, dstate, MAX_LEN, gmax)
+  _, v, alpha, _ = calibration.measure_costs(target, state, draft, dstate, MAX_LEN, gmax)[:4]
   assert loops and len(v) == gmax
   run = speculative_loop(target, state, draft, dstate, jax.random.PRNGKey(0),
                          adaptive=AdaptiveGamma(gamma_max=gmax, policy='fixed', gamma_init=1),
