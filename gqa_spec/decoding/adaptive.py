@@ -460,11 +460,12 @@ def batch_gamma(alpha: jax.Array, weight: jax.Array, active: jax.Array,
   holds it), so a row proposing less saves nothing and accepts less; and the batch takes as many
   iterations as its slowest row needs, so the length that pays is the one that pays for the row
   accepting least, its expected tokens over the iterations such a batch takes
-  (`AdaptiveGamma.output_length`, `theory.batch_inflation`). With a length per row (Theorem 8 at each row's alpha), the batch-8 cells of the
-  widened pair ran 0.56x-1.02x greedy decoding (4 of 6 below 0.9x) where a fixed gamma of 1-2
-  reached up to 1.13x (results/benchmarks/adaptive_gamma_cpu_widened): the batch paid for the
-  longest row's 4 tokens every iteration, and a row at 0 (plain steps, one token a call) among
-  speculating rows became the batch's straggler. At batch 1 the two are the same.
+  (`AdaptiveGamma.output_length`, `theory.batch_inflation`). With a length per row (Theorem 8 at
+  each row's alpha), the batch-8 cells of the widened pair ran 0.56x-1.02x greedy decoding (4 of 6
+  below 0.9x) where a fixed gamma of 1-2 reached up to 1.13x (results/benchmarks/
+  adaptive_gamma_cpu_widened): the batch paid for the longest row's 4 tokens every iteration, and
+  a row at 0 (plain steps, one token a call) among speculating rows became the batch's straggler.
+  At batch 1 the two are the same.
 
   Gamma 0 is final (the loop leaves the draft behind), so the batch leaves speculation only when
   gamma 0 also wins at its acceptance plus one standard error (`batch_alpha`); where only the

@@ -90,6 +90,6 @@ def test_batch_inflation_matches_simulated_batches():
         for gamma in (1, 2, 4):
           want = _batch_iterations(a, gamma, rows, length, rng) / (
               length / theory.expected_tokens(a, gamma))
-          # within 5% of simulated batches (measured: -2.6% to +0.3%); a batch of 8 waits > 5% longer
+          # within 5% of simulated batches (measured: -2.6% to +0.3%); 8 rows wait > 5% longer
           assert inflation[i, gamma] == pytest.approx(want, rel=0.05), (rows, length, a, gamma)
           assert rows == 1 or want > 1.05
