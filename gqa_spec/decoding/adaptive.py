@@ -127,10 +127,10 @@ class AdaptiveGamma:
     one_width: verify every proposal at gamma_max + 1 tokens: one compiled target call and no
       `lax.switch` over widths (`verify_widths`). On a GPU the adaptive loop at a fixed gamma cost
       40-90 us an iteration more than `speculative.decode`, which has no switch
-      (results/gpu/guard_2026-11-28), while a verification's cost there hardly depends on its
-      width at these sizes; whether one width closes that gap is what `benchmarks/
-      adaptive_overhead.py`'s 'one width' row measures. The calibration times the loop this
-      setting gives (`calibration.measure_costs(one_width=...)`).
+      (results/gpu/guard_2026-11-28; then the switch's branches still copied the cache), while a
+      verification's cost there hardly depends on its width at these sizes; whether one width closes
+      that gap is what `benchmarks/adaptive_overhead.py`'s 'one width' row measures. The
+      calibration times the loop this setting gives (`calibration.measure_costs(one_width=...)`).
     rows, output_length: the batch's rows and the tokens its longest row needs (policy
       'optimal'; `calibrated` sets those the calibration read: the batch's rows, the mean of its
       batches' longest greedy outputs). With an output_length > 0 a gamma's expected tokens are
@@ -363,16 +363,29 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
   def verify_call(tstate, inputs, longest):
     """The target's logits `[b, gmax + 1, V]` for `inputs [b, gmax + 1]`, scored at the narrowest
     compiled width that holds `longest` proposed tokens; the positions past it are zeros (no row
-    verifies them: every row's limit is <= longest)."""
-    def branch(w):
-      def call(ts, inp):
-        logits, ts = target.tokens_to_logits(ts, inp[:, :w + 1])  # [b, w + 1, V]
-        return jnp.pad(logits, ((0, 0), (0, gmax - w), (0, 0))), ts
-      return call
+    verifies them: every row's limit is <= longest). A target that can score without writing
+    (`targets.T5Decoder.score`) does so in the switch's branches, and its cache is written once
+    after it, gmax + 1 entries wide (the rollback below keeps what was accepted): a branch that
+    writes made XLA copy the whole self-attention cache into every branch, every iteration (the
+    compiled loop's HLO, `tests/decoding/test_adaptive_hlo.py`)."""
     if len(widths) == 1:
-      return branch(gmax)(tstate, inputs)
-    return jax.lax.switch(width_index(widths, longest), [branch(w) for w in widths], tstate,
-                          inputs)
+      return target.tokens_to_logits(tstate, inputs)  # [b, gmax + 1, V]
+    pad = lambda logits, w: jnp.pad(logits, ((0, 0), (0, gmax - w), (0, 0)))  # [b, gmax + 1, V]
+    index = width_index(widths, longest)
+    if not hasattr(target, 'score'):  # a decoder that only appends (t5x_compat's callable)
+      def writes(w):
+        def call(ts, inp):
+          logits, ts = target.tokens_to_logits(ts, inp[:, :w + 1])  # [b, w + 1, V]
+          return pad(logits, w), ts
+        return call
+      return jax.lax.switch(index, [writes(w) for w in widths], tstate, inputs)
+    def scores(w):
+      def call(ts, inp):
+        logits, entries = target.score(ts, inp[:, :w + 1])  # [b, w + 1, V]
+        return pad(logits, w), target.pad_entries(entries, gmax + 1)
+      return call
+    logits, entries = jax.lax.switch(index, [scores(w) for w in widths], tstate, inputs)
+    return logits, target.append(tstate, entries)
 
   def speculate(s: LoopState, want, draft_rng, verify_rng):
     r = s.result

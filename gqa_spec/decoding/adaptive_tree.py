@@ -411,6 +411,10 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
   shape = adaptive.shape
   depth, nmax, widths = shape.depth, adaptive.nodes_max, adaptive.widths
   reads_hidden = getattr(draft, 'reads_target_hidden', False)
+  # Branches that score without writing return the cache's new entries, written once after the
+  # switch (`adaptive.decode`'s verify_call: a branch that writes made XLA copy the whole cache
+  # into every branch, every call). Chimera's calls return hidden states and still write.
+  scores = hasattr(target, 'score') and not reads_hidden and len(widths) > 1
   loop = init_loop(target, target_state, draft_state, rng, max_decode_len, depth, skip)
   batch = loop.done.shape[0]
   loop = loop.replace(result=loop.result.replace(
@@ -428,7 +432,8 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
   def branch(w):
     def call(tstate, ranked, last, lengths, verify_rng):
       """The first w nodes verified in one target call: `(path [b, D], k [b], t [b], tstate,
-      hidden [b, D + 1, E] of the root and the path, or a placeholder)`."""
+      hidden [b, D + 1, E] of the root and the path, or a placeholder)`; with `scores` the new
+      cache entries (`N_max + 1` wide) in place of tstate."""
       sub = tree_lib.first_nodes(ranked, w)  # [b, w] nodes
       tokens = jnp.concatenate([last, sub.tokens], axis=1)  # [b, w + 1]
       tree_positions = lengths[:, None] + jnp.concatenate(
@@ -437,6 +442,9 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
       if reads_hidden:  # Chimera: the hidden states of this same call
         logits, hidden, tstate = target.tokens_to_logits_and_hidden(
             tstate, tokens, tree_positions, mask)  # [b, w + 1, V], [b, w + 1, E]
+      elif scores:
+        logits, entries = target.score(tstate, tokens, tree_positions, mask)  # [b, w + 1, V]
+        tstate = target.pad_entries(entries, nmax + 1)
       else:
         logits, tstate = target.tokens_to_logits(tstate, tokens, tree_positions,
                                                  mask)  # [b, w + 1, V]
@@ -465,6 +473,8 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
       path, k, t, tstate, hidden = branch(nmax)(*args)
     else:
       path, k, t, tstate, hidden = jax.lax.switch(index, [branch(w) for w in widths], *args)
+      if scores:
+        tstate = target.append(s.target_state, tstate)  # tstate: the branch's entries
     if reads_hidden:
       dstate = draft.observe(dstate, hidden, r.lengths)
 

@@ -13,7 +13,10 @@ advances cache_index by k. Writes overwrite, so `set_cache_index` (moving the in
 complete rollback. Optional explicit `decoder_positions [batch, k]` and `decoder_attention_mask
 [batch, k, k]` (which of this call's tokens each of them may see; earlier slots are all visible)
 serve tree verification; a `[batch, k, L]` mask instead names every visible slot (tree drafts). By
-default positions continue from the index and the mask is causal.
+default positions continue from the index and the mask is causal. A pending call
+(`decode(..., pending=True)`) scores its k tokens the same way but leaves the cache as it was: their
+positions (`decoder/positions [batch, k]`) and K/V go to the 'pending' collection, which
+`decode_cache.append_pending` writes later.
 
 The first decode call, made with no cache, creates it: cross-attention K/V are projected once from
 `encoded` (with `num_kv_heads` heads), self-attention K/V are zeros of length `max_decode_length`.
@@ -103,7 +106,8 @@ def _layer_stack(cfg: T5Config, layer_cls, num_layers: int, x: jax.Array, *args,
     body = nn.remat(body, policy=_REMAT_POLICIES[cfg.remat_policy],
                     prevent_cse=not cfg.scan_layers)  # scan already keeps XLA from CSE-ing remat
   if cfg.scan_layers:
-    scanned = nn.scan(body, variable_axes={'params': PARAM_SCAN_AXIS, 'cache': CACHE_SCAN_AXIS},
+    scanned = nn.scan(body, variable_axes={'params': PARAM_SCAN_AXIS, 'cache': CACHE_SCAN_AXIS,
+                                           'pending': CACHE_SCAN_AXIS},
                       split_rngs={'params': True, 'dropout': True},
                       in_axes=(nn.broadcast,) * len(args), length=num_layers)
     x, _ = scanned(layer_cls(cfg, name=SCANNED_NAME), x, *args)
@@ -132,12 +136,14 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x, encoded, self_bias, self_mask, cross_mask, cache_index=None, *,
-               enable_dropout: bool = False, decode: bool = False, cache_length=None):
+               enable_dropout: bool = False, decode: bool = False, cache_length=None,
+               pending: bool = False):
     cfg = self.config
     h = _norm(cfg, 'pre_self_attention_layer_norm')(x)
+    self_mode = ('pending' if pending else 'self') if decode else None
     h = _attention(cfg, cfg.num_kv_heads, 'self_attention')(
         h, h, self_mask, self_bias, enable_dropout=enable_dropout,
-        cache_mode='self' if decode else None, cache_index=cache_index, cache_length=cache_length)
+        cache_mode=self_mode, cache_index=cache_index, cache_length=cache_length)
     x = x + _dropout(cfg, h, enable_dropout)
     h = _norm(cfg, 'pre_cross_attention_layer_norm')(x)
     h = _attention(cfg, cfg.num_kv_heads, 'encoder_decoder_attention')(
@@ -173,12 +179,15 @@ class Decoder(nn.Module):
   def __call__(self, encoded, decoder_input_tokens, decoder_mask=None, encoder_decoder_mask=None,
                enable_dropout: bool = False, decode: bool = False,
                max_decode_length: Optional[int] = None, decoder_positions=None,
-               decoder_attention_mask=None, encoder_valid=None, return_hidden: bool = False):
+               decoder_attention_mask=None, encoder_valid=None, return_hidden: bool = False,
+               pending: bool = False):
     cfg = self.config
     batch, length = decoder_input_tokens.shape
     relpos = _relpos(cfg)
     cache_index = cache_length = None
     if decode:
+      if pending and not self.has_variable('cache', 'cache_index'):
+        raise ValueError('a pending decode call reads the cache: create it first')
       if max_decode_length is None and not self.has_variable('cache', 'cache_index'):
         raise ValueError('the first decode call creates the cache and needs max_decode_length')
       index_var = self.variable('cache', 'cache_index', jnp.zeros, (batch,), jnp.int32)
@@ -187,34 +196,17 @@ class Decoder(nn.Module):
       enc_mask = self.variable('cache', 'encoder_mask', lambda: encoder_valid.astype(bool))
       cache_index = index_var.value  # [batch]
       cache_length = slot_positions.value.shape[1]
-      offsets = jnp.arange(length, dtype=jnp.int32)
       if decoder_positions is None:
-        decoder_positions = cache_index[:, None] + offsets  # [batch, k]
+        decoder_positions = cache_index[:, None] + jnp.arange(length, dtype=jnp.int32)  # [batch, k]
       decoder_positions = decoder_positions.astype(jnp.int32)
-      slot_positions.value = jax.vmap(lambda p, u, i: jax.lax.dynamic_update_slice(p, u, (i,)))(
-          slot_positions.value, decoder_positions, cache_index)
-      # Which slots each new token sees: all earlier slots, plus this call's slots per the mask.
-      slots = jnp.arange(cache_length, dtype=jnp.int32)[None]  # [1, L]
-      rel_slot = slots - cache_index[:, None]  # [batch, L]; 0..k-1 for this call's slots
-      is_new = (rel_slot >= 0) & (rel_slot < length)  # [batch, L]
-      if decoder_attention_mask is None:
-        new_visible = rel_slot[:, None, :] <= offsets[None, :, None]  # causal, [batch, k, L]
-      elif decoder_attention_mask.shape[-1] == cache_length:
-        # A `[batch, k, L]` mask names every visible slot (a draft growing a token tree level by
-        # level must hide earlier levels' non-ancestors); when k == L both readings coincide.
-        new_visible = None
-        visible = decoder_attention_mask.astype(bool) & (rel_slot < length)[:, None, :]
+      if pending:
+        self_mask, self_bias = _pending_mask_and_bias(
+            relpos, cache_index, slot_positions.value, decoder_positions, decoder_attention_mask)
+        self.put_variable('pending', 'positions', decoder_positions)
       else:
-        tree = jnp.broadcast_to(decoder_attention_mask.astype(bool), (batch, length, length))
-        new_visible = jnp.take_along_axis(
-            tree, jnp.broadcast_to(jnp.clip(rel_slot, 0, length - 1)[:, None, :],
-                                   (batch, length, cache_length)), axis=2)  # [batch, k, L]
-      if new_visible is not None:
-        visible = (rel_slot < 0)[:, None, :] | (is_new[:, None, :] & new_visible)  # [batch, k, L]
-      self_mask = visible[:, None]  # [batch, 1, k, L]
-      self_bias = relpos(decoder_positions, slot_positions.value, bidirectional=False)
+        self_mask, self_bias = self._append(relpos, index_var, slot_positions, decoder_positions,
+                                            decoder_attention_mask)
       cross_mask = enc_mask.value[:, None, None, :]  # [batch, 1, 1, S]
-      index_var.value = cache_index + length
     else:
       positions = jnp.arange(length)[None]
       self_bias = relpos(positions, positions, bidirectional=False)  # [1, heads, length, length]
@@ -223,7 +215,7 @@ class Decoder(nn.Module):
     x = _dropout(cfg, self.shared_embedding(decoder_input_tokens), enable_dropout)
     x = _layer_stack(cfg, DecoderLayer, cfg.num_decoder_layers, x, encoded, self_bias, self_mask,
                      cross_mask, cache_index, train=not decode, enable_dropout=enable_dropout,
-                     decode=decode, cache_length=cache_length)
+                     decode=decode, cache_length=cache_length, pending=pending)
     x = _norm(cfg, 'decoder_norm')(x)
     x = _dropout(cfg, x, enable_dropout)
     if cfg.logits_via_embedding:
@@ -233,6 +225,59 @@ class Decoder(nn.Module):
     if return_hidden:  # the logits layer's input, a by-product: no extra computation
       return logits.astype(jnp.float32), x  # [batch, k, vocab], [batch, k, emb]
     return logits.astype(jnp.float32)  # [batch, k, vocab]
+
+  def _append(self, relpos, index_var, slot_positions, decoder_positions, decoder_attention_mask):
+    """Writes the k new tokens' positions at each row's index and advances it by k; returns the
+    self-attention mask `[batch, 1, k, L]` and bias `[batch, H, k, L]` over the cache's slots."""
+    cache_index = index_var.value  # [batch]
+    batch, length = decoder_positions.shape
+    cache_length = slot_positions.value.shape[1]
+    offsets = jnp.arange(length, dtype=jnp.int32)
+    slot_positions.value = jax.vmap(lambda p, u, i: jax.lax.dynamic_update_slice(p, u, (i,)))(
+        slot_positions.value, decoder_positions, cache_index)
+    # Which slots each new token sees: all earlier slots, plus this call's slots per the mask.
+    slots = jnp.arange(cache_length, dtype=jnp.int32)[None]  # [1, L]
+    rel_slot = slots - cache_index[:, None]  # [batch, L]; 0..k-1 for this call's slots
+    is_new = (rel_slot >= 0) & (rel_slot < length)  # [batch, L]
+    if decoder_attention_mask is None:
+      new_visible = rel_slot[:, None, :] <= offsets[None, :, None]  # causal, [batch, k, L]
+    elif decoder_attention_mask.shape[-1] == cache_length:
+      # A `[batch, k, L]` mask names every visible slot (a draft growing a token tree level by
+      # level must hide earlier levels' non-ancestors); when k == L both readings coincide.
+      new_visible = None
+      visible = decoder_attention_mask.astype(bool) & (rel_slot < length)[:, None, :]
+    else:
+      tree = jnp.broadcast_to(decoder_attention_mask.astype(bool), (batch, length, length))
+      new_visible = jnp.take_along_axis(
+          tree, jnp.broadcast_to(jnp.clip(rel_slot, 0, length - 1)[:, None, :],
+                                 (batch, length, cache_length)), axis=2)  # [batch, k, L]
+    if new_visible is not None:
+      visible = (rel_slot < 0)[:, None, :] | (is_new[:, None, :] & new_visible)  # [batch, k, L]
+    index_var.value = cache_index + length
+    self_bias = relpos(decoder_positions, slot_positions.value, bidirectional=False)
+    return visible[:, None], self_bias  # [batch, 1, k, L], [batch, H, k, L]
+
+
+def _pending_mask_and_bias(relpos, cache_index: jax.Array, slot_positions: jax.Array,
+                           decoder_positions: jax.Array, decoder_attention_mask):
+  """The 'pending' mode's self-attention mask `[batch, 1, k, L + k]` and bias
+  `[batch, H, k, L + k]`: keys are the cache's L slots (those before each row's index visible to
+  every new token), then the k new tokens (causal, or `decoder_attention_mask [batch, k, k]`).
+  The same keys, positions and visibility as `Decoder._append` gives after writing them."""
+  batch, length = decoder_positions.shape
+  cache_length = slot_positions.shape[1]
+  if decoder_attention_mask is None:
+    new_visible = jnp.tril(jnp.ones((length, length), bool))[None]  # [1, k, k]
+  elif decoder_attention_mask.shape[-1] != length:
+    raise ValueError(f'a pending decode call takes a [batch, k, k] attention mask (k = {length}) '
+                     f'over its own tokens, got {decoder_attention_mask.shape}')
+  else:
+    new_visible = decoder_attention_mask.astype(bool)
+  cached = jnp.arange(cache_length, dtype=jnp.int32)[None] < cache_index[:, None]  # [batch, L]
+  visible = jnp.concatenate([jnp.broadcast_to(cached[:, None, :], (batch, length, cache_length)),
+                             jnp.broadcast_to(new_visible, (batch, length, length))], axis=2)
+  keys = jnp.concatenate([slot_positions, decoder_positions], axis=1)  # [batch, L + k]
+  return visible[:, None], relpos(decoder_positions, keys, bidirectional=False)
 
 
 class Transformer(nn.Module):
@@ -261,7 +306,7 @@ class Transformer(nn.Module):
              encoder_segment_ids=None, decoder_segment_ids=None, decoder_positions=None, *,
              enable_dropout: bool = False, decode: bool = False,
              max_decode_length: Optional[int] = None, decoder_attention_mask=None,
-             return_hidden: bool = False):
+             return_hidden: bool = False, pending: bool = False):
     """Decoder logits `[batch, k, vocab]` (float32).
 
     Teacher-forced (`decode=False`): causal over `decoder_input_tokens`, padding from
@@ -271,14 +316,16 @@ class Transformer(nn.Module):
     override the default positions and causal mask of the new tokens (tree verification).
     `return_hidden=True` returns `(logits, hidden [batch, k, emb])`: the decoder's final hidden
     states, i.e. the logits layer's input (after `decoder_norm`; dropout is off when decoding), which
-    trained drafts such as Chimera read.
+    trained drafts such as Chimera read. `pending=True` (decode, 'pending' mutable, 'cache' read
+    only) scores the k tokens as if appended but writes nothing: their positions and every layer's
+    self-attention K/V go to the 'pending' collection (`decode_cache.score_tokens`).
     """
     if decode:
       encoder_valid = None if encoder_input_tokens is None else encoder_input_tokens > 0
       return self.decoder(encoded, decoder_input_tokens, enable_dropout=enable_dropout, decode=True,
                           max_decode_length=max_decode_length, decoder_positions=decoder_positions,
                           decoder_attention_mask=decoder_attention_mask, encoder_valid=encoder_valid,
-                          return_hidden=return_hidden)
+                          return_hidden=return_hidden, pending=pending)
     length = decoder_input_tokens.shape[1]
     if decoder_target_tokens is None:
       decoder_target_tokens = jnp.ones_like(decoder_input_tokens)

@@ -1,0 +1,98 @@
+"""The adaptive loops' compiled programs do not copy the self-attention cache every iteration.
+
+`adaptive.decode` and `adaptive_tree.decode` verify inside a `lax.switch` over widths. A branch
+that writes the cache makes XLA give the branch its own copy of it, every call: at T5.1.1-XXL,
+batch 8 and 512 slots in bf16 that cache is ~1.6 GB, copied each iteration. A target that can score
+without writing (`T5Decoder.score`) returns the new entries from the branches, written once after
+the switch, so the cache is copied only where the program starts (its inputs are not donated), as
+in `speculative.decode`, which has no switch. Read from the compiled HLO: every `copy` whose shape
+is a self-attention K or V cache, by computation.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from gqa_spec.decoding import adaptive, adaptive_tree, speculative
+from gqa_spec.decoding.adaptive import AdaptiveGamma
+from gqa_spec.decoding.adaptive_tree import AdaptiveTree
+from gqa_spec.decoding.drafts import ModelDraft
+from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
+from gqa_spec.decoding.targets import T5Decoder
+from tests.decoding.conftest import INPUTS, MAX_LEN, model_and_params
+
+
+@dataclasses.dataclass(frozen=True)
+class WritingDecoder:
+  """A T5 decoder without `score`: the loops' fallback, verifying with writes in the branches."""
+
+  inner: T5Decoder
+
+  def __getattr__(self, name):
+    if name in ('score', 'pad_entries', 'append'):
+      raise AttributeError(name)
+    return getattr(self.inner, name)
+
+
+def _cache_copies(compiled_text: str, cache_shapes) -> dict:
+  """`{computation: copies}` of arrays of `cache_shapes` (HLO shape strings such as
+  'f32[4,2,8,20]'), the entry computation under 'ENTRY'."""
+  found, name = {}, None
+  for line in compiled_text.splitlines():
+    if not line.startswith(' ') and line.rstrip().endswith('{'):
+      name = 'ENTRY' if line.startswith('ENTRY') else line.split()[0]
+    elif ' copy(' in line and any(f'= {shape}' in line for shape in cache_shapes):
+      found[name] = found.get(name, 0) + 1
+  return found
+
+
+def _kv_shapes(state) -> set:
+  """HLO shape strings of the self-attention K and V caches in `state`."""
+  return {f'f32[{",".join(map(str, leaf.shape))}]'
+          for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]
+          if 'self_attention' in (key := jax.tree_util.keystr(path)) and 'cached_' in key}
+
+
+def _copies(fn, target_state, draft_state) -> dict:
+  """`_cache_copies` of the target's cache in `fn(target_state, draft_state)` compiled, the
+  draft's cache of other shapes (a copy of it would count otherwise)."""
+  shapes = _kv_shapes(target_state)
+  assert len(shapes) == 2 and not shapes & _kv_shapes(draft_state), shapes
+  text = jax.jit(fn).lower(target_state, draft_state).compile().as_text()
+  return _cache_copies(text, shapes)
+
+
+def test_the_chain_loop_copies_the_cache_only_at_its_entry():
+  model, params = model_and_params(2)
+  target, enc, rng = T5Decoder(model), jnp.asarray(INPUTS), jax.random.PRNGKey(0)
+  ad = AdaptiveGamma(gamma_max=8, policy='fixed', gamma_init=2)
+  assert len(ad.verify_widths) == 6
+  state = target.init(params, enc, adaptive.target_cache_length(MAX_LEN, ad) + 3)
+  draft = ModelDraft.t5(model)
+  dstate = draft.init(params, enc, MAX_LEN, 8)
+  loop = lambda dec: lambda t, d: adaptive.decode(dec, t, draft, d, rng, adaptive=ad,
+                                                  max_decode_len=MAX_LEN)
+  scored = _copies(loop(target), state, dstate)
+  assert set(scored) == {'ENTRY'}, scored
+  plain = _copies(lambda t, d: speculative.decode(target, t, draft, d, rng, gamma=2,
+                                                  max_decode_len=MAX_LEN), state, dstate)
+  assert scored == plain, (scored, plain)
+  # The fallback writes in its branches: copies inside the loop, the case this test guards.
+  written = _copies(loop(WritingDecoder(target)), state, dstate)
+  assert sum(n for name, n in written.items() if name != 'ENTRY') >= 4 * len(ad.verify_widths), (
+      written)
+
+
+def test_the_tree_loop_copies_the_cache_only_at_its_entry():
+  model, params = model_and_params(2)
+  target, enc = T5Decoder(model), jnp.asarray(INPUTS)
+  ad = AdaptiveTree.parse('best:auto:8,depth:3,width:2', cost_ratio=0.1)
+  assert len(ad.widths) > 1
+  state = target.init(params, enc, adaptive_tree.target_cache_length(MAX_LEN, ad) + 3)
+  draft = TreeModelDraft.t5(model)
+  dstate = draft.init(params, enc, MAX_LEN, ad.shape)
+  found = _copies(lambda t, d: adaptive_tree.decode(
+      target, t, draft, d, jax.random.PRNGKey(0), adaptive=ad, max_decode_len=MAX_LEN),
+                  state, dstate)
+  assert set(found) <= {'ENTRY'}, found
