@@ -19,6 +19,14 @@ kernel. A `conditional` counts as one control instruction plus the largest of it
 (`lax.switch` runs one); a nested `while` as one control instruction (its own body is its own
 row). On XLA:GPU a while loop's predicate and a conditional's index are read by the host, each a
 synchronisation. Counts differ between backends (XLA:CPU fuses differently); read the device's.
+
+Beside the kernels, `cache copies`: the `copy` instructions of one iteration whose shape is a
+self-attention K or V cache of the target, each a read and a write of a whole cache array (in the
+body, the fusions and calls it runs, and a conditional's branch with the most). At T5.1.1-XXL,
+batch 8 and 512 slots in bf16 with 64 K/V heads one such array is ~34 MB. The adaptive
+loop's switch once had a copy of every layer's K and V in each branch (`T5Decoder.score` removed
+it); on this CPU greedy decoding's batch-1 step still copies each 4 times (XLA:CPU runs the
+cache's write twice, for the loop's output and for the attention's unit-batch view of it).
 """
 
 from __future__ import annotations
@@ -72,9 +80,28 @@ def kernels(comps, computation: str) -> collections.Counter:
   return out
 
 
-def loops(hlo: str) -> List[Dict[str, Any]]:
+def cache_copies(comps, computation: str, shapes) -> int:
+  """`copy` instructions of one run of `computation` whose type (layout dropped) is in `shapes`,
+  such as 'f32[1,8,41,32]': there, in what it calls, in a conditional's branch with the most; a
+  nested loop's body is its own row."""
+  count = 0
+  for _, opcode, typ, rest in comps.get(computation, []):
+    if opcode == 'copy' and typ.split('{')[0] in shapes:
+      count += 1
+    elif opcode == 'conditional':
+      count += max((cache_copies(comps, b, shapes) for b in _attribute(rest, 'branch_computations')
+                    + _attribute(rest, 'true_computation') + _attribute(rest, 'false_computation')),
+                   default=0)
+    elif opcode != 'while':
+      count += sum(cache_copies(comps, c, shapes) for c in _attribute(rest, 'calls')
+                   + _attribute(rest, 'to_apply'))
+  return count
+
+
+def loops(hlo: str, shapes=frozenset()) -> List[Dict[str, Any]]:
   """Every while loop of the optimised `hlo` text: its body's name, depth, XLA's known trip count
-  (None where not stated) and its kernels per iteration, total and by category."""
+  (None where not stated), its kernels per iteration, total and by category, and its copies of
+  arrays of `shapes` (`cache_copies`)."""
   comps, _ = op_profile.parse_hlo(hlo)
   entry = re.search(r'^ENTRY\s+%?([\w.\-]+)', hlo, re.MULTILINE).group(1)
   rows: List[Dict[str, Any]] = []
@@ -89,7 +116,8 @@ def loops(hlo: str) -> List[Dict[str, Any]]:
         trip = re.search(r'"known_trip_count":\{"n":"(\d+)"', rest)
         count = kernels(comps, body)
         rows.append({'body': body, 'depth': depth, 'trip_count': int(trip.group(1)) if trip
-                     else None, 'kernels': sum(count.values()), 'by_category': dict(count)})
+                     else None, 'kernels': sum(count.values()), 'by_category': dict(count),
+                     'cache_copies': cache_copies(comps, body, shapes)})
         called = [body]
       for c in called:
         if c not in seen:
@@ -109,10 +137,14 @@ def measure(args) -> List[Dict[str, Any]]:
   draft = NgramDraft(vocab)
   dstate = draft.init(workloads.output_bigram(model, params, args.input_length, args.length))
   rows = []
+  shapes = {f'{leaf.dtype.name.replace("float", "f")}'
+            f'[{",".join(map(str, leaf.shape))}]'
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tstate.cache)[0]
+            if 'self_attention' in jax.tree_util.keystr(path)}  # e.g. f32[1,8,32,41]
   every = adaptive_overhead.methods(target, tstate, draft, dstate, args.batch, args.gamma)
   for key in args.methods.split(','):
     name, run = every[key]
-    for i, loop in enumerate(loops(compiled_text(lambda run=run: run(args.length)))):
+    for i, loop in enumerate(loops(compiled_text(lambda run=run: run(args.length)), shapes)):
       rows.append({'method': name, 'loop': i, **loop})
       common.print_row({k: v for k, v in rows[-1].items() if k != 'by_category'})
   return rows
@@ -158,12 +190,14 @@ def main(argv=None):
            f'Random-init `{args.preset}` target, bigram draft, batch {args.batch}, gamma '
            f'{args.gamma}, {args.length} tokens. Per loop body: the instructions that run as '
            f'kernels (a conditional: one control instruction and its largest branch; a nested '
-           f'loop: one control instruction and a row of its own), from the compiled HLO.', '',
-           *common.table_head(['method', 'loop', 'depth', 'trip count', 'kernels', *cats])]
+           f'loop: one control instruction and a row of its own), from the compiled HLO; cache '
+           f'copies: copies of a whole self-attention K or V cache array per iteration.', '',
+           *common.table_head(['method', 'loop', 'depth', 'trip count', 'kernels', *cats,
+                               'cache copies'])]
   for r in rows:
     lines.append(f'| {r["method"]} | {r["loop"]} | {r["depth"]} | {r["trip_count"] or ""} | '
                  f'{r["kernels"]} | ' + ' | '.join(str(r['by_category'].get(c, 0)) for c in cats)
-                 + ' |')
+                 + f' | {r["cache_copies"]} |')
   common.write_markdown(args.out + '.md', lines, results['machine'])
 
 

@@ -206,7 +206,13 @@ def test_the_loop_kernels_benchmark_reads_each_loop_body_from_the_compiled_progr
   assert one['by_category'].get('control', 0) == 0 and one['kernels'] < fixed['kernels']
   assert held['kernels'] > fixed['kernels']  # the optimal policy's choice, made and not taken
   assert by[list(by)[2]][1]['kernels'] == greedy['kernels']  # the plain steps: greedy's step
+  # No copy of the cache in the speculative loops' bodies, the switch's branches included (its
+  # branches score without writing: T5Decoder.score); the count is read where copies are, as
+  # tests/decoding/test_adaptive_hlo.py checks with a decoder that writes in its branches.
+  assert spec['cache_copies'] == fixed['cache_copies'] == one['cache_copies'] == 0, rows
+  assert held['cache_copies'] == 0
   assert '| kernels |' in (tmp_path / 'lk.md').read_text()
+  assert '| cache copies |' in (tmp_path / 'lk.md').read_text()
 
 
 def test_the_guard_benchmark_runs_generates_batches_and_keeps_its_tokens(tmp_path, tiny_gpu_export):
