@@ -413,8 +413,8 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
   reads_hidden = getattr(draft, 'reads_target_hidden', False)
   # Branches that score without writing return the cache's new entries, written once after the
   # switch (`adaptive.decode`'s verify_call: a branch that writes made XLA copy the whole cache
-  # into every branch, every call). Chimera's calls return hidden states and still write.
-  scores = hasattr(target, 'score') and not reads_hidden and len(widths) > 1
+  # into every branch, every call).
+  scores = len(widths) > 1 and hasattr(target, 'score_and_hidden' if reads_hidden else 'score')
   loop = init_loop(target, target_state, draft_state, rng, max_decode_len, depth, skip)
   batch = loop.done.shape[0]
   loop = loop.replace(result=loop.result.replace(
@@ -439,7 +439,11 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
       tree_positions = lengths[:, None] + jnp.concatenate(
           [jnp.zeros((batch, 1), jnp.int32), sub.depths], axis=1)  # [b, w + 1]
       mask = tree_lib.attention_mask(sub.parents, depth)  # [b, w + 1, w + 1]
-      if reads_hidden:  # Chimera: the hidden states of this same call
+      if reads_hidden and scores:  # Chimera: the hidden states of this same call
+        logits, hidden, entries = target.score_and_hidden(
+            tstate, tokens, tree_positions, mask)  # [b, w + 1, V], [b, w + 1, E]
+        tstate = target.pad_entries(entries, nmax + 1)
+      elif reads_hidden:
         logits, hidden, tstate = target.tokens_to_logits_and_hidden(
             tstate, tokens, tree_positions, mask)  # [b, w + 1, V], [b, w + 1, E]
       elif scores:

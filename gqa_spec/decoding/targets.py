@@ -18,7 +18,7 @@ explicit state pytree (parameters + cache), so the loops never see a model:
   pad_entries(entries, width) -> entries   append(state, entries) -> state
       optional (T5Decoder, TableDecoder): `tokens_to_logits` in two steps, scoring without writing
       and then writing (entries padded to `width` >= k write `width` slots; the caller moves the
-      index back). A loop that verifies inside a `lax.switch` over widths scores in the branches
+      index back); `score_and_hidden` (T5Decoder) is `score` with the hidden states. A loop that verifies inside a `lax.switch` over widths scores in the branches
       and appends once after it: a branch that writes the cache makes XLA copy all of it into
       the branch, every call (`adaptive.py`).
 
@@ -92,6 +92,11 @@ class T5Decoder:
     """`tokens_to_logits`' logits `[b, k, V]` and the entries `append` writes; the cache is read
     only (`decode_cache.score_tokens`)."""
     return decode_cache.score_tokens(self.model, state.params, state.cache, tokens, positions, mask)
+
+  def score_and_hidden(self, state: T5State, tokens: jax.Array, positions=None, mask=None):
+    """`score` also returning the final hidden states `[b, k, emb]` (same pass; Chimera)."""
+    return decode_cache.score_tokens(self.model, state.params, state.cache, tokens, positions, mask,
+                                     return_hidden=True)
 
   def pad_entries(self, entries, width: int):
     return decode_cache.pad_pending(entries, width)

@@ -77,21 +77,26 @@ def decode_tokens_with_hidden(model: Transformer, params: Any, cache: Cache, tok
 
 def score_tokens(model: Transformer, params: Any, cache: Cache, tokens: jax.Array,
                  positions: Optional[jax.Array] = None,
-                 attention_mask: Optional[jax.Array] = None) -> Tuple[jax.Array, Pending]:
+                 attention_mask: Optional[jax.Array] = None, return_hidden: bool = False):
   """`decode_tokens`' logits `[batch, k, vocab]` for `tokens [batch, k]`, with the cache left as it
   was: returns `(logits, pending)`, `pending` the k tokens' positions and every layer's
   self-attention K/V, which `append_pending` writes (the two together are `decode_tokens`, up to
-  the order of the softmax's sum).
+  the order of the softmax's sum). `return_hidden=True`: `(logits, hidden [batch, k, emb],
+  pending)`, the hidden states `decode_tokens_with_hidden` returns.
 
   A verification call in one branch of a `lax.switch` over widths reads the cache and returns
   `pending` (`pad_pending` to one width), and the write happens once, after the switch: a branch
   that writes makes XLA copy the whole self-attention cache into it, every call.
   """
-  logits, variables = model.apply({'params': params, 'cache': cache}, None, None, tokens,
-                                  decode=True, decoder_positions=positions,
-                                  decoder_attention_mask=attention_mask, pending=True,
-                                  method=Transformer.decode, mutable=['pending'])
-  return logits, variables['pending']
+  out, variables = model.apply({'params': params, 'cache': cache}, None, None, tokens,
+                               decode=True, decoder_positions=positions,
+                               decoder_attention_mask=attention_mask, pending=True,
+                               return_hidden=return_hidden, method=Transformer.decode,
+                               mutable=['pending'])
+  if return_hidden:
+    logits, hidden = out  # [batch, k, vocab], [batch, k, emb]
+    return logits, hidden, variables['pending']
+  return out, variables['pending']
 
 
 def _pending_kv(pending: Pending):

@@ -36,6 +36,9 @@ def _setup(scan_layers: bool, dtype: str):
 decode = jax.jit(decode_cache.decode_tokens, static_argnames='model')
 score = jax.jit(decode_cache.score_tokens, static_argnames='model')
 append = jax.jit(decode_cache.append_pending)
+score_hidden = jax.jit(functools.partial(decode_cache.score_tokens, return_hidden=True),
+                       static_argnames='model')
+decode_hidden = jax.jit(decode_cache.decode_tokens_with_hidden, static_argnames='model')
 
 
 def _assert_caches_close(got, want, atol):
@@ -71,6 +74,12 @@ def test_score_then_append_is_decode_tokens(scan_layers, dtype, tree):
   # The cache the pending call read is unchanged: a second score gives the same logits.
   again, _ = score(model, params, cache, tokens, positions, mask)
   np.testing.assert_array_equal(again, logits)
+  if dtype == 'float32' and not tree:  # with the hidden states (Chimera's calls): the same pass
+    hidden_logits, hidden, pending_h = score_hidden(model, params, cache, tokens)
+    _, want_hidden, _ = decode_hidden(model, params, cache, tokens)
+    np.testing.assert_array_equal(hidden_logits, logits)
+    np.testing.assert_allclose(hidden, want_hidden, atol=tol)
+    _assert_caches_close(pending_h, pending, 0.0)
 
 
 @pytest.mark.parametrize('scan_layers', [False, True])
