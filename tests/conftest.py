@@ -39,6 +39,7 @@ SLOW_FILES = (
     'tests/multihost/test_multihost.py',  # ~85 + ~50 before the decoding joined its processes (3 side by side, then 1, then 4)
     'tests/decoding/test_tree_staged.py',  # ~76 (147 compiles, was 771)
     'tests/training/test_draft_training.py',  # 70
+    'tests/decoding/test_adaptive_hlo.py',  # ~70 alone (3 compiles of the adaptive loops)
     'tests/decoding/test_tree_t5.py',  # 61
     'tests/test_convert.py',  # 57
     'tests/decoding/test_mesh.py',  # ~48 (shared states, the suite's XLA flags)
