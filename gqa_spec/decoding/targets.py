@@ -18,9 +18,10 @@ explicit state pytree (parameters + cache), so the loops never see a model:
   pad_entries(entries, width) -> entries   append(state, entries) -> state
       optional (T5Decoder, TableDecoder): `tokens_to_logits` in two steps, scoring without writing
       and then writing (entries padded to `width` >= k write `width` slots; the caller moves the
-      index back); `score_and_hidden` (T5Decoder) is `score` with the hidden states. A loop that verifies inside a `lax.switch` over widths scores in the branches
-      and appends once after it: a branch that writes the cache makes XLA copy all of it into
-      the branch, every call (`adaptive.py`).
+      index back); `score_and_hidden` (T5Decoder) is `score` with the hidden states. A loop that
+      verifies inside a `lax.switch` over widths scores in the branches and appends once after
+      it: a branch that writes the cache makes XLA copy all of it into the branch, every call
+      (`adaptive.py`).
 
 `T5Decoder` binds `gqa_spec.models.decode_cache` (cross-attention K/V computed once per input);
 `TableDecoder` reads next-token logits from a fixed `[T, V, V]` table indexed by (position, current

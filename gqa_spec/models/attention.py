@@ -147,7 +147,7 @@ def write_cache(cache: jax.Array, update: jax.Array, index: jax.Array, axis: int
   """Overwrites `update` into `cache` along `axis` at per-row slots `index [batch]`.
 
   Values are `[batch, G, k, d]` into `[batch, G, L, d]` (axis 2); keys `[batch, G, d, k]` into
-  `[batch, G, d, L]` (axis 3).
+  `[batch, G, d, L]` (axis 3); the decoder's slot positions `[batch, k]` into `[batch, L]` (axis 1).
 
   Writes overwrite (no one-hot accumulate), so rolling the index back and writing again leaves no
   trace of the discarded entries. Callers guarantee `index + k <= L` (`dynamic_update_slice` would

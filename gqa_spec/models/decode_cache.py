@@ -136,8 +136,7 @@ def append_pending(cache: Cache, pending: Pending) -> Cache:
     attn['cached_value'] = write_cache(attn['cached_value'], value, index, axis=value.ndim - 2)
     decoder[name] = {**layer, 'self_attention': attn}
   positions = pending['decoder']['positions']  # [batch, k]
-  decoder['positions'] = write_cache(decoder['positions'][:, None], positions[:, None], index,
-                                     axis=2)[:, 0]  # [batch, L]
+  decoder['positions'] = write_cache(decoder['positions'], positions, index, axis=1)  # [batch, L]
   decoder['cache_index'] = index + positions.shape[1]
   return {**cache, 'decoder': decoder}
 

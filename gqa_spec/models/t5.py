@@ -40,7 +40,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from gqa_spec.models.attention import MultiHeadAttention, RelativePositionBiases
+from gqa_spec.models.attention import MultiHeadAttention, RelativePositionBiases, write_cache
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.layers import Dense, Embed, MlpBlock, RMSNorm
 
@@ -233,8 +233,8 @@ class Decoder(nn.Module):
     batch, length = decoder_positions.shape
     cache_length = slot_positions.value.shape[1]
     offsets = jnp.arange(length, dtype=jnp.int32)
-    slot_positions.value = jax.vmap(lambda p, u, i: jax.lax.dynamic_update_slice(p, u, (i,)))(
-        slot_positions.value, decoder_positions, cache_index)
+    slot_positions.value = write_cache(slot_positions.value, decoder_positions, cache_index,
+                                       axis=1)  # [batch, L]
     # Which slots each new token sees: all earlier slots, plus this call's slots per the mask.
     slots = jnp.arange(cache_length, dtype=jnp.int32)[None]  # [1, L]
     rel_slot = slots - cache_index[:, None]  # [batch, L]; 0..k-1 for this call's slots
