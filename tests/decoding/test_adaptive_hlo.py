@@ -1,4 +1,5 @@
-"""The adaptive loops' compiled programs do not copy the self-attention cache every iteration.
+"""The adaptive loops' compiled programs do not copy the self-attention cache every iteration, and
+the plain path (no row speculates) compiles greedy decoding's own loop.
 
 `adaptive.decode` and `adaptive_tree.decode` verify inside a `lax.switch` over widths. A branch
 that writes the cache makes XLA give the branch its own copy of it, every call: at T5.1.1-XXL,
@@ -9,12 +10,14 @@ in `speculative.decode`, which has no switch. Read from the compiled HLO: every 
 is a self-attention K or V cache, by computation.
 """
 
+import collections
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
 
-from gqa_spec.decoding import adaptive, adaptive_tree, speculative
+from gqa_spec.decoding import adaptive, adaptive_tree, autoregressive, speculative
 from gqa_spec.decoding.adaptive import AdaptiveGamma
 from gqa_spec.decoding.adaptive_tree import AdaptiveTree
 from gqa_spec.decoding.drafts import ModelDraft
@@ -96,3 +99,45 @@ def test_the_tree_loop_copies_the_cache_only_at_its_entry():
       target, t, draft, d, jax.random.PRNGKey(0), adaptive=ad, max_decode_len=MAX_LEN),
                   state, dstate)
   assert set(found) <= {'ENTRY'}, found
+
+
+_INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%\S+ = (?:\([^=]*?\)|\S+) ([a-z][\w-]*)\((.*)$')
+
+
+def _loop_bodies(compiled_text: str) -> list:
+  """The instructions of each `while` body of a compiled module, as sorted counts of (opcode,
+  fusion kind) pairs: what the loop runs each iteration, names aside."""
+  bodies, computations, name = re.findall(r'body=%?([\w.-]+)', compiled_text), {}, None
+  for line in compiled_text.splitlines():
+    if not line.startswith(' ') and line.rstrip().endswith('{'):
+      name = line.split()[1 if line.startswith('ENTRY') else 0].lstrip('%')
+      computations[name] = collections.Counter()
+    elif name is not None and (match := _INSTRUCTION.match(line)):
+      kind = re.search(r'kind=(k\w+)', match.group(2))
+      computations[name][(match.group(1), kind.group(1) if kind else '')] += 1
+  return sorted(sorted(computations[b].items()) for b in bodies)
+
+
+def test_the_plain_path_runs_greedy_decodings_loop():
+  """Where the policy does not speculate, `adaptive.decode` is greedy decoding's loop: the same
+  while bodies, instruction for instruction (the length statistics come after the loop)."""
+  model, params = model_and_params(2)
+  target, enc, rng = T5Decoder(model), jnp.asarray(INPUTS), jax.random.PRNGKey(0)
+  never = AdaptiveGamma(gamma_max=8, cost_ratio=5.0, verify_ratio=(5.0,) * 8, alpha_init=0.1)
+  assert not never.speculates
+  state = target.init(params, enc, adaptive.target_cache_length(MAX_LEN, never))
+  compiled = lambda fn: _loop_bodies(jax.jit(fn).lower(state).compile().as_text())
+  greedy = compiled(lambda t: autoregressive.decode(target, t, rng, max_decode_len=MAX_LEN))
+  plain = compiled(lambda t: adaptive.decode(target, t, None, None, rng, adaptive=never,
+                                             max_decode_len=MAX_LEN))
+  assert max(sum(n for _, n in body) for body in greedy) > 50, greedy  # the decoding loop, parsed
+  assert plain == greedy
+  # the comparison can fail: a loop that speculates is another program
+  fixed = AdaptiveGamma(gamma_max=8, policy='fixed', gamma_init=2)
+  draft = ModelDraft.t5(model)
+  dstate = draft.init(params, enc, MAX_LEN, 8)
+  wide = target.init(params, enc, adaptive.target_cache_length(MAX_LEN, fixed))
+  other = _loop_bodies(jax.jit(lambda t, d: adaptive.decode(
+      target, t, draft, d, rng, adaptive=fixed, max_decode_len=MAX_LEN)).lower(
+          wide, dstate).compile().as_text())
+  assert other != greedy
