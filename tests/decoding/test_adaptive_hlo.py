@@ -10,13 +10,12 @@ in `speculative.decode`, which has no switch. Read from the compiled HLO: every 
 is a self-attention K or V cache, by computation.
 """
 
-import collections
 import dataclasses
-import re
 
 import jax
 import jax.numpy as jnp
 
+from benchmarks import loop_kernels
 from gqa_spec.decoding import adaptive, adaptive_tree, autoregressive, speculative
 from gqa_spec.decoding.adaptive import AdaptiveGamma
 from gqa_spec.decoding.adaptive_tree import AdaptiveTree
@@ -101,21 +100,11 @@ def test_the_tree_loop_copies_the_cache_only_at_its_entry():
   assert set(found) <= {'ENTRY'}, found
 
 
-_INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%\S+ = (?:\([^=]*?\)|\S+) ([a-z][\w-]*)\((.*)$')
-
-
 def _loop_bodies(compiled_text: str) -> list:
-  """The instructions of each `while` body of a compiled module, as sorted counts of (opcode,
-  fusion kind) pairs: what the loop runs each iteration, names aside."""
-  bodies, computations, name = re.findall(r'body=%?([\w.-]+)', compiled_text), {}, None
-  for line in compiled_text.splitlines():
-    if not line.startswith(' ') and line.rstrip().endswith('{'):
-      name = line.split()[1 if line.startswith('ENTRY') else 0].lstrip('%')
-      computations[name] = collections.Counter()
-    elif name is not None and (match := _INSTRUCTION.match(line)):
-      kind = re.search(r'kind=(k\w+)', match.group(2))
-      computations[name][(match.group(1), kind.group(1) if kind else '')] += 1
-  return sorted(sorted(computations[b].items()) for b in bodies)
+  """Each decoding loop of a compiled module as `benchmarks.loop_kernels.loops` reads it (the
+  kernels of its body by category, its cache copies), names aside."""
+  return [{k: v for k, v in loop.items() if k != 'body'}
+          for loop in loop_kernels.loops(compiled_text)]
 
 
 def test_the_plain_path_runs_greedy_decodings_loop():
@@ -130,7 +119,7 @@ def test_the_plain_path_runs_greedy_decodings_loop():
   greedy = compiled(lambda t: autoregressive.decode(target, t, rng, max_decode_len=MAX_LEN))
   plain = compiled(lambda t: adaptive.decode(target, t, None, None, rng, adaptive=never,
                                              max_decode_len=MAX_LEN))
-  assert max(sum(n for _, n in body) for body in greedy) > 50, greedy  # the decoding loop, parsed
+  assert max(loop['kernels'] for loop in greedy) > 50, greedy  # the decoding loop, parsed
   assert plain == greedy
   # the comparison can fail: a loop that speculates is another program
   fixed = AdaptiveGamma(gamma_max=8, policy='fixed', gamma_init=2)
