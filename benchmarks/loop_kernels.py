@@ -98,12 +98,23 @@ def cache_copies(comps, computation: str, shapes) -> int:
   return count
 
 
+def _entry(hlo: str) -> str:
+  return re.search(r'^ENTRY\s+%?([\w.\-]+)', hlo, re.MULTILINE).group(1)
+
+
+def entry_copies(hlo: str, shapes) -> int:
+  """`cache_copies` of the optimised `hlo` text's entry computation: the copies made once a call,
+  outside every loop."""
+  comps, _ = op_profile.parse_hlo(hlo)
+  return cache_copies(comps, _entry(hlo), shapes)
+
+
 def loops(hlo: str, shapes=frozenset()) -> List[Dict[str, Any]]:
   """Every while loop of the optimised `hlo` text: its body's name, depth, XLA's known trip count
   (None where not stated), its kernels per iteration, total and by category, and its copies of
   arrays of `shapes` (`cache_copies`)."""
   comps, _ = op_profile.parse_hlo(hlo)
-  entry = re.search(r'^ENTRY\s+%?([\w.\-]+)', hlo, re.MULTILINE).group(1)
+  entry = _entry(hlo)
   rows: List[Dict[str, Any]] = []
 
   def visit(computation: str, depth: int, seen: frozenset) -> None:
