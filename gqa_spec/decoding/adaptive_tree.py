@@ -29,25 +29,35 @@ output has the target's distribution whatever sizes were used.
 The choice (policy 'optimal'). With verification in rank order, whether node j is accepted depends
 only on nodes ranked before it, so one call at width w shows, for every compiled width u <= w,
 how many tokens a top-u tree would have accepted: the accepted path's nodes ranked below u (the
-path is ancestor-closed in rank, so these are a prefix of it). Each row keeps `gain [b, K]`, an
-exponential moving average per compiled width u_j of the tokens the nodes ranked in
-[u_{j-1}, u_j) added (the count at u_j less the count at u_{j-1}), updated for the widths the call
-held; accepted_r(u_j) = gain_r(u_1) + ... + gain_r(u_j). Keeping the gains rather than the counts
-keeps a width the call did not hold in step with the smaller ones (only its own gain is stale),
-so a stale, larger count cannot make a failing row ask for ever larger trees. The gains start
-from a prior: where the calibration's second stage ran (`measure_costs`, `calibrated`), the
-tokens this loop accepted per call at each width there (`accepted_init`); otherwise the counts
-of a chain of min(u, D) tokens each accepted with probability `alpha_init` (sum_i alpha^i; no gain
-past depth D), the top node's acceptance measured on the first batch, or an optimistic 0.9, so
-that one bad first call (e.g. a Chimera draft's, before it has any hidden state) does not end
-speculation. The chain reads a top-u tree as a path of min(u, D) nodes, which a best-first tree
-of a few nodes seldom is: on the cpu study's widened pair at batch 1 (alpha 0.95, trees 0.76x
-greedy decoding at best) it priced 4 nodes at 3.5 tokens a call, every input began with a call
-at N_max and a few at 4 before its statistics ended them, and `--tree best:auto` ran at 0.85x-0.91x
-greedy decoding (results/benchmarks/adaptive_tree_cpu_widened). Where the prior itself pays for
-no tree, no row ever asks for one and `decode` is greedy decoding from the start. A row asks for
+path is ancestor-closed in rank, so these are a prefix of it). Each row keeps `gain [b, K]`, a
+discounted mean per compiled width u_j of the tokens the nodes ranked in [u_{j-1}, u_j) added
+over the calls that held u_j, and `weight [b, K]`, its discounted count of calls: each call
+multiplies every weight by `decay`, held or not, and adds 1 where it held the width (held at every
+call, gain <- decay gain + (1 - decay) added). Gains, not counts: a width the call did not hold
+stays in step with the smaller ones, so a stale, larger count cannot make a failing row ask for
+ever larger trees. The gains start from a prior counted as 1 / (1 - decay) calls that fade:
+where the calibration's second stage ran (`measure_costs`, `calibrated`), the tokens this loop
+accepted per call at each width there (`accepted_init`), which then also counts as `prior_weight`
+calls that never fade (`CALIBRATED_PRIOR_CALLS`), a band's estimate (W0 prior_j + weight_j gain_j)
+/ (W0 + weight_j). Without it one low draw of a wide band (0, 1 or 2 tokens a call at T = 1) kept
+a row below that width for good, the width never held again: on the widened smoke pair at batch
+1, T = 1, rows asked for 1 or 2 nodes in 64 of 98 calls where the prior and the best fixed tree
+had 4, at 0.915x that tree (results/benchmarks/adaptive_tree_smoke_widened_confirmed). With it a
+width not held drifts back to the prior as its evidence fades (on that pair remade, 4 keys per
+input: 1.01x the best fixed tree, 0.946x without; results/benchmarks/
+adaptive_tree_smoke_widened_{lasting,fading}_t1_seeds4). Otherwise the counts of a chain of
+min(u, D) tokens each accepted with probability `alpha_init` (sum_i alpha^i; no gain past depth D),
+the top node's acceptance measured on the first batch, or an optimistic 0.9, so that one bad first
+call (e.g. a Chimera draft's, before it has any hidden state) does not end speculation (no lasting
+prior). The chain reads a top-u tree as a path of min(u, D) nodes, which a best-first tree of a few
+nodes seldom is: on the cpu study's widened pair at batch 1 (alpha 0.95, trees 0.76x greedy decoding
+at best) it priced 4 nodes at 3.5 tokens a call, every input began with a call at N_max and a few at
+4 before its statistics ended them, and `--tree best:auto` ran at 0.85x-0.91x greedy decoding
+(results/benchmarks/adaptive_tree_cpu_widened). Where the prior itself pays for no tree, no row ever
+asks for one and `decode` is greedy decoding from the start. A row asks for
 
     N_r = argmax over n in {0} + widths of  (1 + accepted_r(n)) / cost(n),
+    accepted_r(u_j) = est_r(u_1) + ... + est_r(u_j),  est_r the bands' estimates above,
     cost(0) = 1 (a plain step),  cost(n) = D c + v(n),
 
 tokens per greedy-step equivalent: D draft calls of c each (c: one draft call of the tree over one
@@ -55,8 +65,8 @@ step of greedy decoding) and v(n) the iteration's verification call at width n a
 work over a greedy step (both measured, `measure_costs`, or c given and v = 1 as in Theorem 8).
 Ties go to the smaller tree. With the chain prior, unless no row speculates, the first iteration
 verifies N_max for every row, so every width is observed at once; with a measured prior every row
-starts at the prior's own choice. A width larger than the call's is not observed that iteration
-and keeps its estimate.
+starts at the prior's own choice. A width larger than the call's is not observed that iteration:
+its running mean stays, the evidence behind it fades.
 """
 
 from __future__ import annotations
@@ -85,6 +95,11 @@ from gqa_spec.errors import UserError
 from gqa_spec.partitioning import to_host
 
 PyTree = Any
+# Calls the calibration's measured prior (tokens accepted per call at each width) counts for in
+# every row's estimate, never discounted (`AdaptiveTree.prior_weight`): about as much as the
+# running evidence, which settles at 1 / (1 - decay) = 3.3 calls (`--gamma auto`'s calibrated
+# alpha counts 16 positions, ~2x its running evidence).
+CALIBRATED_PRIOR_CALLS = 4.0
 DEFAULT_MAX_NODES = 64  # `best:auto` without :N: every candidate, at most this many
 SPEC = 'best:auto[:N],depth:D[,width:W][,replace]'
 
@@ -116,7 +131,11 @@ class AdaptiveTree:
       number per `widths`, in [0, D]), in place of the chain from `alpha_init`: `calibrated`
       sets the ones `measure_costs` measured in this loop (`TreeCalibration.accepted`) where its
       second stage ran; None: the chain.
-    decay: weight of the old estimate in each update.
+    decay: what each call multiplies the evidence behind a width's estimate by (module
+      docstring).
+    prior_weight: calls the prior counts for in every row's estimate for the whole run, never
+      discounted (0: the prior fades with the evidence). `calibrated` sets
+      `CALIBRATED_PRIOR_CALLS` where the calibration measured the prior (`accepted_init`).
     fixed_nodes: every row asks for this many nodes at every call, whatever its statistics (None:
       the choice above), or for the first count `_speculative` is given (traced), at every call
       (tests; `measure_costs` times the policy's own loop `held` instead); 0: no row asks for a
@@ -130,6 +149,7 @@ class AdaptiveTree:
   decay: float = 0.7
   fixed_nodes: Optional[int] = None
   accepted_init: Optional[Tuple[float, ...]] = None
+  prior_weight: float = 0.0
 
   def __post_init__(self):
     if self.shape.budget is None:
@@ -148,6 +168,8 @@ class AdaptiveTree:
     if not 0.0 <= self.alpha_init <= 1.0 or not 0.0 <= self.decay < 1.0:
       raise UserError(f'alpha_init must be in [0, 1] and decay in [0, 1), got {self.alpha_init}, '
                       f'{self.decay}')
+    if not self.prior_weight >= 0:
+      raise UserError(f'prior_weight must be >= 0, got {self.prior_weight}')
     if self.accepted_init is not None:
       a = tuple(float(x) for x in self.accepted_init)
       if len(a) != len(self.widths) or not all(0.0 <= x <= self.shape.depth for x in a):
@@ -206,6 +228,26 @@ class AdaptiveTree:
     best = jnp.argmax(tokens / cost[None], axis=1)  # [b]; the first (smaller) on ties
     return jnp.asarray((0,) + widths, jnp.int32)[best]
 
+  def accepted(self, gain: jax.Array, weight: jax.Array) -> jax.Array:
+    """`[b, K]` each row's accepted-length estimate per compiled width, from its bands' running
+    means `gain [b, K]` over `weight [b, K]` discounted calls and the lasting prior (module
+    docstring)."""
+    w0 = self.prior_weight
+    if w0:
+      bands = jnp.diff(self.prior(), prepend=0.0)  # [K]
+      gain = (w0 * bands[None] + weight * gain) / (w0 + weight)  # [b, K]
+    return jnp.cumsum(gain, axis=1)
+
+  def observe(self, gain: jax.Array, weight: jax.Array, added: jax.Array, observed: jax.Array,
+              active: jax.Array) -> Tuple[jax.Array, jax.Array]:
+    """One call's update of the bands' running means `gain [b, K]` over `weight [b, K]`
+    discounted calls (module docstring): `added [b, K]` the tokens each band added where the
+    call held it (`observed [b, K]` bool), rows not `active [b]` unchanged."""
+    kept = self.decay * weight  # [b, K] every band's evidence fades, held or not
+    new_weight = jnp.where(active[:, None], kept + observed.astype(jnp.float32), weight)
+    new_gain = jnp.where(observed, (kept * gain + added) / jnp.maximum(new_weight, 1e-6), gain)
+    return new_gain, new_weight
+
   def first_nodes(self) -> int:
     """Every row's first node count, a Python int: `fixed_nodes`; with a measured prior
     (`accepted_init`) the prior's own choice (every width is measured already); with the chain
@@ -220,14 +262,15 @@ class AdaptiveTree:
 
   def calibrated(self, calibration: Union['TreeCalibration', Calibration]) -> 'AdaptiveTree':
     """These settings with `measure_costs`' c, v, starting alpha and, where its second stage
-    ran, the accepted tokens per width it measured (the prior; a chain's `Calibration` has
-    none)."""
+    ran, the accepted tokens per width it measured (the prior, kept as `CALIBRATED_PRIOR_CALLS`
+    calls that never fade; a chain's `Calibration` has none)."""
     depth = self.shape.depth
     accepted = getattr(calibration, 'accepted', ())
     return dataclasses.replace(
         self, cost_ratio=calibration.cost_ratio, verify_ratio=calibration.verify_ratio,
         alpha_init=min(max(calibration.alpha, 0.0), 1.0),
-        accepted_init=tuple(min(max(a, 0.0), depth) for a in accepted) if accepted else None)
+        accepted_init=tuple(min(max(a, 0.0), depth) for a in accepted) if accepted else None,
+        prior_weight=CALIBRATED_PRIOR_CALLS if accepted else 0.0)
 
   def describe(self) -> str:
     v = self.verify_ratio
@@ -267,6 +310,7 @@ class TreeLoopState:
   loop: LoopState
   want: jax.Array  # [b] int32 the node count each row asks for next
   gain: jax.Array  # [b, K] float32 running tokens added by the nodes ranked in [u_{j-1}, u_j)
+  weight: jax.Array  # [b, K] float32 the discounted calls behind each gain
 
 
 def target_cache_length(max_decode_len: int, adaptive: AdaptiveTree) -> int:
@@ -425,7 +469,8 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
           else jnp.asarray(first_nodes, jnp.int32))  # [b]
   init = TreeLoopState(loop=loop, want=want,
                        gain=jnp.broadcast_to(jnp.diff(adaptive.prior(), prepend=0.0),
-                                             (batch, len(widths))))
+                                             (batch, len(widths))),
+                       weight=jnp.full((batch, len(widths)), 1.0 / (1.0 - adaptive.decay)))
   positions = jnp.arange(depth + 1)  # [D + 1]
   width_array = jnp.asarray(widths, jnp.int32)  # [K]
 
@@ -494,8 +539,7 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
     count = jnp.sum(below, axis=2).astype(jnp.float32)  # [b, K]
     observed = active[:, None] & (width_array[None] <= width)  # [b, K]
     added = jnp.diff(count, axis=1, prepend=0.0)  # [b, K] tokens each band of ranks added
-    gain = jnp.where(observed, adaptive.decay * a.gain + (1 - adaptive.decay) * added,
-                     a.gain)  # [b, K]
+    gain, weight = adaptive.observe(a.gain, a.weight, added, observed, active)  # [b, K] each
 
     act = active.astype(jnp.int32)  # [b]
     rows = jnp.arange(batch)
@@ -515,12 +559,12 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
         tree_width_trace=r.tree_width_trace.at[r.loop_iterations].set(width, mode='drop'))
     loop = LoopState(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
     if adaptive.fixed_nodes is None:
-      want = jnp.where(active, adaptive.choose(jnp.cumsum(gain, axis=1)), a.want)  # [b]
+      want = jnp.where(active, adaptive.choose(adaptive.accepted(gain, weight)), a.want)  # [b]
     else:  # every row keeps its first count
       want = a.want
     if held is not None:  # the choice made, then not taken (the calibration's timing)
       want = jnp.where(held, a.want, want)
-    return TreeLoopState(loop=loop, want=want, gain=gain)
+    return TreeLoopState(loop=loop, want=want, gain=gain, weight=weight)
 
   def plain_statistics(s: LoopState, before: SpeculativeResult) -> LoopState:
     """The plain steps' node count 0 in the traces and the histogram."""

@@ -226,6 +226,47 @@ def test_a_measured_prior_replaces_the_chain_of_alpha():
       dataclasses.replace(ad, accepted_init=bad)
 
 
+def _held_widths(ad, calls):
+  """One row's node counts over `calls`, each `added` (tokens per band, `[K]`) observed for the
+  bands the chosen width holds (`AdaptiveTree.observe`, `accepted`, `choose`, as the loop)."""
+  K = len(ad.widths)
+  gain = jnp.diff(ad.prior(), prepend=0.0)[None]  # [1, K]
+  weight = jnp.full((1, K), 1.0 / (1.0 - ad.decay))  # [1, K]
+  want, chosen = ad.first_nodes(), []
+  for added in calls:
+    chosen.append(want)
+    observed = jnp.asarray(ad.widths)[None] <= want  # [1, K]
+    gain, weight = ad.observe(gain, weight, jnp.asarray([added], jnp.float32), observed,
+                              jnp.ones((1,), bool))
+    want = int(ad.choose(ad.accepted(gain, weight))[0])
+  return chosen
+
+
+def test_a_wide_tree_not_held_comes_back_with_the_lasting_prior():
+  # A measured prior (4 nodes best, 2 close behind), then two calls where the wide bands add
+  # nothing, then calls that add what the prior says. Without a lasting prior the row drops to 2
+  # nodes and never holds 4 again (its band of ranks 2-3 keeps the low draws, never observed);
+  # with it that band's evidence fades back to the prior and the row returns to 4 nodes.
+  ad = AdaptiveTree.parse('best:auto:8,depth:4,width:2', cost_ratio=0.05,
+                          verify_ratio=(1.0, 1.1, 1.45, 2.0), accepted_init=(0.8, 1.2, 1.9, 2.1))
+  assert ad.first_nodes() == 4
+  calls = [(1.0, 0.0, 0.0, 0.0)] * 2 + [(0.8, 0.4, 0.7, 0.2)] * 16
+  fading = _held_widths(ad, calls)
+  assert fading[0] == 4 and set(fading[1:]) == {2}, fading
+  lasting = dataclasses.replace(ad, prior_weight=adaptive_tree.CALIBRATED_PRIOR_CALLS)
+  held = _held_widths(lasting, calls)
+  assert 2 in held and held[-8:] == [4] * 8, held  # [4, 4, 2, 2, 4, ...]
+  # Held at every call, the mean is the exponential moving average (the weight stays 1/(1-decay)).
+  gain, weight = ad.observe(jnp.ones((1, 4)), jnp.full((1, 4), 1 / 0.3), jnp.zeros((1, 4)),
+                            jnp.ones((1, 4), bool), jnp.ones((1,), bool))
+  np.testing.assert_allclose(gain, 0.7, rtol=1e-6)
+  np.testing.assert_allclose(weight, 1 / 0.3, rtol=1e-6)
+  calibrated = ad.calibrated(TreeCalibration(0.05, (1.0, 1.1, 1.45, 2.0), 0.8, 1e-3,
+                                             (0.8, 1.2, 1.9, 2.1)))
+  assert calibrated.prior_weight == adaptive_tree.CALIBRATED_PRIOR_CALLS
+  assert ad.calibrated(Calibration(0.05, (1.0,) * 4, 0.8, 1e-3)).prior_weight == 0.0
+
+
 def test_measured_costs_and_starting_alpha(monkeypatch):
   # The target as its own draft: its top node is always greedy's token (alpha 1). A perturbed copy
   # is right less often: at c ~1 per draft call its 2 calls cannot buy what they cost even with
