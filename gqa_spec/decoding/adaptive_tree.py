@@ -45,16 +45,14 @@ a row below that width for good, the width never held again: on the widened smok
 had 4, at 0.915x that tree (results/benchmarks/adaptive_tree_smoke_widened_confirmed). With it a
 width not held drifts back to the prior as its evidence fades (on that pair remade, 4 keys per
 input: 1.01x the best fixed tree, 0.946x without; results/benchmarks/
-adaptive_tree_smoke_widened_{lasting,fading}_t1_seeds4). Otherwise the counts of a chain of
-min(u, D) tokens each accepted with probability `alpha_init` (sum_i alpha^i; no gain past depth D),
-the top node's acceptance measured on the first batch, or an optimistic 0.9, so that one bad first
-call (e.g. a Chimera draft's, before it has any hidden state) does not end speculation (no lasting
+adaptive_tree_smoke_widened_{lasting,fading}_t1_seeds4). Otherwise the counts of a chain of min(u,
+D) tokens each accepted with probability `alpha_init` (sum_i alpha^i; no gain past depth D), the top
+node's acceptance measured on the first batch, or an optimistic 0.9, so that one bad first call
+(e.g. a Chimera draft's, before it has any hidden state) does not end speculation (no lasting
 prior). The chain reads a top-u tree as a path of min(u, D) nodes, which a best-first tree of a few
-nodes seldom is: on the cpu study's widened pair at batch 1 (alpha 0.95, trees 0.76x greedy decoding
-at best) it priced 4 nodes at 3.5 tokens a call, every input began with a call at N_max and a few at
-4 before its statistics ended them, and `--tree best:auto` ran at 0.85x-0.91x greedy decoding
-(results/benchmarks/adaptive_tree_cpu_widened). Where the prior itself pays for no tree, no row ever
-asks for one and `decode` is greedy decoding from the start. A row asks for
+nodes seldom is (on the cpu study's widened pair it priced 4 nodes at 3.5 tokens a call:
+docs/decoding.md). Where the prior itself pays for no tree, no row ever asks for one and `decode` is
+greedy decoding from the start. A row asks for
 
     N_r = argmax over n in {0} + widths of  (1 + accepted_r(n)) / cost(n),
     accepted_r(u_j) = est_r(u_1) + ... + est_r(u_j),  est_r the bands' estimates above,
@@ -337,10 +335,7 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
         interleaved rounds (`timing.interleaved_per_iteration`), v over that unit. It holds the
         target call at width u (the tree mask), ranking, verification at `config`, the path's
         append and compaction, statistics and the width's `lax.switch`
-        (`calibration.time_widths`). An earlier form added the target's causal call at each
-        width, timed alone, to the loop's own work timed at one node and T = 0; the chain
-        calibration's form (`calibration.measure_costs`) found what that missed: sampling makes
-        wide verifications dearer at T = 1;
+        (`calibration.time_widths`; at T = 1 sampling makes wide verifications dearer);
     alpha = the top-ranked node's acceptance, every row's starting per-token estimate
         (`calibrated`): in the first stage at temperature 0, its token against greedy decoding's
         at every position of greedy decoding's output on this batch, the draft fed the true prefix
@@ -356,13 +351,10 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
   of 1 and 2 tokens. If the prior at that alpha pays for no tree even with v(u) = 1 + (the 2-token
   call - the 1-token call) in steps for every width (a lower bound: an iteration does all that a
   greedy step does besides its call, with a call at least 2 tokens wide), v is that bound and
-  nothing else is compiled or timed: `decode` is greedy decoding from the start. With
-  the fixed optimistic 0.9, every row first verified N_max nodes and then fewer until its
-  statistics decided, which cost the smoke pair's draft model (c ~2.7 at batch 8) about half of
-  greedy decoding's speed on 32-token outputs (`benchmarks/adaptive_tree.py`). Otherwise the loop
-  at every width, as above. A draft that reads the target's hidden states (Chimera) grows its
-  trees from those of the loop's own calls, which the teacher-forced pass does not make: the
-  first stage does not stop it.
+  nothing else is compiled or timed: `decode` is greedy decoding from the start (what the optimistic
+  0.9 cost before: docs/decoding.md). Otherwise the loop at every width, as above. A draft that
+  reads the target's hidden states (Chimera) grows its trees from those of the loop's own calls,
+  which the teacher-forced pass does not make: the first stage does not stop it.
   """
   shape = adaptive.shape
   rng = jax.random.PRNGKey(0)
