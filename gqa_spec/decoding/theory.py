@@ -141,6 +141,25 @@ def batch_inflation(alphas: np.ndarray, max_gamma: int, rows: int, length: float
           + expected_max_normal(int(rows)) * sigma / np.sqrt(mu * length))
 
 
+def tree_batch_inflation(accepted: Sequence[float], depth: int, rows: int,
+                         length: float) -> np.ndarray:
+  """`[K]` accepted draft tokens a call of trees of depth `depth` (one per tree size) -> `[K]`
+  the batch's iterations over length / (1 + accepted) (`batch_inflation`), each tree's tokens a
+  call read as a chain of `depth` tokens with the per-token alpha that accepts as many on average
+  (sum_{i=1..depth} alpha^i = accepted, by bisection): a tree's count of accepted tokens has no
+  closed form, the chain's spread stands for it. 1 where `length` is 0."""
+  accepted = np.clip(np.asarray(accepted, np.float64), 0.0, float(depth))  # [K]
+  if not length > 0:
+    return np.ones(accepted.shape)
+  powers = np.arange(1, depth + 1)  # [D]
+  lo, hi = np.zeros_like(accepted), np.ones_like(accepted)  # [K]
+  for _ in range(60):
+    mid = (lo + hi) / 2
+    low = np.sum(mid[:, None] ** powers[None], axis=1) < accepted  # [K]
+    lo, hi = np.where(low, mid, lo), np.where(low, hi, mid)
+  return batch_inflation((lo + hi) / 2, depth, rows, length)[:, depth]
+
+
 def _theorem8_gammas(alphas: np.ndarray, c: float, max_gamma: int,
                      verify_ratio: Tuple[float, ...], rows: int = 1,
                      length: float = 0.0) -> np.ndarray:

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gqa_spec.decoding import (adaptive_tree, autoregressive, sampling, speculative, timing,
-                               tree as tree_lib)
+from gqa_spec.decoding import (adaptive_tree, autoregressive, sampling, speculative, theory,
+                               timing, tree as tree_lib, tree_policy)
 from gqa_spec.decoding.adaptive import Calibration
 from gqa_spec.decoding.adaptive_tree import AdaptiveTree, TreeCalibration
 from gqa_spec.decoding.drafts.ngram import fit_ngram
@@ -253,7 +253,7 @@ def test_a_wide_tree_not_held_comes_back_with_the_lasting_prior():
   calls = [(1.0, 0.0, 0.0, 0.0)] * 2 + [(0.8, 0.4, 0.7, 0.2)] * 16
   fading = _held_widths(ad, calls)
   assert fading[0] == 4 and set(fading[1:]) == {2}, fading
-  lasting = dataclasses.replace(ad, prior_weight=adaptive_tree.CALIBRATED_PRIOR_CALLS)
+  lasting = dataclasses.replace(ad, prior_weight=tree_policy.CALIBRATED_PRIOR_CALLS)
   held = _held_widths(lasting, calls)
   assert 2 in held and held[-8:] == [4] * 8, held  # [4, 4, 2, 2, 4, ...]
   # Held at every call, the mean is the exponential moving average (the weight stays 1/(1-decay)).
@@ -263,8 +263,34 @@ def test_a_wide_tree_not_held_comes_back_with_the_lasting_prior():
   np.testing.assert_allclose(weight, 1 / 0.3, rtol=1e-6)
   calibrated = ad.calibrated(TreeCalibration(0.05, (1.0, 1.1, 1.45, 2.0), 0.8, 1e-3,
                                              (0.8, 1.2, 1.9, 2.1)))
-  assert calibrated.prior_weight == adaptive_tree.CALIBRATED_PRIOR_CALLS
+  assert calibrated.prior_weight == tree_policy.CALIBRATED_PRIOR_CALLS
   assert ad.calibrated(Calibration(0.05, (1.0,) * 4, 0.8, 1e-3)).prior_weight == 0.0
+
+
+def test_a_batch_is_priced_by_its_slowest_row():
+  # The widened smoke pair's batch-8 calibration at T = 0 (results/benchmarks/
+  # adaptive_tree_smoke_widened_lasting_b8): per row a 2-node tree pays (2.36 tokens for 2.18
+  # steps), but a batch of 8 rows runs until its slowest row's 32 tokens are out: no tree pays
+  # there, and the run is greedy decoding from the start.
+  ad = AdaptiveTree.parse('best:auto:16,depth:4', cost_ratio=0.031,
+                          verify_ratio=(1.67, 2.06, 2.99, 4.98, 7.93),
+                          accepted_init=(0.79, 1.36, 2.15, 2.79, 3.57))
+  assert ad.inflation() == (1.0,) * 5 and ad.first_nodes() == 2
+  one = dataclasses.replace(ad, rows=1, output_length=32.0)  # the last call's overshoot only
+  assert all(1.0 < x < 1.07 for x in one.inflation()) and one.first_nodes() == 2
+  batch = dataclasses.replace(ad, rows=8, output_length=32.0)
+  assert all(1.1 < x < 1.5 for x in batch.inflation()), batch.inflation()
+  assert batch.first_nodes() == 0 and not batch.speculates
+  # A tree's tokens read as a chain of D tokens at the alpha that accepts as many: for a chain's
+  # own count that is the chain's inflation (`theory.batch_inflation`).
+  chain = sum(0.7 ** i for i in range(1, 5))
+  np.testing.assert_allclose(theory.tree_batch_inflation([chain, 4.0], 4, 8, 32.0),
+                             [theory.batch_inflation(np.array([0.7]), 4, 8, 32.0)[0, 4],
+                              theory.batch_inflation(np.array([1.0]), 4, 8, 32.0)[0, 4]],
+                             rtol=1e-6)
+  cal = TreeCalibration(0.031, (1.67, 2.06, 2.99, 4.98, 7.93), 0.79, 1e-3,
+                        (0.79, 1.36, 2.15, 2.79, 3.57), rows=8, output_length=32.0)
+  assert ad.calibrated(cal).inflation() == batch.inflation()
 
 
 def test_measured_costs_and_starting_alpha(monkeypatch):
@@ -393,6 +419,7 @@ def test_measured_costs_and_starting_alpha(monkeypatch):
     ('best:auto,width:2', {}, 'adaptive tree must be'),
     ('best:auto:0,depth:2', {}, 'budget'),
     ('best:auto:4,depth:2,width:2', dict(fixed_nodes=3), 'fixed_nodes'),
+    ('best:auto:4,depth:2,width:2', dict(prior_weight=-1.0), 'prior_weight'),
 ])
 def test_bad_settings_are_user_errors(spec, kwargs, message):
   with pytest.raises(UserError, match=message):
