@@ -182,10 +182,7 @@ class AdaptiveTree:
     """`[K]` the starting accepted-length estimate per compiled width: `accepted_init`, made
     non-decreasing (a wider tree holds the narrower one's nodes; each width was measured on its
     own run), else sum_{i <= min(u, D)} alpha_init^i."""
-    if self.accepted_init is not None:
-      return jnp.asarray(np.maximum.accumulate(self.accepted_init), jnp.float32)
-    return jnp.asarray([sum(self.alpha_init ** i for i in range(1, min(u, self.shape.depth) + 1))
-                        for u in self.widths], jnp.float32)
+    return jnp.asarray(_prior_tokens(self), jnp.float32)
 
   def choose(self, accepted: jax.Array) -> jax.Array:
     """`[b, K]` accepted-length estimates per compiled width -> `[b]` int32 node counts (module
@@ -275,13 +272,18 @@ class TreeCalibration(NamedTuple):
   output_length: float = 0.0
 
 
+def _prior_tokens(adaptive: AdaptiveTree) -> np.ndarray:
+  """`AdaptiveTree.prior` on the host, `[K]` float64."""
+  if adaptive.accepted_init is not None:
+    return np.maximum.accumulate(np.asarray(adaptive.accepted_init, np.float64))
+  return np.asarray([sum(adaptive.alpha_init ** i for i in range(1, min(u, adaptive.shape.depth)
+                                                                 + 1)) for u in adaptive.widths])
+
+
 @functools.lru_cache(maxsize=256)
 def _inflation(adaptive: AdaptiveTree) -> Tuple[float, ...]:
-  prior = np.maximum.accumulate(adaptive.accepted_init) if adaptive.accepted_init else [
-      sum(adaptive.alpha_init ** i for i in range(1, min(u, adaptive.shape.depth) + 1))
-      for u in adaptive.widths]
   return tuple(float(x) for x in theory.tree_batch_inflation(
-      prior, adaptive.shape.depth, adaptive.rows, adaptive.output_length))
+      _prior_tokens(adaptive), adaptive.shape.depth, adaptive.rows, adaptive.output_length))
 
 
 @functools.lru_cache(maxsize=256)
