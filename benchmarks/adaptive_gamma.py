@@ -176,7 +176,7 @@ def interleaved(runs: Dict[str, Callable[[], Any]], repeats: int,
   times = {name: [] for name in names}
   orders = np.random.default_rng(0)
   for r in range(repeats):
-    for name in (list(orders.permutation(names)) if shuffle else
+    for name in ([names[i] for i in orders.permutation(len(names))] if shuffle else
                  names[r % len(names):] + names[:r % len(names)]):
       times[name].append(common.seconds(runs[name]))
   return times
@@ -224,7 +224,7 @@ def order_words(result: Dict[str, Any]) -> str:
 
 
 # `--one-width`'s method: the optimal policy verifying every proposal at gamma_max + 1 tokens
-# (`AdaptiveGamma.one_width`: no switch over widths), calibrated on that loop.
+# (`AdaptiveGamma.one_width`: one loop, not one per width), calibrated on that loop.
 ONE_WIDTH = 'optimal,one_width'
 
 

@@ -2,7 +2,7 @@
 trained pair and its task's test inputs.
 
   python -m benchmarks.adaptive_loop_cost --pair NAME TARGET DRAFT TASK --data-dir DIR \
-      [--batch 8] [--gammas 1,2] [--temperature 0] [--repeats 9] [--out ...]
+      [--batch 8] [--gammas 1,2] [--temperature 0] [--repeats 9] [--shuffle] [--out ...]
 
 Why: in `adaptive_gamma`'s batch-8 cells the optimal policy sometimes proposes the best fixed gamma
 at every call and still runs several percent slower than that gamma's `speculative.decode`
@@ -10,12 +10,12 @@ at every call and still runs several percent slower than that gamma's `speculati
 splits a call's fixed cost from an iteration's on a random-init target with a bigram draft; this
 times the same loops on a trained pair with its model draft (`ModelDraft.propose_upto`, the
 draft's early stop) at a batch's real lengths. Methods, per gamma, on the first `--batch` test
-inputs, in interleaved rounds (order rotated), medians:
+inputs, in interleaved rounds (order rotated, or `--shuffle`d), medians:
   * speculative: `speculative.decode` at gamma;
-  * fixed: `adaptive.decode`, policy 'fixed' at gamma, gamma_max 8 (the switch over verification
-    widths, the draft's early stop, the adaptive statistics; no choice made);
-  * fixed, one width: the same with gamma_max = gamma and `one_width` (no switch; the loop's
-    arrays gamma wide, as `speculative.decode`'s);
+  * fixed: `adaptive.decode`, policy 'fixed' at gamma, gamma_max 8 (a loop per verification
+    width, the draft's early stop, the adaptive statistics; no choice made);
+  * fixed, one width: the same with gamma_max = gamma and `one_width` (one loop; its statistics
+    gamma wide);
   * held: `adaptive.decode`, policy 'optimal' held at gamma (the calibration's program: the
     policy's choice made every iteration and not taken).
 Greedy decoding is the unit (steps an iteration) and its own row.
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from typing import Any, Dict, List
 
 import jax
@@ -69,18 +68,11 @@ def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
                                            held=np.ones((), bool))
   iterations = {}
   for key, run in runs.items():
-    jax.block_until_ready(run())  # compile
-    out = jax.block_until_ready(run())
+    out = jax.block_until_ready(run())  # compiles
     counted = getattr(out, 'loop_iterations', None)
     iterations[key] = (int(counted) if counted is not None
                        else int(np.max(np.asarray(out.lengths))))  # greedy: its longest row
-  times = {key: [] for key in runs}
-  keys = list(runs)
-  for r in range(args.repeats):
-    for key in keys[r % len(keys):] + keys[:r % len(keys)]:
-      t0 = time.perf_counter()
-      jax.block_until_ready(runs[key]())
-      times[key].append(time.perf_counter() - t0)
+  times = adaptive_gamma.interleaved(runs, args.repeats, shuffle=args.shuffle)
   step = float(np.median(times[('greedy', 0)])) / iterations[('greedy', 0)]
   rows = []
   for (method, g), ts in times.items():
@@ -103,8 +95,8 @@ def markdown(result: Dict[str, Any]) -> List[str]:
       'The adaptive loop against speculative.decode, an iteration', result,
       f'Pair {first["pair"]}, batch {first["batch"]}, T = {first["temperature"]:g}, the first '
       f'{first["batch"]} test inputs; seconds: median of {result["repeats"]} interleaved rounds '
-      '(order rotated) after a compile call; steps/iter.: per iteration in greedy decoding steps; '
-      'x spec.: an iteration over speculative.decode\'s at the same gamma (the module docstring '
+      f'({adaptive_gamma.order_words(result)}) after a compile call; steps/iter.: per iteration '
+      'in greedy decoding steps; x spec.: an iteration over speculative.decode\'s at the same gamma (the module docstring '
       'names the methods).',
       ['method', 'gamma', 'seconds', 'iterations', 'ms/iter.', 'steps/iter.', 'x spec.'],
       [(r['method'], r['gamma'] or '', f'{r["seconds"]:.3f}', r['iterations'],
@@ -123,13 +115,15 @@ def main(argv=None) -> int:
   p.add_argument('--max-decode-len', type=int, default=32)
   p.add_argument('--input-length', type=int, default=64)
   p.add_argument('--repeats', type=int, default=9)
+  adaptive_gamma.add_shuffle_argument(p)
   common.add_out_argument(p, __file__)
   args = p.parse_args(argv)
   if len(args.pair) != 1:
     p.error('one --pair')
   before = os.getloadavg()
   rows = measure(args)
-  result = common.results(__file__, argv, rows, before, repeats=args.repeats)
+  result = common.results(__file__, argv, rows, before, repeats=args.repeats,
+                          shuffle=args.shuffle)
   common.write_report(args.out, result, markdown(result))
   return 0
 

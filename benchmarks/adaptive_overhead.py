@@ -22,7 +22,7 @@ results/gpu/guard_2026-11-28), all at `--gamma` where they hold one:
   * fixed: `adaptive.decode`, policy 'fixed' with traced `first_gammas` (the calibration's program
     until the H200 run above);
   * onewidth: the same with `AdaptiveGamma.one_width` (every proposal verified at gamma + 1
-    tokens, no `lax.switch` over widths, as `speculative.decode`);
+    tokens, one loop, as `speculative.decode`);
   * held: `adaptive.decode`, policy 'optimal' `held` at gamma (the calibration's program now): it
     makes the policy's choice every iteration (`batch_gamma`), does not take it, and proposes what
     the fixed one does;

@@ -24,8 +24,8 @@ Beside the kernels, `cache copies`: the `copy` instructions of one iteration who
 self-attention K or V cache of the target, each a read and a write of a whole cache array (in the
 body, the fusions and calls it runs, and a conditional's branch with the most). At T5.1.1-XXL,
 batch 8 and 512 slots in bf16 with 64 K/V heads one such array is ~34 MB. The adaptive
-loop's switch once had a copy of every layer's K and V in each branch (`T5Decoder.score` removed
-it); on this CPU greedy decoding's batch-1 step still copies each 4 times (XLA:CPU runs the
+loop's `lax.switch` over widths once had a copy of every layer's K and V in each branch (the
+loops per width removed it); on this CPU greedy decoding's batch-1 step still copies each 4 times (XLA:CPU runs the
 cache's write twice, for the loop's output and for the attention's unit-batch view of it).
 """
 

@@ -2,17 +2,22 @@
 
 The loop of `speculative.py` with one change: the draft length is chosen inside the jitted loop, at
 every iteration, from what the rows have seen: by the batch's slowest row (policy 'optimal'), or per
-row (HF's heuristic schedule, the confidence stop), in [0, gamma_max]. Shapes stay static: the draft
-proposes into `[b, gamma_max]` buffers (a model draft stops calling its decoder once every row has
-its gamma_r tokens, `ModelDraft.propose_upto`; other drafts propose gamma_max), the target scores
-gamma_max + 1 positions, and `sampling.verify(limit=gamma_r)` verifies only each row's own prefix:
-positions past gamma_r are rejected and, when the prefix is accepted whole, the bonus token comes
-from p_{gamma_r + 1}. The causal mask keeps the positions past gamma_r from changing p at the ones
-before. The target scores only as many positions as the batch needs: the call is one of a few
-compiled widths (`verify_gammas`: 1, 2, 3, 4, 6, 8, 12, ... up to gamma_max, each + 1 tokens), the
-narrowest that holds the longest proposal an active row asked for (`lax.switch`), so a batch whose
-rows all ask for gamma 1 pays for a two-token call, not a gamma_max + 1 one (a draft that reads the
-target's hidden states, Chimera, keeps the gamma_max + 1 width). Once no active row speculates
+row (HF's heuristic schedule, the confidence stop), in [0, gamma_max]. Shapes stay static: an
+iteration runs at one of a few compiled widths w (`verify_gammas`: 1, 2, 3, 4, 6, 8, 12, ... up to
+gamma_max), the narrowest that holds the longest proposal an active row asked for; the draft
+proposes into `[b, w]` buffers (a model draft stops calling its decoder once every row has its
+gamma_r tokens, `ModelDraft.propose_upto`; other drafts propose w), the target scores w + 1
+positions, and `sampling.verify(limit=gamma_r)` verifies only each row's own prefix: positions
+past gamma_r are rejected and, when the prefix is accepted whole, the bonus token comes from
+p_{gamma_r + 1}. The causal mask keeps the positions past gamma_r from changing p at the ones
+before. So a batch whose rows all ask for gamma 1 pays for a two-token call, not a gamma_max + 1
+one (a draft that reads the target's hidden states, Chimera, keeps the gamma_max + 1 width). Each
+width has its own while loop, which runs while the batch's longest proposal needs that width; an
+outer loop runs them in turn until no row speculates (`segments`). Until 2026-11-29 one loop
+chose the width per iteration in a `lax.switch`: its branches (scoring without writing, the
+entries written after it) cost 2.4-5.4% an iteration over `speculative.decode` at batch 8 on the
+widened smoke pair where the loops per width cost 0.2-1.2% at gamma 2
+(results/benchmarks/adaptive_loop_cost_smoke_widened_b8_loops.md). Once no active row speculates
 (every one at gamma_r = 0, which is final), the rest runs as plain one-token target steps in a
 second loop, without the draft (`plain_steps.plain_loop`). When the costs say that not even the
 starting `alpha_init` would pay for a proposal (`AdaptiveGamma.speculates` is False: a draft that
@@ -124,13 +129,13 @@ class AdaptiveGamma:
       task and draft over at least `calibration.CALIBRATION_POSITIONS` positions, and a row's
       estimate is then (prior_weight alpha_init + w alpha_r) / (prior_weight + w), its own
       evidence w moving it from there (`with_prior`).
-    one_width: verify every proposal at gamma_max + 1 tokens: one compiled target call and no
-      `lax.switch` over widths (`verify_widths`). On a GPU the adaptive loop at a fixed gamma cost
-      40-90 us an iteration more than `speculative.decode`, which has no switch
-      (results/gpu/guard_2026-11-28; then the switch's branches still copied the cache), while a
-      verification's cost there hardly depends on its width at these sizes; whether one width closes
-      that gap is what `benchmarks/adaptive_overhead.py`'s 'one width' row measures. The
-      calibration times the loop this setting gives (`calibration.measure_costs(one_width=...)`).
+    one_width: verify every proposal at gamma_max + 1 tokens: one compiled width, one loop
+      (`verify_widths`). On a GPU the adaptive loop at a fixed gamma cost 40-90 us an iteration
+      more than `speculative.decode` (results/gpu/guard_2026-11-28, when the widths were a
+      `lax.switch` in one loop whose branches still copied the cache), while a verification's
+      cost there hardly depends on its width at these sizes; whether one width closes that gap is
+      what `benchmarks/adaptive_overhead.py`'s 'one width' row measures. The calibration times
+      the loop this setting gives (`calibration.measure_costs(one_width=...)`).
     rows, output_length: the batch's rows and the tokens its longest row needs (policy
       'optimal'; `calibrated` sets those the calibration read: the batch's rows, the mean of its
       batches' longest greedy outputs). With an output_length > 0 a gamma's expected tokens are
@@ -320,8 +325,8 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
     `SpeculativeResult` with depth gamma_max, plus `gamma_histogram` `[b, gamma_max + 1]` (how
     often each row verified a proposal of each length), `gamma_trace` `[b, max_decode_len]` (the
     length of each of the row's target calls, -1 after its last) and `draft_steps` `[]` (draft
-    decode calls made, all rows together; gamma_max per iteration for drafts that cannot stop
-    early).
+    decode calls made, all rows together; the iteration's compiled width for drafts that cannot
+    stop early).
   """
   if adaptive.confidence and getattr(draft, 'propose_upto', None) is None:
     raise UserError(f'--draft-confidence needs a model draft (one with draft probabilities); '
@@ -360,63 +365,40 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
   positions = jnp.arange(gmax + 1)  # [gmax + 1]
   widths = adaptive.verify_widths
 
-  def verify_call(tstate, inputs, longest):
-    """The target's logits `[b, gmax + 1, V]` for `inputs [b, gmax + 1]`, scored at the narrowest
-    compiled width that holds `longest` proposed tokens; the positions past it are zeros (no row
-    verifies them: every row's limit is <= longest). A target that can score without writing
-    (`targets.T5Decoder.score`) does so in the switch's branches, and its cache is written once
-    after it, gmax + 1 entries wide (the rollback below keeps what was accepted): a branch that
-    writes made XLA copy the whole self-attention cache into every branch, every iteration (the
-    compiled loop's HLO, `tests/decoding/test_adaptive_hlo.py`)."""
-    if len(widths) == 1:
-      return target.tokens_to_logits(tstate, inputs)  # [b, gmax + 1, V]
-    pad = lambda logits, w: jnp.pad(logits, ((0, 0), (0, gmax - w), (0, 0)))  # [b, gmax + 1, V]
-    index = width_index(widths, longest)
-    if not hasattr(target, 'score'):  # a decoder that only appends (t5x_compat's callable)
-      def writes(w):
-        def call(ts, inp):
-          logits, ts = target.tokens_to_logits(ts, inp[:, :w + 1])  # [b, w + 1, V]
-          return pad(logits, w), ts
-        return call
-      return jax.lax.switch(index, [writes(w) for w in widths], tstate, inputs)
-    def scores(w):
-      def call(ts, inp):
-        logits, entries = target.score(ts, inp[:, :w + 1])  # [b, w + 1, V]
-        return pad(logits, w), target.pad_entries(entries, gmax + 1)
-      return call
-    logits, entries = jax.lax.switch(index, [scores(w) for w in widths], tstate, inputs)
-    return logits, target.append(tstate, entries)
-
-  def speculate(s: LoopState, want, draft_rng, verify_rng):
+  def speculate(s: LoopState, want, draft_rng, verify_rng, w: int):
+    """One iteration's proposal of up to `w` tokens a row (`want [b]` <= w, static: each width
+    has its loop, `segments`) and its verification, `w + 1` tokens wide; the results padded to
+    gmax (`new [b, gmax + 1]`, `beta [b, gmax]`) for the loop's statistics."""
     r = s.result
     if upto is not None:
-      tokens, q, limit, steps, dstate = upto(s.draft_state, r.sequences, r.lengths, draft_rng, gmax,
-                                             config, want, adaptive.confidence)
+      tokens, q, limit, steps, dstate = upto(s.draft_state, r.sequences, r.lengths, draft_rng, w,
+                                             config, want, adaptive.confidence)  # [b, w], ...
     else:
-      tokens, q, dstate = draft.propose(s.draft_state, r.sequences, r.lengths, draft_rng, gmax,
-                                        config)  # [b, gmax], [b, gmax, V]
-      limit, steps = want, jnp.asarray(gmax, jnp.int32)
+      tokens, q, dstate = draft.propose(s.draft_state, r.sequences, r.lengths, draft_rng, w,
+                                        config)  # [b, w], [b, w, V]
+      limit, steps = want, jnp.asarray(w, jnp.int32)
     last = jnp.take_along_axis(r.sequences, r.lengths[:, None], axis=1)  # [b, 1]
-    inputs = jnp.concatenate([last, tokens], axis=1)  # [b, gmax + 1]
-    if getattr(draft, 'reads_target_hidden', False):
+    inputs = jnp.concatenate([last, tokens], axis=1)  # [b, w + 1]
+    if getattr(draft, 'reads_target_hidden', False):  # one width, gmax (`verify_widths`)
       logits, hidden, tstate = target.tokens_to_logits_and_hidden(s.target_state, inputs)
       dstate = draft.observe(dstate, hidden, r.lengths)
     else:
-      logits, tstate = verify_call(s.target_state, inputs, jnp.max(want))  # [b, gmax + 1, V]
-    k, t, beta = sampling.verify(verify_rng, tokens, q, logits, config, limit)  # [b], [b], [b, g]
-    new = jnp.concatenate([tokens, jnp.zeros_like(tokens[:, :1])], axis=1)  # [b, gmax + 1]
-    new = jnp.where(positions[None] == k[:, None], t[:, None], new)  # x_1..x_k, t, junk
-    return new, k, limit, beta, steps, tstate, dstate
+      logits, tstate = target.tokens_to_logits(s.target_state, inputs)  # [b, w + 1, V]
+    k, t, beta = sampling.verify(verify_rng, tokens, q, logits, config, limit)  # [b], [b], [b, w]
+    new = jnp.concatenate([tokens, jnp.zeros_like(tokens[:, :1])], axis=1)  # [b, w + 1]
+    new = jnp.where(positions[None, :w + 1] == k[:, None], t[:, None], new)  # x_1..x_k, t, junk
+    new = jnp.pad(new, ((0, 0), (0, gmax - w)))  # [b, gmax + 1]
+    return new, k, limit, jnp.pad(beta, ((0, 0), (0, gmax - w))), steps, tstate, dstate
 
   def speculating(a: AdaptiveState):  # some active row wants a proposal
     return jnp.any(~a.loop.done & (a.want > 0))
 
-  def body(a: AdaptiveState) -> AdaptiveState:
+  def body(a: AdaptiveState, w: int) -> AdaptiveState:
     s, r = a.loop, a.loop.result
     rng, draft_rng, verify_rng = jax.random.split(s.rng, 3)
     active = ~s.done  # [b]
     want = jnp.where(active, a.want, 0)  # [b]
-    new, k, limit, beta, steps, tstate, dstate = speculate(s, want, draft_rng, verify_rng)
+    new, k, limit, beta, steps, tstate, dstate = speculate(s, want, draft_rng, verify_rng, w)
     sequences, lengths, ended = append_accepted(r, new, k, active, max_decode_len, eos_id)
     tstate = target.rollback(tstate, lengths)
     dstate = draft.commit(dstate, sequences, lengths)
@@ -455,7 +437,18 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
 
   # Speculative iterations while some active row wants a proposal; then, every active row at 0
   # (final for it), plain target steps in a loop of their own, with no draft and no branch.
-  final = jax.lax.while_loop(lambda a: ~jnp.all(a.loop.done) & speculating(a), body, init)
+  going = lambda a: ~jnp.all(a.loop.done) & speculating(a)
+  index = lambda a: width_index(widths, jnp.max(jnp.where(a.loop.done, 0, a.want)))  # []
+
+  def segments(a: AdaptiveState) -> AdaptiveState:
+    """Each width's loop in turn, each running while the batch's longest proposal needs its width
+    (most run no iteration): no `lax.switch`, whose branches copied the cache on entry."""
+    for i, w in enumerate(widths):
+      a = jax.lax.while_loop(lambda a, i=i: going(a) & (index(a) == i),
+                             functools.partial(body, w=w), a)
+    return a
+
+  final = jax.lax.while_loop(going, segments, init)
   loop = plain_loop(target, final.loop, max_decode_len, config, eos_id)
   return with_draft_calls(plain_statistics(loop, final.loop.result.target_calls))
 

@@ -10,9 +10,10 @@ each row's running acceptance, inside the jitted loop, shapes static:
      n the top-n tree is "the first n nodes";
   3. each active row r asks for N_r nodes (`AdaptiveTree.choose`, below; 0 = no tree). The target
      verifies the first w nodes of every row in ONE call, w the narrowest compiled width
-     (`tree_policy.node_widths`: 1, 2, 4, 8, ..., N_max) that holds max_r N_r: `lax.switch` over the
-     widths, each branch the target call and `tree.verify` at its own width, so a batch asking for
-     small trees pays for a small call (and a small verification scan);
+     (`tree_policy.node_widths`: 1, 2, 4, 8, ..., N_max) that holds max_r N_r: each width has its own
+     while loop (the target call and `tree.verify` at that width), run while the batch's asks need
+     it (`adaptive.py`'s loops per width), so a batch asking for small trees pays for a small call
+     (and a small verification scan);
   4. acceptance, cache compaction and the draft's commit as in `tree_speculative.py` (the path
      mapped back to the draft's node order for `commit_tree`).
 
@@ -87,7 +88,7 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
         narrower width), less its tree's D draft calls; the widths and the unit again timed in
         interleaved rounds (`timing.interleaved_per_iteration`), v over that unit. It holds the
         target call at width u (the tree mask), ranking, verification at `config`, the path's
-        append and compaction, statistics and the width's `lax.switch`
+        append and compaction, statistics and the loop per width
         (`calibration.time_widths`; at T = 1 sampling makes wide verifications dearer);
     alpha = the top-ranked node's acceptance, every row's starting per-token estimate
         (`calibrated`): in the first stage at temperature 0, its token against greedy decoding's
@@ -203,10 +204,6 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
   shape = adaptive.shape
   depth, nmax, widths = shape.depth, adaptive.nodes_max, adaptive.widths
   reads_hidden = getattr(draft, 'reads_target_hidden', False)
-  # Branches that score without writing return the cache's new entries, written once after the
-  # switch (`adaptive.decode`'s verify_call: a branch that writes made XLA copy the whole cache
-  # into every branch, every call).
-  scores = len(widths) > 1 and hasattr(target, 'score_and_hidden' if reads_hidden else 'score')
   loop = init_loop(target, target_state, draft_state, rng, max_decode_len, depth, skip)
   batch = loop.done.shape[0]
   loop = loop.replace(result=loop.result.replace(
@@ -222,39 +219,30 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
   positions = jnp.arange(depth + 1)  # [D + 1]
   width_array = jnp.asarray(widths, jnp.int32)  # [K]
 
-  def branch(w):
-    def call(tstate, ranked, last, lengths, verify_rng):
-      """The first w nodes verified in one target call: `(path [b, D], k [b], t [b], tstate,
-      hidden [b, D + 1, E] of the root and the path, or a placeholder)`; with `scores` the new
-      cache entries (`N_max + 1` wide) in place of tstate."""
-      sub = tree_lib.first_nodes(ranked, w)  # [b, w] nodes
-      tokens = jnp.concatenate([last, sub.tokens], axis=1)  # [b, w + 1]
-      tree_positions = lengths[:, None] + jnp.concatenate(
-          [jnp.zeros((batch, 1), jnp.int32), sub.depths], axis=1)  # [b, w + 1]
-      mask = tree_lib.attention_mask(sub.parents, depth)  # [b, w + 1, w + 1]
-      if reads_hidden and scores:  # Chimera: the hidden states of this same call
-        logits, hidden, entries = target.score_and_hidden(
-            tstate, tokens, tree_positions, mask)  # [b, w + 1, V], [b, w + 1, E]
-        tstate = target.pad_entries(entries, nmax + 1)
-      elif reads_hidden:
-        logits, hidden, tstate = target.tokens_to_logits_and_hidden(
-            tstate, tokens, tree_positions, mask)  # [b, w + 1, V], [b, w + 1, E]
-      elif scores:
-        logits, entries = target.score(tstate, tokens, tree_positions, mask)  # [b, w + 1, V]
-        tstate = target.pad_entries(entries, nmax + 1)
-      else:
-        logits, tstate = target.tokens_to_logits(tstate, tokens, tree_positions,
-                                                 mask)  # [b, w + 1, V]
-      path, k, t = tree_lib.verify(verify_rng, sub, logits, depth, config)  # [b, D], [b], [b]
-      if reads_hidden:  # the root's and the path's, at positions n, n + 1, ... (junk past it)
-        rows = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), path + 1], axis=1)  # [b, D + 1]
-        hidden = jnp.take_along_axis(hidden, rows[..., None], axis=1)  # [b, D + 1, E]
-      else:
-        hidden = jnp.zeros((), jnp.float32)
-      return path, k, t, tstate, hidden
-    return call
+  def verify(w, tstate, ranked, last, lengths, verify_rng):
+    """The first w nodes (static: each width has its loop, `segments`) verified in one target
+    call: `(path [b, D], k [b], t [b], tstate, hidden [b, D + 1, E] of the root and the path, or a
+    placeholder)`."""
+    sub = tree_lib.first_nodes(ranked, w)  # [b, w] nodes
+    tokens = jnp.concatenate([last, sub.tokens], axis=1)  # [b, w + 1]
+    tree_positions = lengths[:, None] + jnp.concatenate(
+        [jnp.zeros((batch, 1), jnp.int32), sub.depths], axis=1)  # [b, w + 1]
+    mask = tree_lib.attention_mask(sub.parents, depth)  # [b, w + 1, w + 1]
+    if reads_hidden:  # Chimera: the hidden states of this same call
+      logits, hidden, tstate = target.tokens_to_logits_and_hidden(
+          tstate, tokens, tree_positions, mask)  # [b, w + 1, V], [b, w + 1, E]
+    else:
+      logits, tstate = target.tokens_to_logits(tstate, tokens, tree_positions,
+                                               mask)  # [b, w + 1, V]
+    path, k, t = tree_lib.verify(verify_rng, sub, logits, depth, config)  # [b, D], [b], [b]
+    if reads_hidden:  # the root's and the path's, at positions n, n + 1, ... (junk past it)
+      rows = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), path + 1], axis=1)  # [b, D + 1]
+      hidden = jnp.take_along_axis(hidden, rows[..., None], axis=1)  # [b, D + 1, E]
+    else:
+      hidden = jnp.zeros((), jnp.float32)
+    return path, k, t, tstate, hidden
 
-  def body(a: TreeLoopState) -> TreeLoopState:
+  def body(a: TreeLoopState, width: int) -> TreeLoopState:
     s, r = a.loop, a.loop.result
     rng, draft_rng, verify_rng = jax.random.split(s.rng, 3)
     active = ~s.done  # [b]
@@ -263,15 +251,8 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
                                       config)  # [b, N_max] nodes
     ranked, order = tree_lib.by_rank(tree)  # [b, N_max] best first; order: rank -> tree index
     last = jnp.take_along_axis(r.sequences, r.lengths[:, None], axis=1)  # [b, 1]
-    index = width_index(widths, jnp.max(want))  # the narrowest width holding every ask
-    width = width_array[index]  # []
-    args = (s.target_state, ranked, last, r.lengths, verify_rng)
-    if len(widths) == 1:
-      path, k, t, tstate, hidden = branch(nmax)(*args)
-    else:
-      path, k, t, tstate, hidden = jax.lax.switch(index, [branch(w) for w in widths], *args)
-      if scores:
-        tstate = target.append(s.target_state, tstate)  # tstate: the branch's entries
+    path, k, t, tstate, hidden = verify(width, s.target_state, ranked, last, r.lengths,
+                                        verify_rng)
     if reads_hidden:
       dstate = draft.observe(dstate, hidden, r.lengths)
 
@@ -328,7 +309,17 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
         tree_width_trace=jnp.where(plain_iteration, 0, r.tree_width_trace)))
 
   # Tree iterations while some active row asks for a tree; then plain target steps to the end.
-  final = jax.lax.while_loop(
-      lambda a: ~jnp.all(a.loop.done) & jnp.any(~a.loop.done & (a.want > 0)), body, init)
+  going = lambda a: ~jnp.all(a.loop.done) & jnp.any(~a.loop.done & (a.want > 0))
+  index = lambda a: width_index(widths, jnp.max(jnp.where(a.loop.done, 0, a.want)))  # []
+
+  def segments(a: TreeLoopState) -> TreeLoopState:
+    """Each width's loop in turn (`adaptive.decode`'s: no `lax.switch`), each running while the
+    narrowest width holding every active row's ask is its own."""
+    for i, w in enumerate(widths):
+      a = jax.lax.while_loop(lambda a, i=i: going(a) & (index(a) == i),
+                             functools.partial(body, width=w), a)
+    return a
+
+  final = jax.lax.while_loop(going, segments, init)
   loop = plain_loop(target, final.loop, max_decode_len, config, eos_id)
   return with_draft_calls(plain_statistics(loop, final.loop.result))

@@ -108,8 +108,8 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
         (`AdaptiveGamma.verify_widths`), per iteration (at least that of every narrower width),
         less its w draft tokens; v(gamma) is that of the narrowest width that holds gamma
         (`verify_width`). It holds the target call, the sampling and verification of w + 1
-        positions, appending, rollbacks, statistics, the policy's own work and the width's
-        `lax.switch`, at the decoding's temperature;
+        positions, appending, rollbacks, statistics, the policy's own work and the loops per width,
+        at the decoding's temperature;
     rows, output_length = the batch's rows and the mean of the batches' longest greedy outputs the
         first stage read (in tokens): what the policy prices a batch's wait for its slowest row
         with (`AdaptiveGamma.output_length`, `theory.batch_inflation`);

@@ -94,9 +94,6 @@ class MeshT5Decoder(T5Decoder):
     logits, hidden, state = super().tokens_to_logits_and_hidden(state, tokens, positions, mask)
     return logits, hidden, self._constrain(state)
 
-  def append(self, state: T5State, entries) -> T5State:
-    return self._constrain(super().append(state, entries))
-
   def rollback(self, state: T5State, index) -> T5State:
     return self._constrain(super().rollback(state, index))
 

@@ -14,14 +14,6 @@ explicit state pytree (parameters + cache), so the loops never see a model:
   tokens_to_logits_and_hidden(...) -> (logits, hidden [b, k, D], state)
       optional (T5Decoder): the same call also returning the final hidden states, for drafts that
       read them (`drafts.chimera`).
-  score(state, tokens [b, k], positions=None, mask=None) -> (logits [b, k, V], entries)
-  pad_entries(entries, width) -> entries   append(state, entries) -> state
-      optional (T5Decoder, TableDecoder): `tokens_to_logits` in two steps, scoring without writing
-      and then writing (entries padded to `width` >= k write `width` slots; the caller moves the
-      index back); `score_and_hidden` (T5Decoder) is `score` with the hidden states. A loop that
-      verifies inside a `lax.switch` over widths scores in the branches and appends once after
-      it: a branch that writes the cache makes XLA copy all of it into the branch, every call
-      (`adaptive.py`).
 
 `T5Decoder` binds `gqa_spec.models.decode_cache` (cross-attention K/V computed once per input);
 `TableDecoder` reads next-token logits from a fixed `[T, V, V]` table indexed by (position, current
@@ -89,22 +81,6 @@ class T5Decoder:
         self.model, state.params, state.cache, tokens, positions, mask)  # [b, k, V], [b, k, D]
     return logits, hidden, state.replace(cache=cache)
 
-  def score(self, state: T5State, tokens: jax.Array, positions=None, mask=None):
-    """`tokens_to_logits`' logits `[b, k, V]` and the entries `append` writes; the cache is read
-    only (`decode_cache.score_tokens`)."""
-    return decode_cache.score_tokens(self.model, state.params, state.cache, tokens, positions, mask)
-
-  def score_and_hidden(self, state: T5State, tokens: jax.Array, positions=None, mask=None):
-    """`score` also returning the final hidden states `[b, k, emb]` (same pass; Chimera)."""
-    return decode_cache.score_tokens(self.model, state.params, state.cache, tokens, positions, mask,
-                                     return_hidden=True)
-
-  def pad_entries(self, entries, width: int):
-    return decode_cache.pad_pending(entries, width)
-
-  def append(self, state: T5State, entries) -> T5State:
-    return state.replace(cache=decode_cache.append_pending(state.cache, entries))
-
   def rollback(self, state: T5State, index: jax.Array) -> T5State:
     return state.replace(cache=decode_cache.set_cache_index(state.cache, index))
 
@@ -153,24 +129,14 @@ class TableDecoder:
                       cache_index=jnp.zeros((batch,), jnp.int32))
 
   def tokens_to_logits(self, state: TableState, tokens: jax.Array, positions=None, mask=None):
-    logits, entries = self.score(state, tokens, positions, mask)
-    return logits, self.append(state, entries)
-
-  def score(self, state: TableState, tokens: jax.Array, positions=None, mask=None):
-    """The table's logits `[b, k, V]`; the entries are the tokens `[b, k]`."""
     del mask  # the table conditions on the current token only
     if positions is None:
       positions = state.cache_index[:, None] + jnp.arange(tokens.shape[1], dtype=jnp.int32)
     pos = jnp.minimum(positions, state.table.shape[0] - 1)  # [b, k]
-    return state.table[pos, tokens], tokens.astype(jnp.int32)  # [b, k, V], [b, k]
-
-  def pad_entries(self, entries: jax.Array, width: int) -> jax.Array:
-    return jnp.pad(entries, ((0, 0), (0, width - entries.shape[1])))  # [b, width]
-
-  def append(self, state: TableState, entries: jax.Array) -> TableState:
     written = jax.vmap(lambda row, new, i: jax.lax.dynamic_update_slice(row, new, (i,)))(
-        state.tokens, entries, state.cache_index)  # [b, L]
-    return state.replace(tokens=written, cache_index=state.cache_index + entries.shape[1])
+        state.tokens, tokens.astype(jnp.int32), state.cache_index)  # [b, L]
+    return state.table[pos, tokens], state.replace(  # [b, k, V]
+        tokens=written, cache_index=state.cache_index + tokens.shape[1])
 
   def rollback(self, state: TableState, index: jax.Array) -> TableState:
     return state.replace(cache_index=jnp.asarray(index, jnp.int32))

@@ -18,10 +18,6 @@ Decode cache (the design's centre), per attention layer, in flax's 'cache' colle
 Self-attention writes the k >= 1 new positions at per-row slots `[index, index + k)` by overwriting
 (`dynamic_update_slice`), so moving the index back is a complete rollback. The index itself, the
 positions of the cached slots and the attention mask are owned by the decoder (`t5.py`) and passed in.
-The 'pending' mode writes nothing: the k new positions attend to the cache as it is and to
-themselves (keys `[cache slots; new]`), and their K/V go to the 'pending' collection, for the
-caller to write later (`decode_cache.score_tokens`, `append_pending`): a verification call inside a
-`lax.switch` over widths then reads the cache, and XLA need not copy it into every branch.
 """
 
 from __future__ import annotations
@@ -93,9 +89,7 @@ class RelativePositionBiases(nn.Module):
 
 def grouped_attention(query: jax.Array, key: jax.Array, value: jax.Array,
                       mask: Optional[jax.Array], bias: Optional[jax.Array],
-                      float32_logits: bool = True, dropout=None,
-                      new_key: Optional[jax.Array] = None,
-                      new_value: Optional[jax.Array] = None) -> jax.Array:
+                      float32_logits: bool = True, dropout=None) -> jax.Array:
   """Softmax attention of grouped queries over shared K/V heads.
 
   Args:
@@ -106,9 +100,6 @@ def grouped_attention(query: jax.Array, key: jax.Array, value: jax.Array,
     bias: broadcastable to `[batch, H, q, k]`.
     float32_logits: compute logits and softmax in float32.
     dropout: optional callable applied to the attention weights.
-    new_key, new_value: optional `[batch, G, d, n]`, `[batch, G, n, d]`: n more keys and values
-      after `key`/`value`, attended in the same softmax without joining them (the 'pending'
-      mode: `key`/`value` are the cache, read only); `mask` and `bias` then cover k + n keys.
 
   Returns:
     `[batch, q, G, R, d]`.
@@ -119,9 +110,6 @@ def grouped_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   # Fold (R, q) into the matmul's M dimension: head-major, so the bias reshapes without a copy.
   folded = jnp.transpose(query, (0, 2, 3, 1, 4)).reshape(batch, groups, per_group * q_len, head_dim)
   logits = jnp.einsum('bgmd,bgdk->bgmk', folded, key)  # [batch, G, R * q, k]
-  if new_key is not None:
-    extra = jnp.einsum('bgmd,bgdn->bgmn', folded, new_key.astype(key.dtype))  # [batch, G, R*q, n]
-    logits = jnp.concatenate([logits, extra], axis=-1)  # [batch, G, R * q, k + n]
   logits = logits.reshape(batch, groups, per_group, q_len, -1)  # [batch, G, R, q, k]
   if bias is not None:
     b = bias.reshape(bias.shape[0], groups, per_group, *bias.shape[-2:])  # [batch, G, R, q, k]
@@ -132,13 +120,8 @@ def grouped_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   weights = softmax(logits).astype(value.dtype)  # [batch, G, R, q, k] (order-fixed sum on CPU)
   if dropout is not None:
     weights = dropout(weights)
-  weights = weights.reshape(batch, groups, per_group * q_len, -1)  # [batch, G, R * q, k (+ n)]
-  if new_value is None:
-    out = jnp.einsum('bgmk,bgkd->bgmd', weights, value)  # [batch, G, R * q, d]
-  else:
-    cached = key.shape[-1]
-    out = (jnp.einsum('bgmk,bgkd->bgmd', weights[..., :cached], value)
-           + jnp.einsum('bgmn,bgnd->bgmd', weights[..., cached:], new_value.astype(value.dtype)))
+  weights = weights.reshape(batch, groups, per_group * q_len, -1)  # [batch, G, R * q, k]
+  out = jnp.einsum('bgmk,bgkd->bgmd', weights, value)  # [batch, G, R * q, d]
   out = out.reshape(batch, groups, per_group, q_len, head_dim)
   return jnp.transpose(out, (0, 3, 1, 2, 4))  # [batch, q, G, R, d]
 
@@ -190,9 +173,7 @@ class MultiHeadAttention(nn.Module):
       bias: broadcastable to `[batch, H, q, k]`.
       enable_dropout: apply attention dropout.
       cache_mode: None (no cache), 'self' (append this call's K/V at `cache_index` and attend the
-        whole cache), 'pending' (attend the cache, read only, and this call's K/V, which go to
-        the 'pending' collection as `key`/`value`; `mask`/`bias` cover L + q keys) or 'cross'
-        (K/V projected once from `inputs_kv` and cached).
+        whole cache) or 'cross' (K/V projected once from `inputs_kv` and cached).
       cache_index: `[batch]` int slots where 'self' mode writes.
       cache_length: cache length L, used only when the 'self' cache is created.
 
@@ -237,21 +218,12 @@ class MultiHeadAttention(nn.Module):
       cached_key.value = write_cache(cached_key.value, new_key, cache_index, axis=3)
       cached_value.value = write_cache(cached_value.value, new_value, cache_index, axis=2)
       key, value = cached_key.value, cached_value.value  # [batch, G, d, L], [batch, G, L, d]
-    elif cache_mode == 'pending':
-      if not self.has_variable('cache', 'cached_key'):
-        raise ValueError("cache_mode 'pending' reads a self-attention cache: create it first")
-      new_key, new_value = project_kv(inputs_q)  # [batch, G, d, q], [batch, G, q, d]
-      self.put_variable('pending', 'key', new_key)
-      self.put_variable('pending', 'value', new_value)
-      key = self.get_variable('cache', 'cached_key')  # [batch, G, d, L]
-      value = self.get_variable('cache', 'cached_value')  # [batch, G, L, d]
     else:
       raise ValueError(f'unknown cache_mode {cache_mode!r}')
 
     dropout = None
     if enable_dropout and self.dropout_rate > 0:
       dropout = lambda w: nn.Dropout(self.dropout_rate, broadcast_dims=(-2,))(w, deterministic=False)
-    extra = (new_key, new_value) if cache_mode == 'pending' else (None, None)
-    out = grouped_attention(query, key, value, mask, bias, self.float32_logits, dropout, *extra)
+    out = grouped_attention(query, key, value, mask, bias, self.float32_logits, dropout)
     out = out.reshape(batch, q_len, h * d)  # [batch, q, H * d]
     return dense(emb, 'out')(out)

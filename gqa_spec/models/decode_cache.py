@@ -1,5 +1,4 @@
-"""Functional access to the decoder's cache: create it, append k tokens (at once, or scored first
-and written later), read and move its index.
+"""Functional access to the decoder's cache: create it, append k tokens, read and move its index.
 
 These are the only operations the decoding loops need, so autoregressive, speculative and tree
 decoding share one implementation of the cache protocol documented in `t5.py`.
@@ -12,11 +11,9 @@ from typing import Any, Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from gqa_spec.models.attention import write_cache
 from gqa_spec.models.t5 import SCANNED_NAME, Transformer
 
 Cache = Any
-Pending = Any  # the 'pending' collection of a pending decode call (`score_tokens`)
 
 
 def init_decode_cache(model: Transformer, params: Any, encoded: jax.Array,
@@ -73,72 +70,6 @@ def decode_tokens_with_hidden(model: Transformer, params: Any, cache: Cache, tok
       decoder_positions=positions, decoder_attention_mask=attention_mask, return_hidden=True,
       method=Transformer.decode, mutable=['cache'])
   return logits, hidden, variables['cache']
-
-
-def score_tokens(model: Transformer, params: Any, cache: Cache, tokens: jax.Array,
-                 positions: Optional[jax.Array] = None,
-                 attention_mask: Optional[jax.Array] = None, return_hidden: bool = False):
-  """`decode_tokens`' logits `[batch, k, vocab]` for `tokens [batch, k]`, with the cache left as it
-  was: returns `(logits, pending)`, `pending` the k tokens' positions and every layer's
-  self-attention K/V, which `append_pending` writes (the two together are `decode_tokens`, up to
-  the order of the softmax's sum). `return_hidden=True`: `(logits, hidden [batch, k, emb],
-  pending)`, the hidden states `decode_tokens_with_hidden` returns.
-
-  A verification call in one branch of a `lax.switch` over widths reads the cache and returns
-  `pending` (`pad_pending` to one width), and the write happens once, after the switch: a branch
-  that writes makes XLA copy the whole self-attention cache into it, every call.
-  """
-  out, variables = model.apply({'params': params, 'cache': cache}, None, None, tokens,
-                               decode=True, decoder_positions=positions,
-                               decoder_attention_mask=attention_mask, pending=True,
-                               return_hidden=return_hidden, method=Transformer.decode,
-                               mutable=['pending'])
-  if return_hidden:
-    logits, hidden = out  # [batch, k, vocab], [batch, k, emb]
-    return logits, hidden, variables['pending']
-  return out, variables['pending']
-
-
-def _pending_kv(pending: Pending):
-  """`{name: (key [batch, (layers,) G, d, k], value [batch, (layers,) G, k, d])}` per layer."""
-  return {name: (layer['self_attention']['key'], layer['self_attention']['value'])
-          for name, layer in _layer_caches(pending).items()}
-
-
-def pad_pending(pending: Pending, width: int) -> Pending:
-  """`pending` of k tokens as `width >= k` tokens, zeros after the k: one shape for the branches of
-  a switch over widths. `append_pending` writes all `width` and advances the index by `width`;
-  callers move it back to what was accepted, so the zeros are never seen (slots at or past a row's
-  index are masked and overwritten)."""
-  k = pending['decoder']['positions'].shape[1]
-  if width < k:
-    raise ValueError(f'cannot pad {k} pending tokens to {width}')
-  def pad(x, axis):
-    return jnp.pad(x, [(0, width - k if a == axis else 0) for a in range(x.ndim)])
-  decoder = dict(pending['decoder'])
-  for name, (key, value) in _pending_kv(pending).items():
-    decoder[name] = {'self_attention': {'key': pad(key, key.ndim - 1),
-                                        'value': pad(value, value.ndim - 2)}}
-  decoder['positions'] = pad(decoder['positions'], 1)
-  return {**pending, 'decoder': decoder}
-
-
-def append_pending(cache: Cache, pending: Pending) -> Cache:
-  """Writes `score_tokens`' pending tokens at each row's index and advances it by their number k:
-  the cache `decode_tokens` would have left. Callers keep `index + k <= L`."""
-  index = cache_index(cache)  # [batch]
-  decoder = dict(cache['decoder'])
-  new = _pending_kv(pending)
-  for name, layer in _layer_caches(cache).items():
-    attn = dict(layer['self_attention'])
-    key, value = new[name]
-    attn['cached_key'] = write_cache(attn['cached_key'], key, index, axis=key.ndim - 1)
-    attn['cached_value'] = write_cache(attn['cached_value'], value, index, axis=value.ndim - 2)
-    decoder[name] = {**layer, 'self_attention': attn}
-  positions = pending['decoder']['positions']  # [batch, k]
-  decoder['positions'] = write_cache(decoder['positions'], positions, index, axis=1)  # [batch, L]
-  decoder['cache_index'] = index + positions.shape[1]
-  return {**cache, 'decoder': decoder}
 
 
 def cache_index(cache: Cache) -> jax.Array:

@@ -13,10 +13,7 @@ advances cache_index by k. Writes overwrite, so `set_cache_index` (moving the in
 complete rollback. Optional explicit `decoder_positions [batch, k]` and `decoder_attention_mask
 [batch, k, k]` (which of this call's tokens each of them may see; earlier slots are all visible)
 serve tree verification; a `[batch, k, L]` mask instead names every visible slot (tree drafts). By
-default positions continue from the index and the mask is causal. A pending call
-(`decode(..., pending=True)`) scores its k tokens the same way but leaves the cache as it was: their
-positions (`decoder/positions [batch, k]`) and K/V go to the 'pending' collection, which
-`decode_cache.append_pending` writes later.
+default positions continue from the index and the mask is causal.
 
 The first decode call, made with no cache, creates it: cross-attention K/V are projected once from
 `encoded` (with `num_kv_heads` heads), self-attention K/V are zeros of length `max_decode_length`.
@@ -106,8 +103,7 @@ def _layer_stack(cfg: T5Config, layer_cls, num_layers: int, x: jax.Array, *args,
     body = nn.remat(body, policy=_REMAT_POLICIES[cfg.remat_policy],
                     prevent_cse=not cfg.scan_layers)  # scan already keeps XLA from CSE-ing remat
   if cfg.scan_layers:
-    scanned = nn.scan(body, variable_axes={'params': PARAM_SCAN_AXIS, 'cache': CACHE_SCAN_AXIS,
-                                           'pending': CACHE_SCAN_AXIS},
+    scanned = nn.scan(body, variable_axes={'params': PARAM_SCAN_AXIS, 'cache': CACHE_SCAN_AXIS},
                       split_rngs={'params': True, 'dropout': True},
                       in_axes=(nn.broadcast,) * len(args), length=num_layers)
     x, _ = scanned(layer_cls(cfg, name=SCANNED_NAME), x, *args)
@@ -136,14 +132,12 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x, encoded, self_bias, self_mask, cross_mask, cache_index=None, *,
-               enable_dropout: bool = False, decode: bool = False, cache_length=None,
-               pending: bool = False):
+               enable_dropout: bool = False, decode: bool = False, cache_length=None):
     cfg = self.config
     h = _norm(cfg, 'pre_self_attention_layer_norm')(x)
-    self_mode = ('pending' if pending else 'self') if decode else None
     h = _attention(cfg, cfg.num_kv_heads, 'self_attention')(
         h, h, self_mask, self_bias, enable_dropout=enable_dropout,
-        cache_mode=self_mode, cache_index=cache_index, cache_length=cache_length)
+        cache_mode='self' if decode else None, cache_index=cache_index, cache_length=cache_length)
     x = x + _dropout(cfg, h, enable_dropout)
     h = _norm(cfg, 'pre_cross_attention_layer_norm')(x)
     h = _attention(cfg, cfg.num_kv_heads, 'encoder_decoder_attention')(
@@ -179,15 +173,12 @@ class Decoder(nn.Module):
   def __call__(self, encoded, decoder_input_tokens, decoder_mask=None, encoder_decoder_mask=None,
                enable_dropout: bool = False, decode: bool = False,
                max_decode_length: Optional[int] = None, decoder_positions=None,
-               decoder_attention_mask=None, encoder_valid=None, return_hidden: bool = False,
-               pending: bool = False):
+               decoder_attention_mask=None, encoder_valid=None, return_hidden: bool = False):
     cfg = self.config
     batch, length = decoder_input_tokens.shape
     relpos = _relpos(cfg)
     cache_index = cache_length = None
     if decode:
-      if pending and not self.has_variable('cache', 'cache_index'):
-        raise ValueError('a pending decode call reads the cache: create it first')
       if max_decode_length is None and not self.has_variable('cache', 'cache_index'):
         raise ValueError('the first decode call creates the cache and needs max_decode_length')
       index_var = self.variable('cache', 'cache_index', jnp.zeros, (batch,), jnp.int32)
@@ -199,13 +190,8 @@ class Decoder(nn.Module):
       if decoder_positions is None:
         decoder_positions = cache_index[:, None] + jnp.arange(length, dtype=jnp.int32)  # [batch, k]
       decoder_positions = decoder_positions.astype(jnp.int32)
-      if pending:
-        self_mask, self_bias = _pending_mask_and_bias(
-            relpos, cache_index, slot_positions.value, decoder_positions, decoder_attention_mask)
-        self.put_variable('pending', 'positions', decoder_positions)
-      else:
-        self_mask, self_bias = self._append(relpos, index_var, slot_positions, decoder_positions,
-                                            decoder_attention_mask)
+      self_mask, self_bias = self._append(relpos, index_var, slot_positions, decoder_positions,
+                                          decoder_attention_mask)
       cross_mask = enc_mask.value[:, None, None, :]  # [batch, 1, 1, S]
     else:
       positions = jnp.arange(length)[None]
@@ -215,7 +201,7 @@ class Decoder(nn.Module):
     x = _dropout(cfg, self.shared_embedding(decoder_input_tokens), enable_dropout)
     x = _layer_stack(cfg, DecoderLayer, cfg.num_decoder_layers, x, encoded, self_bias, self_mask,
                      cross_mask, cache_index, train=not decode, enable_dropout=enable_dropout,
-                     decode=decode, cache_length=cache_length, pending=pending)
+                     decode=decode, cache_length=cache_length)
     x = _norm(cfg, 'decoder_norm')(x)
     x = _dropout(cfg, x, enable_dropout)
     if cfg.logits_via_embedding:
@@ -258,28 +244,6 @@ class Decoder(nn.Module):
     return visible[:, None], self_bias  # [batch, 1, k, L], [batch, H, k, L]
 
 
-def _pending_mask_and_bias(relpos, cache_index: jax.Array, slot_positions: jax.Array,
-                           decoder_positions: jax.Array, decoder_attention_mask):
-  """The 'pending' mode's self-attention mask `[batch, 1, k, L + k]` and bias
-  `[batch, H, k, L + k]`: keys are the cache's L slots (those before each row's index visible to
-  every new token), then the k new tokens (causal, or `decoder_attention_mask [batch, k, k]`).
-  The same keys, positions and visibility as `Decoder._append` gives after writing them."""
-  batch, length = decoder_positions.shape
-  cache_length = slot_positions.shape[1]
-  if decoder_attention_mask is None:
-    new_visible = jnp.tril(jnp.ones((length, length), bool))[None]  # [1, k, k]
-  elif decoder_attention_mask.shape[-1] != length:
-    raise ValueError(f'a pending decode call takes a [batch, k, k] attention mask (k = {length}) '
-                     f'over its own tokens, got {decoder_attention_mask.shape}')
-  else:
-    new_visible = decoder_attention_mask.astype(bool)
-  cached = jnp.arange(cache_length, dtype=jnp.int32)[None] < cache_index[:, None]  # [batch, L]
-  visible = jnp.concatenate([jnp.broadcast_to(cached[:, None, :], (batch, length, cache_length)),
-                             jnp.broadcast_to(new_visible, (batch, length, length))], axis=2)
-  keys = jnp.concatenate([slot_positions, decoder_positions], axis=1)  # [batch, L + k]
-  return visible[:, None], relpos(decoder_positions, keys, bidirectional=False)
-
-
 class Transformer(nn.Module):
   """T5.1.1 encoder-decoder; the module t5x's `EncoderDecoderModel` drives."""
 
@@ -306,7 +270,7 @@ class Transformer(nn.Module):
              encoder_segment_ids=None, decoder_segment_ids=None, decoder_positions=None, *,
              enable_dropout: bool = False, decode: bool = False,
              max_decode_length: Optional[int] = None, decoder_attention_mask=None,
-             return_hidden: bool = False, pending: bool = False):
+             return_hidden: bool = False):
     """Decoder logits `[batch, k, vocab]` (float32).
 
     Teacher-forced (`decode=False`): causal over `decoder_input_tokens`, padding from
@@ -316,16 +280,14 @@ class Transformer(nn.Module):
     override the default positions and causal mask of the new tokens (tree verification).
     `return_hidden=True` returns `(logits, hidden [batch, k, emb])`: the decoder's final hidden
     states, i.e. the logits layer's input (after `decoder_norm`; dropout is off when decoding), which
-    trained drafts such as Chimera read. `pending=True` (decode, 'pending' mutable, 'cache' read
-    only) scores the k tokens as if appended but writes nothing: their positions and every layer's
-    self-attention K/V go to the 'pending' collection (`decode_cache.score_tokens`).
+    trained drafts such as Chimera read.
     """
     if decode:
       encoder_valid = None if encoder_input_tokens is None else encoder_input_tokens > 0
       return self.decoder(encoded, decoder_input_tokens, enable_dropout=enable_dropout, decode=True,
                           max_decode_length=max_decode_length, decoder_positions=decoder_positions,
                           decoder_attention_mask=decoder_attention_mask, encoder_valid=encoder_valid,
-                          return_hidden=return_hidden, pending=pending)
+                          return_hidden=return_hidden)
     length = decoder_input_tokens.shape[1]
     if decoder_target_tokens is None:
       decoder_target_tokens = jnp.ones_like(decoder_input_tokens)

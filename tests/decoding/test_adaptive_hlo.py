@@ -1,17 +1,14 @@
 """The adaptive loops' compiled programs do not copy the self-attention cache every iteration, and
 the plain path (no row speculates) compiles greedy decoding's own loop.
 
-`adaptive.decode` and `adaptive_tree.decode` verify inside a `lax.switch` over widths. A branch
-that writes the cache makes XLA give the branch its own copy of it, every call: at T5.1.1-XXL,
-batch 8 and 512 slots in bf16 that cache is ~1.6 GB, copied each iteration. A target that can score
-without writing (`T5Decoder.score`) returns the new entries from the branches, written once after
-the switch, so the cache is copied only where the program starts (its inputs are not donated), as
-in `speculative.decode`, which has no switch. Read from the compiled HLO: every `copy` whose shape
-is a self-attention K or V cache, once a call and in one iteration of each loop
-(`benchmarks.loop_kernels`).
+`adaptive.decode` and `adaptive_tree.decode` verify at several compiled widths. Inside a
+`lax.switch` over them (their form until 2026-11-29), a branch that writes the cache made XLA give
+the branch its own copy of it on every entry: at T5.1.1-XXL, batch 8 and 512 slots in bf16 that
+cache is ~1.6 GB. They now run one while loop per width, each writing in place, so the cache is
+copied only where the program starts (its inputs are not donated), as in `speculative.decode`.
+Read from the compiled HLO: every `copy` whose shape is a self-attention K or V cache, once a call
+and in one iteration of each loop (`benchmarks.loop_kernels`).
 """
-
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -24,18 +21,6 @@ from gqa_spec.decoding.drafts import ModelDraft
 from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
 from gqa_spec.decoding.targets import T5Decoder
 from tests.decoding.conftest import INPUTS, MAX_LEN, model_and_params
-
-
-@dataclasses.dataclass(frozen=True)
-class WritingDecoder:
-  """A T5 decoder without `score`: the loops' fallback, verifying with writes in the branches."""
-
-  inner: T5Decoder
-
-  def __getattr__(self, name):
-    if name in ('score', 'pad_entries', 'append'):
-      raise AttributeError(name)
-    return getattr(self.inner, name)
 
 
 def _kv_shapes(state) -> set:
@@ -65,17 +50,26 @@ def test_the_chain_loop_copies_the_cache_only_at_its_entry():
   state = target.init(params, enc, adaptive.target_cache_length(MAX_LEN, ad) + 3)
   draft = ModelDraft.t5(model)
   dstate = draft.init(params, enc, MAX_LEN, 8)
-  loop = lambda dec: lambda t, d: adaptive.decode(dec, t, draft, d, rng, adaptive=ad,
-                                                  max_decode_len=MAX_LEN)
-  scored = _copies(loop(target), state, dstate)
-  assert scored['loops'] and not any(scored['loops']), scored
+  scored = _copies(lambda t, d: adaptive.decode(target, t, draft, d, rng, adaptive=ad,
+                                                max_decode_len=MAX_LEN), state, dstate)
+  assert len(scored['loops']) >= len(ad.verify_widths), scored  # a loop per width, parsed
+  assert not any(scored['loops']), scored
   plain = _copies(lambda t, d: speculative.decode(target, t, draft, d, rng, gamma=2,
                                                   max_decode_len=MAX_LEN), state, dstate)
   assert scored['entry'] == plain['entry'] and not any(plain['loops']), (scored, plain)
-  # The fallback writes in its branches: each iteration copies every layer's K and V (2 layers),
-  # the case this test guards.
-  written = _copies(loop(WritingDecoder(target)), state, dstate)
-  assert max(written['loops']) >= 4, written
+  # The form this guards against, which the reader sees: verification in a `lax.switch` over two
+  # widths inside the loop, each branch writing; every iteration copies each layer's K and V.
+  tokens = jnp.ones((len(INPUTS), 3), jnp.int32)
+
+  def switched(t, d):
+    del d
+    def body(c):
+      i, ts = c
+      write = lambda w: lambda ts: target.tokens_to_logits(ts, tokens[:, :w])[1]
+      ts = jax.lax.switch(i % 2, [write(2), write(3)], ts)
+      return i + 1, target.rollback(ts, target.index(t))
+    return jax.lax.while_loop(lambda c: c[0] < 4, body, (0, t))[1]
+  assert max(_copies(switched, state, dstate)['loops']) >= 4
 
 
 def test_the_tree_loop_copies_the_cache_only_at_its_entry():
@@ -89,7 +83,7 @@ def test_the_tree_loop_copies_the_cache_only_at_its_entry():
   found = _copies(lambda t, d: adaptive_tree.decode(
       target, t, draft, d, jax.random.PRNGKey(0), adaptive=ad, max_decode_len=MAX_LEN),
                   state, dstate)
-  assert found['loops'] and not any(found['loops']), found
+  assert len(found['loops']) >= len(ad.widths) and not any(found['loops']), found
 
 
 def _loop_bodies(compiled_text: str) -> list:

@@ -1,14 +1,16 @@
-"""The adaptive loops add no loop to the decoding loop's body.
+"""The adaptive loops' structure: a loop per verification width, and nothing else nested.
 
-`adaptive.decode` and `adaptive_tree.decode` choose their verification width every iteration. They
-did so with `jnp.searchsorted`, whose default method is a `fori_loop` of log2(widths) steps: a
-loop nested in the decoding loop, each of its steps its own kernel launches on a GPU, where the
-adaptive loop at a fixed gamma cost 40-90 us an iteration more than `speculative.decode`
-(results/gpu/guard_2026-11-28). `adaptive.width_index` is a comparison and a sum. Here, in each
-policy's traced program (the jaxpr, before XLA, so that the compiler's flags do not matter): two
-loops at the top (the speculative one and the plain steps' after it) and, nested in them, the
-loops the fixed-length loop with the same draft has (`speculative.decode`,
-`tree_speculative.decode`; of the width switch's branches, the one with the most), no more; and `width_index` is `searchsorted`'s answer at every value.
+`adaptive.decode` and `adaptive_tree.decode` verify at one of a few compiled widths. They chose it
+every iteration with `jnp.searchsorted`, whose default method is a `fori_loop` of log2(widths)
+steps: a loop nested in the decoding loop, each of its steps its own kernel launches on a GPU,
+where the adaptive loop at a fixed gamma cost 40-90 us an iteration more than `speculative.decode`
+(results/gpu/guard_2026-11-28); `adaptive.width_index` is a comparison and a sum. Then the
+width's `lax.switch` in the loop went too: each width now has its own while loop inside an outer
+one. Here, in each policy's traced program (the jaxpr, before XLA, so that the compiler's flags do
+not matter): two loops at the top (the outer speculative one and the plain steps' after it), one
+loop per width inside the first, inside each of those the loops the fixed-length loop with the
+same draft has (`speculative.decode`, `tree_speculative.decode`), no more, and no `cond` over the
+widths; and `width_index` is `searchsorted`'s answer at every value.
 """
 
 import jax
@@ -84,7 +86,7 @@ def pair():
     AdaptiveGamma(gamma_max=8, policy='fixed', gamma_init=8),
     AdaptiveGamma(gamma_max=8, cost_ratio=0.1),
     AdaptiveGamma(gamma_max=8, policy='heuristic')], ids=lambda p: p.policy)
-def test_chain_loop_adds_no_nested_loop(pair, policy):
+def test_chain_loop_is_a_loop_per_width(pair, policy):
   model, params, target, enc, table = pair
   draft = NgramDraft(model.config.vocab_size)
   tstate = target.init(params, enc, adaptive.target_cache_length(MAX_LEN, policy))
@@ -93,27 +95,35 @@ def test_chain_loop_adds_no_nested_loop(pair, policy):
       target, ts, draft, ds, rng, adaptive=policy, max_decode_len=MAX_LEN), *args)
   fixed = _loops(lambda ts, ds, rng: speculative.decode(
       target, ts, draft, ds, rng, gamma=8, max_decode_len=MAX_LEN), *args)
+  _assert_a_loop_per_width(ours, fixed, len(policy.verify_widths))
+
+
+def _assert_a_loop_per_width(ours, fixed, widths: int):
+  """`ours`: two loops at the top, `widths` loops in the first, and in each of those the nested
+  loops of the fixed-length loop `fixed` (one level deeper), no more."""
   assert [x for x in ours if x[0] == 0] == [(0, 'while')] * 2
-  assert _nested(ours) == _nested(fixed)
+  assert [x for x in ours if x[0] == 1] == [(1, 'while')] * widths
+  assert [x for x in ours if x[0] > 1] == sorted([(d + 1, p) for d, p in _nested(fixed)] * widths)
 
 
-def test_one_width_loop_has_no_switch(pair):
-  """`AdaptiveGamma.one_width`: the loop holds no switch over the verification widths (one
-  `cond` of 6 branches at gamma_max 8 without it)."""
+def test_one_width_is_one_loop_and_no_loop_switches_widths(pair):
+  """`AdaptiveGamma.one_width`: one loop, for its one width; without it, one per width (6 at
+  gamma_max 8); and in neither a `cond` over the widths."""
   model, params, target, enc, table = pair
   draft = NgramDraft(model.config.vocab_size)
-  conds = []
   for one_width in (False, True):
     policy = AdaptiveGamma(gamma_max=8, policy='fixed', gamma_init=8, one_width=one_width)
     tstate = target.init(params, enc, adaptive.target_cache_length(MAX_LEN, policy))
-    jaxpr = jax.make_jaxpr(lambda ts, ds, rng, p=policy: adaptive.decode(
-        target, ts, draft, ds, rng, adaptive=p, max_decode_len=MAX_LEN))(
-            tstate, draft.init(table), jax.random.PRNGKey(0))
-    conds.append(_switches(jaxpr.jaxpr, len(adaptive.verify_gammas(8))))  # 1, 2, 3, 4, 6, 8
-  assert conds == [1, 0]
+    fun = lambda ts, ds, rng, p=policy: adaptive.decode(target, ts, draft, ds, rng, adaptive=p,
+                                                        max_decode_len=MAX_LEN)
+    args = (tstate, draft.init(table), jax.random.PRNGKey(0))
+    widths = len(policy.verify_widths)
+    assert widths == (1 if one_width else 6)  # 1, 2, 3, 4, 6, 8
+    assert [x for x in _loops(fun, *args) if x[0] == 1] == [(1, 'while')] * widths
+    assert _switches(jax.make_jaxpr(fun)(*args).jaxpr, 6) == 0
 
 
-def test_tree_loop_adds_no_nested_loop(pair):
+def test_tree_loop_is_a_loop_per_width(pair):
   model, params, target, enc, table = pair
   ad = AdaptiveTree.parse('best:auto:8,depth:3,width:2', cost_ratio=0.1,
                           verify_ratio=(1.0, 1.05, 1.2, 1.6))
@@ -124,8 +134,7 @@ def test_tree_loop_adds_no_nested_loop(pair):
       target, ts, draft, ds, rng, adaptive=ad, max_decode_len=MAX_LEN), *args)
   fixed = _loops(lambda ts, ds, rng: tree_speculative.decode(
       target, ts, draft, ds, rng, shape=ad.shape, max_decode_len=MAX_LEN), *args)
-  assert [x for x in ours if x[0] == 0] == [(0, 'while')] * 2
-  assert _nested(ours) == _nested(fixed)
+  _assert_a_loop_per_width(ours, fixed, len(ad.widths))
 
 
 @pytest.mark.parametrize('widths', [(8,), (1, 2, 3, 4, 6, 8), (1, 2, 4, 8, 16)])
