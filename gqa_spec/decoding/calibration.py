@@ -142,8 +142,8 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
   gamma 8, 0.81x the best fixed gamma. On small models the loop's own work is the size of a target
   call (measured on this CPU: the smoke pair's n-gram drafts, c ~0.02, were slower than greedy at
   every gamma); without it Theorem 8 speculates where it does not pay. A draft without
-  `propose_upto` (n-gram, copy) proposes gamma_max tokens every iteration whatever gamma a row
-  asked for: its proposal is then part of every iteration's overhead, and c is 0. (A fixed
+  `propose_upto` (n-gram, copy) proposes the iteration's whole width every iteration whatever
+  gamma a row asked for: its proposal is then part of every iteration's overhead, and c is 0. (A fixed
   optimistic starting alpha, 0.9, made every row try speculating first, which cost the smoke
   pair's n-gram drafts 10-30% of greedy decoding's speed on its 32-token outputs.)
 

@@ -75,8 +75,10 @@ class ModelDraft:
 
     Row r stops after x_i when i == want[r] or (confidence > 0) when the top probability of the
     draft's softmax at x_i (temperature 1, before top-k/p) is below `confidence` (x_i is kept, as
-    HF's `assistant_confidence_threshold`). No call at all when every want is 0; the cache then
-    keeps its pending tokens (the caller must not propose again: `adaptive.py` marks it stale).
+    HF's `assistant_confidence_threshold`). The caller asks for a token in some row (`adaptive.py`
+    proposes only while an active row speculates): the first call, which feeds the pending
+    tokens, is always made. At `gamma_max` 1 that call is all (no loop: the adaptive loop's
+    width-1 iterations).
 
     Returns:
       (`[b, gamma_max]` tokens, `[b, gamma_max, V]` q (zeros past a row's proposal), `[b]` tokens
@@ -94,34 +96,27 @@ class ModelDraft:
       sure = jnp.max(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), axis=-1) >= confidence
       return tok, tokens, q, live & (count < want) & sure, count
 
-    def run(state):
-      logits, state = self._feed_pending(state, sequences, lengths)  # [b, V]
-      vocab = logits.shape[-1]
-      tokens = jnp.zeros((batch, gamma_max), jnp.int32)
-      q = jnp.zeros((batch, gamma_max, vocab), jnp.float32)
-      live, count = want > 0, jnp.zeros((batch,), jnp.int32)
-      tok, tokens, q, live, count = pick(0, logits, tokens, q, live, count)
+    logits, state = self._feed_pending(state, sequences, lengths)  # [b, V]
+    vocab = logits.shape[-1]
+    tokens = jnp.zeros((batch, gamma_max), jnp.int32)
+    q = jnp.zeros((batch, gamma_max, vocab), jnp.float32)
+    live, count = want > 0, jnp.zeros((batch,), jnp.int32)
+    tok, tokens, q, live, count = pick(0, logits, tokens, q, live, count)
+    if gamma_max == 1:
+      return tokens, q, count, jnp.ones((), jnp.int32), state
 
-      def cond(c):
-        return (c[0] < gamma_max) & jnp.any(c[5])
+    def cond(c):
+      return (c[0] < gamma_max) & jnp.any(c[5])
 
-      def body(c):
-        i, st, tok, tokens, q, live, count = c
-        lg, st = self.decoder.tokens_to_logits(st, tok[:, None])  # [b, 1, V]
-        tok, tokens, q, live, count = pick(i, lg[:, 0], tokens, q, live, count)
-        return i + 1, st, tok, tokens, q, live, count
+    def body(c):
+      i, st, tok, tokens, q, live, count = c
+      lg, st = self.decoder.tokens_to_logits(st, tok[:, None])  # [b, 1, V]
+      tok, tokens, q, live, count = pick(i, lg[:, 0], tokens, q, live, count)
+      return i + 1, st, tok, tokens, q, live, count
 
-      i, state, _, tokens, q, _, count = jax.lax.while_loop(
-          cond, body, (jnp.ones((), jnp.int32), state, tok, tokens, q, live, count))
-      return tokens, q, count, i, state
-
-    def skip(state):
-      vocab = jax.eval_shape(self._feed_pending, state, sequences, lengths)[0].shape[-1]
-      return (jnp.zeros((batch, gamma_max), jnp.int32),
-              jnp.zeros((batch, gamma_max, vocab), jnp.float32),
-              jnp.zeros((batch,), jnp.int32), jnp.zeros((), jnp.int32), state)
-
-    return jax.lax.cond(jnp.any(want > 0), run, skip, state)
+    i, state, _, tokens, q, _, count = jax.lax.while_loop(
+        cond, body, (jnp.ones((), jnp.int32), state, tok, tokens, q, live, count))
+    return tokens, q, count, i, state
 
   def commit(self, state, sequences, lengths):
     del sequences
