@@ -93,8 +93,10 @@ class ModelDraft:
       tokens = jax.lax.dynamic_update_slice(tokens, tok[:, None], (0, i))  # [b, gamma_max]
       q = jax.lax.dynamic_update_slice(q, (qi * live[:, None])[:, None], (0, i, 0))
       count = count + live  # [b]
-      sure = jnp.max(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), axis=-1) >= confidence
-      return tok, tokens, q, live & (count < want) & sure, count
+      live = live & (count < want)  # [b]
+      if confidence > 0:  # a static setting (`AdaptiveGamma.confidence`): no softmax without it
+        live &= jnp.max(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), axis=-1) >= confidence
+      return tok, tokens, q, live, count
 
     logits, state = self._feed_pending(state, sequences, lengths)  # [b, V]
     vocab = logits.shape[-1]
