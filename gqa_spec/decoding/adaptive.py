@@ -14,10 +14,10 @@ before. So a batch whose rows all ask for gamma 1 pays for a two-token call, not
 one (a draft that reads the target's hidden states, Chimera, keeps the gamma_max + 1 width). Each
 width has its own while loop, which runs while the batch's longest proposal needs that width; an
 outer loop runs them in turn until no row speculates (`segments`). Until 2026-11-29 one loop
-chose the width per iteration in a `lax.switch`: its branches (scoring without writing, the
-entries written after it) cost 2.4-5.4% an iteration over `speculative.decode` at batch 8 on the
-widened smoke pair where the loops per width cost 0.2-1.2% at gamma 2
-(results/benchmarks/adaptive_loop_cost_smoke_widened_b8_loops.md). Once no active row speculates
+chose the width per iteration in a `lax.switch` (its branches scored without writing, the
+entries written after it): at batch 8 on the widened smoke pair, gamma 2, it cost 0.1-5.4% an
+iteration over `speculative.decode` in three runs, the loops per width 0.0-1.2%; at gamma 1 both
+3-8% (results/benchmarks/adaptive_loop_cost_smoke_widened_b8_loops.md, docs/decoding.md). Once no active row speculates
 (every one at gamma_r = 0, which is final), the rest runs as plain one-token target steps in a
 second loop, without the draft (`plain_steps.plain_loop`). When the costs say that not even the
 starting `alpha_init` would pay for a proposal (`AdaptiveGamma.speculates` is False: a draft that
