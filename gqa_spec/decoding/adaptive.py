@@ -13,18 +13,18 @@ p_{gamma_r + 1}. The causal mask keeps the positions past gamma_r from changing 
 before. So a batch whose rows all ask for gamma 1 pays for a two-token call, not a gamma_max + 1
 one (a draft that reads the target's hidden states, Chimera, keeps the gamma_max + 1 width). Each
 width has its own while loop, which runs while the batch's longest proposal needs that width; an
-outer loop runs them in turn until no row speculates (`segments`). Until 2026-11-29 one loop
+outer loop runs them in turn until no row speculates (`loops_per_width`). Until 2026-11-29 one loop
 chose the width per iteration in a `lax.switch` (its branches scored without writing, the
 entries written after it): at batch 8 on the widened smoke pair, gamma 2, it cost 0.1-5.4% an
 iteration over `speculative.decode` in three runs, the loops per width 0.0-1.2%; at gamma 1 both
-3-8% (results/benchmarks/adaptive_loop_cost_smoke_widened_b8_loops.md, docs/decoding.md). Once no active row speculates
-(every one at gamma_r = 0, which is final), the rest runs as plain one-token target steps in a
-second loop, without the draft (`plain_steps.plain_loop`). When the costs say that not even the
-starting `alpha_init` would pay for a proposal (`AdaptiveGamma.speculates` is False: a draft that
-costs what the target costs, or one whose acceptance `calibration.measure_costs` found too low for
-its cost), `decode` is `autoregressive.decode`'s loop on a cache of one slot per token
-(`target_cache_length`), compiled with two length statistics in one program
-(`plain_steps.plain_decode`).
+3-8% (results/benchmarks/adaptive_loop_cost_smoke_widened_b8_loops.md, docs/decoding.md). Once no
+active row speculates (every one at gamma_r = 0, which is final), the rest runs as plain one-token
+target steps in a second loop, without the draft (`plain_steps.plain_loop`). When the costs say
+that not even the starting `alpha_init` would pay for a proposal (`AdaptiveGamma.speculates` is
+False: a draft that costs what the target costs, or one whose acceptance
+`calibration.measure_costs` found too low for its cost), `decode` is `autoregressive.decode`'s
+loop on a cache of one slot per token (`target_cache_length`), compiled with two length
+statistics in one program (`plain_steps.plain_decode`).
 
 Exactness: gamma_r depends only on the past (the batch's rows' earlier iterations, and with a
 confidence stop the draft's distributions at the positions already proposed), never on this
@@ -277,6 +277,24 @@ def width_index(widths: Tuple[int, ...], longest: jax.Array) -> jax.Array:
   return jnp.sum(jnp.asarray(widths, jnp.int32) < longest, dtype=jnp.int32)
 
 
+def loops_per_width(widths: Tuple[int, ...], going, longest, body, init):
+  """`lax.while_loop(going, ...)` over `body(state, w)` at the narrowest of the sorted `widths`
+  holding `longest(state)` (`[]`, the batch's largest ask), w static: each width's while loop in
+  turn, each running while `going` and the ask needs its width (most run no iteration), inside an
+  outer loop while `going`. No `lax.switch` over the widths in the loop: a branch that wrote the
+  cache made XLA copy all of it on every entry (`tests/decoding/test_adaptive_hlo.py`); each
+  width's body is compiled once."""
+  index = lambda a: width_index(widths, longest(a))  # []
+
+  def each_width(a):
+    for i, w in enumerate(widths):
+      a = jax.lax.while_loop(lambda a, i=i: going(a) & (index(a) == i),
+                             lambda a, w=w: body(a, w), a)
+    return a
+
+  return jax.lax.while_loop(going, each_width, init)
+
+
 def verify_width(gamma: int, widths: Tuple[int, ...]) -> int:
   """The narrowest compiled proposal length of `widths` (`AdaptiveGamma.verify_widths`) that
   holds `gamma`."""
@@ -367,8 +385,8 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
 
   def speculate(s: LoopState, want, draft_rng, verify_rng, w: int):
     """One iteration's proposal of up to `w` tokens a row (`want [b]` <= w, static: each width
-    has its loop, `segments`) and its verification, `w + 1` tokens wide; the results padded to
-    gmax (`new [b, gmax + 1]`, `beta [b, gmax]`) for the loop's statistics."""
+    has its loop, `loops_per_width`) and its verification, `w + 1` tokens wide; the results padded
+    to gmax (`new [b, gmax + 1]`, `beta [b, gmax]`) for the loop's statistics."""
     r = s.result
     if upto is not None:
       tokens, q, limit, steps, dstate = upto(s.draft_state, r.sequences, r.lengths, draft_rng, w,
@@ -437,18 +455,8 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
 
   # Speculative iterations while some active row wants a proposal; then, every active row at 0
   # (final for it), plain target steps in a loop of their own, with no draft and no branch.
-  going = lambda a: ~jnp.all(a.loop.done) & speculating(a)
-  index = lambda a: width_index(widths, jnp.max(jnp.where(a.loop.done, 0, a.want)))  # []
-
-  def segments(a: AdaptiveState) -> AdaptiveState:
-    """Each width's loop in turn, each running while the batch's longest proposal needs its width
-    (most run no iteration): no `lax.switch`, whose branches copied the cache on entry."""
-    for i, w in enumerate(widths):
-      a = jax.lax.while_loop(lambda a, i=i: going(a) & (index(a) == i),
-                             functools.partial(body, w=w), a)
-    return a
-
-  final = jax.lax.while_loop(going, segments, init)
+  final = loops_per_width(widths, lambda a: ~jnp.all(a.loop.done) & speculating(a),
+                          lambda a: jnp.max(jnp.where(a.loop.done, 0, a.want)), body, init)
   loop = plain_loop(target, final.loop, max_decode_len, config, eos_id)
   return with_draft_calls(plain_statistics(loop, final.loop.result.target_calls))
 

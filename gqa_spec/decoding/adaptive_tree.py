@@ -10,9 +10,9 @@ each row's running acceptance, inside the jitted loop, shapes static:
      n the top-n tree is "the first n nodes";
   3. each active row r asks for N_r nodes (`AdaptiveTree.choose`, below; 0 = no tree). The target
      verifies the first w nodes of every row in ONE call, w the narrowest compiled width
-     (`tree_policy.node_widths`: 1, 2, 4, 8, ..., N_max) that holds max_r N_r: each width has its own
-     while loop (the target call and `tree.verify` at that width), run while the batch's asks need
-     it (`adaptive.py`'s loops per width), so a batch asking for small trees pays for a small call
+     (`tree_policy.node_widths`: 1, 2, 4, 8, ..., N_max) that holds max_r N_r: each width has its
+     own while loop (the target call and `tree.verify` at that width), run while the batch's asks
+     need it (`adaptive.loops_per_width`), so a batch asking for small trees pays for a small call
      (and a small verification scan);
   4. acceptance, cache compaction and the draft's commit as in `tree_speculative.py` (the path
      mapped back to the draft's node order for `commit_tree`).
@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gqa_spec.decoding import sampling, tree as tree_lib, tree_speculative, xla_options
-from gqa_spec.decoding.adaptive import Calibration, width_index
+from gqa_spec.decoding.adaptive import Calibration, loops_per_width
 from gqa_spec.decoding.calibration import first_stage, time_widths
 from gqa_spec.decoding.autoregressive import EOS
 from gqa_spec.decoding.plain_steps import plain_decode, plain_loop
@@ -220,9 +220,9 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
   width_array = jnp.asarray(widths, jnp.int32)  # [K]
 
   def verify(w, tstate, ranked, last, lengths, verify_rng):
-    """The first w nodes (static: each width has its loop, `segments`) verified in one target
-    call: `(path [b, D], k [b], t [b], tstate, hidden [b, D + 1, E] of the root and the path, or a
-    placeholder)`."""
+    """The first w nodes (static: each width has its loop, `adaptive.loops_per_width`) verified in
+    one target call: `(path [b, D], k [b], t [b], tstate, hidden [b, D + 1, E] of the root and the
+    path, or a placeholder)`."""
     sub = tree_lib.first_nodes(ranked, w)  # [b, w] nodes
     tokens = jnp.concatenate([last, sub.tokens], axis=1)  # [b, w + 1]
     tree_positions = lengths[:, None] + jnp.concatenate(
@@ -309,17 +309,8 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
         tree_width_trace=jnp.where(plain_iteration, 0, r.tree_width_trace)))
 
   # Tree iterations while some active row asks for a tree; then plain target steps to the end.
-  going = lambda a: ~jnp.all(a.loop.done) & jnp.any(~a.loop.done & (a.want > 0))
-  index = lambda a: width_index(widths, jnp.max(jnp.where(a.loop.done, 0, a.want)))  # []
-
-  def segments(a: TreeLoopState) -> TreeLoopState:
-    """Each width's loop in turn (`adaptive.decode`'s: no `lax.switch`), each running while the
-    narrowest width holding every active row's ask is its own."""
-    for i, w in enumerate(widths):
-      a = jax.lax.while_loop(lambda a, i=i: going(a) & (index(a) == i),
-                             functools.partial(body, width=w), a)
-    return a
-
-  final = jax.lax.while_loop(going, segments, init)
+  final = loops_per_width(
+      widths, lambda a: ~jnp.all(a.loop.done) & jnp.any(~a.loop.done & (a.want > 0)),
+      lambda a: jnp.max(jnp.where(a.loop.done, 0, a.want)), body, init)
   loop = plain_loop(target, final.loop, max_decode_len, config, eos_id)
   return with_draft_calls(plain_statistics(loop, final.loop.result))

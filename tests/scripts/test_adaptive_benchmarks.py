@@ -187,10 +187,11 @@ def test_the_plain_path_benchmark_times_one_computation_in_each_variant(tmp_path
 
 def test_the_loop_kernels_benchmark_reads_each_loop_body_from_the_compiled_program(tmp_path):
   """benchmarks/loop_kernels.py: greedy decoding and `speculative.decode` compile to one while
-  loop, the adaptive loops to two (the speculative loop, then the plain steps); the fixed policy's
-  body holds the verification's switch (a conditional: one control instruction) and the one-width
-  loop's does not; every body has the target's matmuls; the policy held at gamma keeps its choice
-  in the program (the held flag is an argument, not a folded constant)."""
+  loop; the adaptive loops to an outer loop holding one loop per verification width (at gamma_max
+  2: widths 1 and 2; the one-width loop: one), each with the sampler's own small loop nested, then
+  the plain steps' loop, greedy decoding's step; every width's body has the target's matmuls and
+  no copy of the cache; the policy held at gamma keeps its choice in the program (the held flag
+  is an argument, not a folded constant)."""
   from benchmarks import loop_kernels
   loop_kernels.main(['--preset', 'nano', '--length', '6', '--input-length', '8', '--gamma', '2',
                      '--methods', 'greedy,speculative,fixed,onewidth,held', '--out',
@@ -199,18 +200,17 @@ def test_the_loop_kernels_benchmark_reads_each_loop_body_from_the_compiled_progr
   by = {}
   for r in rows:
     by.setdefault(r['method'], []).append(r)
-  assert [len(by[m]) for m in by] == [1, 1, 2, 2, 2]
-  greedy, spec, fixed, one, held = (v[0] for v in by.values())
-  assert all(r['by_category'].get('matmul', 0) > 0 for r in rows)
-  assert fixed['by_category'].get('control', 0) == 1
-  assert one['by_category'].get('control', 0) == 0 and one['kernels'] < fixed['kernels']
-  assert held['kernels'] > fixed['kernels']  # the optimal policy's choice, made and not taken
-  assert by[list(by)[2]][1]['kernels'] == greedy['kernels']  # the plain steps: greedy's step
-  # No copy of the cache in the speculative loops' bodies, the switch's branches included (its
-  # branches score without writing: T5Decoder.score); the count is read where copies are, as
-  # tests/decoding/test_adaptive_hlo.py checks with a decoder that writes in its branches.
-  assert spec['cache_copies'] == fixed['cache_copies'] == one['cache_copies'] == 0, rows
-  assert held['cache_copies'] == 0
+  assert [len(by[m]) for m in by] == [1, 1, 6, 4, 6]
+  (greedy,), (spec,), fixed, one, held = by.values()
+  widths = lambda loops: [r for r in loops if r['depth'] == 1]
+  assert [r['by_category'].get('control', 0) for r in (fixed[0], one[0], held[0])] == [2, 1, 2]
+  assert len(widths(fixed)) == len(widths(held)) == 2 and len(widths(one)) == 1
+  for r in [spec] + widths(fixed) + widths(one) + widths(held):
+    assert r['by_category'].get('matmul', 0) > 0 and r['cache_copies'] == 0, r
+  # the optimal policy's choice, made and not taken, at each width
+  assert all(h['kernels'] > f['kernels'] for h, f in zip(widths(held), widths(fixed)))
+  for loops in (fixed, one, held):  # the plain steps: greedy's step
+    assert (loops[-1]['depth'], loops[-1]['kernels']) == (0, greedy['kernels'])
   assert '| kernels |' in (tmp_path / 'lk.md').read_text()
   assert '| cache copies |' in (tmp_path / 'lk.md').read_text()
 
