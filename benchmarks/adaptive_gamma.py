@@ -301,7 +301,7 @@ def measure(args: argparse.Namespace,
               c, seconds = cals[method.split(':')[1]]
               out.update(cost_ratio=c.cost_ratio, verify_ratio=c.verify_ratio,
                          alpha_init=c.alpha, calibration_seconds=seconds,
-                         output_length=c.output_length)
+                         lengths=[list(b) for b in c.lengths])
             return out
 
           cell = measure_cell(runs, args.repeats, key, extra,
@@ -500,7 +500,8 @@ def x_best_fixed_cell(r: Dict[str, Any]) -> str:
 
 def markdown(result: Dict[str, Any]) -> List[str]:
   trained = result['trained']
-  length = lambda r: f' / L {r["output_length"]:.0f}' if r.get('output_length') else ''
+  length = lambda r: (f' / L {np.mean([max(b) for b in r["lengths"]]):.0f}' if r.get('lengths')
+                      else f' / L {r["output_length"]:.0f}' if r.get('output_length') else '')
   cells = [(*((r['pair'], r['draft']) if trained else (r['draft'],)), r['batch'],
             r['temperature'], r['method'],
             f'{r["seconds"]:.3f}', r['tokens'], f'{r["tokens_per_call"]:.2f}',
@@ -530,9 +531,9 @@ def markdown(result: Dict[str, Any]) -> List[str]:
       'and the iteration cost ratios v(1)..v(gamma_max), in steps of autoregressive decoding at '
       'the cell\'s temperature, and the starting alpha (the draft\'s greedy one-token '
       'acceptance over greedy decoding\'s output, or where the calibration timed the loop, the '
-      'loop\'s own acceptance at gamma 1), and where given (/ L) the output length its batch '
-      'pricing used (the mean of the calibration batches\' longest greedy outputs, tokens; '
-      '`theory.batch_inflation`); no draft (again): greedy decoding timed a second time '
+      'loop\'s own acceptance at gamma 1), and where given (/ L) the mean longest row of the '
+      'calibration batches whose rows\' greedy output lengths its batch pricing used (tokens; '
+      '`theory.batch_inflation`, each row\'s length since 2026-11-29); no draft (again): greedy decoding timed a second time '
       '(the A/A control); steps/iter.: seconds per iteration of the batch loop in greedy '
       'decoding steps (its seconds per iteration), measured, and for a fixed gamma in brackets '
       'what the calibration priced it at (gamma c + v(gamma)).',

@@ -156,8 +156,9 @@ def measure(args) -> List[Dict[str, Any]]:
              'seconds_rounds': times[method], 'tokens': tokens, 'target_calls': calls,
              'tokens_per_call': tokens / max(calls, 1), 'tokens_per_second': tokens / seconds,
              'outputs_equal_ours_greedy': ids == reference,
-             'c': c if method == 'ours auto:optimal' else None,
-             'verify_ratio': list(v) if method == 'ours auto:optimal' else None}
+             'c': cal.cost_ratio if method == 'ours auto:optimal' else None,
+             'verify_ratio': (list(cal.verify_ratio) if method == 'ours auto:optimal'
+                              else None)}
       common.print_row({k: x for k, x in row.items() if not isinstance(x, list)})
       rows.append(row)
     greedy = {r['pair']: r['tokens_per_second'] for r in rows if r['method'] == 'ours greedy'}

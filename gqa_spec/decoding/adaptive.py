@@ -46,7 +46,7 @@ Policies (`AdaptiveGamma.policy`):
               active row proposes that many (a confidence stop may end a row's proposal
               sooner): an iteration costs what its longest proposal costs, and the batch takes
               as many iterations as its slowest row (priced: `theory.batch_inflation`, at the
-              calibration's rows and output length, `AdaptiveGamma.output_length`).
+              calibration batches' output lengths, `AdaptiveGamma.lengths`).
               At batch 1 this is the row's own Theorem 8 gamma; above it, a length per row cost
               the widened pair's batch-8 cells up to 44% of their speed (`batch_gamma`). Gamma 0
               is final: the draft is no longer kept up to date and the batch stays on plain
@@ -136,14 +136,14 @@ class AdaptiveGamma:
       cost there hardly depends on its width at these sizes; whether one width closes that gap is
       what `benchmarks/adaptive_overhead.py`'s 'one width' row measures. The calibration times
       the loop this setting gives (`calibration.measure_costs(one_width=...)`).
-    rows, output_length: the batch's rows and the tokens its longest row needs (policy
-      'optimal'; `calibrated` sets those the calibration read: the batch's rows, the mean of its
-      batches' longest greedy outputs). With an output_length > 0 a gamma's expected tokens are
-      priced over the iterations a batch takes, which waits for its slowest row
-      (`theory.batch_inflation`), not one row's Eq. 1; 0: Theorem 8 as printed. At batch 8 on
-      the widened smoke pair, where every row's own Theorem 8 said gamma 1 paid 1.04x, the batch
-      took 10% more iterations than the rows' mean tokens a call implied and ran at 0.90x greedy
-      decoding.
+    lengths: the tokens each row of a few batches needs (policy 'optimal'; `theory.Lengths`:
+      `calibrated` sets the greedy output lengths of the batches the calibration read;
+      `theory.batch_lengths(rows, length)` for rows of one length). With lengths a gamma's
+      expected tokens are priced over the iterations such a batch takes, which waits for its
+      slowest row (`theory.batch_inflation`), not one row's Eq. 1; (): Theorem 8 as printed. At
+      batch 8 on the widened smoke pair, where every row's own Theorem 8 said gamma 1 paid 1.04x,
+      the batch took 10% more iterations than the rows' mean tokens a call implied and ran at
+      0.90x greedy decoding.
   """
 
   gamma_max: int = 8
@@ -156,8 +156,7 @@ class AdaptiveGamma:
   decay: float = 0.85
   prior_weight: float = 0.0
   one_width: bool = False
-  rows: int = 1
-  output_length: float = 0.0
+  lengths: theory.Lengths = ()
 
   def __post_init__(self):
     if int(self.gamma_max) != self.gamma_max or self.gamma_max < 1:
@@ -181,10 +180,7 @@ class AdaptiveGamma:
       raise UserError('alpha_init must be in [0, 1] and decay in [0, 1)')
     if not self.prior_weight >= 0:
       raise UserError(f'prior_weight must be >= 0, got {self.prior_weight}')
-    if int(self.rows) != self.rows or self.rows < 1:
-      raise UserError(f'rows must be a positive integer, got {self.rows}')
-    if not self.output_length >= 0:
-      raise UserError(f'output_length must be >= 0, got {self.output_length}')
+    object.__setattr__(self, 'lengths', theory.checked_lengths(self.lengths))  # hashable
 
   def first_gamma(self) -> int:
     """Every row's first draft length, a Python int."""
@@ -195,17 +191,17 @@ class AdaptiveGamma:
     if self.policy == 'fixed':
       raise UserError('the fixed gamma policy needs gamma_init')
     return _optimal_first_gamma(self.alpha_init, self.cost_ratio, self.gamma_max,
-                                self.verify_ratio, self.rows, self.output_length)
+                                self.verify_ratio, self.lengths)
 
   def calibrated(self, calibration: 'Calibration') -> 'AdaptiveGamma':
     """These settings with `calibration.measure_costs`' c, v and alpha, the alpha kept as every
-    row's prior (`CALIBRATED_PRIOR_WEIGHT` positions), and the batch's rows and output length
-    it read."""
+    row's prior (`CALIBRATED_PRIOR_WEIGHT` positions), and the output lengths of the batches it
+    read."""
     return dataclasses.replace(self, cost_ratio=calibration.cost_ratio,
                                verify_ratio=calibration.verify_ratio,
                                alpha_init=min(max(calibration.alpha, 0.0), 1.0),
-                               prior_weight=CALIBRATED_PRIOR_WEIGHT, rows=calibration.rows,
-                               output_length=calibration.output_length)
+                               prior_weight=CALIBRATED_PRIOR_WEIGHT,
+                               lengths=calibration.lengths)
 
   @property
   def verify_widths(self) -> Tuple[int, ...]:
@@ -229,8 +225,8 @@ class AdaptiveGamma:
     v = self.verify_ratio
     v = f'{v[0]:.3g}..{v[-1]:.3g}' if isinstance(v, tuple) else f'{v:.3g}'
     extra = f',c={self.cost_ratio:.3g},v={v}' if self.policy == 'optimal' else ''
-    if self.policy == 'optimal' and self.output_length:
-      extra += f',rows={self.rows},length={self.output_length:.3g}'
+    if self.policy == 'optimal' and self.lengths:
+      extra += f',lengths={theory.describe_lengths(self.lengths)}'
     conf = f',confidence={self.confidence:g}' if self.confidence else ''
     one = ',one_width' if self.one_width else ''
     return f'auto({self.policy},max={self.gamma_max}{extra}{conf}{one})'
@@ -238,10 +234,10 @@ class AdaptiveGamma:
 
 @functools.lru_cache(maxsize=256)
 def _optimal_first_gamma(alpha: float, c: float, gamma_max: int,
-                         v: Union[float, Tuple[float, ...]], rows: int, length: float) -> int:
+                         v: Union[float, Tuple[float, ...]], lengths: theory.Lengths) -> int:
   """Theorem 8's gamma at `alpha`, a Python int (`theory.step_gamma`, on the host; cached:
   `decode` asks once per call)."""
-  return theory.step_gamma(alpha, c, gamma_max, v, rows, length)
+  return theory.step_gamma(alpha, c, gamma_max, v, lengths)
 
 
 @flax.struct.dataclass
@@ -304,14 +300,13 @@ def verify_width(gamma: int, widths: Tuple[int, ...]) -> int:
 class Calibration(NamedTuple):
   """What `calibration.measure_costs` measured: `AdaptiveGamma`'s cost_ratio, verify_ratio and
   alpha_init, the unit they are in, seconds per greedy decoding step (`guard`; 0: not
-  measured), and its rows and output_length: the batch's rows and the mean of its batches'
-  longest greedy outputs in tokens (0: not measured)."""
+  measured), and its lengths: the greedy output length of every row of the batches it read, in
+  tokens (`theory.Lengths`; (): not measured)."""
   cost_ratio: float
   verify_ratio: Tuple[float, ...]
   alpha: float
   step_seconds: float = 0.0
-  rows: int = 1
-  output_length: float = 0.0
+  lengths: theory.Lengths = ()
 
 
 def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
@@ -474,7 +469,7 @@ def batch_gamma(alpha: jax.Array, weight: jax.Array, active: jax.Array,
   holds it), so a row proposing less saves nothing and accepts less; and the batch takes as many
   iterations as its slowest row needs, so the length that pays is the one that pays for the row
   accepting least, its expected tokens over the iterations such a batch takes
-  (`AdaptiveGamma.output_length`, `theory.batch_inflation`). With a length per row (Theorem 8 at
+  (`AdaptiveGamma.lengths`, `theory.batch_inflation`). With a length per row (Theorem 8 at
   each row's alpha), the batch-8 cells of the widened pair ran 0.56x-1.02x greedy decoding (4 of 6
   below 0.9x) where a fixed gamma of 1-2 reached up to 1.13x (results/benchmarks/
   adaptive_gamma_cpu_widened): the batch paid for the longest row's 4 tokens every iteration, and
@@ -487,8 +482,7 @@ def batch_gamma(alpha: jax.Array, weight: jax.Array, active: jax.Array,
   estimate, se = batch_alpha(*with_prior(alpha, weight, adaptive), active)  # [], []
   both = jnp.stack([estimate, jnp.minimum(estimate + se, 1.0)])  # [2]
   gamma, upper = theory.optimal_gammas(both, adaptive.cost_ratio, adaptive.gamma_max,
-                                       adaptive.verify_ratio, adaptive.rows,
-                                       adaptive.output_length)
+                                       adaptive.verify_ratio, adaptive.lengths)
   return jnp.where(gamma > 0, gamma, upper)
 
 

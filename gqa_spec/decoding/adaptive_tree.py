@@ -126,7 +126,7 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
   c = t_tree / shape.depth / t_step
   floor = (first.v_floor,) * len(adaptive.widths)
   reads_hidden = getattr(draft, 'reads_target_hidden', False)
-  batch_shape = dict(rows=batch, output_length=first.output_length)  # what the batch waits for
+  batch_shape = dict(lengths=first.lengths)  # what the batch waits for
   if not reads_hidden and not adaptive.calibrated(
       Calibration(c, floor, alpha, **batch_shape)).speculates:
     return TreeCalibration(c, floor, alpha, t_step, **batch_shape)

@@ -15,7 +15,7 @@ import numpy as np
 
 from gqa_spec import distributed
 from gqa_spec.partitioning import to_host
-from gqa_spec.decoding import autoregressive, sampling, timing
+from gqa_spec.decoding import autoregressive, sampling, theory, timing
 from gqa_spec.decoding.adaptive import (CALIBRATED_PRIOR_WEIGHT, AdaptiveGamma, Calibration, decode,
                                         verify_width)
 from gqa_spec.decoding.drafts.base import Draft
@@ -45,7 +45,7 @@ class FirstStage(NamedTuple):
   t_call: float
   v_floor: float
   more: Tuple[Tuple[PyTree, PyTree], ...] = ()
-  output_length: float = 0.0
+  lengths: theory.Lengths = ()
 
 
 def first_stage(target: Decoder, target_state: PyTree, max_decode_len: int, next_token, commit,
@@ -65,11 +65,11 @@ def first_stage(target: Decoder, target_state: PyTree, max_decode_len: int, next
   greedy = lambda state, config=sampling.GREEDY: autoregressive.decode(
       target, state, rng, max_decode_len=max_decode_len, config=config)
   t_step = timing.per_iteration(lambda: greedy(target_state, config))  # seconds per plain step
-  read, longest = [], []
+  read, lengths = [], []
 
   def output(state):  # [b, 1 + L + slack] greedy decoding's sequences, and lengths [b]
     out = to_host(greedy(state))  # all rows, also where they are spread over processes
-    longest.append(int(np.max(out.lengths)))
+    lengths.append(tuple(int(x) for x in out.lengths))
     return np.pad(out.sequences, ((0, 0), (0, slack))), out.lengths
 
   def more_outputs():
@@ -86,7 +86,7 @@ def first_stage(target: Decoder, target_state: PyTree, max_decode_len: int, next
   t_step, t_draft, alpha, t_one, t_two = distributed.from_process_zero(
       (t_step, t_draft, alpha, t_one, t_two))
   return FirstStage(t_step, t_draft, alpha, t_two, 1.0 + max(t_two - t_one, 0.0) / t_step,
-                    tuple(read), float(np.mean(longest)))
+                    tuple(read), theory.checked_lengths(lengths))
 
 
 def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
@@ -110,9 +110,9 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
         (`verify_width`). It holds the target call, the sampling and verification of w + 1
         positions, appending, rollbacks, statistics, the policy's own work and the loops per width,
         at the decoding's temperature;
-    rows, output_length = the batch's rows and the mean of the batches' longest greedy outputs the
-        first stage read (in tokens): what the policy prices a batch's wait for its slowest row
-        with (`AdaptiveGamma.output_length`, `theory.batch_inflation`);
+    lengths = the greedy output length of every row of the batches the first stage read (in
+        tokens): what the policy prices a batch's wait for its slowest row with
+        (`AdaptiveGamma.lengths`, `theory.batch_inflation`);
     alpha = the draft's acceptance, every row's starting estimate (`AdaptiveGamma.alpha_init`,
         `calibrated`): in the first stage that of one-token proposals at temperature 0 (so that
         no random draw enters it), its greedy token against greedy decoding's at every position
@@ -178,7 +178,7 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Draft, draft_sta
   c = first.t_draft / t_step if getattr(draft, 'propose_upto', None) is not None else 0.0
   floor = (first.v_floor,) * gamma_max
   batch = target.index(target_state).shape[0]
-  shape = dict(rows=batch, output_length=first.output_length)  # what the batch waits for
+  shape = dict(lengths=first.lengths)  # what the batch waits for
   reads_hidden = getattr(draft, 'reads_target_hidden', False)
   if not reads_hidden and not AdaptiveGamma(gamma_max=gamma_max, cost_ratio=c, verify_ratio=floor,
                                             alpha_init=alpha, one_width=one_width,

@@ -26,7 +26,6 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
 
 import jax
-import jax.numpy as jnp
 
 from gqa_spec.decoding import (adaptive, autoregressive, calibration, speculative, theory,
                                tree_speculative)
@@ -122,7 +121,6 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
   out: Dict[str, Any] = {'target_step_seconds': {str(k): v for k, v in t_target.items()},
                          'autoregressive': {}, 'rows': [], 'auto_rows': []}
   for temp in temperatures:
-    config = SamplingConfig(temperature=temp)
     ar = first[temp, None, None]
     ar_secs = median_time(runs[temp, None, None], repeats, warm=False)
     ar_tokens = sum(int(r.lengths.sum()) for r in ar)

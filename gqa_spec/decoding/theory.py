@@ -14,23 +14,24 @@ tokens) / T_target(1 token): per iteration the cost is gamma c + v(gamma) target
 is v = 1). `c` may be a number or a function of gamma (measured, see benchmarks/speculative.py).
 
 Eq. 1 counts one row's tokens per iteration; a batch iterates until its slowest row is done.
-`batch_inflation` prices that: the expected iterations of a batch of `rows` rows of `length`
-tokens over the length / E[tokens] that Theorem 8 assumes (greedy decoding, one token an
-iteration, needs exactly `length`).
+`batch_inflation` prices that: the expected iterations of batches whose rows need the given
+numbers of tokens (`Lengths`) over the longest row's length / E[tokens], what Theorem 8 assumes
+(greedy decoding, one token an iteration, runs until its longest row is done).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from typing import Callable, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from scipy import special
 
 from gqa_spec.decoding import sampling
 from gqa_spec.decoding.sampling import SamplingConfig
+from gqa_spec.errors import UserError
 
 Cost = Union[float, Callable[[int], float]]
 
@@ -100,56 +101,101 @@ def optimal_gamma(alpha_: float, c: Cost, max_gamma: int = 64, verify_ratio: Cos
   return int(gammas[int(np.argmax(values))])
 
 
-@functools.lru_cache(maxsize=64)
-def expected_max_normal(n: int) -> float:
-  """E[max of n independent standard normals] (0 for n = 1; 1.42 for 8), by quadrature."""
-  if n <= 1:
-    return 0.0
-  x = np.linspace(-10.0, 10.0, 8001)  # [k]
-  cdf = 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))  # [k]
-  pdf = np.exp(-x * x / 2.0) / math.sqrt(2.0 * math.pi)  # [k]
-  return float(np.sum(x * n * pdf * cdf ** (n - 1)) * (x[1] - x[0]))
+# Each batch's rows' output lengths in tokens (greedy decoding's, `calibration.first_stage`): what
+# a batch's wait for its slowest row is priced at. (): not priced (Theorem 8 as printed).
+Lengths = Tuple[Tuple[float, ...], ...]
 
 
-def batch_inflation(alphas: np.ndarray, max_gamma: int, rows: int, length: float) -> np.ndarray:
-  """`[n]` alphas -> `[n, max_gamma + 1]`: a batch's expected iterations at each gamma over
-  length / E[tokens] (Eq. 1), for `rows` rows that each need `length` tokens (1 where length is 0:
-  not priced).
+def batch_lengths(rows: int, length: float) -> Lengths:
+  """One batch of `rows` rows that each need `length` tokens (() where `length` is 0)."""
+  return ((float(length),) * int(rows),) if length > 0 else ()
+
+
+def checked_lengths(lengths) -> Lengths:
+  """`lengths` (batches of row lengths) as hashable `Lengths`, each batch's rows sorted; a
+  `UserError` naming the problem where a batch is empty or a length is not a number > 0."""
+  try:
+    out = tuple(tuple(sorted(float(x) for x in batch)) for batch in lengths)
+  except (TypeError, ValueError):
+    raise UserError(f'lengths must be batches of row lengths (numbers > 0), got {lengths!r}'
+                    ) from None
+  if not all(batch and all(x > 0 for x in batch) for batch in out):
+    raise UserError(f'lengths must be non-empty batches of row lengths > 0, got {lengths!r}')
+  return out
+
+
+def describe_lengths(lengths: Lengths) -> str:
+  """E.g. '1x8 rows, longest 32': the batches, their rows and their longest rows' mean."""
+  longest = sum(max(b) for b in lengths) / len(lengths)
+  return f'{len(lengths)}x{len(lengths[0])} rows, longest {longest:.3g}'
+
+
+_T_GRID = np.geomspace(1e-2, 1e4, 481)  # [T] the t = sqrt(mu / var) `_wait_curve` is made on
+
+
+@functools.lru_cache(maxsize=256)
+def _wait_curve(lengths: Tuple[float, ...]) -> np.ndarray:
+  """`[len(_T_GRID)]` h(t) = E[max_r (t (l_r - l_max) + sqrt(l_r) Z_r)] for one batch's row
+  lengths l_r (Z_r independent standard normals), by quadrature on each t of `_T_GRID`: a row's
+  iterations K_r, in units of sigma' = sqrt(var / mu^3) and less the longest row's mean, are
+  t (l_r - l_max) + sqrt(l_r) Z_r with t = sqrt(mu / var) (`batch_inflation`). 0 for one row;
+  sqrt(l) E[max of n standard normals] for n rows of one length l."""
+  l = np.maximum(np.asarray(lengths, np.float64), 1.0)  # [R]
+  if l.size == 1:
+    return np.zeros_like(_T_GRID)
+  top = float(np.max(l))
+  x = np.linspace(-8.0 * np.sqrt(top), 8.0 * np.sqrt(top), 1601)  # [Q] max >= the longest row's
+  means = _T_GRID[:, None] * (l - top)[None]  # [T, R]
+  cdf = np.prod(special.ndtr((x[None, None] - means[..., None]) / np.sqrt(l)[None, :, None]),
+                axis=1)  # [T, Q] P(max <= x)
+  integral = np.sum(cdf[:, 1:] + cdf[:, :-1], axis=-1) * (x[1] - x[0]) / 2  # [T] trapezoids
+  return x[-1] - integral  # E[max] = x_hi - int F dx, F(x_lo) ~ 0
+
+
+def batch_inflation(alphas: np.ndarray, max_gamma: int, lengths: Lengths) -> np.ndarray:
+  """`[n]` alphas -> `[n, max_gamma + 1]`: batches' expected iterations at each gamma over what
+  Eq. 1 gives for their longest rows (sum of l_max / E[tokens]), for batches whose rows need
+  `lengths` tokens (1 where `lengths` is (): not priced).
 
   A row's tokens per iteration X are 1 + its accepted count (a geometric at alpha, cut at gamma):
-  mean mu = Eq. 1, E[X^2] = sum_{j=1}^{gamma+1} (2j - 1) alpha^(j-1). A row's iterations K to
-  reach `length` tokens have mean (length + E[overshoot]) / mu (Wald; the last iteration's tokens
-  past the end, in the stationary limit (E[X^2] - mu) / (2 mu)) and variance ~ length sigma^2 /
-  mu^3 (renewal theory), and the batch waits for the largest of `rows` of them: about
-  `expected_max_normal(rows)` standard deviations above the mean. So
+  mean mu = Eq. 1, E[X^2] = sum_{j=1}^{gamma+1} (2j - 1) alpha^(j-1), variance var. A row's
+  iterations K_r to reach its l_r tokens have mean (l_r + E[overshoot]) / mu (Wald; the last
+  iteration's tokens past the end, in the stationary limit o = (E[X^2] - mu) / (2 mu)) and
+  variance ~ l_r var / mu^3 (renewal theory), and the batch waits for the largest, by quadrature
+  over independent normals (`_wait_curve`). So, per batch,
 
-    inflation = 1 + (E[X^2] - mu) / (2 mu length) + z_rows sigma / sqrt(mu length),
+    E[max_r K_r] = (l_max + o) / mu + sqrt(var / mu^3) h(sqrt(mu / var)),
 
-  1 at gamma 0 (X = 1). Against simulated batches of independent rows (tests/decoding/
-  test_theory.py) it is within 5% at 8 rows of 20-60 tokens, alpha 0.6-0.85, gamma 1-4; at
-  8 rows of 30 tokens and alpha 0.6, gamma 1 takes 1.11x the iterations Eq. 1 gives. Rows of
-  unequal length wait less for each other than this (the shorter rows rarely decide the batch):
-  an upper estimate there."""
+  and for rows of one length h = sqrt(l) E[max of n normals]: 1 + o / l + 1.42 sqrt(var / (mu l))
+  for 8 rows. Against simulated batches of independent rows (tests/decoding/test_theory.py) it is
+  within 5% at 8 rows of 20-60 tokens, alpha 0.6-0.85, gamma 1-4, and of rows of unequal length.
+  Rows of unequal length wait less for each other (the shorter rows rarely decide the batch): on
+  the widened smoke pair at batch 8 (16 inputs, the 0.1 and 0.2 drafts, gamma 1, 2, 4, at the
+  runs' own alphas), 191 iterations ran in all, 195 priced from each row's length against 208
+  with every row at its batch's longest (the form until 2026-11-29)."""
   a = np.clip(np.asarray(alphas, np.float64), 0.0, 1.0)[:, None]  # [n, 1]
-  if not length > 0:
+  if not lengths:
     return np.ones((a.shape[0], max_gamma + 1))
   powers = a ** np.arange(max_gamma + 1)[None]  # [n, G + 1] alpha^j, j = 0..G
   mu = np.cumsum(powers, axis=-1)  # [n, G + 1]
   ex2 = np.cumsum((2.0 * np.arange(max_gamma + 1) + 1.0)[None] * powers, axis=-1)  # [n, G + 1]
-  sigma = np.sqrt(np.maximum(ex2 - mu * mu, 0.0))  # [n, G + 1]
-  return (1.0 + (ex2 - mu) / (2.0 * mu * length)
-          + expected_max_normal(int(rows)) * sigma / np.sqrt(mu * length))
+  var = np.maximum(ex2 - mu * mu, 0.0)  # [n, G + 1]
+  scale = np.sqrt(var / mu ** 3)  # [n, G + 1] sigma' (0 where X is certain: no wait)
+  log_t = np.log(np.clip(np.sqrt(mu / np.maximum(var, 1e-300)), _T_GRID[0], _T_GRID[-1]))
+  wait = sum(np.interp(log_t, np.log(_T_GRID), _wait_curve(tuple(sorted(float(x) for x in b))))
+             for b in lengths)  # [n, G + 1]
+  longest = sum(max(b) for b in lengths)
+  return 1.0 + (len(lengths) * (ex2 - mu) / (2.0 * mu) + mu * scale * wait) / longest
 
 
-def tree_batch_inflation(accepted: Sequence[float], depth: int, rows: int,
-                         length: float) -> np.ndarray:
+def tree_batch_inflation(accepted: Sequence[float], depth: int, lengths: Lengths) -> np.ndarray:
   """`[K]` accepted draft tokens a call of trees of depth `depth` (one per tree size) -> `[K]`
   the batch's iterations over length / (1 + accepted) (`batch_inflation`), each tree's tokens a
   call read as a chain of `depth` tokens with the per-token alpha that accepts as many on average
   (sum_{i=1..depth} alpha^i = accepted, by bisection): a tree's count of accepted tokens has no
-  closed form, the chain's spread stands for it. 1 where `length` is 0."""
+  closed form, the chain's spread stands for it. 1 where `lengths` is ()."""
   accepted = np.clip(np.asarray(accepted, np.float64), 0.0, float(depth))  # [K]
-  if not length > 0:
+  if not lengths:
     return np.ones(accepted.shape)
   powers = np.arange(1, depth + 1)  # [D]
   lo, hi = np.zeros_like(accepted), np.ones_like(accepted)  # [K]
@@ -157,27 +203,25 @@ def tree_batch_inflation(accepted: Sequence[float], depth: int, rows: int,
     mid = (lo + hi) / 2
     low = np.sum(mid[:, None] ** powers[None], axis=1) < accepted  # [K]
     lo, hi = np.where(low, mid, lo), np.where(low, hi, mid)
-  return batch_inflation((lo + hi) / 2, depth, rows, length)[:, depth]
+  return batch_inflation((lo + hi) / 2, depth, lengths)[:, depth]
 
 
 def _theorem8_gammas(alphas: np.ndarray, c: float, max_gamma: int,
-                     verify_ratio: Tuple[float, ...], rows: int = 1,
-                     length: float = 0.0) -> np.ndarray:
+                     verify_ratio: Tuple[float, ...], lengths: Lengths = ()) -> np.ndarray:
   """`[n]` alphas -> `[n]`: the gamma in [0, max_gamma] maximising Theorem 8, in NumPy float64
-  (`optimal_gammas`' definition; `optimal_gamma_steps` samples it); with a `length` > 0, the
+  (`optimal_gammas`' definition; `optimal_gamma_steps` samples it); with `lengths`, the
   expected tokens per iteration divided by the batch's iterations' inflation (`batch_inflation`)."""
   gammas = np.arange(max_gamma + 1, dtype=np.float64)  # [G + 1]
   a = np.clip(alphas, 0.0, 1.0)[:, None]  # [n, 1]
   tokens = np.cumsum(a ** gammas[None], axis=-1)  # [n, G + 1]
-  tokens = tokens / batch_inflation(alphas, max_gamma, rows, length)  # [n, G + 1]
+  tokens = tokens / batch_inflation(alphas, max_gamma, lengths)  # [n, G + 1]
   cost = gammas * c + np.concatenate([[1.0], verify_ratio])  # [G + 1]
   return np.argmax(tokens / cost[None], axis=-1)  # [n] (the first maximum: ties to the smaller)
 
 
 @functools.lru_cache(maxsize=256)
 def optimal_gamma_steps(c: float, max_gamma: int, verify_ratio: Union[float, Tuple[float, ...]],
-                        rows: int = 1, length: float = 0.0,
-                        grid: int = 1 << 14) -> Tuple[np.ndarray, np.ndarray]:
+                        lengths: Lengths = (), grid: int = 1 << 14) -> Tuple[np.ndarray, np.ndarray]:
   """Theorem 8's gamma (`_theorem8_gammas`) as a step function of alpha: `(edges [m] float32
   ascending, gammas [m + 1] int32)`, the gamma at alpha being `gammas[sum(alpha > edges)]` (at an
   edge, where two gammas tie, the one before it: the smaller where gamma grows with alpha).
@@ -191,13 +235,13 @@ def optimal_gamma_steps(c: float, max_gamma: int, verify_ratio: Union[float, Tup
   XLA:CPU the adaptive loop's body compiles to one kernel fewer, `benchmarks/loop_kernels.py`)."""
   v = tuple(np.broadcast_to(np.asarray(verify_ratio, np.float64), (max_gamma,)).tolist())
   alphas = np.linspace(0.0, 1.0, grid + 1)
-  gammas = _theorem8_gammas(alphas, c, max_gamma, v, rows, length)
+  gammas = _theorem8_gammas(alphas, c, max_gamma, v, lengths)
   edges, values = [], [int(gammas[0])]
   for i in np.flatnonzero(gammas[1:] != gammas[:-1]):
     lo, hi = alphas[i], alphas[i + 1]  # gamma(lo) = values[-1] != gamma(hi)
     while np.float32(lo) != np.float32(hi) and hi - lo > 1e-12:
       mid = (lo + hi) / 2
-      if _theorem8_gammas(np.array([mid]), c, max_gamma, v, rows, length)[0] == values[-1]:
+      if _theorem8_gammas(np.array([mid]), c, max_gamma, v, lengths)[0] == values[-1]:
         lo = mid
       else:
         hi = mid
@@ -212,30 +256,34 @@ def _verify_key(verify_ratio) -> Union[float, Tuple[float, ...]]:
           tuple(float(x) for x in np.asarray(verify_ratio).reshape(-1)))
 
 
+def _lengths_key(lengths: Lengths) -> Lengths:
+  """`lengths` as `optimal_gamma_steps`' hashable key (floats, each batch's rows sorted)."""
+  return tuple(tuple(sorted(float(x) for x in b)) for b in lengths)
+
+
 def step_gamma(alpha_: float, c: float, max_gamma: int,
-               verify_ratio: Union[float, Sequence[float]] = 1.0, rows: int = 1,
-               length: float = 0.0) -> int:
+               verify_ratio: Union[float, Sequence[float]] = 1.0, lengths: Lengths = ()) -> int:
   """`optimal_gammas` at one alpha, on the host (no device op): a Python int."""
   edges, gammas = optimal_gamma_steps(float(c), int(max_gamma), _verify_key(verify_ratio),
-                                      int(rows), float(length))
+                                      _lengths_key(lengths))
   return int(gammas[int(np.sum(np.float32(min(max(alpha_, 0.0), 1.0)) > edges))])
 
 
 def optimal_gammas(alpha_: jax.Array, c: float, max_gamma: int,
-                   verify_ratio: Union[float, Sequence[float]] = 1.0, rows: int = 1,
-                   length: float = 0.0) -> jax.Array:
+                   verify_ratio: Union[float, Sequence[float]] = 1.0,
+                   lengths: Lengths = ()) -> jax.Array:
   """`[b]` alphas -> `[b]` int32: the gamma in [0, max_gamma] maximising Theorem 8, in jitted code.
 
   With `verify_ratio` v != 1 a gamma >= 1 costs gamma c + v target steps (as
   `speedup_measured_costs`); v may be one number or `max_gamma` numbers, v(1)..v(max_gamma), the
   verification call's cost at each gamma. gamma = 0 (plain target steps, improvement 1) wins when
   no gamma >= 1 pays. Ties go to the smaller gamma (fewer draft calls for the same expected speed).
-  With `length` > 0 (tokens a row needs) the expected tokens are over the iterations a batch of
-  `rows` such rows takes (`batch_inflation`), not one row's.
+  With `lengths` (the tokens each row of some batches needs) the expected tokens are over the
+  iterations such batches take (`batch_inflation`), not one row's.
   Read from `optimal_gamma_steps` (made once per setting on the host, in float64): a comparison
   and a sum here."""
   edges, gammas = optimal_gamma_steps(float(c), int(max_gamma), _verify_key(verify_ratio),
-                                      int(rows), float(length))
+                                      _lengths_key(lengths))
   a = jnp.clip(alpha_.astype(jnp.float32), 0.0, 1.0)  # [b]
   index = jnp.sum(a[:, None] > jnp.asarray(edges)[None], axis=1)  # [b]
   return jnp.asarray(gammas)[index]  # [b]

@@ -36,7 +36,7 @@ tokens per greedy-step equivalent: D draft calls of c each (c: one draft call of
 step of greedy decoding) and v(n) the iteration's verification call at width n and the loop's own
 work over a greedy step (both measured, `adaptive_tree.measure_costs`, or c given and v = 1 as in
 Theorem 8), and I(n) the batch's iterations over a row's (`theory.tree_batch_inflation` at the
-prior's accepted tokens, the calibration's rows and output length; 1 at I(0) and without a
+prior's accepted tokens, the calibration batches' output lengths; 1 at I(0) and without a
 calibration): a batch runs until its slowest row ends. Unpriced, the widened smoke pair at batch 8
 asked for 2-node trees at 0.90x greedy decoding where no fixed tree reached 0.89x
 (results/benchmarks/adaptive_tree_smoke_widened_lasting_b8). Ties go to the smaller tree. With the
@@ -103,8 +103,9 @@ class AdaptiveTree:
     prior_weight: calls the prior counts for in every row's estimate for the whole run, never
       discounted (0: the prior fades with the evidence). `calibrated` sets
       `CALIBRATED_PRIOR_CALLS` where the calibration measured the prior (`accepted_init`).
-    rows, output_length: the batch's rows and the tokens its longest row needs, which price
-      the batch's iterations (`inflation`; 0: not priced); `calibrated` sets the calibration's.
+    lengths: the tokens each row of a few batches needs (`theory.Lengths`), which price the
+      batch's iterations (`inflation`; (): not priced); `calibrated` sets the calibration's, the
+      greedy output lengths of the batches it read.
     fixed_nodes: every row asks for this many nodes at every call, whatever its statistics (None:
       the choice above), or for the first count `adaptive_tree._speculative` is given (traced), at
       every call (tests; `adaptive_tree.measure_costs` times the policy's own loop `held` instead);
@@ -120,8 +121,7 @@ class AdaptiveTree:
   fixed_nodes: Optional[int] = None
   accepted_init: Optional[Tuple[float, ...]] = None
   prior_weight: float = 0.0
-  rows: int = 1
-  output_length: float = 0.0
+  lengths: theory.Lengths = ()
 
   def __post_init__(self):
     if self.shape.budget is None:
@@ -148,6 +148,7 @@ class AdaptiveTree:
         raise UserError(f'accepted_init must be {len(self.widths)} numbers in [0, '
                         f'{self.shape.depth}] (widths {self.widths}), got {self.accepted_init}')
       object.__setattr__(self, 'accepted_init', a)  # hashable
+    object.__setattr__(self, 'lengths', theory.checked_lengths(self.lengths))  # hashable
     if self.fixed_nodes is not None and self.fixed_nodes not in (0,) + self.widths:
       raise UserError(f'fixed_nodes must be 0 or one of the compiled widths {self.widths}, got '
                       f'{self.fixed_nodes}')
@@ -201,7 +202,7 @@ class AdaptiveTree:
 
   def inflation(self) -> Tuple[float, ...]:
     """The batch's iterations over a row's at each compiled width, from the prior's accepted
-    tokens (`theory.tree_batch_inflation`; all 1 without an output length)."""
+    tokens (`theory.tree_batch_inflation`; all 1 without lengths)."""
     return _inflation(self)
 
   def accepted(self, gain: jax.Array, weight: jax.Array) -> jax.Array:
@@ -237,8 +238,8 @@ class AdaptiveTree:
     return self.first_nodes() > 0
 
   def calibrated(self, calibration: Union['TreeCalibration', Calibration]) -> 'AdaptiveTree':
-    """These settings with `adaptive_tree.measure_costs`' c, v, starting alpha, the batch's rows
-    and output length and, where its second stage ran, the accepted tokens per width it measured
+    """These settings with `adaptive_tree.measure_costs`' c, v, starting alpha, the output
+    lengths of the batches it read and, where its second stage ran, the accepted tokens per width it measured
     (the prior, kept as `CALIBRATED_PRIOR_CALLS` calls that never fade; a chain's `Calibration`
     has none)."""
     depth = self.shape.depth
@@ -248,7 +249,7 @@ class AdaptiveTree:
         alpha_init=min(max(calibration.alpha, 0.0), 1.0),
         accepted_init=tuple(min(max(a, 0.0), depth) for a in accepted) if accepted else None,
         prior_weight=CALIBRATED_PRIOR_CALLS if accepted else 0.0,
-        rows=calibration.rows, output_length=calibration.output_length)
+        lengths=calibration.lengths)
 
   def describe(self) -> str:
     v = self.verify_ratio
@@ -262,14 +263,14 @@ class TreeCalibration(NamedTuple):
   """What `adaptive_tree.measure_costs` measured: `Calibration`'s fields (c, v per compiled width,
   the starting alpha, seconds per greedy step) and `accepted`, the draft tokens this loop accepted
   per call at each compiled width where its second stage ran (the prior,
-  `AdaptiveTree.accepted_init`; () where it did not), and the batch's rows and output length."""
+  `AdaptiveTree.accepted_init`; () where it did not), and the greedy output lengths of the
+  batches it read (`theory.Lengths`)."""
   cost_ratio: float
   verify_ratio: Tuple[float, ...]
   alpha: float
   step_seconds: float = 0.0
   accepted: Tuple[float, ...] = ()
-  rows: int = 1
-  output_length: float = 0.0
+  lengths: theory.Lengths = ()
 
 
 def _prior_tokens(adaptive: AdaptiveTree) -> np.ndarray:
@@ -283,7 +284,7 @@ def _prior_tokens(adaptive: AdaptiveTree) -> np.ndarray:
 @functools.lru_cache(maxsize=256)
 def _inflation(adaptive: AdaptiveTree) -> Tuple[float, ...]:
   return tuple(float(x) for x in theory.tree_batch_inflation(
-      _prior_tokens(adaptive), adaptive.shape.depth, adaptive.rows, adaptive.output_length))
+      _prior_tokens(adaptive), adaptive.shape.depth, adaptive.lengths))
 
 
 @functools.lru_cache(maxsize=256)

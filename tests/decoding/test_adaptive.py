@@ -253,19 +253,21 @@ def test_optimal_gammas_read_from_steps_equal_the_formula():
     near = np.any(np.abs(alphas[:, None] - edges[None]) <= 2 * np.spacing(np.float32(1)), axis=1)
     assert np.all((got == want) | near), (c, gmax, v)
     assert np.mean(near) < 0.01
-  # ... and where the batch's wait for its slowest row is priced (rows, output length)
-  for rows, length in [(8, 30.0), (4, 12.0), (1, 40.0)]:
-    edges, gammas = theory.optimal_gamma_steps(0.02, 8, v_measured, rows, length)
-    want = theory._theorem8_gammas(alphas.astype(np.float64), 0.02, 8, v_measured, rows, length)
-    got = np.asarray(theory.optimal_gammas(jnp.asarray(alphas), 0.02, 8, v_measured, rows, length))
+  # ... and where the batch's wait for its slowest row is priced (its rows' output lengths)
+  for lengths in [theory.batch_lengths(8, 30.0), theory.batch_lengths(4, 12.0),
+                  theory.batch_lengths(1, 40.0), ((18.0, 22.0, 25.0, 29.0, 32.0, 32.0),),
+                  ((12.0,), (30.0,), (25.0,))]:
+    edges, gammas = theory.optimal_gamma_steps(0.02, 8, v_measured, lengths)
+    want = theory._theorem8_gammas(alphas.astype(np.float64), 0.02, 8, v_measured, lengths)
+    got = np.asarray(theory.optimal_gammas(jnp.asarray(alphas), 0.02, 8, v_measured, lengths))
     near = np.any(np.abs(alphas[:, None] - edges[None]) <= 2 * np.spacing(np.float32(1)), axis=1)
-    assert np.all((got == want) | near) and np.mean(near) < 0.01, (rows, length)
+    assert np.all((got == want) | near) and np.mean(near) < 0.01, lengths
   # the first gamma (a Python int, on the host) is the same function
   ad = AdaptiveGamma(gamma_max=8, cost_ratio=0.05, verify_ratio=v_growing, alpha_init=0.7)
   assert ad.first_gamma() == int(theory.optimal_gammas(jnp.asarray([0.7]), 0.05, 8, v_growing)[0])
-  ad = dataclasses.replace(ad, rows=8, output_length=20.0)
+  ad = dataclasses.replace(ad, lengths=theory.batch_lengths(8, 20.0))
   assert ad.first_gamma() == int(theory.optimal_gammas(jnp.asarray([0.7]), 0.05, 8, v_growing,
-                                                       8, 20.0)[0])
+                                                       theory.batch_lengths(8, 20.0))[0])
 
 
 def test_the_policy_prices_the_batchs_wait_for_its_slowest_row():
@@ -278,18 +280,45 @@ def test_the_policy_prices_the_batchs_wait_for_its_slowest_row():
   v = (1.54, 2.03, 2.55, 2.89, 4.36, 4.36, 4.98, 4.98)
   per_row = AdaptiveGamma(gamma_max=8, cost_ratio=0.022, verify_ratio=v, alpha_init=0.62)
   assert per_row.first_gamma() == 1 and per_row.speculates
-  assert not dataclasses.replace(per_row, rows=8, output_length=30.0).speculates
-  assert dataclasses.replace(per_row, rows=1, output_length=30.0).first_gamma() == 1
+  assert not dataclasses.replace(per_row, lengths=theory.batch_lengths(8, 30.0)).speculates
+  assert dataclasses.replace(per_row, lengths=theory.batch_lengths(1, 30.0)).first_gamma() == 1
   # The 0.1-noise draft there (alpha 0.85): gamma 2 by each row's Theorem 8, gamma 1 for the
   # batch (measured: gamma 1 1.09x, gamma 2 1.06x greedy decoding).
   v = (1.60, 2.10, 2.73, 3.19, 4.66, 4.66, 5.36, 5.36)
   per_row = AdaptiveGamma(gamma_max=8, cost_ratio=0.030, verify_ratio=v, alpha_init=0.85)
   assert per_row.first_gamma() == 2
-  assert dataclasses.replace(per_row, rows=8, output_length=30.0).first_gamma() == 1
-  with pytest.raises(UserError, match='rows'):
-    AdaptiveGamma(rows=0)
-  with pytest.raises(UserError, match='output_length'):
-    AdaptiveGamma(output_length=-1.0)
+  assert dataclasses.replace(per_row, lengths=theory.batch_lengths(8, 30.0)).first_gamma() == 1
+  for bad in [((),), ((30.0, 0.0),), (('x',),), 30.0]:
+    with pytest.raises(UserError, match='lengths'):
+      AdaptiveGamma(lengths=bad)
+  # the lengths are kept hashable and each batch's rows sorted: the same setting, one cache entry
+  assert AdaptiveGamma(lengths=[[30, 12]]) == AdaptiveGamma(lengths=((12.0, 30.0),))
+
+
+def test_the_batchs_wait_is_priced_from_each_rows_length():
+  # Rows shorter than the batch's longest rarely decide when it ends: the widened smoke pair's
+  # first batch of 8 translations (greedy lengths 18-32, two rows at the cap of 32) waits less
+  # than 8 rows of 32 tokens, and more than its longest row alone. The 0.1-noise draft's fixed
+  # gamma 1 / 2 / 4 runs on 16 inputs took 191 iterations in all; priced from each row's length
+  # 195, with every row at its batch's longest 208 (scratch check, 2026-11-29).
+  row_lengths = ((18.0, 22.0, 24.0, 24.0, 25.0, 29.0, 32.0, 32.0),)
+  alphas = np.array([0.6, 0.8])
+  per_row = theory.batch_inflation(alphas, 4, row_lengths)
+  longest = theory.batch_inflation(alphas, 4, theory.batch_lengths(8, 32.0))
+  alone = theory.batch_inflation(alphas, 4, theory.batch_lengths(1, 32.0))
+  assert np.all(alone[:, 1:] < per_row[:, 1:]) and np.all(per_row[:, 1:] < longest[:, 1:])
+  assert np.all(per_row[:, 0] == 1.0)
+  # so where gamma 1 pays per row but not for 8 rows of the longest length, it pays for this
+  # batch (the 0.1-noise draft's costs there, at alpha 0.75); at 0.85 gamma 2 again, 1 priced at
+  # the longest
+  v = (1.60, 2.10, 2.73, 3.19, 4.66, 4.66, 5.36, 5.36)
+  ad = AdaptiveGamma(gamma_max=8, cost_ratio=0.030, verify_ratio=v, alpha_init=0.75)
+  assert ad.first_gamma() == 1
+  assert not dataclasses.replace(ad, lengths=theory.batch_lengths(8, 32.0)).speculates
+  assert dataclasses.replace(ad, lengths=row_lengths).first_gamma() == 1
+  ad = dataclasses.replace(ad, alpha_init=0.85)
+  assert dataclasses.replace(ad, lengths=theory.batch_lengths(8, 32.0)).first_gamma() == 1
+  assert dataclasses.replace(ad, lengths=row_lengths).first_gamma() == 2
 
 
 def test_verification_widths():
@@ -496,8 +525,8 @@ def test_measured_costs_stop_at_the_bound_or_time_the_loop_at_every_width(monkey
   cal = calibration.measure_costs(target, state, bigram, table, MAX_LEN, GAMMA_MAX)
   c, v, alpha, step = cal[:4]
   assert 0 < step < 1  # the second stage's unit
-  # what the batch waits for: its rows and its longest greedy output (one batch read)
-  assert (cal.rows, cal.output_length) == (len(INPUTS), float(np.max(lengths)))
+  # what the batch waits for: each row's greedy output length (one batch read)
+  assert cal.lengths == (tuple(sorted(float(n) for n in lengths)),)
   assert c == 0 and alpha > 0.5 and len(v) == GAMMA_MAX
   widths = adaptive.verify_gammas(GAMMA_MAX)
   assert {a.policy for a, _ in loops} == {'optimal'} and len({a for a, _ in loops}) == 1
@@ -519,7 +548,7 @@ def test_measured_costs_stop_at_the_bound_or_time_the_loop_at_every_width(monkey
     assert v[g - 1] == pytest.approx(max(t_iter[w] / t_step, bound))
   ad = AdaptiveGamma(gamma_max=GAMMA_MAX).calibrated(cal)
   assert (ad.cost_ratio, ad.verify_ratio, ad.alpha_init) == (c, v, alpha)
-  assert (ad.rows, ad.output_length) == (cal.rows, cal.output_length)
+  assert ad.lengths == cal.lengths
   # a whole iteration at gamma 1 (a target call of 2 tokens, verification, the bigram's gamma_max
   # tokens, bookkeeping) costs at least a greedy step's target call: v(1) >= ~1 in greedy steps
   # (a loose floor: 0.8)
@@ -566,8 +595,8 @@ def test_alpha_is_measured_over_the_batches_after_the_first_as_far_as_it_needs(m
   cal = calibration.measure_costs(target, first, bigram, table, MAX_LEN, GAMMA_MAX, more=states())
   c, alpha = cal.cost_ratio, cal.alpha
   assert made == [1] and c == 0  # one more batch reached the bound
-  # the output length priced: the mean of the two batches' longest outputs (one row each)
-  assert cal.rows == 1 and cal.output_length == pytest.approx((lengths[0] + lengths[1]) / 2)
+  # the output lengths priced: the two batches' (one row each)
+  assert cal.lengths == ((float(lengths[0]),), (float(lengths[1]),))
   assert loops  # the bigram (fitted on these outputs) passed the first stage: alpha is the loop's
   fixed = AdaptiveGamma(gamma_max=GAMMA_MAX, policy='fixed', gamma_init=1)
   runs = [adaptive.decode(target, target.init(params, enc, slots), bigram, table,

@@ -61,35 +61,48 @@ def test_eq1_matches_simulation():
   assert np.mean(accepted + 1) == pytest.approx(theory.expected_tokens(a, gamma), rel=0.01)
 
 
-def _batch_iterations(alpha, gamma, rows, length, rng, reps=4000):
-  """Simulated iterations of a batch of `rows` rows of `length` tokens each (every row's
-  acceptances independent at `alpha`, `gamma` proposed a call), mean over `reps` batches."""
-  done = np.zeros((reps, rows))
-  calls = np.zeros((reps, rows))
-  while np.any(done < length):
-    accepted = np.cumprod(rng.random((reps, rows, gamma)) < alpha, axis=-1).sum(axis=-1)
-    active = done < length
+def _batch_iterations(alpha, gamma, lengths, rng, reps=4000):
+  """Simulated iterations of a batch whose rows need `lengths` tokens (every row's acceptances
+  independent at `alpha`, `gamma` proposed a call), mean over `reps` batches."""
+  lengths = np.asarray(lengths, np.float64)[None]  # [1, rows]
+  done = np.zeros((reps, lengths.shape[1]))
+  calls = np.zeros((reps, lengths.shape[1]))
+  while np.any(done < lengths):
+    accepted = np.cumprod(rng.random((reps, lengths.shape[1], gamma)) < alpha,
+                          axis=-1).sum(axis=-1)
+    active = done < lengths
     done += active * (accepted + 1)
     calls += active
   return calls.max(axis=1).mean()
 
 
 def test_batch_inflation_matches_simulated_batches():
-  # E[max of n standard normals]: 1/sqrt(pi) for 2, 1.4236 for 8 (tables of order statistics).
-  assert theory.expected_max_normal(1) == 0.0
-  assert theory.expected_max_normal(2) == pytest.approx(1 / np.sqrt(np.pi), rel=1e-4)
-  assert theory.expected_max_normal(8) == pytest.approx(1.4236, abs=1e-3)
   alphas = np.array([0.6, 0.85])
-  assert np.all(theory.batch_inflation(alphas, 4, 8, 0.0) == 1.0)  # not priced
+  assert np.all(theory.batch_inflation(alphas, 4, ()) == 1.0)  # not priced
+  assert theory.batch_lengths(8, 0.0) == ()
+  # rows of one length: 1 + o / l + E[max of n normals] sigma / sqrt(mu l), E[max of 8] = 1.4236
+  # and of 2 1 / sqrt(pi) (tables of order statistics); one row: the overshoot o alone
+  powers = alphas[:, None] ** np.arange(5)[None]  # [2, 5]
+  mu = np.cumsum(powers, axis=1)
+  ex2 = np.cumsum((2 * np.arange(5) + 1)[None] * powers, axis=1)
+  sigma = np.sqrt(ex2 - mu * mu)
+  for rows, z in ((1, 0.0), (2, 1 / np.sqrt(np.pi)), (8, 1.4236)):
+    want = 1 + (ex2 - mu) / (2 * mu * 30.0) + z * sigma / np.sqrt(mu * 30.0)
+    np.testing.assert_allclose(theory.batch_inflation(alphas, 4, theory.batch_lengths(rows, 30.0)),
+                               want, atol=2e-4)
   rng = np.random.default_rng(0)
-  for rows in (1, 8):
-    for length in (20, 60):
-      inflation = theory.batch_inflation(alphas, 4, rows, length)  # [2, 5]
-      assert np.all(inflation[:, 0] == 1.0)  # one token an iteration: exactly `length`
-      for i, a in enumerate(alphas):
-        for gamma in (1, 2, 4):
-          want = _batch_iterations(a, gamma, rows, length, rng) / (
-              length / theory.expected_tokens(a, gamma))
-          # within 5% of simulated batches (measured: -2.6% to +0.3%); 8 rows wait > 5% longer
-          assert inflation[i, gamma] == pytest.approx(want, rel=0.05), (rows, length, a, gamma)
-          assert rows == 1 or want > 1.05
+  unequal = (18, 22, 24, 24, 25, 29, 32, 32)  # the widened smoke pair's first batch at batch 8
+  for lengths in [(20,), (60,), (20,) * 8, (60,) * 8, unequal, (10, 40, 40, 45)]:
+    inflation = theory.batch_inflation(alphas, 4, (lengths,))  # [2, 5]
+    assert np.all(inflation[:, 0] == 1.0)  # one token an iteration: exactly the longest row's
+    for i, a in enumerate(alphas):
+      for gamma in (1, 2, 4):
+        want = _batch_iterations(a, gamma, lengths, rng) / (
+            max(lengths) / theory.expected_tokens(a, gamma))
+        # within 5% of simulated batches (measured: -2.6% to +0.3%)
+        assert inflation[i, gamma] == pytest.approx(want, rel=0.05), (lengths, a, gamma)
+        assert len(lengths) < 8 or want > 1.02  # 8 rows wait for each other
+  # several batches: their iterations over their longest rows' Eq. 1, summed
+  two = theory.batch_inflation(alphas, 4, ((20,) * 8, (60,) * 8))
+  one = [theory.batch_inflation(alphas, 4, ((n,) * 8,)) for n in (20, 60)]
+  np.testing.assert_allclose(two, (one[0] * 20 + one[1] * 60) / 80, rtol=1e-9)
