@@ -17,7 +17,7 @@ outer loop runs them in turn until no row speculates (`loops_per_width`). Until 
 chose the width per iteration in a `lax.switch` (its branches scored without writing, the
 entries written after it): at batch 8 on the widened smoke pair, gamma 2, it cost 0.1-5.4% an
 iteration over `speculative.decode` in three runs, the loops per width 0.0-1.2%; at gamma 1 both
-3-8% (results/benchmarks/adaptive_loop_cost_smoke_widened_b8_loops.md, docs/decoding.md). Once no
+3-8% (results/benchmarks/adaptive_loop_cost_smoke_widened_b8_loops.md, docs/adaptive.md). Once no
 active row speculates (every one at gamma_r = 0, which is final), the rest runs as plain one-token
 target steps in a second loop, without the draft (`plain_steps.plain_loop`). When the costs say
 that not even the starting `alpha_init` would pay for a proposal (`AdaptiveGamma.speculates` is
@@ -499,7 +499,7 @@ def batch_alpha(alpha: jax.Array, weight: jax.Array, active: jax.Array
   smoke pair at batch 8 that took the batch to gamma 1 where gamma 2 was 1.17x faster, and to
   plain steps after one call where gamma 1 paid 1.08x; with this estimate its 4 batch-8 cells ran
   at 1.08x-1.23x greedy decoding, against 0.95x-1.15x (results/benchmarks/
-  adaptive_gamma_smoke_widened and the run before it, docs/decoding.md). The shrinkage: a row's estimate is the
+  adaptive_gamma_smoke_widened and the run before it, docs/adaptive.md). The shrinkage: a row's estimate is the
   pooled p plus k_r (alpha_r - p), k_r = tau^2 / (tau^2 + p (1 - p) / weight_r), tau^2 the rows'
   spread beyond their sampling noise (the active rows' variance about p less the mean of
   p (1 - p) / weight_r, at least 0; a Bernoulli bound of each position's variance); rows that

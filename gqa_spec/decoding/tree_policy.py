@@ -25,7 +25,7 @@ Otherwise the counts of a chain of min(u, D) tokens each accepted with probabili
 optimistic 0.9, so that one bad first call (e.g. a Chimera draft's, before it has any hidden state)
 does not end speculation (no lasting prior). The chain reads a top-u tree as a path of min(u, D)
 nodes, which a best-first tree of a few nodes seldom is (on the cpu study's widened pair it priced 4
-nodes at 3.5 tokens a call: docs/decoding.md). Where the prior itself pays for no tree, no row ever
+nodes at 3.5 tokens a call: docs/adaptive.md). Where the prior itself pays for no tree, no row ever
 asks for one and `decode` is greedy decoding from the start. A row asks for
 
     N_r = argmax over n in {0} + widths of  (1 + accepted_r(n)) / (I(n) cost(n)),
