@@ -106,7 +106,7 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
   call - the 1-token call) in steps for every width (a lower bound: an iteration does all that a
   greedy step does besides its call, with a call at least 2 tokens wide), v is that bound and
   nothing else is compiled or timed: `decode` is greedy decoding from the start (what the optimistic
-  0.9 cost before: docs/decoding.md). Otherwise the loop at every width, as above. A draft that
+  0.9 cost before: docs/adaptive.md). Otherwise the loop at every width, as above. A draft that
   reads the target's hidden states (Chimera) grows its trees from those of the loop's own calls,
   which the teacher-forced pass does not make: the first stage does not stop it.
   """
