@@ -112,8 +112,9 @@ def batch_lengths(rows: int, length: float) -> Lengths:
 
 
 def checked_lengths(lengths) -> Lengths:
-  """`lengths` (batches of row lengths) as hashable `Lengths`, each batch's rows sorted; a
-  `UserError` naming the problem where a batch is empty or a length is not a number > 0."""
+  """`lengths` (batches of row lengths) as hashable `Lengths`, each batch's rows sorted (one cache
+  key per setting: `optimal_gamma_steps`, `_wait_curve`); a `UserError` naming the problem where a
+  batch is empty or a length is not a number > 0."""
   try:
     out = tuple(tuple(sorted(float(x) for x in batch)) for batch in lengths)
   except (TypeError, ValueError):
@@ -185,8 +186,8 @@ def batch_inflation(alphas: np.ndarray, max_gamma: int, lengths: Lengths) -> np.
   var = np.maximum(ex2 - mu * mu, 0.0)  # [n, G + 1]
   scale = np.sqrt(var / mu ** 3)  # [n, G + 1] sigma' (0 where X is certain: no wait)
   log_t = np.log(np.clip(np.sqrt(mu / np.maximum(var, 1e-300)), _T_GRID[0], _T_GRID[-1]))
-  wait = sum(np.interp(log_t, np.log(_T_GRID), _wait_curve(tuple(sorted(float(x) for x in b))))
-             for b in lengths)  # [n, G + 1]
+  wait = sum(np.interp(log_t, np.log(_T_GRID), _wait_curve(b))
+             for b in checked_lengths(lengths))  # [n, G + 1]
   longest = sum(max(b) for b in lengths)
   return 1.0 + (len(lengths) * (ex2 - mu) / (2.0 * mu) + mu * scale * wait) / longest
 
@@ -259,16 +260,11 @@ def _verify_key(verify_ratio) -> Union[float, Tuple[float, ...]]:
           tuple(float(x) for x in np.asarray(verify_ratio).reshape(-1)))
 
 
-def _lengths_key(lengths: Lengths) -> Lengths:
-  """`lengths` as `optimal_gamma_steps`' hashable key (floats, each batch's rows sorted)."""
-  return tuple(tuple(sorted(float(x) for x in b)) for b in lengths)
-
-
 def step_gamma(alpha_: float, c: float, max_gamma: int,
                verify_ratio: Union[float, Sequence[float]] = 1.0, lengths: Lengths = ()) -> int:
   """`optimal_gammas` at one alpha, on the host (no device op): a Python int."""
   edges, gammas = optimal_gamma_steps(float(c), int(max_gamma), _verify_key(verify_ratio),
-                                      _lengths_key(lengths))
+                                      checked_lengths(lengths))
   return int(gammas[int(np.sum(np.float32(min(max(alpha_, 0.0), 1.0)) > edges))])
 
 
@@ -286,7 +282,7 @@ def optimal_gammas(alpha_: jax.Array, c: float, max_gamma: int,
   Read from `optimal_gamma_steps` (made once per setting on the host, in float64): a comparison
   and a sum here."""
   edges, gammas = optimal_gamma_steps(float(c), int(max_gamma), _verify_key(verify_ratio),
-                                      _lengths_key(lengths))
+                                      checked_lengths(lengths))
   a = jnp.clip(alpha_.astype(jnp.float32), 0.0, 1.0)  # [b]
   index = jnp.sum(a[:, None] > jnp.asarray(edges)[None], axis=1)  # [b]
   return jnp.asarray(gammas)[index]  # [b]
