@@ -83,26 +83,31 @@ def drafts_of(args, target_model, params) -> Dict[str, Any]:
 
 
 def task_inputs(task: str, data_dir: str, n: int, input_length: int,
-                max_decode_len: int) -> np.ndarray:
-  """`[n, input_length]` the first n test inputs of the DDTP `task` over `data_dir`, or of an
-  exported task (`exported:DIR/TASK`, `gqa-spec data export`: read without TensorFlow or seqio, as
-  on the GPU machine; `data_dir` unused)."""
+                max_decode_len: int, splits: Sequence[str] = ('test',)) -> np.ndarray:
+  """`[n, input_length]` the first n inputs of the DDTP `task` over `data_dir`, or of an exported
+  task (`exported:DIR/TASK`, `gqa-spec data export`: read without TensorFlow or seqio, as on the
+  GPU machine; `data_dir` unused): those of `splits` in turn (a split's inputs all before the
+  next's), so that a run can decode more batches than the test split holds."""
   from gqa_spec.data import exported  # pylint: disable=g-import-not-at-top
   lengths = {'inputs': input_length, 'targets': max_decode_len}
+  rows = []
   if exported.is_exported(task):
     (exp,), _ = exported.resolve(task)
-    if exp.num_examples('test') < n:
-      raise SystemExit(f'{task} has {exp.num_examples("test")} test examples, --examples asks '
-                       f'for {n}')
-    _, feats = next(exported.eval_batches(exp, 'test', lengths, n, n))
-    return np.asarray(feats['encoder_input_tokens'], np.int32)
-  from gqa_spec.data import batches, tasks  # pylint: disable=g-import-not-at-top  (TensorFlow)
-  tasks.register_ddtp_tasks(data_dir)
-  ds = batches.get_dataset(task, 'test', lengths, pack=False)
-  rows = [ex['encoder_input_tokens'] for ex in ds.take(n).as_numpy_iterator()]
+    for split in splits:
+      if len(rows) < n:
+        for _, feats in exported.eval_batches(exp, split, lengths, n - len(rows), n - len(rows)):
+          rows.extend(np.asarray(feats['encoder_input_tokens'], np.int32))
+  else:
+    from gqa_spec.data import batches, tasks  # pylint: disable=g-import-not-at-top  (TensorFlow)
+    tasks.register_ddtp_tasks(data_dir)
+    for split in splits:
+      if len(rows) < n:
+        ds = batches.get_dataset(task, split, lengths, pack=False)
+        rows.extend(ex['encoder_input_tokens'] for ex in ds.take(n - len(rows)).as_numpy_iterator())
   if len(rows) < n:
-    raise SystemExit(f'{task} has {len(rows)} test examples, --examples asks for {n}')
-  return np.stack(rows).astype(np.int32)
+    raise SystemExit(f'{task} has {len(rows)} inputs in its {"+".join(splits)} split(s), '
+                     f'{n} asked for (--examples, twice with --confirm; --splits reads more)')
+  return np.stack(rows[:n]).astype(np.int32)
 
 
 def add_pair_arguments(p: argparse.ArgumentParser, what: str, required: bool = False) -> None:
@@ -111,6 +116,10 @@ def add_pair_arguments(p: argparse.ArgumentParser, what: str, required: bool = F
                  metavar=('NAME', 'TARGET', 'DRAFT', 'TASK'), help=what)
   p.add_argument('--data-dir', help='the prepared DDTP data directory (with --pair; not needed '
                  'for exported:DIR/TASK tasks)')
+  p.add_argument('--splits', default='test', type=lambda text: tuple(text.split(',')),
+                 help="the splits whose inputs the pairs decode, in turn (default test; e.g. "
+                      "test,validation: more batches than the test split holds, neither of them "
+                      "trained on)")
 
 
 def pairs_of(args) -> List[Dict[str, Any]]:
@@ -126,7 +135,7 @@ def pairs_of(args) -> List[Dict[str, Any]]:
       model, dparams = workloads.checkpoint_model(draft_path)
       draft = ModelDraft.t5(model)
       inputs = task_inputs(task, args.data_dir, args.examples * (2 if confirm else 1),
-                           args.input_length, L)
+                           args.input_length, L, args.splits)
       drafts = {'draft model': (draft, lambda enc, d=draft, p=dparams: d.init(p, enc, L, gmax))}
       if 'bigram' in args.pair_drafts.split(','):
         ngram = NgramDraft(target_model.config.vocab_size)

@@ -74,7 +74,8 @@ def measure(args: argparse.Namespace,
     target = T5Decoder(target_model)
     inputs = split_held_out(task_inputs(task, args.data_dir,
                                         args.examples * (2 if args.confirm else 1),
-                                        args.input_length, L), args.examples, args.confirm)
+                                        args.input_length, L, args.splits),
+                            args.examples, args.confirm)
     for draft_name, (draft, dinit) in tree_drafts(args, task, target_model, draft_path).items():
       for batch in _ints(args.batches):
         encs, held = batches_of(inputs['inputs'], batch), batches_of(inputs['held_out'], batch)

@@ -20,9 +20,30 @@ def test_exported_inputs_are_the_seqio_inputs(tiny_data_dir, tiny_gpu_export):
   assert exported.shape == (4, 32) and exported.dtype == np.int32
   np.testing.assert_array_equal(exported, seqio)
   assert (exported[:, 0] > 1).all()  # real tokens, not padding or EOS
-  with pytest.raises(SystemExit, match='asks for'):
+  with pytest.raises(SystemExit, match='1000000 asked for'):
     adaptive_gamma.task_inputs(f'exported:{tiny_gpu_export}/ddtp_translate_en_de', None,
                                10 ** 6, 32, 16)
+
+
+def test_inputs_read_the_splits_in_turn(tiny_data_dir, tiny_gpu_export):
+  """--splits test,validation: every test input first, then the validation split's, from seqio and
+  from an export alike; too few in all is a clear error."""
+  task = f'exported:{tiny_gpu_export}/ddtp_translate_en_de'
+  from gqa_spec.data import exported  # pylint: disable=g-import-not-at-top
+  (exp,), _ = exported.resolve(task)
+  n_test = exp.num_examples('test')
+  test = adaptive_gamma.task_inputs(task, None, n_test, 32, 16)
+  validation = adaptive_gamma.task_inputs(task, None, 2, 32, 16, ('validation',))
+  both = adaptive_gamma.task_inputs(task, None, n_test + 2, 32, 16, ('test', 'validation'))
+  np.testing.assert_array_equal(both, np.concatenate([test, validation]))
+  try:
+    seqio = adaptive_gamma.task_inputs('ddtp_translate_en_de', tiny_data_dir, n_test + 2, 32, 16,
+                                       ('test', 'validation'))
+  finally:
+    tasks.register_ddtp_tasks()
+  np.testing.assert_array_equal(seqio, both)
+  with pytest.raises(SystemExit, match=r'test\+validation'):
+    adaptive_gamma.task_inputs(task, None, 10 ** 6, 32, 16, ('test', 'validation'))
 
 
 def _row(method, seconds):
