@@ -1,7 +1,8 @@
 """`--gamma auto` against every fixed gamma and against greedy decoding, side by side in one run.
 
   python -m benchmarks.adaptive_gamma [--pair NAME TARGET DRAFT TASK ... --data-dir DIR] \
-      [--examples 8] [--drafts bigram,perturbed] [--batches 1,8] [--temperatures 0,1] \
+      [--splits test] [--examples 8] [--drafts bigram,perturbed] [--batches 1,8] \
+      [--temperatures 0,1] \
       [--gammas 1,2,3,4,5,6,7,8] [--gamma-max 8] [--max-decode-len 32] [--input-length 64] \
       [--repeats 7] [--one-width] [--shuffle] [--confirm 0] [--seeds 1] \
       [--out results/benchmarks/adaptive_gamma]
@@ -28,7 +29,10 @@ other), an A/A control: its `x greedy` is what timing one program twice gives th
 0.97x goal is read against (the goals table marks a miss no larger than that distance from 1.0).
 
 `--pair NAME TARGET DRAFT TASK` (repeatable): a trained target and draft (native checkpoints) and
-the seqio task whose first `--examples` test inputs they decode; `--data-dir` is the prepared DDTP
+the seqio task whose first `--examples` test inputs they decode (`--splits test,validation`: the
+validation split's after the test split's, where a cell needs more batches than the test split
+holds; a batch-8 cell of one batch reads that batch's luck, `benchmarks/batch_spread.py`);
+`--data-dir` is the prepared DDTP
 data directory the tasks read (a reproduction's `<work>/data`). The smoke reproduction's pairs:
 `<work>/models/finetune/<task>/mha_g4/best` and `.../draft/best`. Each pair is measured with
 its draft model and with a bigram fitted on its task's training targets (`--pair-drafts`; also
@@ -225,6 +229,12 @@ def add_confirm_argument(p: argparse.ArgumentParser) -> None:
                       'one again, on the next --examples test inputs (held out from the sweep), '
                       'in ROUNDS rounds of their own (the goal against the best fixed is read on '
                       'these; default 0: none)')
+
+
+def split_words(result: Dict[str, Any]) -> str:
+  """Which inputs a report's cells decoded: 'test inputs', or e.g. 'test then validation inputs'
+  (`--splits`)."""
+  return ' then '.join(result.get('splits') or ['test']) + ' inputs'
 
 
 def order_words(result: Dict[str, Any]) -> str:
@@ -472,8 +482,8 @@ def goal_lines(result: Dict[str, Any], auto: str, fixed: str, pair_column: bool 
           'program twice gives in that cell. x best fixed: in the sweep, over the fastest fixed '
           'method\'s median (biased fast: the largest of several noisy medians); '
           + (f'confirmed: {auto} and that {fixed} timed again after the sweep chose it, on the '
-             f'next {result.get("examples", "")} test inputs (held out from the sweep: the '
-             f'choice\'s luck on the sweep\'s own inputs does not carry over), {rounds} rounds of '
+             f'next {result.get("examples", "")} {split_words(result)} (held out from the sweep: '
+             f'the choice\'s luck on the sweep\'s own inputs does not carry over), {rounds} rounds of '
              'their own, the median of their per-round ratios; the goal is read on it.'
              if rounds else 'no confirmation rounds in this run (`--confirm`).'),
           ''] + common.table(
@@ -523,7 +533,8 @@ def markdown(result: Dict[str, Any]) -> List[str]:
             f'{r["cost_ratio"]:.3f} / {" ".join(f"{v:.2f}" for v in r["verify_ratio"])} / '
             f'{r["alpha_init"]:.2f}{length(r)} ({r["calibration_seconds"]:.1f} s)')
            for r in result['rows']]
-  pair = ('the trained pairs of the command line (`--pair`), on their tasks\' test inputs'
+  pair = ('the trained pairs of the command line (`--pair`), on their tasks\' '
+          f'{split_words(result)}'
           if trained else 'the built-in UNTRAINED demo pair (`workloads.demo_pair`) on synthetic '
           'inputs')
   lines = common.table_report(
@@ -595,7 +606,7 @@ def main(argv=None) -> int:
     result = common.results(__file__, argv, rows, before, trained=bool(args.pair),
                             repeats=args.repeats, examples=args.examples, goals=goals(rows),
                             complete=complete, shuffle=args.shuffle, confirm=args.confirm,
-                            seeds=args.seeds)
+                            seeds=args.seeds, splits=list(args.splits))
     common.write_report(args.out, result, markdown(result))
 
   # Rewritten after every cell, so that a run cut short (a device call's clock, a kill) keeps what

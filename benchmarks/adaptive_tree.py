@@ -1,7 +1,8 @@
 """`--tree best:auto` against fixed best-first trees and greedy decoding, side by side in one run.
 
   python -m benchmarks.adaptive_tree --pair NAME TARGET DRAFT TASK ... [--data-dir DIR] \
-      [--examples 8] [--pair-drafts draft,bigram] [--batches 1,8] [--temperatures 0,1] \
+      [--splits test] [--examples 8] [--pair-drafts draft,bigram] [--batches 1,8] \
+      [--temperatures 0,1] \
       [--nodes 2,4,8,16] [--nodes-max 16] [--depth 4] [--max-decode-len 32] [--repeats 7] \
       [--shuffle] [--confirm 0] [--seeds 1] [--out results/benchmarks/adaptive_tree]
 
@@ -30,7 +31,7 @@ from benchmarks import common, workloads
 from benchmarks.adaptive_gamma import (_ints, add_confirm_argument, add_pair_arguments,
                                        add_seeds_argument, add_shuffle_argument, batches_of,
                                        goal_lines, goals, measure_cell, order_words, partial_note,
-                                       sampling_keys, seeds_words, split_held_out,
+                                       sampling_keys, seeds_words, split_held_out, split_words,
                                        task_inputs, x_best_fixed_cell)
 from gqa_spec.data import exported
 from gqa_spec.decoding import adaptive_tree, autoregressive, speculative, tree_speculative
@@ -162,7 +163,8 @@ def markdown(result: Dict[str, Any]) -> List[str]:
            for r in result['rows']]
   lines = common.table_report(
       '--tree best:auto against fixed best-first trees and greedy decoding', result,
-      f'On the trained pairs of the command line (`--pair`), on their tasks\' test inputs; '
+      'On the trained pairs of the command line (`--pair`), on their tasks\' '
+      f'{split_words(result)}; '
       f'{result["examples"]} inputs per cell in batches of the cell\'s size; seconds: all of '
       f'them{seeds_words(result)}, median of {result["repeats"]} interleaved rounds (methods in '
       f'turn, {order_words(result)}) after a compile call; x greedy: tokens/s over the cell\'s '
@@ -220,7 +222,8 @@ def main(argv=None) -> int:
     result = common.results(__file__, argv, rows, before, repeats=args.repeats,
                             examples=args.examples, auto_spec=auto_spec,
                             goals=goals(rows, auto_spec, lambda m: m in fixed), complete=complete,
-                            shuffle=args.shuffle, confirm=args.confirm, seeds=args.seeds)
+                            shuffle=args.shuffle, confirm=args.confirm, seeds=args.seeds,
+                            splits=list(args.splits))
     common.write_report(args.out, result, markdown(result))
 
   # As adaptive_gamma: rewritten after every cell (`complete`: every cell was measured).

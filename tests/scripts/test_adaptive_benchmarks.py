@@ -339,3 +339,26 @@ def test_sampled_cells_decode_with_several_keys_greedy_ones_with_one():
     adaptive_gamma.sampling_keys(0, 1.0)
   assert adaptive_gamma.seeds_words({'seeds': 1}) == ''
   assert '4 random keys' in adaptive_gamma.seeds_words({'seeds': 4})
+
+
+def test_batch_spread_prices_and_summarises():
+  """benchmarks/batch_spread.py: the price of one row is Wald's (l + overshoot) / Eq. 1 (no wait
+  for other rows); the summary's spread and errors are those of the batches' counts."""
+  from benchmarks import batch_spread  # pylint: disable=g-import-not-at-top
+  # alpha 0.5, gamma 1: tokens a call 1 or 2, mean 1.5, E[X^2] 2.5, overshoot (2.5 - 1.5) / 3
+  assert batch_spread.price(0.5, 1, ((10.0,),), 8) == pytest.approx((10 + 1 / 3) / 1.5)
+  # 8 rows wait for the slowest: more than one row's price
+  assert batch_spread.price(0.5, 1, ((10.0,) * 8,), 8) > batch_spread.price(0.5, 1, ((10.0,),), 8)
+  rows = [{'pair': 'p', 'lengths': [10, 8], 'greedy_iterations': 10,
+           'gamma=1': {'iterations': 7, 'acceptance': 0.5}},
+          {'pair': 'p', 'lengths': [10, 10], 'greedy_iterations': 10,
+           'gamma=1': {'iterations': 8, 'acceptance': 0.6}}]
+  [s] = batch_spread.summary(rows, 8)
+  assert s['iterations_mean'] == 7.5 and s['iterations_sd'] == pytest.approx(np.sqrt(0.5))
+  assert s['speed_spread'] == pytest.approx(8 / 7)
+  own = [batch_spread.price(0.5, 1, ((8.0, 10.0),), 8) / 7 - 1,
+         batch_spread.price(0.6, 1, ((10.0, 10.0),), 8) / 8 - 1]
+  assert s['own_mean_error'] == pytest.approx(np.mean(own))
+  assert s['first_error'] == pytest.approx(own[0] * 7 / 7.5 + 7 / 7.5 - 1)
+  assert s['all_error'] == pytest.approx(
+      batch_spread.price(0.55, 1, ((8.0, 10.0), (10.0, 10.0)), 8) / 7.5 - 1)
