@@ -43,9 +43,9 @@ def price(alpha: float, gamma: int, lengths: theory.Lengths, gamma_max: int) -> 
   """The expected iterations of one batch whose rows need `lengths` (one or several batches: their
   mean), at acceptance `alpha` and draft length `gamma`: the longest rows' tokens over Eq. 1's
   tokens a call, inflated by the wait for the slowest row (`theory.batch_inflation`)."""
-  mu = sum(alpha ** j for j in range(gamma + 1))
   inflation = theory.batch_inflation(np.array([alpha]), gamma_max, lengths)[0, gamma]
-  return float(inflation * sum(max(b) for b in lengths) / len(lengths) / mu)
+  longest = sum(max(b) for b in lengths) / len(lengths)
+  return float(inflation * longest / theory.expected_tokens(alpha, gamma))
 
 
 def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
