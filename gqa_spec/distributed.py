@@ -127,6 +127,8 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
       processes that disagree, or a cluster JAX cannot detect.
   """
   check(coordinator_address, num_processes, process_id, timeout)
+  if coordinator_address is not None:
+    _resolve(coordinator_address)
   import jax  # pylint: disable=g-import-not-at-top; the CLI's flags come before JAX
   if jax.distributed.is_initialized():
     if ((num_processes is not None and num_processes != jax.process_count()) or
@@ -135,8 +137,6 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
                       f'{jax.process_count()}; asked for process {process_id} of {num_processes}')
     agree(timeout)
     return
-  if coordinator_address is not None:
-    _resolve(coordinator_address)
   links = {}
   if None not in (coordinator_address, num_processes, process_id) and num_processes > 1:
     links = rendezvous(coordinator_address, num_processes, process_id, timeout)
@@ -469,8 +469,10 @@ def _join_rendezvous(address, host, port, num_processes, process_id, deadline, t
         conn.close()
   if not reply.startswith(_HELLO + ' '):
     conn.close()
-    raise UserError(f'jax.distributed: coordinator {address} is not a gqa-spec coordinator (it '
-                    f'answered {_short(reply, 60)!r}): another program listens on port {port}')
+    said = (f'it answered {_short(reply, 60)!r}' if reply.isprintable() else
+            'it answered in binary: another job\'s JAX coordinator, or another gRPC service')
+    raise UserError(f'jax.distributed: coordinator {address} is not a gqa-spec coordinator '
+                    f'({said}): another program listens on port {port}')
   reply = reply[len(_HELLO) + 1:]
   if reply != 'OK':
     conn.close()
