@@ -413,7 +413,7 @@ def _host_rendezvous(address, port, num_processes, deadline, timeout) -> dict:
           conn, _ = server.accept()
         except socket.timeout:
           continue
-        conn.settimeout(max(deadline - time.monotonic(), 1))
+        conn.settimeout(min(max(deadline - time.monotonic(), 1), 10))  # a peer says hello at once
         try:
           hello, n, i = _read_line(conn).split()
           if hello != _HELLO:
