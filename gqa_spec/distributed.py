@@ -287,6 +287,8 @@ def fingerprint(argv: Sequence[str],
     for value in v:
       bare = value.strip('\'"')
       named = [(bare, bare)] + (files(o, value) if files else [])
+      if ':' in bare:  # a draft spec's path, `chimera:DIR`
+        named.append((bare, bare.split(':', 1)[1]))
       for name, path in _unique(named):
         if os.path.isfile(path):
           out.append((f'the bytes of {o} {name}', _digest(path)))
