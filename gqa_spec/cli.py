@@ -17,11 +17,14 @@ import errno
 import gc
 import importlib
 import os
+import re
 import signal
 import sys
 import threading
 import weakref
 from typing import Optional, Sequence
+
+from gqa_spec import distributed
 
 # TensorFlow (seqio's input pipelines) logs CUDA probing and oneDNN notices from C++ at import;
 # they say nothing to a CPU user. An explicit TF_CPP_MIN_LOG_LEVEL wins (see `console.setup`).
@@ -209,11 +212,46 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     restore_hooks()
 
 
+def _gin_files(option: str, value: str, search: Sequence[str]) -> list:
+  """For `distributed.fingerprint`: `(name, path)` of the file a `--gin_file` value resolves to on
+  the search path, and of the files its `include` lines name, recursively (what each process will
+  parse), each under the name it is written with."""
+  if option != '--gin_file':
+    return []
+  from gqa_spec.training import gin_utils  # pylint: disable=g-import-not-at-top  (stdlib only)
+  paths, found, todo = gin_utils.search_paths(search), {}, [(value, value)]
+  while todo and len(found) < 100:
+    name, written = todo.pop(0)
+    try:
+      path = gin_utils._resolve(written, paths)  # pylint: disable=protected-access
+    except ValueError:  # not found: the command itself says so, on every process
+      continue
+    if path in found:
+      continue
+    found[path] = name
+    try:
+      with open(path, encoding='utf-8', errors='replace') as f:
+        todo += [(f'{name} (include {m.group(1)})', m.group(1))
+                 for m in _INCLUDE.finditer(f.read())]
+    except OSError:
+      pass
+  return [(name, path) for path, name in found.items()]
+
+
+_INCLUDE = re.compile(r'''^\s*include\s+['"]([^'"]+)['"]''', re.M)
+
+
 def _run(argv: Optional[Sequence[str]]) -> int:
   parser = build_parser(_command_of(sys.argv[1:] if argv is None else argv))
   args = parser.parse_args(argv)
   from gqa_spec import console  # pylint: disable=g-import-not-at-top
   console.setup(getattr(args, 'verbose', False), _USER_TF_LEVEL)
+  # what this process was given, compared across the processes when a command starts several
+  # (`distributed.agree`, run by `distributed.initialize`): one check for every command
+  given = list(sys.argv[1:] if argv is None else argv)
+  search = [p for p in (getattr(args, 'gin_search_paths', '') or '').split(',') if p]
+  distributed.expect(lambda: distributed.fingerprint(
+      given, lambda option, value: _gin_files(option, value, search)))
   try:
     return int(args.func(args) or 0)
   except (ValueError, FileNotFoundError, NotADirectoryError, KeyError) as e:
@@ -229,6 +267,8 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     where = f'{e.filename}: ' if e.filename else ''
     print(f'gqa-spec: error: {where}{e.strerror or e} ({name})', file=sys.stderr)
     return 2
+  finally:
+    distributed.expect(None)
 
 
 if __name__ == '__main__':

@@ -11,8 +11,12 @@ process, its local devices):
 Gin users of `train` may set the same through `trainer.PartitioningConfig` (`multihost`,
 `coordinator_address`, `num_processes`, `process_id`); both paths end in `initialize`.
 
-Start-up never hangs: a missing peer, a port in use or processes that disagree on N end in a
-`UserError` after at most `timeout` seconds (`rendezvous`, a socket handshake before JAX starts).
+Start-up never hangs: a coordinator host name that does not resolve ends at once; a missing peer,
+a port in use or processes that disagree on N end in a `UserError` after at most `timeout` seconds
+(`rendezvous`, a socket handshake before JAX starts); anything else answering on the coordinator's
+port is "not a gqa-spec coordinator". Once JAX runs, the processes compare what each was given
+(`expect`, `agree`: the command line, the files it names, a model's config.json), and a
+difference ends every process with one line naming the process and what differs.
 Once started, a process that dies is named in one line by every other one, which exits (`_watch`,
 over the handshake's connections); JAX's heartbeat (`HEARTBEAT_SECONDS`) is the fallback, and
 the only guard under `--distributed auto`. Only process 0 writes files (`is_writer`); every process
@@ -26,6 +30,8 @@ from __future__ import annotations
 import argparse
 import atexit
 import errno
+import hashlib
+import json
 import logging
 import os
 import re
@@ -33,7 +39,7 @@ import select
 import socket
 import threading
 import time
-from typing import Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from gqa_spec.errors import UserError
 
@@ -48,6 +54,11 @@ SHUTDOWN_SECONDS = 60
 # hears why start-up failed (a missing peer named by process 0), not only that it timed out.
 _GRACE = 5
 _ADDRESS = re.compile(r'^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$')
+# The handshake's lines start with this word: a reply without it comes from another program.
+_HELLO = 'gqa-spec'
+# Files a fingerprint hashes whole up to this size; a larger one by its size and both ends.
+_HASH_WHOLE = 256 << 20
+_HASH_END = 16 << 20
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -116,12 +127,15 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
       processes that disagree, or a cluster JAX cannot detect.
   """
   check(coordinator_address, num_processes, process_id, timeout)
+  if coordinator_address is not None:
+    _resolve(coordinator_address)
   import jax  # pylint: disable=g-import-not-at-top; the CLI's flags come before JAX
   if jax.distributed.is_initialized():
     if ((num_processes is not None and num_processes != jax.process_count()) or
         (process_id is not None and process_id != jax.process_index())):
       raise UserError(f'jax.distributed already runs as process {jax.process_index()} of '
                       f'{jax.process_count()}; asked for process {process_id} of {num_processes}')
+    agree(timeout)
     return
   links = {}
   if None not in (coordinator_address, num_processes, process_id) and num_processes > 1:
@@ -147,6 +161,178 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
     raise UserError(f'jax.distributed ({where}): {_short(text)}') from None
   if links:
     _watch(links, process_id, num_processes)
+  agree(timeout)
+
+
+def _resolve(address: str) -> None:
+  """Raises `UserError` at once when the coordinator's host name does not resolve (JAX's client
+  would retry it until the start-up timeout, then blame a missing process)."""
+  host, port = address.rsplit(':', 1)
+  host = host.strip('[]')
+  try:
+    socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+  except (socket.gaierror, UnicodeError) as e:
+    reason = getattr(e, 'strerror', None) or str(e)
+    raise UserError(f'coordinator {address}: host name {host!r} does not resolve '
+                    f'({reason})') from None
+
+
+# What this process was given (`expect`), compared across processes once JAX runs (`agree`).
+_given: Optional[Callable[[], List[Tuple[str, str]]]] = None
+_agreed = None  # the `_given` last agreed on (a second `initialize` in one command checks nothing)
+_checks = 0  # agreements so far: each has its own keys (a process may run several commands)
+
+
+def expect(given: Optional[Callable[[], List[Tuple[str, str]]]]) -> None:
+  """Registers what this process was given: a function returning `(what, value)` pairs (e.g.
+  `fingerprint(argv)`), called when the runtime starts (`initialize`) and compared across the
+  processes there (`agree`). The CLI registers each command's; None: nothing to compare."""
+  global _given
+  _given = given
+
+
+def agree(timeout: float = DEFAULT_TIMEOUT) -> None:
+  """Checks that every process was given the same (`expect`); a no-op on one process.
+
+  Each process puts its pairs into JAX's key-value store and reads every other process's, so all
+  of them reach the same verdict from the same data and all stop together.
+
+  Raises:
+    UserError: `process I differs from process 0 in WHAT (its value against process 0's)`, or a
+      process that did not report within `timeout` s.
+  """
+  global _agreed, _checks
+  if _given is None or _given is _agreed:
+    return
+  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+  client = jax_distributed.global_state.client
+  count = jax_distributed.global_state.num_processes or 1
+  if client is None or count == 1:
+    return
+  me = jax_distributed.global_state.process_id
+  _agreed = _given
+  _checks += 1
+  key = f'gqa_spec/given/{_checks}/'
+  client.key_value_set(key + str(me), json.dumps(_given()))
+  given = []
+  for process in range(count):
+    try:
+      given.append(json.loads(client.blocking_key_value_get(key + str(process),
+                                                            int(timeout * 1000))))
+    except Exception:  # pylint: disable=broad-except; XlaRuntimeError (DEADLINE_EXCEEDED)
+      raise UserError(f'jax.distributed: process {process} did not say what it was given within '
+                      f'{timeout:g} s (is it running the same command?)') from None
+  difference = differs(given)
+  if difference:
+    raise UserError(difference)
+
+
+def differs(given: Sequence[Sequence[Tuple[str, str]]]) -> Optional[str]:
+  """The first difference between process 0's `(what, value)` pairs and another process's, as one
+  line; None when all agree."""
+  first = dict(map(tuple, given[0]))
+  for process, pairs in enumerate(given[1:], 1):
+    other = dict(map(tuple, pairs))
+    for what in list(first) + [w for w in other if w not in first]:
+      mine, theirs = first.get(what), other.get(what)
+      if mine != theirs:
+        show = lambda v: 'not given' if v is None else _short(v, 80)
+        return (f'process {process} differs from process 0 in {what} ({show(theirs)} against '
+                f'{show(mine)}): every process must be given the same command, files and config')
+  return None
+
+
+def fingerprint(argv: Sequence[str],
+                files: Optional[Callable[[str, str], List[Tuple[str, str]]]] = None
+                ) -> List[Tuple[str, str]]:
+  """What a command line gives a process, as `(what, value)` pairs for `agree`.
+
+  Every option with its values, as written (`--process-id` and gin bindings of a process id
+  left out: they differ by design); the bytes of every file a value names (sha256), and the
+  config.json of every directory a value names (a model's config) — except `--out` and
+  `--stats`, which only process 0 writes. `files(option, value)` may name more files to hash for a
+  value, as `(name, path)` (the gin file a `--gin_file` resolves to, and its includes: named as
+  written, so that the difference found does not depend on where each process found them).
+  """
+  pairs, option, values = [], None, []
+
+  def close():
+    if option is not None or values:
+      pairs.append((option or 'the command', list(values)))
+
+  tokens = list(argv)
+  i = 0
+  while i < len(tokens):
+    token = tokens[i]
+    if token == '--process-id' or (token.startswith('--process-id=')):
+      i += 1 if '=' in token else 2
+      continue
+    if token.startswith('-') and len(token) > 1 and not _number(token):
+      close()
+      option, eq, value = token.partition('=')
+      values = [value] if eq else []
+    else:
+      values.append(token)
+    i += 1
+  close()
+  pairs = [(o, v) for o, v in pairs
+            if not (_process_id_binding(o) or any(map(_process_id_binding, v)))]
+  seen = {}
+  for o, v in pairs:  # a repeated option (--gin_file, --gin_bindings): its values in order
+    seen[o] = ' '.join(v) if o not in seen else f'{seen[o]} | {" ".join(v)}'
+  out = list(seen.items())
+  for o, v in pairs:
+    if o in ('--out', '--stats'):
+      continue
+    for value in v:
+      bare = value.strip('\'"')
+      named = [(bare, bare)] + (files(o, value) if files else [])
+      if ':' in bare:  # a draft spec's path, `chimera:DIR`
+        named.append((bare, bare.split(':', 1)[1]))
+      for name, path in _unique(named):
+        if os.path.isfile(path):
+          out.append((f'the bytes of {o} {name}', _digest(path)))
+        elif os.path.isdir(path) and os.path.isfile(os.path.join(path, 'config.json')):
+          out.append((f'{o} {name}: its config.json', _digest(os.path.join(path, 'config.json'))))
+  return out
+
+
+def _unique(named):
+  """`(name, path)` pairs, each path once (under the first name it came with)."""
+  paths = {}
+  for name, path in named:
+    paths.setdefault(os.path.realpath(path), (name, path))
+  return list(paths.values())
+
+
+def _number(token: str) -> bool:
+  try:
+    float(token)
+    return True
+  except ValueError:
+    return False
+
+
+def _process_id_binding(text: str) -> bool:
+  return 'process_id' in text.lower()
+
+
+def _digest(path: str) -> str:
+  """sha256 of a file's bytes (of its size and both ends beyond `_HASH_WHOLE`)."""
+  h = hashlib.sha256()
+  try:
+    size = os.path.getsize(path)
+    with open(path, 'rb') as f:
+      if size <= _HASH_WHOLE:
+        for block in iter(lambda: f.read(1 << 20), b''):
+          h.update(block)
+      else:
+        h.update(str(size).encode() + f.read(_HASH_END))
+        f.seek(size - _HASH_END)
+        h.update(f.read())
+  except OSError as e:
+    return f'unreadable ({e.strerror})'
+  return f'sha256 {h.hexdigest()[:16]}'
 
 
 def is_writer() -> bool:
@@ -229,10 +415,13 @@ def _host_rendezvous(address, port, num_processes, deadline, timeout) -> dict:
           conn, _ = server.accept()
         except socket.timeout:
           continue
-        conn.settimeout(max(deadline - time.monotonic(), 1))
+        conn.settimeout(min(max(deadline - time.monotonic(), 1), 10))  # a peer says hello at once
         try:
-          n, i = (int(x) for x in _read_line(conn).split())
-        except (OSError, ValueError):
+          hello, n, i = _read_line(conn).split()
+          if hello != _HELLO:
+            raise ValueError(hello)
+          n, i = int(n), int(i)
+        except (OSError, ValueError):  # not one of ours (a port scanner, a stray client)
           conn.close()
           continue
         conns.append(conn)
@@ -246,7 +435,7 @@ def _host_rendezvous(address, port, num_processes, deadline, timeout) -> dict:
         joined.setdefault(i, conn)
       for conn in conns:  # every process that came hears the outcome
         try:
-          conn.sendall(f'{"ERR " + error if error else "OK"}\n'.encode())
+          conn.sendall(f'{_HELLO} {"ERR " + error if error else "OK"}\n'.encode())
         except OSError:
           pass
   finally:
@@ -268,9 +457,11 @@ def _join_rendezvous(address, host, port, num_processes, process_id, deadline, t
                       'started?)')
     try:
       conn = socket.create_connection((host, port), timeout=min(left, 5))
-      conn.sendall(f'{num_processes} {process_id}\n'.encode())
+      conn.sendall(f'{_HELLO} {num_processes} {process_id}\n'.encode())
       conn.settimeout(left + _GRACE)  # process 0's verdict (its deadline is ours) comes first
-      reply = _read_line(conn)
+      reply = _read_line(conn, expect=_HELLO + ' ')
+      if not reply:  # closed without a word: nobody is listening for good yet
+        time.sleep(0.2)
     except socket.timeout:
       continue
     except OSError:
@@ -278,6 +469,13 @@ def _join_rendezvous(address, host, port, num_processes, process_id, deadline, t
     finally:
       if not reply and conn is not None:
         conn.close()
+  if not reply.startswith(_HELLO + ' '):
+    conn.close()
+    said = (f'it answered {_short(reply, 60)!r}' if reply.isprintable() else
+            'it answered in binary: another job\'s JAX coordinator, or another gRPC service')
+    raise UserError(f'jax.distributed: coordinator {address} is not a gqa-spec coordinator '
+                    f'({said}): another program listens on port {port}')
+  reply = reply[len(_HELLO) + 1:]
   if reply != 'OK':
     conn.close()
     raise UserError(f'jax.distributed: {reply[4:] if reply.startswith("ERR ") else reply}')
@@ -285,15 +483,31 @@ def _join_rendezvous(address, host, port, num_processes, process_id, deadline, t
   return {0: conn}
 
 
-def _read_line(conn: socket.socket) -> str:
-  """One '\\n'-ended line, read byte by byte (no buffered reader that could swallow what follows)."""
-  data = b''
-  while not data.endswith(b'\n'):
+def _read_line(conn: socket.socket, expect: str = '') -> str:
+  """One '\\n'-ended line, read byte by byte (no buffered reader that could swallow what follows).
+
+  It stops early at the first byte that departs from `expect` (another program's reply: an HTTP/2
+  server's binary preface holds no newline), and after 512 bytes.
+  """
+  data, want = b'', expect.encode()
+  while not data.endswith(b'\n') and len(data) < 512:
     byte = conn.recv(1)
     if not byte:
       break
     data += byte
-  return data.decode().strip()
+    n = min(len(data), len(want))
+    if data[:n] != want[:n]:
+      data += _drain(conn)  # for the message: the rest of what it sent at once
+      break
+  return data.decode(errors='replace').strip().splitlines()[0] if data.strip() else ''
+
+
+def _drain(conn: socket.socket) -> bytes:
+  conn.settimeout(0.2)
+  try:
+    return conn.recv(200)
+  except OSError:
+    return b''
 
 
 _exiting = threading.Event()

@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 
 from gqa_spec.models.attention import MultiHeadAttention, RelativePositionBiases
-from gqa_spec.models.config import T5Config
+from gqa_spec.models.config import T5Config, check_types
 from gqa_spec.models.layers import Dense, MlpBlock, RMSNorm
 
 PyTree = Any
@@ -89,6 +89,7 @@ class ChimeraConfig:
   mlp_activations: Sequence[str] = ('gelu', 'linear')
 
   def __post_init__(self):
+    check_types(self)
     object.__setattr__(self, 'mlp_activations', tuple(self.mlp_activations))
     for name in ('vocab_size', 'emb_dim', 'num_heads', 'head_dim', 'mlp_dim', 'num_draft_heads',
                  'trigram_dim'):

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
+import typing
 from typing import Any, Optional, Sequence
 
 import jax.numpy as jnp
@@ -68,6 +71,7 @@ class T5Config:
   remat_policy: str = 'none'
 
   def __post_init__(self):
+    check_types(self)
     object.__setattr__(self, 'mlp_activations', tuple(self.mlp_activations))
     if self.num_kv_heads is None:
       object.__setattr__(self, 'num_kv_heads', self.num_heads)
@@ -81,6 +85,8 @@ class T5Config:
       raise ValueError(
           f'num_heads={self.num_heads} is not divisible by num_kv_heads={self.num_kv_heads}: '
           'grouped-query attention needs every group to hold the same number of query heads')
+    if not self.layer_norm_epsilon > 0:
+      raise ValueError(f'T5Config.layer_norm_epsilon must be > 0, got {self.layer_norm_epsilon!r}')
     if not 0.0 <= self.dropout_rate < 1.0:
       raise ValueError(f'T5Config.dropout_rate must be in [0, 1), got {self.dropout_rate!r}')
     for name in ('dtype', 'param_dtype'):
@@ -135,6 +141,53 @@ class T5Config:
     if not isinstance(d, dict):
       raise ValueError('model config JSON must be an object')
     return cls.from_dict(d)
+
+
+def check_types(config) -> None:
+  """Raises `ValueError` naming the first field of the dataclass `config` whose value is not of
+  its annotated type: `T5Config.dropout_rate must be a number, got '0.1' (a string)`.
+
+  A config.json written by hand holds JSON types: `"0.1"` is no number and `"false"` no boolean
+  (Python reads that string as true). Integers are numbers; booleans are neither; floats are
+  finite.
+  """
+  hints = typing.get_type_hints(type(config))
+  for field in dataclasses.fields(config):
+    value, expected = getattr(config, field.name), hints[field.name]
+    if not _has_type(value, expected):
+      got = {bool: 'a boolean', float: 'a number', type(None): 'null'}.get(type(value))
+      raise ValueError(f'{type(config).__name__}.{field.name} must be {_describe(expected)}, got '
+                       f'{value!r} ({got or _describe(type(value))})')
+
+
+def _has_type(value, expected) -> bool:
+  origin, args = typing.get_origin(expected), typing.get_args(expected)
+  if origin is typing.Union:
+    return any(_has_type(value, arg) for arg in args)
+  if origin is not None:  # Sequence[str]: a list or tuple of them, not a string
+    return (isinstance(value, (list, tuple)) and
+            all(_has_type(item, args[0]) for item in value))
+  if expected is type(None):
+    return value is None
+  if expected is bool:
+    return isinstance(value, bool)
+  if expected is int:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+  if expected is float:
+    return (isinstance(value, numbers.Real) and not isinstance(value, bool) and
+            math.isfinite(value))
+  return isinstance(value, expected)
+
+
+def _describe(kind) -> str:
+  origin, args = typing.get_origin(kind), typing.get_args(kind)
+  if origin is typing.Union:
+    return ' or '.join(_describe(arg) for arg in args)
+  if origin is not None:
+    return f'a list of {_describe(args[0])[2:]}s'
+  return {bool: 'true or false', int: 'an integer', float: 'a finite number', str: 'a string',
+          type(None): 'null', list: 'a list', dict: 'an object', tuple: 'a list'}.get(
+              kind, f'a {getattr(kind, "__name__", kind)}')
 
 
 REMAT_POLICIES = ('none', 'minimal', 'full')

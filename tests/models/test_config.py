@@ -4,9 +4,11 @@ Golden files (as flaxformer's testdata) make any change of checkpoint layout vis
 Regenerate them deliberately with: GQA_SPEC_UPDATE_GOLDENS=1 pytest tests/models/test_config.py
 """
 
+import dataclasses
 import json
 import os
 import pathlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -73,3 +75,56 @@ def test_json_round_trip_and_bad_fields():
     preset('huge')
   with pytest.raises(ValueError, match='num_kv_heads must be a positive integer'):
     T5Config(num_kv_heads=0)
+
+
+@pytest.mark.parametrize('field, value, message', [
+    # issue 61, case 10: a config.json written by hand
+    ('dropout_rate', '0.1', "dropout_rate must be a finite number, got '0.1' (a string)"),
+    ('logits_via_embedding', 'false',
+     "logits_via_embedding must be true or false, got 'false' (a string)"),
+    ('num_kv_heads', '2', "num_kv_heads must be an integer or null, got '2' (a string)"),
+    ('emb_dim', 64.0, 'emb_dim must be an integer, got 64.0 (a number)'),
+    ('num_heads', True, 'num_heads must be an integer, got True (a boolean)'),
+    ('mlp_activations', 'gelu', "mlp_activations must be a list of strings, got 'gelu'"),
+    ('mlp_activations', ['gelu', 1], 'mlp_activations must be a list of strings'),
+    ('dtype', ['float32'], "dtype must be a string, got ['float32'] (a list)"),
+    ('layer_norm_epsilon', float('nan'), 'layer_norm_epsilon must be a finite number, got nan'),
+    ('layer_norm_epsilon', 0, 'layer_norm_epsilon must be > 0, got 0'),
+    ('scan_layers', 1, 'scan_layers must be true or false, got 1 (an integer)'),
+    ('remat_policy', None, 'remat_policy must be a string, got None (null)'),
+])
+def test_every_field_is_checked_for_type(field, value, message):
+  config = preset('nano').to_dict()
+  config[field] = value
+  with pytest.raises(ValueError, match=re.escape(f'T5Config.{message}')):
+    T5Config.from_json(json.dumps(config))
+
+
+def test_every_field_has_a_type_check():
+  """Each field of T5Config refuses a value of another JSON type (a string where a number or a
+  boolean belongs; a number where a string does), so no field is left out of `check_types`."""
+  for field in dataclasses.fields(T5Config):
+    config = preset('nano').to_dict()
+    config[field.name] = {} if isinstance(config[field.name], str) else 'x'
+    with pytest.raises(ValueError, match=f'^T5Config.{field.name} must be '):
+      T5Config.from_dict(config)
+
+
+def test_a_wrong_type_in_a_checkpoint_is_one_line(tmp_path):
+  """`gqa-spec generate --model M` whose config.json says `"dropout_rate": "0.1"`: exit 2 and one
+  line naming the file and the field, not a comparison's TypeError."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  model = tmp_path / 'model'
+  (model / 'params').mkdir(parents=True)
+  config = preset('nano').to_dict()
+  config['dropout_rate'] = '0.1'
+  (model / 'config.json').write_text(json.dumps(config))
+  (tmp_path / 'in.jsonl').write_text('{"input_ids": [5, 1]}\n')
+  result = subprocess.run([sys.executable, '-m', 'gqa_spec', 'generate', '--model', str(model),
+                           '--inputs', str(tmp_path / 'in.jsonl'), '--out',
+                           str(tmp_path / 'o.jsonl')], capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2, result.stderr
+  assert result.stderr.strip().splitlines() == [
+      f"gqa-spec: error: {model}/config.json: corrupt model config: T5Config.dropout_rate must be "
+      "a finite number, got '0.1' (a string)"]

@@ -5,8 +5,9 @@ N = 1: the reference (one process, 8 virtual devices); N = 2: process I of two (
 In sequence, in one Python process: `gqa-spec eval` with beam search on a mesh of all processes'
 devices (model axis 2), `gqa-spec infer` with beam search (one device per process), and
 `gqa-spec generate --tree` (a model tree draft: CKPT itself) on the mesh. The DDTP tasks read
-`GQA_SPEC_DATA_DIR`. Process 1's outputs get their own names (p1_*), so the test sees that it
-wrote none; each command's stdout goes to OUT/<name>.stdout (p1_ likewise).
+`GQA_SPEC_DATA_DIR`. Every process runs in its own OUT (the worker's pI/decode for process I) with
+the same command lines, so the test sees that process 1 wrote nothing there; each command's stdout
+goes to OUT/<name>.stdout.
 """
 
 import contextlib
@@ -21,7 +22,8 @@ INPUTS = [[5, 6, 7, 1], [9, 10, 11, 12, 13, 1], [20, 1], [30, 31, 32, 1], [40, 4
 def main(out: str, ckpt: str, n: int, i: int, port: int) -> None:
   flags = [] if n == 1 else ['--coordinator', f'localhost:{port}', '--num-processes', str(n),
                              '--process-id', str(i), '--distributed-timeout', '60']
-  mine = lambda name: os.path.join(out, name if i == 0 else f'p{i}_{name}')
+  os.chdir(out)  # the same relative names on every process (`distributed.agree`)
+  mine = lambda name: name
 
   def run(name, argv):
     with open(mine(f'{name}.stdout'), 'w') as f, contextlib.redirect_stdout(f):
@@ -38,7 +40,7 @@ def main(out: str, ckpt: str, n: int, i: int, port: int) -> None:
   run('infer_beam', ['infer', '--gin_file=runs/infer.gin', *task,
                      f"--gin.INFER_OUTPUT_DIR='{mine('infer_beam')}'", '--gin.BATCH_SIZE=4',
                      '--gin.NUM_EXAMPLES=5', "--gin.DECODING='beam'", '--gin.BEAM_SIZE=2'])
-  inputs = os.path.join(out, f'inputs{i}.jsonl')
+  inputs = 'inputs.jsonl'
   with open(inputs, 'w') as f:
     f.writelines(f'{{"input_ids": {ids}}}\n' for ids in INPUTS)
   run('tree', ['generate', '--model', ckpt, '--inputs', inputs, '--max-decode-len', '8',

@@ -135,3 +135,80 @@ def test_sigterm_to_every_process_saves_one_checkpoint_at_one_step(tmp_path, whe
   assert sorted(n for n in os.listdir(run / 'checkpoints') if n.isdigit()) == [str(step)]
   _, _, restored_step = load_any(str(run))  # complete, and its fingerprints match
   assert restored_step == step
+
+
+def _two(tmp_path, argv_of, timeout=90):
+  """Starts `gqa-spec` as process 0 and 1 of two, each in its own working directory (tmp/p0,
+  tmp/p1: two hosts' disks), `argv_of(i)` its arguments; their exit codes, stderrs and seconds."""
+  port = free_port()
+  procs = []
+  start = time.monotonic()
+  try:
+    for i in (0, 1):
+      procs.append(subprocess.Popen(
+          [sys.executable, '-m', 'gqa_spec', *argv_of(i), '--coordinator', f'localhost:{port}',
+           '--num-processes', '2', '--process-id', str(i)], cwd=tmp_path / f'p{i}', env=env(1),
+          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True))
+    outs = [p.communicate(timeout=timeout) for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+  return [p.returncode for p in procs], [err for _, err in outs], time.monotonic() - start
+
+
+def _hosts(tmp_path, name, contents):
+  """The file `name` on each 'host' (tmp/p0, tmp/p1), with contents[i]."""
+  for i, text in enumerate(contents):
+    (tmp_path / f'p{i}').mkdir(exist_ok=True)
+    (tmp_path / f'p{i}' / name).write_text(text)
+
+
+AGREE = 'every process must be given the same command, files and config'
+
+
+def test_processes_given_other_inputs_stop_at_start(tmp_path):
+  """Issue 61, case 1: the same command, each process pointing at another --inputs file (the
+  output mixed the two files' rows): every process stops at start-up, naming process 1 and
+  --inputs; nothing is written."""
+  _hosts(tmp_path, 'in0.jsonl', ['{"input_ids": [5, 1]}\n'] * 2)
+  (tmp_path / 'p1' / 'in1.jsonl').write_text('{"input_ids": [6, 1]}\n')
+  codes, errs, seconds = _two(tmp_path, lambda i: [
+      'generate', '--model', str(tmp_path), '--inputs', f'in{i}.jsonl', '--out', 'o.jsonl'])
+  assert codes == [2, 2] and seconds < 60, (codes, seconds, errs)
+  for err in errs:
+    assert err.strip().splitlines() == [
+        'gqa-spec: error: process 1 differs from process 0 in --inputs (in1.jsonl against '
+        f'in0.jsonl): {AGREE}'], err[-2000:]
+  assert not any((tmp_path / f'p{i}' / 'o.jsonl').exists() for i in (0, 1))
+
+
+def test_processes_given_other_bytes_under_one_name_stop_at_start(tmp_path):
+  """The same command line, but `in.jsonl` holds other rows on each host's disk: its bytes
+  differ, and every process names them."""
+  _hosts(tmp_path, 'in.jsonl', ['{"input_ids": [5, 1]}\n', '{"input_ids": [6, 1]}\n'])
+  codes, errs, _ = _two(tmp_path, lambda i: [
+      'generate', '--model', str(tmp_path), '--inputs', 'in.jsonl', '--out', 'o.jsonl'])
+  assert codes == [2, 2], errs
+  for err in errs:
+    [line] = err.strip().splitlines()
+    assert re.fullmatch(r'gqa-spec: error: process 1 differs from process 0 in the bytes of '
+                        r'--inputs in\.jsonl \(sha256 [0-9a-f]{16} against sha256 [0-9a-f]{16}\): '
+                        + AGREE, line), line
+
+
+def test_gin_file_that_differs_stops_every_process_at_once(tmp_path):
+  """Issue 61, case 5: a gin file with TRAIN_STEPS 8 on one host and 4 on the other (process 0
+  stalled 60 s, then both aborted with 39 lines of C++ traces): one line on each, within
+  seconds, naming the gin file; no run directory is made."""
+  gin = worker.GIN + "MODEL_DIR = 'run'\nTRAIN_STEPS = "
+  _hosts(tmp_path, 'tiny.gin', [gin + '8\n', gin + '4\n'])
+  codes, errs, seconds = _two(tmp_path, lambda i: ['train', '--gin_file=tiny.gin'])
+  assert codes == [2, 2] and seconds < 60, (codes, seconds, errs)
+  for err in errs:
+    [line] = err.strip().splitlines()
+    assert re.fullmatch(r'gqa-spec: error: process 1 differs from process 0 in the bytes of '
+                        r'--gin_file tiny\.gin \(sha256 \w+ against sha256 \w+\): ' + AGREE,
+                        line), line
+  assert not any((tmp_path / f'p{i}' / 'run').exists() for i in (0, 1))

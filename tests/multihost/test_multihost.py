@@ -199,16 +199,17 @@ def test_infer_beam_and_generate_tree_equal_one_process(runs):
 
 def test_only_process_zero_writes_and_reports(runs):
   _, two, logs = runs
-  assert sorted(p.name for p in two.iterdir() if p.name.startswith('p1_')) == ['p1_tiny.gin']
+  # process 1 ran the same command lines in two/p1 (`worker.py`): it wrote only its own inputs
+  assert sorted(p.name for p in (two / 'p1').iterdir()) == ['decode', 'tiny.gin']
   assert 'step 6: loss=' in logs[1] and 'train step' in logs[1]
   assert 'step 6: loss=' not in logs[2] and 'train step' not in logs[2]
-  decoded = two / 'decode'
-  written = sorted(p.name for p in decoded.iterdir() if p.name.startswith('p1_'))
-  assert written == ['p1_eval_beam.stdout', 'p1_infer_beam.stdout', 'p1_tree.stdout']
-  for name in written:
+  decoded = two / 'p1' / 'decode'
+  written = sorted(p.name for p in decoded.iterdir())
+  assert written == ['eval_beam.stdout', 'infer_beam.stdout', 'inputs.jsonl', 'tree.stdout']
+  for name in written[:2] + written[3:]:
     assert (decoded / name).read_text() == '', name
   for name in ('eval_beam', 'infer_beam'):
-    assert (decoded / f'{name}.stdout').read_text() != ''
+    assert (two / 'decode' / f'{name}.stdout').read_text() != ''
 
 
 RESTORE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'restore.py')

@@ -3,6 +3,7 @@ port in use and processes that disagree end in one line within the timeout, befo
 (the rendezvous runs first, so these run in the test's own process, peers as threads)."""
 
 import argparse
+import http.server
 import os
 import socket
 import subprocess
@@ -127,3 +128,92 @@ def test_cli_auto_without_a_cluster_is_one_line(tmp_path, monkeypatch):
   assert result.returncode == 2, result.stderr
   [line] = result.stderr.strip().splitlines()
   assert line.startswith('gqa-spec: error: jax.distributed: no cluster detected'), line
+
+
+def test_unresolvable_coordinator_host_ends_at_once(tmp_path):
+  """Issue 61, case 7: a coordinator host name that does not resolve (both processes waited out
+  the whole 300 s timeout, then blamed a missing process): one line, at once, on any process."""
+  for i in (0, 1):
+    start = time.monotonic()
+    result = _generate(tmp_path, '--coordinator', 'no-such-host.invalid:1234', '--num-processes',
+                       '2', '--process-id', str(i))
+    assert result.returncode == 2 and time.monotonic() - start < 60, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("gqa-spec: error: coordinator no-such-host.invalid:1234: host name "
+                           "'no-such-host.invalid' does not resolve ("), line
+  assert not (tmp_path / 'out.jsonl').exists()
+
+
+@pytest.fixture
+def http_server():
+  """Another program on the coordinator's port: an HTTP server."""
+  server = http.server.HTTPServer(('localhost', 0), _Quiet)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  yield server.server_port
+  server.shutdown()
+  server.server_close()
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+  def log_message(self, *args):  # pylint: disable=arguments-differ
+    pass
+
+
+def test_another_program_on_the_port_is_not_a_coordinator(http_server):
+  """Issue 61, case 6: an HTTP server holds the coordinator's port (process 1 printed
+  `jax.distributed: <!DOCTYPE HTML>`): the peer says at once that it is not ours."""
+  start = time.monotonic()
+  with pytest.raises(UserError) as e:
+    distributed.rendezvous(f'localhost:{http_server}', 2, 1, 30)
+  assert time.monotonic() - start < 5
+  assert str(e.value) == (
+      f'jax.distributed: coordinator localhost:{http_server} is not a gqa-spec coordinator (it '
+      f"answered '<!DOCTYPE HTML>'): another program listens on port {http_server}")
+
+
+def test_another_jax_coordinator_on_the_port_is_not_ours():
+  """A gRPC server on the port (another job's JAX coordination service) answers in binary."""
+  from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
+  port = _port()
+  service = _jax.get_distributed_runtime_service(f'[::]:{port}', 1)
+  try:
+    with pytest.raises(UserError, match=rf'^jax.distributed: coordinator localhost:{port} is not a '
+                                        r'gqa-spec coordinator \(it answered in binary: another '
+                                        r"job's JAX coordinator"):
+      distributed.rendezvous(f'localhost:{port}', 2, 1, 30)
+  finally:
+    service.shutdown()
+
+
+def test_cli_process_1_meeting_an_http_server_is_one_line(tmp_path, http_server):
+  result = _generate(tmp_path, '--coordinator', f'localhost:{http_server}', '--num-processes',
+                     '2', '--process-id', '1')
+  assert result.returncode == 2, result.stderr
+  assert result.stderr.strip().splitlines() == [
+      f'gqa-spec: error: jax.distributed: coordinator localhost:{http_server} is not a gqa-spec '
+      f"coordinator (it answered '<!DOCTYPE HTML>'): another program listens on port "
+      f'{http_server}']
+
+
+def test_fingerprints_compare_contents_and_leave_out_the_process_id(tmp_path, monkeypatch):
+  """What `distributed.agree` compares: options as written, a named file's bytes, a named model
+  directory's config.json; not --process-id (nor a gin binding of it), nor --out's file."""
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / 'in.jsonl').write_text('{"input_ids": [5, 1]}\n')
+  (tmp_path / 'o.jsonl').write_text('an earlier output\n')
+  (tmp_path / 'model').mkdir()
+  (tmp_path / 'model' / 'config.json').write_text('{"vocab_size": 384}')
+  argv = lambda i: ['generate', '--model', 'model', '--inputs', 'in.jsonl', '--out', 'o.jsonl',
+                    '--process-id', str(i), f'--gin_bindings=PartitioningConfig.process_id = {i}']
+  zero = distributed.fingerprint(argv(0))
+  assert [what for what, _ in zero] == [
+      'the command', '--model', '--inputs', '--out', '--model model: its config.json',
+      'the bytes of --inputs in.jsonl']
+  assert distributed.differs([zero, distributed.fingerprint(argv(1))]) is None
+  (tmp_path / 'model' / 'config.json').write_text('{"vocab_size": 512}')
+  assert distributed.differs([zero, distributed.fingerprint(argv(1))]).startswith(
+      'process 1 differs from process 0 in --model model: its config.json (sha256 ')
+  zero = distributed.fingerprint(argv(0))
+  assert distributed.differs([zero, zero, distributed.fingerprint(argv(1) + ['--seed', '3'])]) == (
+      'process 2 differs from process 0 in --seed (3 against not given): every process must be '
+      'given the same command, files and config')

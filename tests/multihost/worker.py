@@ -9,9 +9,9 @@ checkpoints), a restore of the last checkpoint onto that mesh and a native expor
 parameters (spread over the processes when N = 2), then `gqa-spec generate` greedy and speculative
 with that export as model draft, at gamma 3 and `--gamma auto` (whose calibration reads each
 process's clock: `distributed.from_process_zero`, also printed on a value of its own); then, in the same process, `decode.py`'s eval, infer and
-generate --tree on DECODE_CKPT, into OUT/decode (the DDTP tasks read `GQA_SPEC_DATA_DIR`). Files a
-process writes go to OUT (process 1's outputs get their own names, p1_*, so the test sees that it
-wrote none).
+generate --tree on DECODE_CKPT, into decode/ (the DDTP tasks read `GQA_SPEC_DATA_DIR`). Every
+process runs the same command lines: process 0 in OUT, process I in OUT/pI, so that process 1's
+outputs land apart and the test sees that it wrote none.
 """
 
 import os
@@ -61,7 +61,13 @@ def main(out: str, n: int, i: int, port: int, decode_ckpt: str) -> None:
   flags = [] if n == 1 else ['--coordinator', f'localhost:{port}', '--num-processes', str(n),
                              '--process-id', str(i), '--distributed-timeout', '60']
   run_dir = os.path.join(out, 'run')
-  mine = lambda name: os.path.join(out, name if i == 0 else f'p{i}_{name}')
+  # Every process is given the same command line (`distributed.agree` compares them): its own
+  # files under the same relative names, in a working directory of its own (process 0: OUT,
+  # process I: OUT/pI, as on a host's own disk); shared paths absolute.
+  here = out if i == 0 else os.path.join(out, f'p{i}')
+  os.makedirs(here, exist_ok=True)
+  os.chdir(here)
+  mine = lambda name: name
   gin_file = mine('tiny.gin')
   with open(gin_file, 'w') as f:
     f.write(GIN)
@@ -108,8 +114,8 @@ def main(out: str, n: int, i: int, port: int, decode_ckpt: str) -> None:
   _run(['generate', *common, '--batch-size', '8', '--draft', export, '--gamma', 'auto',
         '--gamma-max', '2', '--out', mine('auto.jsonl'), '--stats', mine('auto_stats.json')]
        + flags)
-  os.makedirs(os.path.join(out, 'decode'), exist_ok=True)
-  decode.main(os.path.join(out, 'decode'), decode_ckpt, n, i, port)
+  os.makedirs('decode', exist_ok=True)
+  decode.main(os.path.abspath('decode'), decode_ckpt, n, i, port)
 
 
 if __name__ == '__main__':
