@@ -37,7 +37,6 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 import signal
 import threading
 import time
@@ -304,7 +303,9 @@ def _start(step_fn: TrainStep, ckpt: manager.Checkpointer, config: T5Config,
   if latest is not None:
     target = manager.abstract_with_shardings(step_fn.abstract_state(),
                                                    step_fn.state_shardings())
-    meta = ckpt.restore_meta(latest)
+    meta = rundir.check_record(ckpt.restore_meta(latest), {'model_config': dict,
+                                                          'data_start_step': int},
+                               f'{ckpt.directory}/{latest}/meta', 'train-state checkpoint meta')
     _check_same_config(config, meta['model_config'], ckpt.directory)
     state, meta = ckpt.restore(latest, target)
     log.info('resumed from %s/%d', ckpt.directory, latest)
@@ -336,11 +337,12 @@ def _check_same_config(config: T5Config, stored: Mapping[str, Any], directory: s
 
 
 def _read_best(model_dir: str) -> Optional[dict]:
-  path = os.path.join(model_dir, BEST_FILE)
-  if not os.path.isfile(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
+  try:
+    return rundir.optional_record(os.path.join(model_dir, BEST_FILE),
+                                  {'step': int, 'metric': str, 'value': float}, 'best record')
+  except rundir.RecordError as e:
+    raise rundir.RecordError(f'{e}; remove it to resume (the next evaluation writes it anew, and '
+                             f'{BEST_DIR}/ with it)') from None
 
 
 def _copy_vocab(task: str, model_dir: str) -> None:
@@ -351,7 +353,7 @@ def _copy_vocab(task: str, model_dir: str) -> None:
   if source is None or os.path.abspath(source) == os.path.abspath(path):
     return
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  shutil.copyfile(source, path)
+  atomic.copy_file(source, path)  # whole or not at all: a kill mid-copy leaves the old one
 
 
 def _evaluate(evaluator: Evaluator, state: TrainState, step: int, config: T5Config, model_dir: str,
