@@ -89,13 +89,13 @@ def check_record(record, fields: Mapping[str, Types], path: str, what: str,
   """`record` (parsed JSON) if it is an object whose `fields` (name -> type or types) are there
   with those types, and whose `optional` fields, where present, too; `RecordError` otherwise."""
   if not isinstance(record, dict):
-    raise RecordError(f'{path}: not a {what}: {_kind(record)}, not a JSON object')
+    raise RecordError(f'{path} ({what}): {_kind(record)}, not a JSON object')
   for name in fields:
     if name not in record:
-      raise RecordError(f'{path}: not a {what}: its field {name!r} is missing')
+      raise RecordError(f'{path} ({what}): its field {name!r} is missing')
   for name, types in dict(fields, **(optional or {})).items():
     if name in record and not _fits(record[name], types):
-      raise RecordError(f'{path}: not a {what}: its field {name!r} is {_kind(record[name])} '
+      raise RecordError(f'{path} ({what}): its field {name!r} is {_kind(record[name])} '
                         f'({json.dumps(record[name])[:40]}), not '
                         + ' or '.join(_NAMES.get(t, t.__name__) for t in
                                       (types if isinstance(types, tuple) else (types,))))
@@ -111,14 +111,14 @@ def read_record(path: str, fields: Mapping[str, Types], what: str,
     with open(path, 'rb') as f:
       data = f.read()
   except IsADirectoryError:
-    raise RecordError(f'{path}: not a {what}: a directory') from None
+    raise RecordError(f'{path} ({what}): a directory') from None
   try:
     record = json.loads(data.decode('utf-8'))
   except UnicodeDecodeError as e:
-    raise RecordError(f'{path}: not a {what}: not UTF-8 text (byte {e.start})') from None
+    raise RecordError(f'{path} ({what}): not UTF-8 text (byte {e.start})') from None
   except ValueError as e:
     reason = 'empty' if not data.strip() else f'not JSON ({e})'
-    raise RecordError(f'{path}: not a {what}: {reason}') from None
+    raise RecordError(f'{path} ({what}): {reason}') from None
   return check_record(record, fields, path, what, optional)
 
 

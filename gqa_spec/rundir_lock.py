@@ -114,7 +114,7 @@ def _unreadable(path: str) -> str:
   try:
     _read_checked(path)
   except rundir.RecordError as e:
-    return str(e).split(': not a run directory lock: ', 1)[-1]
+    return str(e).split(' (run directory lock): ', 1)[-1]
   return 'it changed meanwhile'
 
 

@@ -58,7 +58,7 @@ def run_status(model_dir: str) -> List[str]:
   try:
     best = rundir.optional_record(os.path.join(model_dir, BEST_FILE), BEST_FIELDS, 'best record')
   except rundir.RecordError as e:
-    lines.append(f'  best: unreadable ({e})')
+    lines.append(f'  best: cannot be read: {e}')
   else:
     if best:
       lines.append(f"  best: {best['metric']} = {best['value']:.4g} at step {best['step']} "
@@ -109,7 +109,7 @@ def reproduction_status(out_dir: str) -> List[str]:
       wall = rundir.read_record(os.path.join(out_dir, f'{stage}.json'), {}, 'stage record',
                                 optional={'wall_seconds': (float, type(None))}).get('wall_seconds')
     except rundir.RecordError as e:
-      lines.append(f'    {stage}: unreadable ({e})')
+      lines.append(f'    {stage}: cannot be read: {e}')
       continue
     if wall is not None:
       lines.append(f'    {stage}: {wall:.0f} s')
