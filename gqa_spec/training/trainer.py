@@ -46,7 +46,7 @@ import jax
 import numpy as np
 
 from gqa_spec.rundir import BEST_DIR, BEST_FILE
-from gqa_spec import atomic, progress, rundir, rundir_lock
+from gqa_spec import arguments, atomic, progress, rundir, rundir_lock
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 from gqa_spec.checkpoints import manager
@@ -193,6 +193,9 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
   if train_dataset_cfg.mixture_or_task_name != 'synthetic':  # before the run directory exists
     vocab_fit.check(vocab_sizes(train_dataset_cfg.mixture_or_task_name),
                     model_config.vocab_size, 'model_config')
+  if initial_checkpoint_path:  # the run directory may not lie inside what it starts from
+    arguments.check_outputs({'MODEL_DIR': model_dir}, {'INITIAL_CHECKPOINT_PATH':
+                                                        initial_checkpoint_path}, folders=True)
   is_writer = jax.process_index() == 0  # one process takes the lock and writes the files
   # Before anything reads or writes the run directory: a second writer stops here, at once.
   with rundir_lock.running(model_dir, enabled=is_writer, total_steps=total_steps):
