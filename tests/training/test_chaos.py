@@ -6,8 +6,9 @@ temporary file is left at the end.
 Each run is a process of its own (`trainer.train` on synthetic batches, TensorFlow kept out so
 TensorBoard's import does not dominate a start-up); the runs share a compilation cache and the
 suite's XLA flags, so their numbers are the same. A kill comes once the run has logged a step drawn
-from the seeded schedule, after a seeded delay of up to half a second: inside a step, an
-asynchronous checkpoint save, an export of `best/` or the write of `best.json`.
+from the seeded schedule: every other one as soon as the next export of `best/` has begun (its
+temporary directory exists), the others after a seeded delay of up to half a second (inside a
+step, an asynchronous checkpoint save, an export or the write of `best.json`).
 """
 
 import json
@@ -94,26 +95,34 @@ def test_killed_at_random_moments_and_resumed_ends_as_an_uninterrupted_run(tmp_p
   chaos, log = tmp_path / 'chaos', tmp_path / 'chaos.log'
   rng = random.Random(SEED)
   schedule = sorted(rng.sample(range(1, TOTAL_STEPS), KILLS))
-  exports_seen, killed = [], 0
-  for kill_at in schedule:
+  killed, left, logged = 0, [], 0
+  for i, kill_at in enumerate(schedule):
     proc = _start(chaos, env, log)
+    export = f'.{rundir.BEST_DIR}.tmp{proc.pid}'  # its export of best/, while being written
+    kill_at = max(kill_at, logged + 1)  # a step this run logs itself, not one of the run before
     deadline = time.time() + 600
     while _logged_step(chaos) < kill_at and proc.poll() is None and time.time() < deadline:
       time.sleep(0.01)
-    time.sleep(rng.uniform(0.0, 0.5))
+    if i % 2 == 0:  # inside the next export of best/: as soon as its temporary directory appears
+      while not os.path.exists(chaos / export) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    else:
+      time.sleep(rng.uniform(0.0, 0.5))
     proc.send_signal(signal.SIGKILL)
     code = proc.wait(timeout=60)
     assert code in (-signal.SIGKILL, 0), log.read_text()[-3000:]  # 0: it ended before the kill
     killed += code == -signal.SIGKILL
+    logged = _logged_step(chaos)
+    left += [export] if os.path.exists(chaos / export) else []
     # What a kill leaves: the previous export or none, never a partial one.
     if (chaos / rundir.BEST_DIR).exists():
       config, _, _ = native.load_checkpoint(str(chaos / rundir.BEST_DIR))  # verifies checksums
       assert config.vocab_size == 256
-      exports_seen.append(kill_at)
     if (chaos / rundir.BEST_FILE).exists():
       rundir.read_record(str(chaos / rundir.BEST_FILE), {'step': int, 'value': float}, 'best')
   proc = _start(chaos, env, log)
   assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+  assert left, 'no kill landed inside an export'  # what the resumes below had to sweep
   # Each killed run held the lock (it had logged a step): the next one took it over.
   assert log.read_text().count('took over the lock of a writer that is gone') == killed >= 1, (
       log.read_text()[-3000:])
