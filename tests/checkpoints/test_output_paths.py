@@ -16,7 +16,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from gqa_spec import atomic, cli, rundir, rundir_lock, status
