@@ -15,6 +15,7 @@ import filecmp
 import os
 from typing import Mapping, Optional
 
+from gqa_spec import atomic
 from gqa_spec.errors import UserError
 
 
@@ -38,35 +39,72 @@ def _same(a: str, b: str) -> bool:
   return os.path.realpath(a) == os.path.realpath(b)
 
 
+def _input_path(spec: Optional[str]) -> Optional[str]:
+  """The local path an input flag names: itself, the PATH of a `KIND:PATH` spec (`--draft
+  unigram:PATH`), or None (not given, not a path: `--draft copy`, a URL)."""
+  if not spec or '://' in spec:
+    return None
+  if os.path.lexists(spec):
+    return spec
+  kind, _, rest = spec.partition(':')
+  return rest if rest and kind.isidentifier() and os.path.lexists(rest) else None
+
+
 def check_outputs(outputs: Mapping[str, Optional[str]],
-                  inputs: Mapping[str, Optional[str]] = (), directories: bool = False) -> None:
+                  inputs: Mapping[str, Optional[str]] = (), directories: bool = False,
+                  folders: bool = False) -> None:
   """Raises `UserError` unless every output path can be written without losing data.
+
+  The one check of every command that writes: an output never lies inside an input (the model,
+  the draft, a run directory, a vocabulary: `generate --out MODEL/config.json` would break the
+  model), never is a folder where a file is due, and its folder exists and is writable, before any
+  work starts. `-` and streams (`/dev/null`, `/dev/stdout`, a FIFO: `atomic.is_stream`) are
+  written in place and pass.
 
   Args:
     outputs: flag name -> output path (None: not given, skipped).
-    inputs: flag name -> input path the outputs must not replace (None: skipped).
+    inputs: flag name -> input path (or `KIND:PATH` spec) the outputs must not replace or lie
+      inside (None, or not a local path: skipped).
     directories: the outputs are directories (created by the command; an existing one is the
       command's `--overwrite` business), not files.
+    folders: the outputs are folders the command writes its files into (`eval`'s OUTPUT_DIR:
+      created when missing, other files in it kept).
   """
-  inputs = dict(inputs or {})
+  inputs = {name: _input_path(spec) for name, spec in dict(inputs or {}).items()}
   given = [(name, path) for name, path in outputs.items() if path]
   for i, (name, path) in enumerate(given):
+    if atomic.is_stream(path):
+      continue
     for in_name, in_path in inputs.items():
-      if in_path and (_same(path, in_path) or (directories and _inside(in_path, path))):
+      if not in_path:
+        continue
+      if (_same(path, in_path) and not folders) or (directories and _inside(in_path, path)):
         raise UserError(f'{name} {path} would replace the input {in_name}; write elsewhere')
+      if _inside(path, in_path):
+        raise UserError(f'{name} {path} lies inside the input {in_name} {in_path}; write '
+                        'elsewhere')
     for other, other_path in given[:i]:
       if _same(path, other_path):
         raise UserError(f'{name} and {other} are the same path {path}; give two paths')
-    if not directories and os.path.isdir(path):
+    if folders:
+      if os.path.exists(path) and not os.path.isdir(path):
+        raise UserError(f'{name} {path} is a file; give a folder')
+    elif not directories and os.path.isdir(path):
       raise UserError(f'{name} {path} is a folder; give a file path')
-    parent = os.path.dirname(os.path.abspath(path))
-    while directories and not os.path.exists(parent):  # a new directory's missing parents are made
+    target = atomic.final_target(path)  # a link's target is what is replaced
+    parent = target if folders else os.path.dirname(os.path.abspath(target))
+    while (directories or folders) and not os.path.exists(parent):  # missing parents are made
       parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
       raise UserError(f'{name} {path}: folder {parent} does not exist')
-    if not os.access(parent, os.W_OK | os.X_OK) or (
-        os.path.exists(path) and not directories and not os.access(path, os.W_OK)):
-      raise UserError(f'{name} {path}: not writable (permission denied)')
+    reason = atomic.unwritable(parent)
+    if reason is None and os.path.exists(target) and not (directories or folders) and not (
+        os.access(target, os.W_OK)):
+      reason = 'permission denied'
+    if reason:
+      raise UserError(f'{name} {path}: not writable ({reason})' +
+                      ('' if parent in (target, os.path.dirname(os.path.abspath(target)))
+                       else f': {parent}'))
 
 
 def _inside(path: str, directory: str) -> bool:

@@ -7,15 +7,23 @@ Standard library only, so `gqa-spec status` reads it without JAX. Readers (`eval
   with rundir_lock.running(model_dir, total_steps=1000):   # enabled=jax.process_index() == 0
     ...  # write
 
-- Taking it: the lock's JSON (pid, host, started, heartbeat, a random token) is written to a
-  temporary file which is hard-linked to `RUNNING.json`: the link fails when the name exists, also
-  on NFS, and a reader never sees half a lock.
+- Taking it: the lock's JSON (pid, host, started, heartbeat, a random token, and what names the
+  process beyond its pid: the boot id and its start time in `/proc/PID/stat`, `pids.identity`) is
+  written to a temporary file which is hard-linked to `RUNNING.json`: the link fails when the name
+  exists, also on NFS, and a reader never sees half a lock. A run directory that cannot be written
+  (a read-only mount, permissions) is one line naming it, before anything else.
 - A second writer (another process, here or on another host) refuses at once with `LockHeldError`,
   one line naming the holder (pid, host, since, last heartbeat) and how to proceed.
 - A lock whose holder is gone is taken over, with a warning naming it: on this host when its pid no
-  longer exists (SIGKILL, a crash), from another host when its heartbeat is older than
-  `STALE_SECONDS` (the holder rewrites it every `HEARTBEAT_SECONDS` from a thread; this needs the
-  hosts' clocks to agree within a few minutes).
+  longer exists (SIGKILL, a crash) or now names another process (a reused pid: after a reboot, in
+  a container restarted with the same pids; told by the boot id and start time, or for a lock
+  written before those were recorded by a process that started after the lock was taken), from
+  another host when its heartbeat is older than `STALE_SECONDS` (the holder rewrites it every
+  `HEARTBEAT_SECONDS` from a thread; this needs the hosts' clocks to agree within a few minutes).
+  A lock file of the wrong shape (not JSON, a missing field, a pid that is a string) is unreadable:
+  taken over once it is `_WRITING_SECONDS` old, and `status` says why in one line.
+- Once taken, the temporaries of the directory's writers that are gone (`.NAME.tmpPID`, from a
+  kill -9 during an export: `atomic.sweep_all`) and stale side files of the lock are removed.
 - The same process may take it again (a trainer inside `uptrain`): held until the outermost ends.
 - Released when the outermost block ends, also by an exception or a signal; only the lock with this
   holder's token is removed.
@@ -31,8 +39,9 @@ import socket
 import threading
 import time
 import uuid
-from typing import Dict, Iterator, Optional
+from typing import Dict, Iterator, List, Optional
 
+from gqa_spec import atomic, pids, rundir
 from gqa_spec.errors import UserError
 from gqa_spec.rundir import RUNNING_FILE
 
@@ -78,16 +87,35 @@ class _Held:
           os.remove(tmp)
 
 
+_FIELDS = {'pid': int, 'host': str, 'started': float}
+_OPTIONAL = {'heartbeat': float, 'token': str, 'boot_id': str, 'start_ticks': int}
+
+
+def _read_checked(path: str) -> Optional[dict]:
+  """The lock at `path`; None when there is none; `rundir.RecordError` when it has another shape."""
+  try:
+    return rundir.read_record(path, _FIELDS, 'run directory lock', _OPTIONAL)
+  except FileNotFoundError:
+    return None
+  except OSError as e:
+    raise rundir.RecordError(f'{path}: cannot be read: {e.strerror}') from None
+
+
 def _read(path: str) -> Optional[dict]:
   """The lock at `path`; None when there is none; {} when it cannot be read as a lock."""
   try:
-    with open(path) as f:
-      lock = json.load(f)
-  except FileNotFoundError:
-    return None
-  except (OSError, ValueError):
+    return _read_checked(path)
+  except rundir.RecordError:
     return {}
-  return lock if isinstance(lock, dict) and {'pid', 'host', 'started'} <= set(lock) else {}
+
+
+def _unreadable(path: str) -> str:
+  """Why the lock at `path` cannot be read ("its field 'pid' is a string ...")."""
+  try:
+    _read_checked(path)
+  except rundir.RecordError as e:
+    return str(e).split(' (run directory lock): ', 1)[-1]
+  return 'it changed meanwhile'
 
 
 def _since(seconds: float) -> str:
@@ -101,14 +129,14 @@ def _holder(lock: dict) -> str:
           f'heartbeat {age:.0f} s ago')
 
 
-def _pid_alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    pass  # alive, another user's
-  return True
+def _holder_gone(lock: dict) -> Optional[str]:
+  """Why the holder of a lock taken on this host is gone (its pid gone, or reused), or None."""
+  reason = pids.gone(lock['pid'], lock)
+  if reason is None and 'start_ticks' not in lock and pids.started_after(lock['pid'],
+                                                                          lock['started']):
+    reason = (f"its pid {lock['pid']} now belongs to another process, started after the lock was "
+              'taken')
+  return reason
 
 
 def _gone(path: str, lock: dict) -> Optional[str]:
@@ -118,9 +146,9 @@ def _gone(path: str, lock: dict) -> Optional[str]:
       age = time.time() - os.path.getmtime(path)
     except FileNotFoundError:
       return 'it vanished'
-    return None if age < _WRITING_SECONDS else 'it cannot be read as a lock'
+    return None if age < _WRITING_SECONDS else f'it cannot be read as a lock: {_unreadable(path)}'
   if lock['host'] == socket.gethostname():
-    return None if _pid_alive(lock['pid']) else f"its pid {lock['pid']} is gone on this host"
+    return _holder_gone(lock)
   age = time.time() - lock.get('heartbeat', lock['started'])
   if age > STALE_SECONDS:
     return f'its heartbeat is {age:.0f} s old (more than {STALE_SECONDS:.0f} s)'
@@ -165,11 +193,15 @@ def _acquire(directory: str, info: dict) -> None:
   path = os.path.join(directory, RUNNING_FILE)
   now = time.time()
   record = dict(info, pid=os.getpid(), host=socket.gethostname(), started=now, heartbeat=now,
-                token=uuid.uuid4().hex)
+                token=uuid.uuid4().hex, **pids.identity())
   tmp = f"{path}.{record['token']}.tmp"
   try:
-    with open(tmp, 'w') as f:
-      json.dump(record, f)
+    try:
+      with open(tmp, 'w') as f:
+        json.dump(record, f)
+    except OSError as e:
+      raise UserError(f'{directory}: cannot write the run directory ({e.strerror}); nothing was '
+                      'written there') from None
     for _ in range(5):
       try:
         _link(tmp, path)
@@ -198,6 +230,35 @@ def _acquire(directory: str, info: dict) -> None:
       os.remove(tmp)
   with _mutex:
     _held[key] = _Held(path, record)
+  for place in (directory, os.path.dirname(os.path.join(directory, rundir.VOCAB_FILE))):
+    atomic.sweep_all(place)  # what writers killed before their rename left (`leftovers`)
+  for side in _stale_side_files(directory):
+    with contextlib.suppress(OSError):
+      os.remove(side)
+
+
+def _stale_side_files(directory: str) -> List[str]:
+  """The lock's own temporaries (`RUNNING.json.TOKEN.tmp|beat|stale`) a killed taker or holder left:
+  older than a minute (a live taker's last a moment)."""
+  try:
+    names = os.listdir(directory)
+  except OSError:
+    return []
+  found = []
+  for name in sorted(names):
+    path = os.path.join(directory, name)
+    if name.startswith(RUNNING_FILE + '.') and name.endswith(('.tmp', '.beat', '.stale')):
+      with contextlib.suppress(OSError):
+        if time.time() - os.lstat(path).st_mtime > 6 * _WRITING_SECONDS:
+          found.append(path)
+  return found
+
+
+def leftovers(directory: str) -> List[str]:
+  """Temporaries in a run directory whose writers are gone: what the next writer removes."""
+  return (atomic.leftovers(directory) +
+          atomic.leftovers(os.path.dirname(os.path.join(directory, rundir.VOCAB_FILE))) +
+          _stale_side_files(directory))
 
 
 def _release(directory: str) -> None:
@@ -243,6 +304,10 @@ def make_directory(directory: str) -> None:
                     f'{e.filename}); give a directory path') from e
   except OSError as e:
     raise UserError(f'{directory}: cannot create the run directory: {e.strerror}') from e
+  reason = atomic.unwritable(directory)
+  if reason:
+    raise UserError(f'{directory}: cannot write the run directory ({reason}); give a writable '
+                    'directory')
 
 
 def process_state(directory: str) -> str:
@@ -252,7 +317,7 @@ def process_state(directory: str) -> str:
   if lock is None:
     return 'not running'
   if not lock:
-    return f'unknown ({RUNNING_FILE} cannot be read as a lock)'
+    return f'unknown ({RUNNING_FILE} cannot be read as a lock: {_unreadable(path)})'
   since = _since(lock['started'])
   if lock['host'] != socket.gethostname():
     age = time.time() - lock.get('heartbeat', lock['started'])
@@ -261,6 +326,8 @@ def process_state(directory: str) -> str:
       return state
     stale = ' (stale: the next writer takes it over)' if age > STALE_SECONDS else ''
     return f'{state}; heartbeat {age:.0f} s ago{stale}'
-  if not _pid_alive(lock['pid']):
-    return f"not running (pid {lock['pid']}, started {since}, ended without cleaning up: killed?)"
+  gone = _holder_gone(lock)
+  if gone:
+    return (f"not running (pid {lock['pid']}, started {since}, ended without cleaning up: killed?"
+            f'; {gone})')
   return f"running (pid {lock['pid']}, since {since})"

@@ -7,18 +7,23 @@ stages done and pending, the finished jobs of the first pending stage, and wheth
 still running it.
 
 "Still writing" is read from the run directory's lock (`gqa_spec.rundir_lock`), never taken.
+Temporaries that killed writers left (`.NAME.tmpPID`, which the run's next writer removes) are
+listed with their sizes. A record of the wrong shape (`best.json`, `preset.json`, a stage's JSON,
+the lock) is one line saying so, the other lines as usual.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import List
 
+from gqa_spec import rundir
 from gqa_spec.errors import UserError
 from gqa_spec.rundir import BEST_DIR, BEST_FILE, CHECKPOINTS_DIR, RUNNING_FILE, TRAIN_LOG_FILE
-from gqa_spec.rundir_lock import process_state
+from gqa_spec.rundir_lock import leftovers, process_state
+
+BEST_FIELDS = {'step': int, 'metric': str, 'value': float}
 
 
 def _metrics(record: dict) -> str:
@@ -48,23 +53,49 @@ def run_status(model_dir: str) -> List[str]:
   for split in ('train', 'eval'):
     last = [r for r in records if r.get('split') == split]
     if last:
-      lines.append(f"  last {split} metrics (step {last[-1]['step']}): {_metrics(last[-1])}")
-  best_path = os.path.join(model_dir, BEST_FILE)
-  if os.path.exists(best_path):
-    with open(best_path) as f:
-      best = json.load(f)
-    lines.append(f"  best: {best['metric']} = {best['value']:.4g} at step {best['step']} ({BEST_DIR}/)")
+      lines.append(f"  last {split} metrics (step {last[-1].get('step', '?')}): "
+                   f'{_metrics(last[-1])}')
+  try:
+    best = rundir.optional_record(os.path.join(model_dir, BEST_FILE), BEST_FIELDS, 'best record')
+  except rundir.RecordError as e:
+    lines.append(f'  best: cannot be read: {e}')
+  else:
+    if best:
+      lines.append(f"  best: {best['metric']} = {best['value']:.4g} at step {best['step']} "
+                   f'({BEST_DIR}/)')
+  lines += _leftover_lines(leftovers(model_dir), model_dir)
   if records:
     age = time.time() - os.path.getmtime(os.path.join(model_dir, TRAIN_LOG_FILE))
     lines.append(f'  last log write: {age:.0f} s ago')
   return lines
 
 
+def _size(path: str) -> int:
+  if not os.path.isdir(path) or os.path.islink(path):
+    return os.lstat(path).st_size
+  return sum(os.lstat(os.path.join(d, name)).st_size
+             for d, _, names in os.walk(path) for name in names)
+
+
+def _leftover_lines(paths: List[str], directory: str) -> List[str]:
+  """'  left by killed writers (removed by the next writer): .best.tmp12 (141 MB), ...'."""
+  if not paths:
+    return []
+  described = []
+  for path in paths:
+    try:
+      size = f'{_size(path) / 1e6:.3g} MB'
+    except OSError:
+      size = 'gone meanwhile'
+    described.append(f'{os.path.relpath(path, directory)} ({size})')
+  return [f'  left by killed writers (the next writer removes them): {", ".join(described)}']
+
+
 def reproduction_status(out_dir: str) -> List[str]:
   """The status lines of a `gqa-spec reproduce` results directory."""
   from gqa_spec.reproduce.stages import STAGES  # pylint: disable=g-import-not-at-top
-  with open(os.path.join(out_dir, 'preset.json')) as f:
-    preset = json.load(f)
+  preset = rundir.read_record(os.path.join(out_dir, 'preset.json'), {}, 'reproduction record',
+                              optional={'name': str, 'work_dir': str})
   # Relative to out_dir (or absolute, as older runs recorded it).
   work_dir = os.path.normpath(os.path.join(out_dir, preset.get('work_dir', '')))
   done = [s for s in STAGES if os.path.exists(os.path.join(out_dir, f'{s}.json'))]
@@ -74,8 +105,12 @@ def reproduction_status(out_dir: str) -> List[str]:
            f"  stages done: {', '.join(done) or 'none'}",
            f"  stages pending: {', '.join(pending) or 'none'}"]
   for stage in done:
-    with open(os.path.join(out_dir, f'{stage}.json')) as f:
-      wall = json.load(f).get('wall_seconds')
+    try:
+      wall = rundir.read_record(os.path.join(out_dir, f'{stage}.json'), {}, 'stage record',
+                                optional={'wall_seconds': (float, type(None))}).get('wall_seconds')
+    except rundir.RecordError as e:
+      lines.append(f'    {stage}: cannot be read: {e}')
+      continue
     if wall is not None:
       lines.append(f'    {stage}: {wall:.0f} s')
   if pending:
@@ -84,6 +119,7 @@ def reproduction_status(out_dir: str) -> List[str]:
                   if j.endswith('.json')) if os.path.isdir(jobs_dir) else []
     lines.append(f"  {pending[0]}: {len(jobs)} job(s) finished" +
                  (f" ({', '.join(jobs)})" if jobs else ''))
+  lines += _leftover_lines(leftovers(out_dir), out_dir)
   return lines
 
 

@@ -41,6 +41,7 @@ SLOW_FILES = (
     'tests/training/test_draft_training.py',  # 70
     'tests/decoding/test_adaptive_hlo.py',  # ~70 alone (3 compiles of the adaptive loops)
     'tests/decoding/test_tree_t5.py',  # 61
+    'tests/training/test_chaos.py',  # 6 training processes, 4 of them killed (not yet timed in CI)
     'tests/test_convert.py',  # 57
     'tests/decoding/test_mesh.py',  # ~48 (shared states, the suite's XLA flags)
     'tests/reproduce/test_gpu_preset.py',  # 46

@@ -140,3 +140,82 @@ def test_uptrain_and_train_draft_take_the_lock_before_writing(holder, tmp_path):
                                                                batch_size=2, pack=False),
                                total_steps=1)
   assert sorted(os.listdir(run)) == [rundir.RUNNING_FILE]  # no converted/, no draft.json
+
+
+@pytest.fixture
+def stranger():
+  """A live process on this host that has nothing to do with any run directory (a pid reused)."""
+  proc = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])
+  yield proc
+  proc.kill()
+  proc.wait()
+
+
+def test_a_lock_whose_pid_now_names_another_process_is_taken_over(tmp_path, stranger, caplog):
+  from gqa_spec import pids  # pylint: disable=g-import-not-at-top
+  run, host = str(tmp_path), os.uname().nodename
+  path = os.path.join(run, rundir.RUNNING_FILE)
+  me = pids.identity()
+  assert set(me) == {'boot_id', 'start_ticks'}  # Linux: both read from /proc
+  started = time.time() - 3600
+  locks = {  # the stranger's pid, recorded by a holder that was another process
+      'another start time': (dict(me, start_ticks=me['start_ticks'] - 100),
+                             f'its pid {stranger.pid} now belongs to another process (started '),
+      'another boot': (dict(me, boot_id='0' * 32),
+                       f'it ran before this host rebooted (pid {stranger.pid} is now another '
+                       'process)'),
+      'no identity (an older lock)': ({}, f'its pid {stranger.pid} now belongs to another process, '
+                                          'started after the lock was taken'),
+  }
+  for name, (identity, reason) in locks.items():
+    with open(path, 'w') as f:
+      json.dump(dict(identity, pid=stranger.pid, host=host, started=started), f)
+    state = status.status(run)[1]  # `status` says "running" no more
+    assert state.startswith(f'  process: not running (pid {stranger.pid}, started ') and (
+        f'ended without cleaning up: killed?; {reason}' in state), (name, state)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, 'gqa_spec.rundir_lock'):
+      with rundir_lock.running(run, total_steps=3):
+        mine = _lock(run)
+        assert mine['pid'] == os.getpid() and {k: mine[k] for k in me} == me
+    messages = [r.getMessage() for r in caplog.records if r.name == 'gqa_spec.rundir_lock']
+    assert len(messages) == 1 and messages[0].startswith(
+        f'{run}: took over the lock of a writer that is gone (pid {stranger.pid} on host '
+        f'{host}, ') and reason in messages[0], (name, messages)
+  assert stranger.poll() is None  # nobody told to kill it
+  # The live holder it recorded itself is still respected (`holder`: the first test).
+
+
+@pytest.mark.parametrize('content,reason', [
+    ('{"pid": "123", "host": "h", "started": 1}',
+     'its field \'pid\' is a string ("123"), not an integer'),
+    ('{"host": "h", "started": 1}', "its field 'pid' is missing"),
+    ('{"pid": 123, "host": "h", "started": "yesterday"}',
+     'its field \'started\' is a string ("yesterday"), not a number'),
+    ('[123]', 'a list, not a JSON object'),
+    ('pid=123', 'not JSON (Expecting value: line 1 column 1 (char 0))'),
+    ('', 'empty'),
+])
+def test_a_lock_of_the_wrong_shape_is_unreadable_in_one_line(tmp_path, capsys, caplog, content,
+                                                             reason):
+  run = str(tmp_path)
+  path = os.path.join(run, rundir.RUNNING_FILE)
+  with open(path, 'w') as f:
+    f.write(content)
+  assert cli.main(['status', run]) == 0
+  out, err = capsys.readouterr()
+  assert f'  process: unknown ({rundir.RUNNING_FILE} cannot be read as a lock: {reason})' in (
+      out.splitlines()) and err == ''
+  # A young one may still be being written (a filesystem without hard links): refused.
+  with pytest.raises(rundir_lock.LockHeldError, match='its lock is being written'):
+    with rundir_lock.running(run):
+      pass
+  old = time.time() - 60
+  os.utime(path, (old, old))
+  with caplog.at_level(logging.WARNING, 'gqa_spec.rundir_lock'):
+    with rundir_lock.running(run):
+      assert _lock(run)['pid'] == os.getpid()
+  assert [r.getMessage() for r in caplog.records if r.name == 'gqa_spec.rundir_lock'] == [
+      f'{run}: took over the lock of a writer that is gone (unreadable lock): it cannot be read '
+      f'as a lock: {reason}']
+  assert not os.path.exists(path)

@@ -9,7 +9,6 @@ returns its config, parameters and the target checkpoint's path.
 from __future__ import annotations
 
 import functools
-import json
 import os
 from typing import Any, Tuple
 
@@ -24,6 +23,9 @@ from gqa_spec.rundir import DRAFT_FILE
 
 PyTree = Any
 
+# draft.json's fields and their types (`rundir.read_record`).
+DRAFT_FIELDS = {'kind': str, 'target': str, 'draft_config': dict}
+
 
 def write_draft_file(model_dir: str, kind: str, target_path: str, draft_config: Any) -> None:
   """Records what the run trains, so `load_chimera` and resumes can check it."""
@@ -32,8 +34,7 @@ def write_draft_file(model_dir: str, kind: str, target_path: str, draft_config: 
             'draft_config': draft_config.to_dict()}
   path = os.path.join(model_dir, DRAFT_FILE)
   if os.path.isfile(path):
-    with open(path) as f:
-      old = json.load(f)
+    old = rundir.read_record(path, DRAFT_FIELDS, 'draft run record')
     try:  # Config fields added since the record was written count at their defaults.
       old['draft_config'] = type(draft_config).from_dict(old['draft_config']).to_dict()
     except (KeyError, TypeError, ValueError):
@@ -56,8 +57,7 @@ def load_chimera(run_dir: str) -> Tuple[chimera.ChimeraConfig, PyTree, str]:
   path = os.path.join(run_dir, DRAFT_FILE)
   if not os.path.isfile(path):
     raise UserError(f'{run_dir}: not a draft training run (no {DRAFT_FILE})')
-  with open(path) as f:
-    record = json.load(f)
+  record = rundir.read_record(path, DRAFT_FIELDS, 'draft run record')
   if record['kind'] != 'chimera':
     raise UserError(f'{run_dir}: trains a {record["kind"]} draft, not a Chimera draft')
   config = chimera.ChimeraConfig.from_dict(record['draft_config'])

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -307,8 +308,14 @@ def save_hf(hf_dir: str, config: T5Config, params: Params, vocab_path: Optional[
     raise UserError(f'{hf_dir}: output directory already exists (pass --overwrite to replace it)')
   with atomic.directory(hf_dir) as tmp:  # renamed to hf_dir when complete
     weights = os.path.join(tmp, 'model.safetensors')
-    save_file({k: np.ascontiguousarray(v, np.float32) for k, v in state.items()}, weights,
-              metadata={'format': 'pt'})
+    try:
+      save_file({k: np.ascontiguousarray(v, np.float32) for k, v in state.items()}, weights,
+                metadata={'format': 'pt'})
+    except Exception as e:  # pylint: disable=broad-except; SafetensorError: the errno in its text
+      code = re.search(r'\(os error (\d+)\)', str(e))
+      if not code:
+        raise
+      raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), weights) from e
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(weights, 0o666 & ~umask)  # safetensors writes 0600; the mode of the files beside it

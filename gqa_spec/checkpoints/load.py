@@ -18,7 +18,6 @@ line (`run_checkpoint`'s note).
 from __future__ import annotations
 
 import glob
-import json
 import logging
 import os
 import re
@@ -66,10 +65,10 @@ def run_checkpoint(path: str) -> Optional[Tuple[str, Optional[int], str]]:
   best = os.path.join(path, BEST_DIR)
   if os.path.isdir(os.path.join(best, native.PARAMS_DIR)):
     try:
-      with open(os.path.join(path, BEST_FILE)) as f:
-        record = json.load(f)
+      record = rundir.read_record(os.path.join(path, BEST_FILE),
+                                  {'step': int, 'metric': str, 'value': float}, 'best record')
       what = f"{record['metric']} = {record['value']:.4g} at step {record['step']}"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, rundir.RecordError):
       what = 'its record best.json is unreadable'
     return best, None, f'{path}: a training run directory; took its best/ ({what})'
   latest = manager.Checkpointer(path).latest_step()

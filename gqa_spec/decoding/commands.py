@@ -290,8 +290,8 @@ def generate(args: argparse.Namespace) -> int:
   if not auto:
     _positive('gamma', args.gamma)
   gamma = args.gamma_max if auto else args.gamma
-  arguments.check_outputs({'--out': args.out, '--stats': args.stats},
-                          inputs={'--inputs': args.inputs, '--model': args.model})
+  arguments.check_outputs({'--out': args.out, '--stats': args.stats}, inputs={
+      '--inputs': args.inputs, '--model': args.model, '--draft': args.draft, '--vocab': args.vocab})
   if distributed.start_from_args(args) and args.model_parallel is None:
     args.model_parallel = 1  # several processes decode on one mesh of all their devices
   target_config, params, vocab_path = _load(args.model, 'model')

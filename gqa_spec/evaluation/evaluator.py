@@ -36,7 +36,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 import jax
 import numpy as np
 
-from gqa_spec import atomic, progress
+from gqa_spec import arguments, atomic, progress
 from gqa_spec.data import exported
 from gqa_spec.evaluation import outputs
 from gqa_spec.decoding import input_limit
@@ -442,6 +442,8 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
   from gqa_spec.checkpoints import param_dtype as dtype_lib  # pylint: disable=g-import-not-at-top
   from gqa_spec.checkpoints.load import load_any, scan_layers_of  # pylint: disable=g-import-not-at-top  (slow imports)
   dtype_lib.check(param_dtype, 'param_dtype')
+  arguments.check_outputs({'OUTPUT_DIR': output_dir}, folders=True,  # before any work
+                          inputs={'CHECKPOINT_PATH': checkpoint_path, 'DRAFT': draft})
   config, params, step = load_any(checkpoint_path, scan_layers=scan_layers_of(layout or DECODE_LAYOUT), model=True)
   input_limit.check_feature_length(config, task_feature_lengths, batch_size,
                                    beam_size if decoding == 'beam' else 1)

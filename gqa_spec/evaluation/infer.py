@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gqa_spec import atomic
+from gqa_spec import arguments, atomic
 from gqa_spec.data import exported, vocab_fit
 from gqa_spec.evaluation import outputs
 from gqa_spec.decoding import input_limit
@@ -116,6 +116,8 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
     raise UserError(f'batch_size must be positive, got {batch_size}')
   from gqa_spec.checkpoints import param_dtype as dtype_lib  # pylint: disable=g-import-not-at-top
   dtype_lib.check(param_dtype, 'param_dtype')
+  arguments.check_outputs({'INFER_OUTPUT_DIR': output_dir}, folders=True,  # before any work
+                          inputs={'CHECKPOINT_PATH': checkpoint_path, 'DRAFT': draft})
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
   from gqa_spec.checkpoints.load import load_any, scan_layers_of  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.layout import DECODE_LAYOUT  # pylint: disable=g-import-not-at-top

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from gqa_spec import atomic, progress
+from gqa_spec import atomic, progress, rundir
 from gqa_spec.errors import UserError
 from gqa_spec.reproduce.presets import Preset
 
@@ -62,8 +61,7 @@ class Context:
     path = self.stage_path(stage)
     if not os.path.exists(path):
       raise UserError(f'stage {stage!r} has not run yet ({path} is missing); run it first')
-    with open(path) as f:
-      return json.load(f)
+    return rundir.read_record(path, {}, 'stage record')
 
 
 class TimeLimitReached(Exception):
@@ -126,8 +124,7 @@ def jobs_dir(ctx: Context, stage: str) -> str:
 def job_done(ctx: Context, stage: str, key: str) -> Optional[dict]:
   path = os.path.join(jobs_dir(ctx, stage), f'{key}.json')
   if os.path.exists(path):
-    with open(path) as f:
-      return json.load(f)
+    return rundir.read_record(path, {}, 'job record')
   return None
 
 
@@ -145,8 +142,8 @@ def job_seconds(ctx: Context, stage: str) -> Optional[float]:
   total = 0.0
   for name in sorted(os.listdir(folder)):
     if name.endswith('.json'):
-      with open(os.path.join(folder, name)) as f:
-        total += float(json.load(f).get('wall_seconds') or 0.0)
+      total += float(rundir.read_record(os.path.join(folder, name), {}, 'job record', optional={
+          'wall_seconds': (float, type(None))}).get('wall_seconds') or 0.0)
   return round(total, 1)
 
 

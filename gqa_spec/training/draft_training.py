@@ -33,7 +33,7 @@ import optax
 
 from gqa_spec.decoding import autoregressive
 from gqa_spec.decoding.targets import T5Decoder
-from gqa_spec import rundir_lock
+from gqa_spec import arguments, rundir_lock
 from gqa_spec.errors import UserError
 from gqa_spec.rundir import DRAFT_EXPORT_DIR
 from gqa_spec.models import chimera
@@ -288,6 +288,8 @@ def train_draft(*, kind: str, target_checkpoint: str, model_dir: str, train_data
   check_choice('kind', kind, KINDS)
   if train_dataset_cfg.pack:
     raise UserError('draft training needs unpacked examples: set DatasetConfig.pack = False')
+  arguments.check_outputs({'MODEL_DIR': model_dir}, {'TARGET_CHECKPOINT': target_checkpoint},
+                          folders=True)  # not inside the target it reads
   with rundir_lock.running(model_dir, enabled=jax.process_index() == 0):
     # Held from the draft record to the export (the trainer takes it again, as the same process).
     target_config, target_params, _ = load_any(target_checkpoint)

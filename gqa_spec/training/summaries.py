@@ -51,11 +51,13 @@ def drop_records_after(path: str, step: int) -> int:
   if not os.path.exists(path):
     return 0
   kept, dropped = [], 0
-  with open(path) as f:
+  with open(path, errors='replace') as f:
     for line in f:
       try:
         record = json.loads(line)
       except json.JSONDecodeError:
+        record = None
+      if not _is_record(record):  # torn, or not a record at all
         dropped += 1
         continue
       if int(record.get('step', 0)) > step:
@@ -68,16 +70,24 @@ def drop_records_after(path: str, step: int) -> int:
   return dropped
 
 
+def _is_record(record) -> bool:
+  """A log record: a JSON object whose step, where present, is an integer."""
+  return isinstance(record, dict) and isinstance(record.get('step', 0), int) and not isinstance(
+      record.get('step', 0), bool)
+
+
 def read_records(path: str) -> list:
-  """The records of a JSONL log (a torn last line is skipped)."""
+  """The records of a JSONL log (a torn last line, and any line that is not a record, skipped)."""
   records = []
   if os.path.exists(path):
-    with open(path) as f:
+    with open(path, errors='replace') as f:
       for line in f:
         try:
-          records.append(json.loads(line))
+          record = json.loads(line)
         except json.JSONDecodeError:
-          pass
+          continue
+        if _is_record(record):
+          records.append(record)
   return records
 
 

@@ -37,7 +37,6 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 import signal
 import threading
 import time
@@ -47,7 +46,7 @@ import jax
 import numpy as np
 
 from gqa_spec.rundir import BEST_DIR, BEST_FILE
-from gqa_spec import atomic, progress, rundir, rundir_lock
+from gqa_spec import arguments, atomic, progress, rundir, rundir_lock
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 from gqa_spec.checkpoints import manager
@@ -194,6 +193,9 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
   if train_dataset_cfg.mixture_or_task_name != 'synthetic':  # before the run directory exists
     vocab_fit.check(vocab_sizes(train_dataset_cfg.mixture_or_task_name),
                     model_config.vocab_size, 'model_config')
+  if initial_checkpoint_path:  # the run directory may not lie inside what it starts from
+    arguments.check_outputs({'MODEL_DIR': model_dir}, {'INITIAL_CHECKPOINT_PATH':
+                                                        initial_checkpoint_path}, folders=True)
   is_writer = jax.process_index() == 0  # one process takes the lock and writes the files
   # Before anything reads or writes the run directory: a second writer stops here, at once.
   with rundir_lock.running(model_dir, enabled=is_writer, total_steps=total_steps):
@@ -304,7 +306,9 @@ def _start(step_fn: TrainStep, ckpt: manager.Checkpointer, config: T5Config,
   if latest is not None:
     target = manager.abstract_with_shardings(step_fn.abstract_state(),
                                                    step_fn.state_shardings())
-    meta = ckpt.restore_meta(latest)
+    meta = rundir.check_record(ckpt.restore_meta(latest), {'model_config': dict,
+                                                          'data_start_step': int},
+                               f'{ckpt.directory}/{latest}/meta', 'train-state checkpoint meta')
     _check_same_config(config, meta['model_config'], ckpt.directory)
     state, meta = ckpt.restore(latest, target)
     log.info('resumed from %s/%d', ckpt.directory, latest)
@@ -336,11 +340,12 @@ def _check_same_config(config: T5Config, stored: Mapping[str, Any], directory: s
 
 
 def _read_best(model_dir: str) -> Optional[dict]:
-  path = os.path.join(model_dir, BEST_FILE)
-  if not os.path.isfile(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
+  try:
+    return rundir.optional_record(os.path.join(model_dir, BEST_FILE),
+                                  {'step': int, 'metric': str, 'value': float}, 'best record')
+  except rundir.RecordError as e:
+    raise rundir.RecordError(f'{e}; remove it to resume (the next evaluation writes it anew, and '
+                             f'{BEST_DIR}/ with it)') from None
 
 
 def _copy_vocab(task: str, model_dir: str) -> None:
@@ -351,7 +356,7 @@ def _copy_vocab(task: str, model_dir: str) -> None:
   if source is None or os.path.abspath(source) == os.path.abspath(path):
     return
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  shutil.copyfile(source, path)
+  atomic.copy_file(source, path)  # whole or not at all: a kill mid-copy leaves the old one
 
 
 def _evaluate(evaluator: Evaluator, state: TrainState, step: int, config: T5Config, model_dir: str,

@@ -23,7 +23,6 @@ native and HF checkpoints record none, so `original_train_steps` must be given f
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Callable, Optional
@@ -31,7 +30,10 @@ from typing import Callable, Optional
 import jax
 
 from gqa_spec.rundir import CONVERTED_DIR, UPTRAIN_FILE
-from gqa_spec import atomic, distributed, rundir_lock
+
+# uptrain.json's fields that are read back, and their types (`rundir.read_record`).
+UPTRAIN_FIELDS = {'num_kv_heads': int, 'original_train_steps': int}
+from gqa_spec import atomic, distributed, rundir, rundir_lock
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 from gqa_spec.checkpoints.load import load_any, vocab_of
@@ -49,8 +51,8 @@ def convert_checkpoint(model_dir: str, initial_checkpoint_path: str, model_confi
   record_path = os.path.join(converted, UPTRAIN_FILE)
   # process 0's view on every process: it writes the record, maybe while another one looks
   if distributed.from_process_zero([os.path.isfile(record_path)])[0]:
-    with open(record_path) as f:
-      return json.load(f)
+    return rundir.read_record(record_path, UPTRAIN_FIELDS, 'uptraining record',
+                              optional={'source': str, 'method': str})
   source_config, params, step = load_any(initial_checkpoint_path,
                                          model_config.replace(num_kv_heads=None),
                                          model_config.scan_layers)

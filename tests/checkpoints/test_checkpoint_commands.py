@@ -106,8 +106,11 @@ def test_errors_are_one_line(run, hf_dir, tmp_path):
                   'HF checkpoint directory not found')
   _one_line_error(*run('export-hf', tmp_path / 'nope', tmp_path / 'hf')[::2],
                   'checkpoint directory not found')
-  _one_line_error(*run('import-t5x', tmp_path, ckpt, '--preset', 'small')[::2],
+  (tmp_path / 't5x').mkdir()
+  _one_line_error(*run('import-t5x', tmp_path / 't5x', ckpt, '--preset', 'small')[::2],
                   'no T5X checkpoint file')
+  _one_line_error(*run('import-t5x', tmp_path, ckpt, '--preset', 'small')[::2],
+                  f'OUT_DIR {ckpt} lies inside the input T5X_CKPT {tmp_path}; write elsewhere')
   assert run('import-hf', hf_dir, ckpt)[0] == 0
   _one_line_error(*run('import-hf', hf_dir, ckpt)[::2], 'already exists')
   assert run('import-hf', hf_dir, ckpt, '--overwrite')[0] == 0
