@@ -42,7 +42,7 @@ import jax
 import numpy as np
 
 from gqa_spec import distributed
-from gqa_spec.decoding import timing
+from gqa_spec.decoding import cost_calibration
 
 # The speed below which speculation stops: the issue's bound (never below 0.97x greedy decoding).
 DEFAULT_FLOOR = 0.97
@@ -139,7 +139,7 @@ def call_seconds(init: Callable[[], Any], repeats: int = 3) -> float:
   """`SpeculationGuard.call_seconds`: seconds of `init()`, the target's encoder pass and cache
   set-up on one batch (compiled already), the fastest of `repeats` runs; process 0's on every
   process, as every second the guard reads."""
-  return distributed.from_process_zero([timing.min_time(init, repeats)])[0]
+  return distributed.from_process_zero([cost_calibration.min_time(init, repeats)])[0]
 
 
 def decode_batches(run: Callable[[Any, int, jax.Array, bool], Any], batches: Iterable[Tuple[Any, int]],
