@@ -317,27 +317,18 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
 
 def batch_gamma(alpha: jax.Array, weight: jax.Array, active: jax.Array,
                 adaptive: AdaptiveGamma) -> jax.Array:
-  """`[]` int32: the draft length of the batch's next iteration (policy 'optimal'), Theorem 8's
-  gamma (`theory.optimal_gammas`, over [0, gamma_max]) at the batch's acceptance
-  (`batch_alpha`: the lowest of the `active [b]` rows' running alphas `alpha [b]`, each over
-  `weight [b]` positions, with the calibration's lasting prior (`with_prior`), shrunk toward the
-  batch's pooled alpha).
+  """`[]` int32: the draft length of the batch's next iteration (policy 'optimal'): Theorem 8's
+  gamma (`theory.optimal_gammas`, over [0, gamma_max]) at the batch's acceptance (`batch_alpha`
+  of the `active [b]` rows' running alphas `alpha [b]` over `weight [b]` positions, with the
+  lasting prior, `with_prior`).
 
-  One length for the batch, not one per row: an iteration costs what its longest proposal costs (the
-  draft runs until the longest row has its tokens, the verification call is the narrowest width that
-  holds it), so a row proposing less saves nothing and accepts less; and the batch takes as many
-  iterations as its slowest row needs, so the length that pays is the one that pays for the row
-  accepting least, its expected tokens over the iterations such a batch takes
-  (`AdaptiveGamma.lengths`, `theory.batch_inflation`). With a length per row (Theorem 8 at
-  each row's alpha), the batch-8 cells of the widened pair ran 0.56x-1.02x greedy decoding (4 of 6
-  below 0.9x) where a fixed gamma of 1-2 reached up to 1.13x (results/benchmarks/
-  adaptive_gamma_cpu_widened): the batch paid for the longest row's 4 tokens every iteration, and
-  a row at 0 (plain steps, one token a call) among speculating rows became the batch's straggler.
-  At batch 1 the two are the same.
-
-  Gamma 0 is final (the loop leaves the draft behind), so the batch leaves speculation only when
-  gamma 0 also wins at its acceptance plus one standard error (`batch_alpha`); where only the
-  estimate itself says 0, it proposes Theorem 8's gamma at that upper value."""
+  One length for the batch, not one per row: an iteration costs what its longest proposal costs,
+  so a row proposing less saves nothing and accepts less; and the batch takes as many iterations
+  as its slowest row needs, so the length that pays is the one that pays for the row accepting
+  least, over the iterations such a batch takes (`AdaptiveGamma.lengths`). At batch 1 the two
+  are the same. Gamma 0 is final (the loop leaves the draft behind), so the batch leaves
+  speculation only when gamma 0 also wins at its acceptance plus one standard error; where only
+  the estimate itself says 0, it proposes Theorem 8's gamma at that upper value."""
   estimate, se = batch_alpha(*with_prior(alpha, weight, adaptive), active)  # [], []
   both = jnp.stack([estimate, jnp.minimum(estimate + se, 1.0)])  # [2]
   gamma, upper = theory.optimal_gammas(both, adaptive.cost_ratio, adaptive.gamma_max,
@@ -350,22 +341,13 @@ def batch_alpha(alpha: jax.Array, weight: jax.Array, active: jax.Array
   """The acceptance the batch's draft length is chosen for, `[]`, and its standard error `[]`:
   the lowest of the `active [b]` rows' running alphas `alpha [b]` (each the ratio over `weight
   [b]` discounted positions, `running_alpha`), after shrinking each toward the active rows' pooled
-  alpha (an empirical-Bayes posterior mean).
-
-  The plain minimum of 8 noisy ratios reads the slowest row low: a row's running alpha rests on a
-  few calls' positions (its weight, ~7 at gamma 2), a standard error of ~0.17 at alpha 0.75, and
-  the lowest of 8 such lies ~1.4 standard errors below the rows' true acceptance. On the widened
-  smoke pair at batch 8 that took the batch to gamma 1 where gamma 2 was 1.17x faster, and to
-  plain steps after one call where gamma 1 paid 1.08x; with this estimate its 4 batch-8 cells ran
-  at 1.08x-1.23x greedy decoding, against 0.95x-1.15x (results/benchmarks/
-  adaptive_gamma_smoke_widened and the run before it, docs/adaptive.md). The shrinkage: a row's estimate is the
-  pooled p plus k_r (alpha_r - p), k_r = tau^2 / (tau^2 + p (1 - p) / weight_r), tau^2 the rows'
-  spread beyond their sampling noise (the active rows' variance about p less the mean of
-  p (1 - p) / weight_r, at least 0; a Bernoulli bound of each position's variance); rows that
-  truly differ (a large spread) keep their own estimates, rows whose differences are what noise
-  gives fall to p. At batch 1 it is the row's own alpha. The standard error is that of the
-  lowest row's posterior, sqrt(k_r p (1 - p) / weight_r + (1 - k_r)^2 p (1 - p) / sum(weight))
-  (the second term: p's own, over all active rows' positions)."""
+  alpha (an empirical-Bayes posterior mean): the plain minimum of a few noisy ratios reads the
+  slowest row low. A row's estimate is the pooled p plus k_r (alpha_r - p),
+  k_r = tau^2 / (tau^2 + p (1 - p) / weight_r), tau^2 the rows' spread beyond their sampling
+  noise (the active rows' variance about p less the mean of p (1 - p) / weight_r, at least 0);
+  rows that truly differ keep their own estimates, rows whose differences are what noise gives
+  fall to p. At batch 1 it is the row's own alpha. The standard error is that of the lowest row's
+  posterior, sqrt(k_r p (1 - p) / weight_r + (1 - k_r)^2 p (1 - p) / sum(weight))."""
   on = active.astype(jnp.float32)  # [b]
   n = jnp.maximum(jnp.sum(on), 1.0)  # []
   w = weight * on  # [b]
@@ -401,11 +383,9 @@ def running_alpha(alpha: jax.Array, weight: jax.Array, beta: jax.Array, tried: j
   """One call's update of each row's acceptance estimate (`AdaptiveGamma.decay`): `alpha [b]`
   over `weight [b]` discounted positions, `beta [b, g]` at the positions `tried [b, g]` (bool);
   the call's n tried positions count 1 each, and the weight before them is multiplied by
-  decay^n, so the estimate's memory is ~7-11 positions at decay 0.85 whatever the draft length
-  (the weight settles at n / (1 - decay^n)). Within a call the positions weigh alike: a proposal
-  is tried up to its first rejection, so a weight that grew toward the call's last position would
-  favour the rejection and read alpha low (0.43 for 0.5, 0.72 for 0.8 over 3000 calls of 8
-  proposed tokens). Rows that tried none keep theirs. Returns the new `(alpha [b], weight [b])`."""
+  decay^n (the weight settles at n / (1 - decay^n)). Within a call the positions weigh alike: a
+  proposal is tried up to its first rejection, so a weight that grew toward the call's last
+  position would favour the rejection and read alpha low. Rows that tried none keep theirs. Returns the new `(alpha [b], weight [b])`."""
   n = jnp.sum(tried, axis=1).astype(jnp.float32)  # [b]
   kept = jnp.power(decay, n) * weight  # [b]
   new_weight = kept + n  # [b]

@@ -35,13 +35,9 @@ def plain_decode(target: Decoder, target_state: PyTree, rng: jax.Array, *, gamma
   `[b, max_decode_len]` (every call at draft length 0), and with `iteration_trace` the trees'
   `tree_width_trace` `[max_decode_len]` (0 for each loop iteration, -1 after the last).
 
-  One compiled program: `autoregressive.decode`'s loop and the statistics after it. On an H200
-  (`benchmarks/plain_path.py`, results/gpu/adaptive_2026-11-28b) any second program after greedy
-  decoding's cost 130-200 us a call (its dispatch and the wait for it) and the statistics made on
-  the host after a fetch 700-880 us, against calls of 6-10 ms; this call went from +350-380 us over
-  greedy decoding (two programs) to +220-255 us, where a jitted closure of the same computation
-  measured +15-39 us in another place of the benchmark's rotation (not resolved). The statistics
-  that are constants are made on the host (`as_adaptive_result`)."""
+  One compiled program, `autoregressive.decode`'s loop and the statistics after it, so that a call
+  costs one dispatch as greedy decoding's does. The statistics that are constants are made on the
+  host (`as_adaptive_result`)."""
   r = autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len,
                             config=config, eos_id=eos_id, skip=skip)
   return (r, *length_statistics(r.target_calls, r.loop_iterations, gamma_max, max_decode_len,
@@ -70,8 +66,7 @@ def plain_loop(target: Decoder, loop: LoopState, max_decode_len: int, config: Sa
   of these calls (0) to its own statistics. Also the tree loop's (`adaptive_tree.py`).
 
   The draft's state (its parameters and cache) stays out of the loop's carry: XLA copies a carried
-  input buffer into the loop once per call, which at batch 1 on small models is a measurable part
-  of the call."""
+  input buffer into the loop once per call."""
   batch = loop.done.shape[0]
 
   def plain_step(s: LoopState) -> LoopState:
