@@ -46,6 +46,7 @@ from typing import Any, Optional, Tuple, Union
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from gqa_spec.decoding import sampling, theory, xla_options
 from gqa_spec.decoding.autoregressive import EOS
@@ -248,7 +249,8 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
     r, histogram, trace = plain_decode(target, target_state, rng, gamma_max=adaptive.gamma_max,
                                        max_decode_len=max_decode_len, config=config,
                                        eos_id=eos_id, skip=skip)
-    return as_adaptive_result(r, histogram, trace, adaptive.gamma_max)
+    return as_adaptive_result(r, adaptive.gamma_max, gamma_histogram=histogram, gamma_trace=trace,
+                              draft_steps=np.zeros((), np.int32))
   return _speculative(target, target_state, draft, draft_state, rng, adaptive=adaptive,
                       max_decode_len=max_decode_len, config=config, eos_id=eos_id, skip=skip)
 

@@ -44,7 +44,7 @@ import numpy as np
 from gqa_spec.decoding import sampling, xla_options
 from gqa_spec.decoding.adaptive import loops_per_width
 from gqa_spec.decoding.autoregressive import EOS
-from gqa_spec.decoding.plain_steps import plain_decode, plain_loop
+from gqa_spec.decoding.plain_steps import as_adaptive_result, plain_decode, plain_loop
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.speculative import (LoopState, SpeculativeResult, init_loop,
                                            with_draft_calls)
@@ -95,15 +95,9 @@ def decode(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTre
   r, histogram, trace, widths = plain_decode(
       target, target_state, rng, gamma_max=adaptive.nodes_max, max_decode_len=max_decode_len,
       config=config, eos_id=eos_id, skip=skip, iteration_trace=True)
-  depth, batch = adaptive.shape.depth, r.lengths.shape[0]
-  zeros_b = np.zeros((batch,), np.int32)
-  return SpeculativeResult(
-      sequences=r.sequences, lengths=r.lengths, target_calls=r.target_calls, proposed=zeros_b,
-      accepted=zeros_b, accepted_per_position=np.zeros((depth,), np.int32),
-      accept_histogram=np.zeros((depth + 1,), np.int32), beta_sum=np.zeros((), np.float32),
-      beta_count=np.zeros((), np.float32), loop_iterations=r.loop_iterations,
-      draft_calls=np.zeros((), np.int32), tree_nodes_histogram=histogram,
-      tree_nodes_trace=trace, tree_width_trace=widths)
+  return as_adaptive_result(r, adaptive.shape.depth, draft_calls=np.zeros((), np.int32),
+                            tree_nodes_histogram=histogram, tree_nodes_trace=trace,
+                            tree_width_trace=widths)
 
 
 @functools.partial(xla_options.jit, static_argnames=('target', 'draft', 'adaptive',

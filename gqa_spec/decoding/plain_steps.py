@@ -91,16 +91,14 @@ def plain_loop(target: Decoder, loop: LoopState, max_decode_len: int, config: Sa
   return out.replace(draft_state=loop.draft_state)
 
 
-def as_adaptive_result(r: autoregressive.DecodeResult, histogram: jax.Array, trace: jax.Array,
-                        gamma_max: int) -> SpeculativeResult:
-  """`plain_decode`'s outputs as `adaptive.decode`'s result; `sequences` stay
+def as_adaptive_result(r: autoregressive.DecodeResult, depth: int, **fields) -> SpeculativeResult:
+  """`plain_decode`'s result `r` as the adaptive loops' result, statistics `depth` draft positions
+  wide, with their own `fields` (`gamma_histogram`, `tree_nodes_trace`, ...); `sequences` stay
   `[b, 1 + max_decode_len]` (no draft slack), the statistics that are zeros are host constants."""
-  batch = r.lengths.shape[0]
-  zeros_b = np.zeros((batch,), np.int32)
+  zeros_b = np.zeros((r.lengths.shape[0],), np.int32)
   return SpeculativeResult(
       sequences=r.sequences, lengths=r.lengths, target_calls=r.target_calls, proposed=zeros_b,
-      accepted=zeros_b, accepted_per_position=np.zeros((gamma_max,), np.int32),
-      accept_histogram=np.zeros((gamma_max + 1,), np.int32),
+      accepted=zeros_b, accepted_per_position=np.zeros((depth,), np.int32),
+      accept_histogram=np.zeros((depth + 1,), np.int32),
       beta_sum=np.zeros((), np.float32), beta_count=np.zeros((), np.float32),
-      loop_iterations=r.loop_iterations, gamma_histogram=histogram, gamma_trace=trace,
-      draft_steps=np.zeros((), np.int32))
+      loop_iterations=r.loop_iterations, **fields)
