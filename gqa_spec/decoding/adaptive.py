@@ -8,11 +8,11 @@ widths w (`verify_gammas`: 1, 2, 3, 4, 6, 8, 12, ... up to gamma_max), the narro
 the longest proposal an active row asked for; each row verifies only its own prefix
 (`sampling.verify(limit=gamma_r)`), and the causal mask keeps the positions past gamma_r from
 changing p at the ones before. Each width has its own while loop, run while the batch's longest
-proposal needs that width (`loops_per_width`). Once no active row speculates (gamma 0 is final), the rest
-runs as plain one-token target steps without the draft (`plain_steps.plain_loop`). Where the
-costs say that not even the starting `alpha_init` pays for a proposal (`AdaptiveGamma.speculates`
-is False), `decode` is greedy decoding's loop on a cache of one slot per token
-(`plain_steps.plain_decode`).
+proposal needs that width (`loops_per_width`). Once no active row speculates (gamma 0 is final),
+the rest runs as plain one-token target steps without the draft (`plain_steps.plain_loop`). Where
+the costs say that not even the starting `alpha_init` pays for a proposal
+(`AdaptiveGamma.speculates` is False), `decode` is greedy decoding's loop on a cache of one slot
+per token (`plain_steps.plain_decode`).
 
 Exactness: gamma_r depends only on the past (earlier iterations, and with a confidence stop the
 draft's distributions at the positions already proposed), never on this iteration's draws, so it
@@ -51,7 +51,7 @@ import numpy as np
 from gqa_spec.decoding import sampling, theory, xla_options
 from gqa_spec.decoding.autoregressive import EOS
 from gqa_spec.decoding.drafts.base import Draft
-from gqa_spec.decoding.plain_steps import as_adaptive_result, plain_decode, plain_loop
+from gqa_spec.decoding.plain_steps import as_adaptive_result, mark_plain, plain_decode, plain_loop
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.speculative import (LoopState, SpeculativeResult, chain_step, init_loop,
                                            with_draft_calls)
@@ -300,21 +300,12 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
         draft_steps=r.draft_steps + step.steps))
     return AdaptiveState(loop=s, want=jnp.where(active, nxt, a.want), alpha=alpha, weight=weight)
 
-  def plain_statistics(s: LoopState, calls_before: jax.Array) -> LoopState:
-    """The plain steps' draft length 0 in `gamma_trace` and `gamma_histogram`."""
-    r = s.result
-    calls = jnp.arange(max_decode_len)[None]  # [1, max_decode_len]
-    plain = (calls >= calls_before[:, None]) & (calls < r.target_calls[:, None])  # [b, max_len]
-    return s.replace(result=r.replace(
-        gamma_trace=jnp.where(plain, 0, r.gamma_trace),
-        gamma_histogram=r.gamma_histogram.at[:, 0].add(r.target_calls - calls_before)))
-
   # Speculative iterations while some active row wants a proposal; then plain target steps.
   speculating = lambda a: jnp.any(~a.loop.done & (a.want > 0))
   final = loops_per_width(widths, lambda a: ~jnp.all(a.loop.done) & speculating(a),
                           lambda a: jnp.max(jnp.where(a.loop.done, 0, a.want)), body, init)
   loop = plain_loop(target, final.loop, max_decode_len, config, eos_id)
-  return with_draft_calls(plain_statistics(loop, final.loop.result.target_calls))
+  return with_draft_calls(mark_plain(loop, final.loop.result, 'gamma_histogram', 'gamma_trace'))
 
 
 def batch_gamma(alpha: jax.Array, weight: jax.Array, active: jax.Array,
@@ -387,7 +378,8 @@ def running_alpha(alpha: jax.Array, weight: jax.Array, beta: jax.Array, tried: j
   the call's n tried positions count 1 each, and the weight before them is multiplied by
   decay^n (the weight settles at n / (1 - decay^n)). Within a call the positions weigh alike: a
   proposal is tried up to its first rejection, so a weight that grew toward the call's last
-  position would favour the rejection and read alpha low. Rows that tried none keep theirs. Returns the new `(alpha [b], weight [b])`."""
+  position would favour the rejection and read alpha low. Rows that tried none keep theirs.
+  Returns the new `(alpha [b], weight [b])`."""
   n = jnp.sum(tried, axis=1).astype(jnp.float32)  # [b]
   kept = jnp.power(decay, n) * weight  # [b]
   new_weight = kept + n  # [b]

@@ -1,34 +1,21 @@
 """Token trees that size themselves per row (`generate --tree best:auto[:N],depth:D[,width:W]`).
 
-The tree loop of `tree_speculative.py` with best-first trees (EAGLE-2's) whose node count follows
-each row's running acceptance, inside the jitted loop, shapes static:
-
-  1. the draft grows the largest tree, N_max nodes (`tree.grow`, D draft calls, as always);
-  2. its nodes are put in rank order, best path score first (`tree.by_rank`). A child scores at
-     most its parent and ties go to the lower candidate index, so the first n nodes are a tree of
-     their own, exactly the best-first tree of budget n (same candidates, q and draws): for every
-     n the top-n tree is "the first n nodes";
-  3. each active row r asks for N_r nodes (`AdaptiveTree.choose`, below; 0 = no tree). The target
-     verifies the first w nodes of every row in ONE call, w the narrowest compiled width
-     (`tree_policy.node_widths`: 1, 2, 4, 8, ..., N_max) that holds max_r N_r: each width has its
-     own while loop (the target call and `tree.verify` at that width), run while the batch's asks
-     need it (`adaptive.loops_per_width`), so a batch asking for small trees pays for a small call
-     (and a small verification scan);
-  4. acceptance, cache compaction and the draft's commit as in `tree_speculative.py` (the path
-     mapped back to the draft's node order for `commit_tree`).
-
-Every row verifies all w nodes of the call, not only its own N_r: the extra nodes cost nothing in
-that call (the draft grew them anyway, the target scores w tokens for every row), and they can
-only add accepted tokens. Once no active row asks for a tree, the rest runs as plain one-token
-target steps without the draft (`plain_steps.plain_loop`), as `--gamma auto` does at gamma 0.
+The tree loop of `tree_speculative.py` (its `tree_step`) with best-first trees (EAGLE-2's) whose
+node count follows each row's running acceptance, inside the jitted loop, shapes static. The draft
+grows the largest tree, N_max nodes, every iteration; its nodes are put in rank order
+(`tree.by_rank`: a child scores at most its parent, ties go to the lower candidate index), so the
+first n nodes are exactly the best-first tree of budget n. Each active row asks for N_r nodes
+(`tree_policy.AdaptiveTree.choose`; 0 = no tree) and the target verifies the first w nodes of
+every row in one call, w the narrowest compiled width (`tree_policy.node_widths`: 1, 2, 4, ...,
+N_max) holding the largest N_r; each width has its own while loop (`adaptive.loops_per_width`).
+Every row verifies all w nodes of the call: the extra nodes cost nothing in that call and can only
+add accepted tokens. Once no active row asks for a tree, the rest runs as plain one-token target
+steps without the draft (`plain_steps.plain_loop`).
 
 Exactness: w depends only on the batch's past, never on the current iteration's draws, so it is a
 stopping rule, and the top-w tree is a best-first tree of budget w, verified by the lossless
 multi-candidate rule (`tree.py`): greedy output is token-identical to greedy decoding and sampled
 output has the target's distribution whatever sizes were used.
-
-The choice of each row's N_r (policy 'optimal': the lasting prior, the bands' running gains, the
-batch's pricing) is `tree_policy.py`'s.
 """
 
 from __future__ import annotations
@@ -44,7 +31,7 @@ import numpy as np
 from gqa_spec.decoding import sampling, xla_options
 from gqa_spec.decoding.adaptive import loops_per_width
 from gqa_spec.decoding.autoregressive import EOS
-from gqa_spec.decoding.plain_steps import as_adaptive_result, plain_decode, plain_loop
+from gqa_spec.decoding.plain_steps import as_adaptive_result, mark_plain, plain_decode, plain_loop
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.speculative import (LoopState, SpeculativeResult, init_loop,
                                            with_draft_calls)
@@ -155,22 +142,10 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
       want = jnp.where(held, a.want, want)
     return TreeLoopState(loop=s, want=want, gain=gain, weight=weight)
 
-  def plain_statistics(s: LoopState, before: SpeculativeResult) -> LoopState:
-    """The plain steps' node count 0 in the traces and the histogram."""
-    r = s.result
-    calls = jnp.arange(max_decode_len)  # [max_len]
-    plain = ((calls[None] >= before.target_calls[:, None])
-             & (calls[None] < r.target_calls[:, None]))  # [b, max_len]
-    plain_iteration = (calls >= before.loop_iterations) & (calls < r.loop_iterations)  # [max_len]
-    return s.replace(result=r.replace(
-        tree_nodes_trace=jnp.where(plain, 0, r.tree_nodes_trace),
-        tree_nodes_histogram=r.tree_nodes_histogram.at[:, 0].add(
-            r.target_calls - before.target_calls),
-        tree_width_trace=jnp.where(plain_iteration, 0, r.tree_width_trace)))
-
   # Tree iterations while some active row asks for a tree; then plain target steps to the end.
   final = loops_per_width(
       widths, lambda a: ~jnp.all(a.loop.done) & jnp.any(~a.loop.done & (a.want > 0)),
       lambda a: jnp.max(jnp.where(a.loop.done, 0, a.want)), body, init)
   loop = plain_loop(target, final.loop, max_decode_len, config, eos_id)
-  return with_draft_calls(plain_statistics(loop, final.loop.result))
+  return with_draft_calls(mark_plain(loop, final.loop.result, 'tree_nodes_histogram',
+                                    'tree_nodes_trace', 'tree_width_trace'))

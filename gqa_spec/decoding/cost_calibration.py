@@ -251,14 +251,16 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
       return tree_lib.first_nodes(tree_lib.by_rank(grown)[0], 1).tokens[:, 0], dstate  # [b]
 
     commit = lambda dstate, seqs, at: draft.commit_tree(dstate, seqs, at, nothing)
-    slack, widths, loop = shape.depth + 1, settings.widths, adaptive_tree._speculative  # pylint: disable=protected-access
+    slack, widths = shape.depth + 1, settings.widths
+    loop = adaptive_tree._speculative  # pylint: disable=protected-access
   else:
     def next_token(dstate, seqs, at):
       tokens, _, dstate = draft.propose(dstate, seqs, at, rng, 1, sampling.GREEDY)  # [b, 1]
       return tokens[:, 0], dstate
 
     commit = draft.commit
-    slack, widths, loop = settings.gamma_max + 1, settings.verify_widths, adaptive._speculative  # pylint: disable=protected-access
+    slack, widths = settings.gamma_max + 1, settings.verify_widths
+    loop = adaptive._speculative  # pylint: disable=protected-access
   first = _first_stage(target, target_state, max_decode_len, next_token, commit, draft_state,
                        slack, more, config, clock)
   if tree:

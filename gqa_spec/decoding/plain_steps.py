@@ -91,6 +91,23 @@ def plain_loop(target: Decoder, loop: LoopState, max_decode_len: int, config: Sa
   return out.replace(draft_state=loop.draft_state)
 
 
+def mark_plain(s: LoopState, before: SpeculativeResult, histogram: str, trace: str,
+               width_trace: Optional[str] = None) -> LoopState:
+  """`s` after `plain_loop`, its plain steps (those past `before`, the result when they began)
+  counted at size 0 in the result's fields named `histogram` (`[b, K + 1]`), `trace`
+  (`[b, max_decode_len]`, per row call) and `width_trace` (`[max_decode_len]`, per iteration)."""
+  r = s.result
+  calls = jnp.arange(getattr(r, trace).shape[1])  # [max_decode_len]
+  plain = ((calls[None] >= before.target_calls[:, None])
+           & (calls[None] < r.target_calls[:, None]))  # [b, max_decode_len]
+  fields = {trace: jnp.where(plain, 0, getattr(r, trace)),
+            histogram: getattr(r, histogram).at[:, 0].add(r.target_calls - before.target_calls)}
+  if width_trace is not None:
+    iterations = (calls >= before.loop_iterations) & (calls < r.loop_iterations)
+    fields[width_trace] = jnp.where(iterations, 0, getattr(r, width_trace))
+  return s.replace(result=r.replace(**fields))
+
+
 def as_adaptive_result(r: autoregressive.DecodeResult, depth: int, **fields) -> SpeculativeResult:
   """`plain_decode`'s result `r` as the adaptive loops' result, statistics `depth` draft positions
   wide, with their own `fields` (`gamma_histogram`, `tree_nodes_trace`, ...); `sequences` stay

@@ -72,8 +72,7 @@ class AdaptiveTree:
       or one per compiled width (`node_widths(N_max)`), as `cost_calibration.measure_costs` gives.
     alpha_init: the prior's per-token acceptance (module docstring): by default an optimistic 0.9,
       so that a row keeps trying trees for a few calls before its own statistics decide;
-      `calibrated` sets the draft's top-node acceptance `cost_calibration.measure_costs` found on the
-      first batch (what `generate --tree best:auto...` does).
+      `calibrated` sets the draft's top-node acceptance the calibration measured.
     accepted_init: the prior itself, draft tokens accepted per call at each compiled width (one
       number per `widths`, in [0, D]), in place of the chain from `alpha_init`: `calibrated` sets
       the ones `cost_calibration.measure_costs` measured in this loop (`Calibration.accepted`)
