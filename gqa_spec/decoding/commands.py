@@ -26,10 +26,10 @@ while-loop iteration with a static trip count (`autoregressive.decode`'s `loop_c
 tokens, one host round trip per K steps on XLA:GPU. `--gamma auto`: the draft length is chosen in
 the loop at every iteration (`gqa_spec.decoding.adaptive`); without `--cost-ratio`, c and the
 iteration's cost v are measured once on the first batch before the timed runs, at the run's
-temperature (`calibration.measure_costs`).
+temperature (`cost_calibration.measure_costs`).
 `--tree best:auto[:N],depth:D[,width:W]`: best-first trees of at most N nodes whose size each row
 chooses in the loop (`gqa_spec.decoding.adaptive_tree`); c, v and the starting alpha are measured
-the same way (`adaptive_tree.measure_costs`) unless `--cost-ratio` gives c (v = 1 and alpha 0.9
+the same way (`cost_calibration.measure_costs`) unless `--cost-ratio` gives c (v = 1 and alpha 0.9
 then). With measured costs both then time every call and stop speculating once the speculative
 calls measure below 0.97x greedy decoding (`guard.SpeculationGuard`; `--no-guard`: off).
 With the multi-process flags (`gqa_spec.distributed`) every process reads the same inputs and
@@ -321,7 +321,7 @@ def generate(args: argparse.Namespace) -> int:
 
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding import adaptive, adaptive_tree, autoregressive, calibration, speculative  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding import adaptive, adaptive_tree, autoregressive, cost_calibration, speculative  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding import guard as guard_lib, run_stats  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
@@ -406,13 +406,13 @@ def generate(args: argparse.Namespace) -> int:
   cal = None
   if cost_measured:  # timed on the first batch; alpha also on the next ones, as it asks
     states = calibration_states(speculative.target_cache_length(max_len, gamma))
-    cal = _calibrate(calibration.measure_costs, target, draft, states, max_len, gamma,
+    cal = _calibrate(cost_calibration.measure_costs, target, draft, states, max_len, gamma,
                      config=config)
     auto = auto.calibrated(cal)
   tree_cost_measured = auto_tree is not None and args.cost_ratio is None
   if tree_cost_measured:
     states = calibration_states(adaptive_tree.target_cache_length(max_len, auto_tree))
-    cal = _calibrate(adaptive_tree.measure_costs, target, draft, states, max_len, auto_tree,
+    cal = _calibrate(cost_calibration.measure_costs, target, draft, states, max_len, auto_tree,
                      config=config)
     auto_tree = auto_tree.calibrated(cal)
   calibration_seconds = time.perf_counter() - t0 if cost_measured or tree_cost_measured else None

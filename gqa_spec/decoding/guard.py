@@ -1,11 +1,10 @@
 """A run of many batches that stops speculating once its own calls measure slower than greedy
 decoding (`generate --gamma auto` and `--tree best:auto`, `--guard`).
 
-The calibration (`calibration.measure_costs`, `adaptive_tree.measure_costs`) prices an iteration
-before the run, and the policy speculates only where that price says it pays. A price can be
-wrong for the whole run: on an H200 the adaptive loop with a bigram draft cost 2.6 greedy steps an
-iteration where the calibration had timed 1.8, and `--gamma auto` ran at 0.59x greedy decoding
-(results/gpu/adaptive_smoke_2026-11-27). The guard checks the price against the run's own calls:
+The calibration (`cost_calibration.measure_costs`) prices an iteration before the run, and the
+policy speculates only where that price says it pays. A price can be wrong for the whole run (the
+run's calls can cost more than the calibration's timed ones). The guard checks the price against
+the run's own calls:
 
   speed = (unit * steps + call * calls) / seconds  over the speculative calls so far,
 
@@ -19,10 +18,7 @@ makes. After `min_calls` speculative calls, a speed below `floor`:
   - with no plain call timed yet, makes the next call a plain one (a probe: greedy decoding's loop
     with its length statistics, `plain_steps.plain_decode`), whose time becomes the unit;
   - otherwise stops speculation for the rest of the run (final, as gamma 0 is within a call).
-A probe whose unit shows speculation paying after all resumes it. Without the call term the
-first check read speculation slower than it was and probed where it paid (on the widened smoke
-pair at batch 1, one probe a 24-call run where speculation paid 1.35x:
-results/benchmarks/guard_smoke_widened.md).
+A probe whose unit shows speculation paying after all resumes it.
 
 Every decision uses only calls already made, so each call is exact speculative (or plain)
 decoding whatever the guard chose: greedy output is token for token greedy decoding's, sampled
@@ -42,9 +38,9 @@ import jax
 import numpy as np
 
 from gqa_spec import distributed
-from gqa_spec.decoding import timing
+from gqa_spec.decoding import cost_calibration
 
-# The speed below which speculation stops: the issue's bound (never below 0.97x greedy decoding).
+# The speed below which speculation stops, as a fraction of greedy decoding's.
 DEFAULT_FLOOR = 0.97
 # Speculative calls before the first decision: one call's time on a shared machine moves by more
 # than the 3% the floor allows.
@@ -139,7 +135,7 @@ def call_seconds(init: Callable[[], Any], repeats: int = 3) -> float:
   """`SpeculationGuard.call_seconds`: seconds of `init()`, the target's encoder pass and cache
   set-up on one batch (compiled already), the fastest of `repeats` runs; process 0's on every
   process, as every second the guard reads."""
-  return distributed.from_process_zero([timing.min_time(init, repeats)])[0]
+  return distributed.from_process_zero([cost_calibration.min_time(init, repeats)])[0]
 
 
 def decode_batches(run: Callable[[Any, int, jax.Array, bool], Any], batches: Iterable[Tuple[Any, int]],

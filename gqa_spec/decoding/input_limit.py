@@ -2,10 +2,10 @@
 
 XLA allocates a batch's encoder attention whole: `[rows, heads, S, S]` scores and probabilities
 (float32), quadratic in the input length S, beside the parameters and the decode caches
-(`memory.memory_per_device`, linear in S). A 100,000-token row asked XLA for 2.7 TB and failed with
-a 16-line `JaxRuntimeError` after compiling; `longest_input` finds, before anything compiles, the
-longest S whose estimate fits the device's memory (an accelerator's `bytes_limit`, or the host's
-physical memory on CPU), so a longer row is refused in one line or truncated (`--truncate-inputs`).
+(`memory.memory_per_device`, linear in S). A row too long fails inside XLA after compiling;
+`longest_input` finds, before anything compiles, the longest S whose estimate fits the device's
+memory (an accelerator's `bytes_limit`, or the host's physical memory on CPU), so a longer row is
+refused in one line or truncated (`--truncate-inputs`).
 The estimate leaves out XLA's own temporaries: a row just under the limit may still not fit.
 """
 

@@ -12,19 +12,14 @@ Replication waste (GQA paper, Sec. 2.2): a K/V cache whose G heads are not divis
 `model` axis is held whole on every model shard. `kv_replication_waste_bytes` is what each
 device holds beyond an even split of the global K/V bytes over all devices: MQA on a model axis
 of m wastes (m - 1) / m of its per-device K/V; GQA-G with m | G wastes nothing.
-
-  python -m gqa_spec.decoding.memory --preset xxl --kv-heads 64,8,1 --mesh 1x8 --mesh 4x4 \\
-      --batch 64 --input-length 2048 --decode-length 512 --dtype bfloat16
-prints the README's table.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import math
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +31,6 @@ from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
 from gqa_spec import partitioning
 
-_GIB = 2 ** 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,49 +163,3 @@ def memory_per_device(config: T5Config, *, batch: int, input_length: int, cache_
       kv_bytes_total=kv_total,
       kv_replication_waste_bytes=per_device_kv - kv_total // (data * model),
       other_cache_bytes=other, total_bytes=param_bytes + per_device_kv + other)
-
-
-def _variant(g: int, h: int) -> str:
-  return 'MHA' if g == h else 'MQA' if g == 1 else f'GQA-{g}'
-
-
-def markdown_table(reports: Sequence[MemoryReport], num_heads: int) -> str:
-  """One row per report, in GiB per device."""
-  lines = ['| attention | mesh (data x model) | K/V heads per device | params | self K/V | '
-           'cross K/V | K/V replication waste | total per device |',
-           '|---|---|---|---|---|---|---|---|']
-  gib = lambda b: f'{b / _GIB:.2f}'
-  for r in reports:
-    lines.append(f'| {_variant(r.num_kv_heads, num_heads)} | {r.data}x{r.model} | '
-                 f'{r.kv_heads_per_device} of {r.num_kv_heads} | {gib(r.param_bytes)} | '
-                 f'{gib(r.self_kv_bytes)} | {gib(r.cross_kv_bytes)} | '
-                 f'{gib(r.kv_replication_waste_bytes)} | {gib(r.total_bytes)} |')
-  return '\n'.join(lines)
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  from gqa_spec.models import config as config_lib  # pylint: disable=g-import-not-at-top
-  p = argparse.ArgumentParser(description='per-device decode memory table (GiB)')
-  p.add_argument('--preset', default='xxl')
-  p.add_argument('--kv-heads', default='64,8,1', help='comma-separated G values')
-  p.add_argument('--mesh', action='append', help='DATAxMODEL, repeatable (default 1x8)')
-  p.add_argument('--batch', type=int, default=64)
-  p.add_argument('--input-length', type=int, default=2048)
-  p.add_argument('--decode-length', type=int, default=512, help='max decode length')
-  p.add_argument('--dtype', default='bfloat16', help='parameter and activation dtype')
-  args = p.parse_args(argv)
-  reports: List[MemoryReport] = []
-  base = config_lib.preset(args.preset, dtype=args.dtype, param_dtype=args.dtype)
-  for g in (int(x) for x in args.kv_heads.split(',')):
-    for mesh in args.mesh or ['1x8']:
-      data, model = (int(x) for x in mesh.lower().split('x'))
-      reports.append(memory_per_device(base.replace(num_kv_heads=g), batch=args.batch,
-                                       input_length=args.input_length,
-                                       cache_length=args.decode_length + 1, data=data,
-                                       model=model))
-  print(markdown_table(reports, base.num_heads))
-  return 0
-
-
-if __name__ == '__main__':
-  raise SystemExit(main())

@@ -185,8 +185,7 @@ def _run(key, fn, in_shardings, out_fn, args):
   """`fn(*args)` jitted once per `key` and argument signature: the inputs placed by
   `in_shardings`, the outputs by `out_fn(outputs)` (of their shapes), a sharding constraint inside
   the trace. The loop is traced once: `out_shardings=out_fn(jax.eval_shape(fn, *args))` traced it
-  twice (eval_shape's trace, then jit's; tests/decoding/test_mesh.py counts). A first trace of the
-  greedy loop takes 0.5-0.8 s at T5.1.1-base..XL sizes (`jax.make_jaxpr`, 2 CPU cores)."""
+  twice (eval_shape's trace, then jit's; tests/decoding/test_mesh.py counts)."""
 
   def placed(*inputs):
     outputs = fn(*inputs)

@@ -35,13 +35,9 @@ def plain_decode(target: Decoder, target_state: PyTree, rng: jax.Array, *, gamma
   `[b, max_decode_len]` (every call at draft length 0), and with `iteration_trace` the trees'
   `tree_width_trace` `[max_decode_len]` (0 for each loop iteration, -1 after the last).
 
-  One compiled program: `autoregressive.decode`'s loop and the statistics after it. On an H200
-  (`benchmarks/plain_path.py`, results/gpu/adaptive_2026-11-28b) any second program after greedy
-  decoding's cost 130-200 us a call (its dispatch and the wait for it) and the statistics made on
-  the host after a fetch 700-880 us, against calls of 6-10 ms; this call went from +350-380 us over
-  greedy decoding (two programs) to +220-255 us, where a jitted closure of the same computation
-  measured +15-39 us in another place of the benchmark's rotation (not resolved). The statistics
-  that are constants are made on the host (`as_adaptive_result`)."""
+  One compiled program, `autoregressive.decode`'s loop and the statistics after it, so that a call
+  costs one dispatch as greedy decoding's does. The statistics that are constants are made on the
+  host (`as_adaptive_result`)."""
   r = autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len,
                             config=config, eos_id=eos_id, skip=skip)
   return (r, *length_statistics(r.target_calls, r.loop_iterations, gamma_max, max_decode_len,
@@ -70,8 +66,7 @@ def plain_loop(target: Decoder, loop: LoopState, max_decode_len: int, config: Sa
   of these calls (0) to its own statistics. Also the tree loop's (`adaptive_tree.py`).
 
   The draft's state (its parameters and cache) stays out of the loop's carry: XLA copies a carried
-  input buffer into the loop once per call, which at batch 1 on small models is a measurable part
-  of the call."""
+  input buffer into the loop once per call."""
   batch = loop.done.shape[0]
 
   def plain_step(s: LoopState) -> LoopState:
@@ -96,16 +91,31 @@ def plain_loop(target: Decoder, loop: LoopState, max_decode_len: int, config: Sa
   return out.replace(draft_state=loop.draft_state)
 
 
-def as_adaptive_result(r: autoregressive.DecodeResult, histogram: jax.Array, trace: jax.Array,
-                        gamma_max: int) -> SpeculativeResult:
-  """`plain_decode`'s outputs as `adaptive.decode`'s result; `sequences` stay
+def mark_plain(s: LoopState, before: SpeculativeResult, histogram: str, trace: str,
+               width_trace: Optional[str] = None) -> LoopState:
+  """`s` after `plain_loop`, its plain steps (those past `before`, the result when they began)
+  counted at size 0 in the result's fields named `histogram` (`[b, K + 1]`), `trace`
+  (`[b, max_decode_len]`, per row call) and `width_trace` (`[max_decode_len]`, per iteration)."""
+  r = s.result
+  calls = jnp.arange(getattr(r, trace).shape[1])  # [max_decode_len]
+  plain = ((calls[None] >= before.target_calls[:, None])
+           & (calls[None] < r.target_calls[:, None]))  # [b, max_decode_len]
+  fields = {trace: jnp.where(plain, 0, getattr(r, trace)),
+            histogram: getattr(r, histogram).at[:, 0].add(r.target_calls - before.target_calls)}
+  if width_trace is not None:
+    iterations = (calls >= before.loop_iterations) & (calls < r.loop_iterations)
+    fields[width_trace] = jnp.where(iterations, 0, getattr(r, width_trace))
+  return s.replace(result=r.replace(**fields))
+
+
+def as_adaptive_result(r: autoregressive.DecodeResult, depth: int, **fields) -> SpeculativeResult:
+  """`plain_decode`'s result `r` as the adaptive loops' result, statistics `depth` draft positions
+  wide, with their own `fields` (`gamma_histogram`, `tree_nodes_trace`, ...); `sequences` stay
   `[b, 1 + max_decode_len]` (no draft slack), the statistics that are zeros are host constants."""
-  batch = r.lengths.shape[0]
-  zeros_b = np.zeros((batch,), np.int32)
+  zeros_b = np.zeros((r.lengths.shape[0],), np.int32)
   return SpeculativeResult(
       sequences=r.sequences, lengths=r.lengths, target_calls=r.target_calls, proposed=zeros_b,
-      accepted=zeros_b, accepted_per_position=np.zeros((gamma_max,), np.int32),
-      accept_histogram=np.zeros((gamma_max + 1,), np.int32),
+      accepted=zeros_b, accepted_per_position=np.zeros((depth,), np.int32),
+      accept_histogram=np.zeros((depth + 1,), np.int32),
       beta_sum=np.zeros((), np.float32), beta_count=np.zeros((), np.float32),
-      loop_iterations=r.loop_iterations, gamma_histogram=histogram, gamma_trace=trace,
-      draft_steps=np.zeros((), np.int32))
+      loop_iterations=r.loop_iterations, **fields)

@@ -22,7 +22,7 @@ actually tried (1..min(k + 1, gamma)), whose prefixes are the target's own gener
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 import flax
 import jax
@@ -191,40 +191,72 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
   if gamma < 1:
     raise ValueError(f'gamma must be >= 1, got {gamma}')
   init = init_loop(target, target_state, draft_state, rng, max_decode_len, gamma, skip)
-  positions = jnp.arange(gamma + 1)  # [gamma + 1]
+  body = lambda s: chain_step(target, draft, s, gamma, config, max_decode_len, eos_id)[0]
+  return with_draft_calls(jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init))
 
-  def cond(s: LoopState):
-    return ~jnp.all(s.done)
 
-  def body(s: LoopState) -> LoopState:
-    r = s.result
-    rng, draft_rng, verify_rng = jax.random.split(s.rng, 3)
-    active = ~s.done  # [b]
-    tokens, q, dstate = draft.propose(s.draft_state, r.sequences, r.lengths, draft_rng, gamma,
-                                      config)  # [b, gamma], [b, gamma, V]
-    last = jnp.take_along_axis(r.sequences, r.lengths[:, None], axis=1)  # [b, 1]
-    inputs = jnp.concatenate([last, tokens], axis=1)  # [b, gamma + 1]
-    if getattr(draft, 'reads_target_hidden', False):  # Chimera: hidden states of this same call
-      logits, hidden, tstate = target.tokens_to_logits_and_hidden(s.target_state, inputs)
-      dstate = draft.observe(dstate, hidden, r.lengths)  # [b, gamma + 1, D] at positions n..
-    else:
-      logits, tstate = target.tokens_to_logits(s.target_state, inputs)  # [b, gamma + 1, V]
-    k, t, beta = sampling.verify(verify_rng, tokens, q, logits, config)  # [b], [b], [b, gamma]
+class ChainStep(NamedTuple):
+  """What one `chain_step` saw, for a loop's own statistics: `k [b]` draft tokens accepted,
+  `limit [b]` (or None) each row's verified proposal length, `beta`/`tried [b, depth]` and
+  `steps []` the draft's decode calls."""
+  k: jax.Array
+  limit: Optional[jax.Array]
+  beta: jax.Array
+  tried: jax.Array
+  steps: jax.Array
 
-    new = jnp.concatenate([tokens, jnp.zeros_like(tokens[:, :1])], axis=1)  # [b, gamma + 1]
-    new = jnp.where(positions[None] == k[:, None], t[:, None], new)  # x_1..x_k, t, junk
-    sequences, lengths, ended = append_accepted(r, new, k, active, max_decode_len, eos_id)
-    tstate = target.rollback(tstate, lengths)
-    dstate = draft.commit(dstate, sequences, lengths)
-    done = s.done | ended | (lengths >= max_decode_len)
 
-    tried = (positions[None, :gamma] <= k[:, None]) & active[:, None]  # [b, gamma]
-    acc = (positions[None, :gamma] < k[:, None]) & active[:, None]  # [b, gamma]
-    result = record_call(r, sequences, lengths, active, gamma, k, acc, tried, beta, gamma)
-    return LoopState(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
+def chain_step(target: Decoder, draft: Draft, s: LoopState, width: int, config: SamplingConfig,
+               max_decode_len: int, eos_id: int, depth: Optional[int] = None,
+               want: Optional[jax.Array] = None, confidence: float = 0.0
+               ) -> Tuple[LoopState, ChainStep]:
+  """One iteration of the chain loop (module docstring), proposing `width` tokens (static).
 
-  final = jax.lax.while_loop(cond, body, init)
-  return with_draft_calls(final)
+  `want [b]` (optional, each <= width): row r proposes and verifies only its first want[r]
+  tokens (`sampling.verify`'s limit; a model draft stops calling its decoder once every row has
+  its tokens, `ModelDraft.propose_upto`, which may also stop a row's proposal early at draft
+  probability `confidence`). The statistics are kept `depth` (>= width, default width) positions
+  wide, so that loops of several widths share one result."""
+  depth = width if depth is None else depth
+  r = s.result
+  rng, draft_rng, verify_rng = jax.random.split(s.rng, 3)
+  active = ~s.done  # [b]
+  upto = None if want is None else getattr(draft, 'propose_upto', None)
+  if upto is not None:
+    tokens, q, limit, steps, dstate = upto(s.draft_state, r.sequences, r.lengths, draft_rng,
+                                           width, config, want, confidence)  # [b, width], ...
+  else:
+    tokens, q, dstate = draft.propose(s.draft_state, r.sequences, r.lengths, draft_rng, width,
+                                      config)  # [b, width], [b, width, V]
+    limit, steps = want, jnp.asarray(width, jnp.int32)
+  last = jnp.take_along_axis(r.sequences, r.lengths[:, None], axis=1)  # [b, 1]
+  inputs = jnp.concatenate([last, tokens], axis=1)  # [b, width + 1]
+  if getattr(draft, 'reads_target_hidden', False):  # Chimera: hidden states of this same call
+    logits, hidden, tstate = target.tokens_to_logits_and_hidden(s.target_state, inputs)
+    dstate = draft.observe(dstate, hidden, r.lengths)  # [b, width + 1, D] at positions n..
+  else:
+    logits, tstate = target.tokens_to_logits(s.target_state, inputs)  # [b, width + 1, V]
+  k, t, beta = sampling.verify(verify_rng, tokens, q, logits, config, limit)  # [b], [b], [b, w]
+
+  positions = jnp.arange(depth + 1)  # [depth + 1]
+  new = jnp.concatenate([tokens, jnp.zeros_like(tokens[:, :1])], axis=1)  # [b, width + 1]
+  new = jnp.where(positions[None, :width + 1] == k[:, None], t[:, None], new)  # x_1..x_k, t, junk
+  if depth > width:
+    new = jnp.pad(new, ((0, 0), (0, depth - width)))  # [b, depth + 1]
+    beta = jnp.pad(beta, ((0, 0), (0, depth - width)))  # [b, depth]
+  sequences, lengths, ended = append_accepted(r, new, k, active, max_decode_len, eos_id)
+  tstate = target.rollback(tstate, lengths)
+  dstate = draft.commit(dstate, sequences, lengths)
+  done = s.done | ended | (lengths >= max_decode_len)
+
+  tried = (positions[None, :depth] <= k[:, None]) & active[:, None]  # [b, depth]
+  if limit is not None:
+    tried &= positions[None, :depth] < limit[:, None]
+  acc = (positions[None, :depth] < k[:, None]) & active[:, None]  # [b, depth]
+  result = record_call(r, sequences, lengths, active, width if limit is None else limit, k, acc,
+                       tried, beta, depth)
+  loop = LoopState(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
+  return loop, ChainStep(k, limit, beta, tried, steps)
 
 
 def with_draft_calls(final: LoopState) -> SpeculativeResult:

@@ -104,9 +104,7 @@ def t5_cache(model: Transformer, params: PyTree, encoder_input_tokens: jax.Array
              cache_length: int) -> PyTree:
   """The decode cache of `[b, S]` inputs (their encoding, `cache_length` empty slots). Only the
   cache: a jitted function's outputs are new buffers, and when `init` returned the parameters
-  from here too, every state held its own copy of them (every batch of a `generate` run, every
-  state of a benchmark: the widened pair's tree benchmark ran out of 24 GiB holding 192 MiB of
-  target and draft weights per state)."""
+  from here too, every state held its own copy of them (every batch of a `generate` run)."""
   encoded = model.apply({'params': params}, encoder_input_tokens,
                         method=Transformer.encode)  # [b, S, emb]
   return decode_cache.init_decode_cache(model, params, encoded, encoder_input_tokens, cache_length)

@@ -11,7 +11,7 @@
 Theorem 8 assumes the target scores gamma + 1 positions in the time of one. On real hardware
 verification grows with gamma, so `speedup_measured_costs` also takes v(gamma) = T_target(gamma + 1
 tokens) / T_target(1 token): per iteration the cost is gamma c + v(gamma) target steps (Theorem 8
-is v = 1). `c` may be a number or a function of gamma (measured, see benchmarks/speculative.py).
+is v = 1). `c` may be a number or a function of gamma.
 
 Eq. 1 counts one row's tokens per iteration; a batch iterates until its slowest row is done.
 `batch_inflation` prices that: the expected iterations of batches whose rows need the given
@@ -171,12 +171,8 @@ def batch_inflation(alphas: np.ndarray, max_gamma: int, lengths: Lengths) -> np.
     E[max_r K_r] = (l_max + o) / mu + sqrt(var / mu^3) h(sqrt(mu / var)),
 
   and for rows of one length h = sqrt(l) E[max of n normals]: 1 + o / l + 1.42 sqrt(var / (mu l))
-  for 8 rows. Against simulated batches of independent rows (tests/decoding/test_theory.py) it is
-  within 5% at 8 rows of 20-60 tokens, alpha 0.6-0.85, gamma 1-4, and of rows of unequal length.
-  Rows of unequal length wait less for each other (the shorter rows rarely decide the batch): on
-  the widened smoke pair at batch 8 (16 inputs, the 0.1 and 0.2 drafts, gamma 1, 2, 4, at the
-  runs' own alphas), 191 iterations ran in all, 195 priced from each row's length against 208
-  with every row at its batch's longest (the form until 2026-11-29)."""
+  for 8 rows (tests/decoding/test_theory.py compares it with simulated batches). Rows of unequal
+  length wait less for each other: the shorter rows rarely decide the batch."""
   a = np.clip(np.asarray(alphas, np.float64), 0.0, 1.0)[:, None]  # [n, 1]
   if not lengths:
     return np.ones((a.shape[0], max_gamma + 1))
@@ -235,8 +231,7 @@ def optimal_gamma_steps(c: float, max_gamma: int, verify_ratio: Union[float, Tup
 
   One definition serves both places that choose gamma: the host (`adaptive.AdaptiveGamma`'s first
   gamma, before any device op) and the jitted loops (`optimal_gammas`: a comparison and a sum
-  where the formula is a power, a cumulative sum, a division and an argmax every iteration; on
-  XLA:CPU the adaptive loop's body compiles to one kernel fewer, `benchmarks/loop_kernels.py`)."""
+  where the formula is a power, a cumulative sum, a division and an argmax every iteration)."""
   v = tuple(np.broadcast_to(np.asarray(verify_ratio, np.float64), (max_gamma,)).tolist())
   alphas = np.linspace(0.0, 1.0, grid + 1)
   gammas = _theorem8_gammas(alphas, c, max_gamma, v, lengths)

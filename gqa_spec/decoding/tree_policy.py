@@ -1,49 +1,32 @@
 """How each row of `--tree best:auto` chooses its tree size (`adaptive_tree.py`'s loop asks
-`AdaptiveTree.choose` every iteration), and what the calibration hands it (`TreeCalibration`).
+`AdaptiveTree.choose` every iteration).
 
-The choice (policy 'optimal'). With verification in rank order, whether node j is accepted depends
-only on nodes ranked before it, so one call at width w shows, for every compiled width u <= w, how
-many tokens a top-u tree would have accepted: the accepted path's nodes ranked below u (the path is
-ancestor-closed in rank, so these are a prefix of it). Each row keeps `gain [b, K]`, a discounted
-mean per compiled width u_j of the tokens the nodes ranked in [u_{j-1}, u_j) added over the calls
-that held u_j, and `weight [b, K]`, its discounted count of calls: each call multiplies every weight
-by `decay`, held or not, and adds 1 where it held the width (held at every call, gain <- decay gain
-+ (1 - decay) added). Gains, not counts: a width the call did not hold stays in step with the
-smaller ones, so a stale, larger count cannot make a failing row ask for ever larger trees. The
-gains start from a prior counted as 1 / (1 - decay) calls that fade: where the calibration's second
-stage ran (`adaptive_tree.measure_costs`, `calibrated`), the tokens this loop accepted per call at
-each width there (`accepted_init`), which then also counts as `prior_weight` calls that never fade
-(`CALIBRATED_PRIOR_CALLS`), a band's estimate (W0 prior_j + weight_j gain_j) / (W0 + weight_j).
-Without it one low draw of a wide band (0, 1 or 2 tokens a call at T = 1) kept a row below that
-width for good, the width never held again: on the widened smoke pair at batch 1, T = 1, rows asked
-for 1 or 2 nodes in 64 of 98 calls where the prior and the best fixed tree had 4, at 0.915x that
-tree (results/benchmarks/adaptive_tree_smoke_widened_confirmed). With it a width not held drifts
-back to the prior as its evidence fades (on that pair remade, 4 keys per input: 1.01x the best fixed
-tree, 0.946x without; results/benchmarks/adaptive_tree_smoke_widened_{lasting,fading}_t1_seeds4).
-Otherwise the counts of a chain of min(u, D) tokens each accepted with probability `alpha_init`
-(sum_i alpha^i; no gain past depth D), the top node's acceptance measured on the first batch, or an
-optimistic 0.9, so that one bad first call (e.g. a Chimera draft's, before it has any hidden state)
-does not end speculation (no lasting prior). The chain reads a top-u tree as a path of min(u, D)
-nodes, which a best-first tree of a few nodes seldom is (on the cpu study's widened pair it priced 4
-nodes at 3.5 tokens a call: docs/adaptive.md). Where the prior itself pays for no tree, no row ever
-asks for one and `decode` is greedy decoding from the start. A row asks for
+With verification in rank order, whether node j is accepted depends only on nodes ranked before
+it, so one call at width w shows, for every compiled width u <= w, how many tokens a top-u tree
+would have accepted: the accepted path's nodes ranked below u. Each row keeps `gain [b, K]`, a
+discounted mean per compiled width u_j of the tokens the nodes ranked in [u_{j-1}, u_j) added over
+the calls that held u_j, and `weight [b, K]`, its discounted count of calls: each call multiplies
+every weight by `decay`, held or not, and adds 1 where it held the width. Gains, not counts: a
+width the call did not hold stays in step with the smaller ones. The gains start from a prior
+counted as 1 / (1 - decay) calls that fade: where the calibration's second stage ran
+(`cost_calibration.measure_costs`, `calibrated`), the tokens this loop accepted per call at each
+width there (`accepted_init`), which then also counts as `prior_weight` calls that never fade
+(`CALIBRATED_PRIOR_CALLS`), a band's estimate (W0 prior_j + weight_j gain_j) / (W0 + weight_j);
+otherwise the counts of a chain of min(u, D) tokens each accepted with probability `alpha_init`
+(sum_i alpha^i). Where the prior itself pays for no tree, no row ever asks for one and `decode`
+is greedy decoding from the start. A row asks for
 
     N_r = argmax over n in {0} + widths of  (1 + accepted_r(n)) / (I(n) cost(n)),
     accepted_r(u_j) = est_r(u_1) + ... + est_r(u_j),  est_r the bands' estimates above,
     cost(0) = 1 (a plain step),  cost(n) = D c + v(n),
 
-tokens per greedy-step equivalent: D draft calls of c each (c: one draft call of the tree over one
-step of greedy decoding) and v(n) the iteration's verification call at width n and the loop's own
-work over a greedy step (both measured, `adaptive_tree.measure_costs`, or c given and v = 1 as in
-Theorem 8), and I(n) the batch's iterations over a row's (`theory.tree_batch_inflation` at the
-prior's accepted tokens, the calibration batches' output lengths; 1 at I(0) and without a
-calibration): a batch runs until its slowest row ends. Unpriced, the widened smoke pair at batch 8
-asked for 2-node trees at 0.90x greedy decoding where no fixed tree reached 0.89x
-(results/benchmarks/adaptive_tree_smoke_widened_lasting_b8). Ties go to the smaller tree. With the
-chain prior, unless no row speculates, the first iteration verifies N_max for every row, so every
-width is observed at once; with a measured prior every row starts at the prior's own choice. A width
-larger than the call's is not observed that iteration: its running mean stays, the evidence behind
-it fades.
+tokens per greedy-step equivalent: D draft calls of c each and v(n) the rest of an iteration at
+width n, both over a greedy step, and I(n) the batch's iterations over a row's
+(`theory.tree_batch_inflation` at the prior's accepted tokens and the calibration batches' output
+lengths; 1 at I(0) and without them): a batch runs until its slowest row ends. Ties go to the
+smaller tree. With the chain prior, unless no row speculates, the first iteration verifies N_max
+for every row, so every width is observed at once; with a measured prior every row starts at the
+prior's own choice.
 """
 
 from __future__ import annotations
@@ -51,21 +34,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from typing import NamedTuple, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from gqa_spec.decoding import theory
-from gqa_spec.decoding.adaptive import Calibration
 from gqa_spec.decoding.tree import TreeShape
 from gqa_spec.errors import UserError
 
-# Calls the calibration's measured prior (tokens accepted per call at each width) counts for in
-# every row's estimate, never discounted (`AdaptiveTree.prior_weight`): about as much as the
-# running evidence, which settles at 1 / (1 - decay) = 3.3 calls (`--gamma auto`'s calibrated
-# alpha counts 16 positions, ~2x its running evidence).
+# Calls the calibration's measured prior counts for in every row's estimate, never discounted
+# (`AdaptiveTree.prior_weight`): about as much as the running evidence, 1 / (1 - decay) calls.
 CALIBRATED_PRIOR_CALLS = 4.0
 DEFAULT_MAX_NODES = 64  # `best:auto` without :N: every candidate, at most this many
 SPEC = 'best:auto[:N],depth:D[,width:W][,replace]'
@@ -89,14 +69,13 @@ class AdaptiveTree:
     cost_ratio: c, one draft call of growing the tree over one one-token target call (the tree
       takes D of them).
     verify_ratio: v, the verification call over a one-token target call: one number for every width,
-      or one per compiled width (`node_widths(N_max)`), as `adaptive_tree.measure_costs` gives.
+      or one per compiled width (`node_widths(N_max)`), as `cost_calibration.measure_costs` gives.
     alpha_init: the prior's per-token acceptance (module docstring): by default an optimistic 0.9,
       so that a row keeps trying trees for a few calls before its own statistics decide;
-      `calibrated` sets the draft's top-node acceptance `adaptive_tree.measure_costs` found on the
-      first batch (what `generate --tree best:auto...` does).
+      `calibrated` sets the draft's top-node acceptance the calibration measured.
     accepted_init: the prior itself, draft tokens accepted per call at each compiled width (one
       number per `widths`, in [0, D]), in place of the chain from `alpha_init`: `calibrated` sets
-      the ones `adaptive_tree.measure_costs` measured in this loop (`TreeCalibration.accepted`)
+      the ones `cost_calibration.measure_costs` measured in this loop (`Calibration.accepted`)
       where its second stage ran; None: the chain.
     decay: what each call multiplies the evidence behind a width's estimate by (module
       docstring).
@@ -107,10 +86,8 @@ class AdaptiveTree:
       batch's iterations (`inflation`; (): not priced); `calibrated` sets the calibration's, the
       greedy output lengths of the batches it read.
     fixed_nodes: every row asks for this many nodes at every call, whatever its statistics (None:
-      the choice above), or for the first count `adaptive_tree._speculative` is given (traced), at
-      every call (tests; `adaptive_tree.measure_costs` times the policy's own loop `held` instead);
-      0: no row asks for a tree, `adaptive_tree.decode` is greedy decoding (the plain calls of
-      `guard`).
+      the choice above); 0: no row asks for a tree, `adaptive_tree.decode` is greedy decoding (the
+      plain calls of `guard`).
   """
 
   shape: TreeShape
@@ -237,11 +214,10 @@ class AdaptiveTree:
   def speculates(self) -> bool:
     return self.first_nodes() > 0
 
-  def calibrated(self, calibration: Union['TreeCalibration', Calibration]) -> 'AdaptiveTree':
-    """These settings with `adaptive_tree.measure_costs`' c, v, starting alpha, the output
-    lengths of the batches it read and, where its second stage ran, the accepted tokens per width it measured
-    (the prior, kept as `CALIBRATED_PRIOR_CALLS` calls that never fade; a chain's `Calibration`
-    has none)."""
+  def calibrated(self, calibration) -> 'AdaptiveTree':
+    """These settings with a `cost_calibration.Calibration`'s c, v, starting alpha, output lengths
+    and, where measured, accepted tokens per width (the prior, kept as `CALIBRATED_PRIOR_CALLS`
+    calls that never fade)."""
     depth = self.shape.depth
     accepted = getattr(calibration, 'accepted', ())
     return dataclasses.replace(
@@ -257,20 +233,6 @@ class AdaptiveTree:
     replace = ',replace' if self.shape.replace else ''
     return (f'best:auto:{self.nodes_max},depth:{self.shape.depth},width:{self.shape.frontier}'
             f'{replace} (c={self.cost_ratio:.3g},v={v})')
-
-
-class TreeCalibration(NamedTuple):
-  """What `adaptive_tree.measure_costs` measured: `Calibration`'s fields (c, v per compiled width,
-  the starting alpha, seconds per greedy step) and `accepted`, the draft tokens this loop accepted
-  per call at each compiled width where its second stage ran (the prior,
-  `AdaptiveTree.accepted_init`; () where it did not), and the greedy output lengths of the
-  batches it read (`theory.Lengths`)."""
-  cost_ratio: float
-  verify_ratio: Tuple[float, ...]
-  alpha: float
-  step_seconds: float = 0.0
-  accepted: Tuple[float, ...] = ()
-  lengths: theory.Lengths = ()
 
 
 def _prior_tokens(adaptive: AdaptiveTree) -> np.ndarray:

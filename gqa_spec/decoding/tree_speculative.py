@@ -88,57 +88,66 @@ def decode(target: Decoder, target_state: PyTree, draft: TreeDraft, draft_state:
   """
   if config.lenience != 1.0:
     raise ValueError('lenience < 1 is not supported with token trees')
-  depth = shape.depth
-  batch = target.index(target_state).shape[0]
+  init = init_loop(target, target_state, draft_state, rng, max_decode_len, shape.depth, skip)
+  body = lambda s: tree_step(target, draft, s, shape, config, max_decode_len, eos_id)[0]
+  return with_draft_calls(jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init))
+
+
+def tree_step(target: Decoder, draft: TreeDraft, s: LoopState, shape: TreeShape,
+              config: SamplingConfig, max_decode_len: int, eos_id: int,
+              width: Optional[int] = None) -> Tuple[LoopState, jax.Array, jax.Array]:
+  """One iteration of the tree loop (module docstring). With `width` (static) the grown tree is
+  put in rank order (`tree.by_rank`) and only its first `width` nodes, the best-first tree of that
+  budget, are verified (`adaptive_tree.py`). Returns the new state, the accepted path `[b, D]`
+  (node indices in the verified order, -1 past it) and `k [b]`."""
+  r = s.result
+  depth, batch = shape.depth, r.lengths.shape[0]
+  rng, draft_rng, verify_rng = jax.random.split(s.rng, 3)
+  active = ~s.done  # [b]
+  nodes, dstate = draft.propose_tree(s.draft_state, r.sequences, r.lengths, draft_rng, shape,
+                                     config)  # [b, N] nodes
+  order = None
+  if width is not None:  # order: rank -> the draft's node index
+    ranked, order = tree_lib.by_rank(nodes)
+    nodes = tree_lib.first_nodes(ranked, width)  # [b, width]
+  last = jnp.take_along_axis(r.sequences, r.lengths[:, None], axis=1)  # [b, 1]
+  tokens = jnp.concatenate([last, nodes.tokens], axis=1)  # [b, N + 1]
+  tree_positions = r.lengths[:, None] + jnp.concatenate(
+      [jnp.zeros((batch, 1), jnp.int32), nodes.depths], axis=1)  # [b, N + 1]
+  mask = tree_lib.attention_mask(nodes.parents, depth)  # [b, N + 1, N + 1]
   reads_hidden = getattr(draft, 'reads_target_hidden', False)
-  init = init_loop(target, target_state, draft_state, rng, max_decode_len, depth, skip)
-  positions = jnp.arange(depth + 1)  # [D + 1]
+  if reads_hidden:  # Chimera: the hidden states of this same call
+    logits, hidden, tstate = target.tokens_to_logits_and_hidden(
+        s.target_state, tokens, tree_positions, mask)  # [b, N + 1, V], [b, N + 1, E]
+  else:
+    logits, tstate = target.tokens_to_logits(s.target_state, tokens, tree_positions,
+                                             mask)  # [b, N + 1, V]
+  path, k, t = tree_lib.verify(verify_rng, nodes, logits, depth, config)  # [b, D], [b], [b]
+  if reads_hidden:  # the root's and the path's hidden states, at positions n, n + 1, ...
+    rows = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), path + 1],
+                           axis=1)  # [b, D + 1]; -1 past the path -> the root's (junk slots)
+    dstate = draft.observe(dstate, jnp.take_along_axis(hidden, rows[..., None], axis=1),
+                           r.lengths)
 
-  def cond(s: LoopState):
-    return ~jnp.all(s.done)
+  sequences, lengths, ended, tstate = accept_path(target, tstate, r, nodes.tokens, path, k, t,
+                                                  active, max_decode_len, eos_id)
+  draft_path = path if order is None else jnp.where(
+      path >= 0, jnp.take_along_axis(order, jnp.maximum(path, 0), axis=1), -1)  # [b, D]
+  dstate = draft.commit_tree(dstate, sequences, lengths, draft_path)
+  done = s.done | ended | (lengths >= max_decode_len)
 
-  def body(s: LoopState) -> LoopState:
-    r = s.result
-    rng, draft_rng, verify_rng = jax.random.split(s.rng, 3)
-    active = ~s.done  # [b]
-    tree, dstate = draft.propose_tree(s.draft_state, r.sequences, r.lengths, draft_rng, shape,
-                                      config)  # [b, N] nodes
-    last = jnp.take_along_axis(r.sequences, r.lengths[:, None], axis=1)  # [b, 1]
-    tokens = jnp.concatenate([last, tree.tokens], axis=1)  # [b, N + 1]
-    tree_positions = r.lengths[:, None] + jnp.concatenate(
-        [jnp.zeros((batch, 1), jnp.int32), tree.depths], axis=1)  # [b, N + 1]
-    mask = tree_lib.attention_mask(tree.parents, depth)  # [b, N + 1, N + 1]
-    if reads_hidden:  # Chimera: the hidden states of this same call
-      logits, hidden, tstate = target.tokens_to_logits_and_hidden(
-          s.target_state, tokens, tree_positions, mask)  # [b, N + 1, V], [b, N + 1, E]
-    else:
-      logits, tstate = target.tokens_to_logits(s.target_state, tokens, tree_positions,
-                                               mask)  # [b, N + 1, V]
-    path, k, t = tree_lib.verify(verify_rng, tree, logits, depth, config)  # [b, D], [b], [b]
-    if reads_hidden:  # the root's and the path's hidden states, at positions n, n + 1, ...
-      rows = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), path + 1],
-                             axis=1)  # [b, D + 1]; -1 past the path -> the root's (junk slots)
-      dstate = draft.observe(dstate, jnp.take_along_axis(hidden, rows[..., None], axis=1),
-                             r.lengths)
-
-    sequences, lengths, ended, tstate = accept_path(target, tstate, r, tree.tokens, path, k, t,
-                                                    active, max_decode_len, eos_id)
-    dstate = draft.commit_tree(dstate, sequences, lengths, path)
-    done = s.done | ended | (lengths >= max_decode_len)
-
-    act = active.astype(jnp.int32)  # [b]
-    acc = (positions[None, :depth] < k[:, None]) & active[:, None]  # [b, D]
-    result = r.replace(
-        sequences=sequences, lengths=lengths, target_calls=r.target_calls + act,
-        proposed=r.proposed + jnp.sum(tree.valid, axis=1, dtype=jnp.int32) * act,
-        accepted=r.accepted + k * act,
-        accepted_per_position=r.accepted_per_position + jnp.sum(acc, axis=0, dtype=jnp.int32),
-        accept_histogram=r.accept_histogram + jnp.sum(
-            jax.nn.one_hot(k, depth + 1, dtype=jnp.int32) * act[:, None], axis=0),
-        loop_iterations=r.loop_iterations + 1)
-    return LoopState(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
-
-  return with_draft_calls(jax.lax.while_loop(cond, body, init))
+  act = active.astype(jnp.int32)  # [b]
+  acc = (jnp.arange(depth)[None] < k[:, None]) & active[:, None]  # [b, D]
+  result = r.replace(
+      sequences=sequences, lengths=lengths, target_calls=r.target_calls + act,
+      proposed=r.proposed + jnp.sum(nodes.valid, axis=1, dtype=jnp.int32) * act,
+      accepted=r.accepted + k * act,
+      accepted_per_position=r.accepted_per_position + jnp.sum(acc, axis=0, dtype=jnp.int32),
+      accept_histogram=r.accept_histogram + jnp.sum(
+          jax.nn.one_hot(k, depth + 1, dtype=jnp.int32) * act[:, None], axis=0),
+      loop_iterations=r.loop_iterations + 1)
+  loop = LoopState(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
+  return loop, path, k
 
 
 def accept_path(target: Decoder, tstate: PyTree, r: SpeculativeResult, tokens: jax.Array,

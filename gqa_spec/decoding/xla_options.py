@@ -1,14 +1,11 @@
 """XLA compiler options for the decoding loops: `fast_compile()` trades run time for compile time.
 
-On XLA:CPU a tiny model's speculative loop compiles in 2-4 s and then runs in 15-30 ms, so a grid
-of loops that each run a few times (the smoke reproduction's speculative stage: ~40 compiles per
-job) spends nearly all of its time compiling. Inside `fast_compile()` the decoding loops (and the
-encoder/cache init) are compiled with LLVM's optimisation off and XLA:CPU's simpler emitters, the
-options of the test suite's `CHEAP_XLA_FLAGS`: on 2 CPU cores, a smoke-sized speculative loop
-(target 2+2 layers, draft 1+1, batch 4 x 64 inputs, 32 tokens) compiled in 1.0-1.5 s instead of
-2.2-4.0 s and ran in 39-60 ms instead of 8-14 ms (`python -m benchmarks.xla_options`,
-results/benchmarks/xla_options.md). The tokens do not change; timings taken inside are of that
-slower code.
+On XLA:CPU a tiny model's loop compiles for longer than it runs, so a grid of loops that each run
+a few times (the smoke reproduction's speculative stage) spends most of its time compiling.
+Inside `fast_compile()` the decoding loops (and the encoder/cache init) are compiled with LLVM's
+optimisation off and XLA:CPU's simpler emitters, the options of the test suite's
+`CHEAP_XLA_FLAGS`: faster to compile, slower to run. The tokens do not change; timings taken
+inside are of that slower code.
 
   with xla_options.fast_compile():
     result = speculative.decode(...)      # compiled (once) with FAST_COMPILE

@@ -85,7 +85,7 @@ def _load(path: str):
 
 
 def _chain_job(ctx, task: str, lengths, target_name: str, finetuned: dict, memo) -> dict:
-  from gqa_spec.decoding import speedup  # pylint: disable=g-import-not-at-top
+  from gqa_spec.reproduce import speed_grid  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.drafts import CopyDraft, ModelDraft, NgramDraft, TreeModelDraft  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.drafts.ngram import fit_ngram_on_task  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
@@ -107,7 +107,7 @@ def _chain_job(ctx, task: str, lengths, target_name: str, finetuned: dict, memo)
   drafts = {name: drafts[name] for name in p.chain_drafts}
   target = T5Decoder(Transformer(config))
   batches = memo(('batches', task), lambda: _batches(ctx, task, lengths))
-  grid = speedup.measure_grid(target, params, drafts, batches,
+  grid = speed_grid.measure_grid(target, params, drafts, batches,
                               max_decode_len=max_len, gammas=p.gammas,
                               temperatures=p.temperatures, repeats=p.speculative_repeats,
                               workers=p.workers,
@@ -125,7 +125,7 @@ def _chain_job(ctx, task: str, lengths, target_name: str, finetuned: dict, memo)
                                        lambda enc, s=s: tree_model.init(dparams, enc, max_len,
                                                                         TreeShape.parse(s)))
              for s in p.tree_shapes}
-    tree_rows = speedup.measure_trees(target, params, trees, batches, max_decode_len=max_len,
+    tree_rows = speed_grid.measure_trees(target, params, trees, batches, max_decode_len=max_len,
                                       autoregressive_runs=grid['autoregressive'],
                                       repeats=p.speculative_repeats, workers=p.workers)
     t_bytes, d_bytes = param_bytes(params), param_bytes(dparams)
@@ -147,7 +147,7 @@ def _bytes_per_token(row: dict, target_bytes: int, draft_bytes: int,
 def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
                 trained: dict, memo) -> dict:
   """Plain, distilled, Chimera and staged chains and the trees, side by side (module docstring)."""
-  from gqa_spec.decoding import speedup  # pylint: disable=g-import-not-at-top
+  from gqa_spec.reproduce import speed_grid  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding import drafts as d  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.drafts.ngram import fit_ngram_on_task  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
@@ -190,10 +190,10 @@ def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
       lambda enc: chimera_tree.init(cparams, emb, enc.shape[0], L, table))
   target = T5Decoder(Transformer(config))
   batches = memo(('batches', task), lambda: _batches(ctx, task, lengths))
-  grid = speedup.measure_grid(target, params, chains, batches, max_decode_len=L,
+  grid = speed_grid.measure_grid(target, params, chains, batches, max_decode_len=L,
                               gammas=p.draft_gammas, temperatures=p.temperatures,
                               repeats=p.speculative_repeats, workers=p.workers)
-  tree_rows = speedup.measure_trees(target, params, trees, batches, max_decode_len=L,
+  tree_rows = speed_grid.measure_trees(target, params, trees, batches, max_decode_len=L,
                                     autoregressive_runs=grid['autoregressive'],
                                     repeats=p.speculative_repeats, workers=p.workers)
   t_bytes = param_bytes(params)

@@ -48,3 +48,15 @@ def perturbed(params, scale, seed=1):
   keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
   noisy = [x + scale * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
   return jax.tree_util.tree_unflatten(treedef, noisy)
+
+
+class FakeClock:
+  """Each reading one second after the one before: every timed run reads as exactly 1 s, so the
+  calibration's times are functions of its programs' iteration counts, not of this machine."""
+
+  def __init__(self):
+    self.now = 0.0
+
+  def __call__(self) -> float:
+    self.now += 1.0
+    return self.now

@@ -14,14 +14,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gqa_spec.decoding import adaptive, autoregressive, calibration, speculative, theory, timing
+from gqa_spec.decoding import adaptive, autoregressive, cost_calibration, speculative, theory
 from gqa_spec.decoding.adaptive import AdaptiveGamma
 from gqa_spec.decoding.drafts import CopyDraft, ModelDraft, NgramDraft
 from gqa_spec.decoding.drafts.ngram import fit_ngram
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.targets import T5Decoder, TableDecoder
 from gqa_spec.errors import UserError
-from tests.decoding.conftest import INPUTS, MAX_LEN, model_and_params
+from tests.decoding.conftest import INPUTS, MAX_LEN, FakeClock, model_and_params
 from tests.decoding.test_speculative_stub import (N, NO_EOS, P_VALUE_THRESHOLD, TARGET, _chisquare,
                                                   _empirical, _exact_first_three, _tables)
 from tests.decoding.test_speculative_t5 import greedy_reference, perturbed_params
@@ -73,32 +73,43 @@ def test_optimal_policy_is_one_length_for_the_batch_and_greedy_exact():
   assert summary['draft_steps_saved'] >= GAMMA_MAX * plain
 
 
-def test_a_held_optimal_loop_keeps_its_first_lengths_as_the_fixed_policy_does():
-  # The calibration times the optimal policy's own program `held` at each width: its choice is made
-  # every iteration and not taken. Held, every call of every row is at the first length and the
-  # result is the fixed policy's, token for token and acceptance for acceptance; the same
+def _held(target, state, draft, dstate, ad, first, held=True, config=SamplingConfig()):
+  """The optimal policy's own loop with every row starting at `first` (the calibration's timing
+  runs): `held` True, its choice made every iteration and not taken."""
+  return adaptive._speculative(  # pylint: disable=protected-access
+      target, state, draft, dstate, jax.random.PRNGKey(0), adaptive=ad, max_decode_len=MAX_LEN,
+      config=config, eos_id=autoregressive.EOS, skip=None,
+      first_gammas=np.full((state_rows(target, state),), first, np.int32),
+      held=np.asarray(held, bool))
+
+
+def state_rows(target, state):
+  return target.index(state).shape[0]
+
+
+def test_a_held_optimal_loop_is_the_chain_loop_at_its_first_length():
+  # The calibration times the optimal policy's own program held at each width: its choice is made
+  # every iteration and not taken. Held at 2, every call of every row is at 2 and the result is
+  # `speculative.decode`'s at gamma 2, token for token and acceptance for acceptance; the same
   # program not held (a traced False) moves, as the test above shows the policy does.
   model, params = model_and_params(2)
   target, enc = T5Decoder(model), jnp.asarray(INPUTS)
   draft = ModelDraft.t5(model)
   dstate = draft.decoder.init(perturbed_params('gqa'), enc, MAX_LEN + GAMMA_MAX + 2)
-  slots = MAX_LEN + GAMMA_MAX + 1
-  first = np.full((len(INPUTS),), 2, np.int32)
-  run = lambda a, **k: adaptive.decode(target, target.init(params, enc, slots), draft, dstate,
-                                       jax.random.PRNGKey(0), adaptive=a, max_decode_len=MAX_LEN,
-                                       first_gammas=first, **k)
+  state = target.init(params, enc, MAX_LEN + GAMMA_MAX + 1)
   optimal = AdaptiveGamma(gamma_max=GAMMA_MAX, cost_ratio=0.6, alpha_init=0.97)
-  held = run(optimal, held=np.ones((), bool))
-  fixed = run(AdaptiveGamma(gamma_max=GAMMA_MAX, policy='fixed', gamma_init=2))
+  held = _held(target, state, draft, dstate, optimal, 2)
+  chain = speculative.decode(target, state, draft, dstate, jax.random.PRNGKey(0), gamma=2,
+                             max_decode_len=MAX_LEN)
   trace = speculative.summarize(held)['gamma_per_call_per_row']
   assert all(set(t) == {2} for t in trace), trace
-  for field in ('sequences', 'lengths', 'target_calls', 'beta_sum', 'beta_count', 'accepted'):
+  for field in ('lengths', 'target_calls', 'beta_sum', 'beta_count', 'accepted'):
     np.testing.assert_array_equal(np.asarray(getattr(held, field)),
-                                  np.asarray(getattr(fixed, field)), err_msg=field)
+                                  np.asarray(getattr(chain, field)), err_msg=field)
   ref_seqs, _ = greedy_reference('gqa', len(INPUTS))
   np.testing.assert_array_equal(np.asarray(held.sequences)[:, :MAX_LEN + 1], ref_seqs)
-  moved = speculative.summarize(run(optimal, held=np.zeros((), bool)))['gamma_per_call_per_row']
-  assert any(set(t) != {2} for t in moved), moved
+  moved = speculative.summarize(_held(target, state, draft, dstate, optimal, 2, held=False))
+  assert any(set(t) != {2} for t in moved['gamma_per_call_per_row']), moved
 
 
 def test_the_batch_length_is_theorem_8_at_the_slowest_active_row():
@@ -341,18 +352,6 @@ def test_narrow_verification_calls_are_greedy_exact():
   assert any(0 < g < GAMMA_MAX for g in longest), longest  # calls narrower than gamma_max + 1
 
 
-def test_one_width_verifies_every_proposal_at_gamma_max_and_is_greedy_exact():
-  # The same policy as above, one compiled width: the rows' gammas still spread, each row verifies
-  # its own prefix of the gamma_max + 1 tokens, and the output stays greedy's.
-  ad = AdaptiveGamma(gamma_max=GAMMA_MAX, cost_ratio=0.05, verify_ratio=(1.05, 1.1, 1.2, 1.5),
-                     one_width=True)
-  assert ad.verify_widths == (GAMMA_MAX,) and ad.describe().endswith(',one_width)')
-  assert AdaptiveGamma(gamma_max=GAMMA_MAX).verify_widths == adaptive.verify_gammas(GAMMA_MAX)
-  summary = _greedy(ad)
-  gammas = {g for t in summary['gamma_per_call_per_row'] for g in t}
-  assert len(gammas - {0, GAMMA_MAX}) >= 2, gammas
-
-
 @pytest.mark.parametrize('kwargs, message', [
     (dict(gamma_max=0), 'gamma_max'), (dict(policy='fast'), 'policy'),
     (dict(cost_ratio=-1.0), 'cost ratio'), (dict(confidence=1.0), 'confidence'),
@@ -373,27 +372,11 @@ def test_costs_that_never_pay_give_plain_steps_only():
   summary = _greedy(ad)
   assert all(set(t) == {0} for t in summary['gamma_per_call_per_row'])
   assert summary['draft_steps'] == 0 and summary['proposed'] == 0
-  # the program is autoregressive decoding's: the same while loop, no draft call in it
+  # without a draft state (none is made where no row speculates): greedy decoding itself
   model, params = model_and_params(2)
-  target, enc = T5Decoder(model), jnp.asarray(INPUTS)
-  state = target.init(params, enc, MAX_LEN + 1)
+  target = T5Decoder(model)
+  state = target.init(params, jnp.asarray(INPUTS), MAX_LEN + 1)
   draft = CopyDraft(model.config.vocab_size)
-  program = jax.make_jaxpr(lambda s, d: adaptive.decode(
-      target, s, draft, d, jax.random.PRNGKey(0), adaptive=ad, max_decode_len=MAX_LEN))(
-          state, draft.init(enc))
-  plain = jax.make_jaxpr(lambda s: autoregressive.decode(
-      target, s, jax.random.PRNGKey(0), max_decode_len=MAX_LEN))(state)
-  assert _while_bodies(program.jaxpr) == _while_bodies(plain.jaxpr)
-  assert len(_while_bodies(plain.jaxpr)) == 1
-  # and, called eagerly, it is one compiled program (a second one after greedy decoding's cost
-  # 130-200 us a call on an H200, results/gpu/adaptive_2026-11-28b): one jitted call at the top
-  # level, greedy decoding's loop and the statistics inside it
-  top = jax.make_jaxpr(lambda s: adaptive.decode(
-      target, s, draft, None, jax.random.PRNGKey(0), adaptive=ad, max_decode_len=MAX_LEN))(state)
-  calls = [e.primitive.name for e in top.eqns
-           if e.primitive.name not in ('random_seed', 'random_wrap', 'random_unwrap')]
-  assert calls in (['jit'], ['pjit'])  # the primitive's name since JAX 0.7 / before
-  assert top.eqns[-1].params['name'] == 'plain_decode'
   result = adaptive.decode(target, state, draft, None, jax.random.PRNGKey(0), adaptive=ad,
                            max_decode_len=MAX_LEN)
   reference = autoregressive.decode(target, state, jax.random.PRNGKey(0), max_decode_len=MAX_LEN)
@@ -403,17 +386,6 @@ def test_costs_that_never_pay_give_plain_steps_only():
   positions = np.arange(MAX_LEN)[None]
   np.testing.assert_array_equal(result.gamma_trace,
                                 np.where(positions < reference.target_calls[:, None], 0, -1))
-
-
-def _while_bodies(jaxpr) -> list:
-  """The text of every while loop's body in `jaxpr`, nested calls included."""
-  out = []
-  for eqn in jaxpr.eqns:
-    if eqn.primitive.name == 'while':
-      out.append(str(eqn.params['body_jaxpr']))
-    for sub in jax.core.jaxprs_in_params(eqn.params):
-      out += _while_bodies(sub)
-  return out
 
 
 def _greedy_output(model, params, enc):
@@ -436,8 +408,8 @@ def test_teacher_forced_agreement_is_the_one_token_acceptance_at_every_position(
   successor = table.successor()
   propose_one = lambda d: lambda s, q, at: (d.propose(s, q, at, None, 1, SamplingConfig())[0][:, 0],
                                             s)
-  seconds, agreement = timing.teacher_forced(propose_one(bigram), bigram.commit,
-                                             bigram.init(table), padded, lengths)
+  seconds, agreement = cost_calibration.teacher_forced(propose_one(bigram), bigram.commit,
+                                                       bigram.init(table), padded, lengths)
   row_hits = [sum(int(successor[s[i]] == s[i + 1]) for i in range(n))
               for s, n in zip(seqs, lengths)]
   assert seconds > 0 and agreement == sum(row_hits) / lengths.sum()
@@ -448,8 +420,8 @@ def test_teacher_forced_agreement_is_the_one_token_acceptance_at_every_position(
   taken = []
   more = (taken.append(i) or one(i) for i in range(1, len(seqs)))
   need = int(lengths[0] + lengths[1] + 1)  # row 0 and 1 are short of it; row 2 reaches it
-  _, pooled = timing.teacher_forced(propose_one(bigram), bigram.commit, *one(0), more=more,
-                                    min_positions=need)
+  _, pooled = cost_calibration.teacher_forced(propose_one(bigram), bigram.commit, *one(0),
+                                              more=more, min_positions=need)
   assert taken == [1, 2] and lengths[:3].sum() >= need
   assert pooled == sum(row_hits[:3]) / lengths[:3].sum()
   # the target as its own draft (its cache advanced one true token at a time, rolled back to 0
@@ -460,110 +432,75 @@ def test_teacher_forced_agreement_is_the_one_token_acceptance_at_every_position(
     tokens, _, s = draft.propose(s, q, at, jax.random.PRNGKey(0), 1, SamplingConfig())
     return tokens[:, 0], s
 
-  _, same = timing.teacher_forced(model_token, draft.commit, draft.init(params, enc, MAX_LEN, 1),
-                                  padded, lengths, min_calls=3 * MAX_LEN)
+  _, same = cost_calibration.teacher_forced(model_token, draft.commit,
+                                            draft.init(params, enc, MAX_LEN, 1), padded,
+                                            lengths, min_calls=3 * MAX_LEN)
   assert same == 1.0
 
 
-def test_measured_costs_stop_at_the_bound_or_time_the_loop_at_every_width(monkeypatch):
+def _bigram(model, params, enc, tokens=None):
+  """A bigram fitted on greedy decoding's outputs on `enc` (alpha high), or on `tokens`."""
+  if tokens is None:
+    seqs, lengths = _greedy_output(model, params, enc)
+    tokens = [s[1:n + 1] for s, n in zip(seqs, lengths)]
+  bigram = NgramDraft(model.config.vocab_size)
+  return bigram, bigram.init(fit_ngram(tokens, 2, model.config.vocab_size))
+
+
+def test_measured_costs_stop_at_the_bound_or_time_the_loop_at_every_width():
   model, params = model_and_params(2)
   target, enc = T5Decoder(model), jnp.asarray(INPUTS)
   state = target.init(params, enc, MAX_LEN + GAMMA_MAX + 2)
-  loops, held, plain, timed = [], [], [], []
-  speculative_loop = adaptive._speculative  # pylint: disable=protected-access
-  monkeypatch.setattr(adaptive, '_speculative',
-                      lambda *a, **k: loops.append((k['adaptive'], k['first_gammas']))
-                      or held.append(k['held']) or speculative_loop(*a, **k))
-  plain_loop = autoregressive.decode
-  monkeypatch.setattr(calibration.autoregressive, 'decode',
-                      lambda *a, **k: plain.append(k.get('config')) or plain_loop(*a, **k))
-  for name in ('per_iteration', 'interleaved_per_iteration'):  # record what each returned
-    def record(*a, real=getattr(timing, name), name=name, **k):
-      timed.append((name, real(*a, **k)))
-      return timed[-1][1]
-    monkeypatch.setattr(calibration.timing, name, record)
-  # The 2-token call reads as the 1-token call just timed: v's lower bound is then exactly 1, so
-  # that whether the bigram below passes the first stage does not hang on how a loaded machine
-  # timed two calls (beside a second test worker the bound once read above what its alpha pays).
-  def step_time(decoder, state, k, fill, real=timing.step_time):
-    t = timed[-1][1] if k == 2 else real(decoder, state, k, fill)
-    timed.append(('step_time', t))
-    return t
-  monkeypatch.setattr(calibration.timing, 'step_time', step_time)
-  # A draft the size of the target (c ~1) at alpha ~0.5 pays for no gamma even if verifying
-  # cost only a greedy step: the first stage decides, the loop is never run, every v is that
-  # lower bound (>= 1 greedy step), and the calibrated policy never speculates. The unit is a
-  # step of autoregressive decoding at the decoding's temperature; the agreement is greedy.
-  # The draft's seconds a token read as the unit just timed (c = 1 exactly: what this draft
-  # measures alone, ~1.0), its agreement as counted: beside another test worker c once read 0.48,
-  # and what is tested here is what the first stage does with c, not this machine's clock.
-  real_teacher_forced = timing.teacher_forced
-  def teacher_forced(*a, **k):
-    return timed[-1][1], real_teacher_forced(*a, **k)[1]
-  monkeypatch.setattr(calibration.timing, 'teacher_forced', teacher_forced)
-  draft = ModelDraft.t5(model)
-  dstate = draft.init(perturbed_params('gqa'), enc, MAX_LEN, GAMMA_MAX)
-  hot = SamplingConfig(temperature=1.0)
-  c, v, alpha, step = calibration.measure_costs(target, state, draft, dstate, MAX_LEN, GAMMA_MAX,
-                                                config=hot)[:4]
-  assert c == 1.0 and 0.4 <= alpha < 1  # alpha measured 0.55
-  assert 0 < step < 1  # the unit in seconds (the guard's, `guard.SpeculationGuard`)
-  assert len(set(v)) == 1 and len(v) == GAMMA_MAX and v[0] >= 1.0 and not loops
-  assert hot in plain and SamplingConfig() in plain
-  assert not AdaptiveGamma(gamma_max=GAMMA_MAX).calibrated(adaptive.Calibration(c, v, alpha)
-                                                           ).speculates
-  # A bigram fitted on these very outputs (alpha high) that proposes gamma_max tokens whatever a
-  # row asked (so c = 0, its proposal in the iteration) passes the bound: the loop is timed at
-  # every compiled width, v(gamma) = its seconds per iteration at the width holding gamma (at least
-  # those of the narrower widths) over a greedy step's (c = 0: no draft tokens to take off), never
-  # below the bound.
+  greedy_iterations = int(autoregressive.decode(target, state, jax.random.PRNGKey(0),
+                                                max_decode_len=MAX_LEN).loop_iterations)
+  # With the fake clock the 1- and 2-token calls take alike: v's lower bound is exactly 1, and
+  # the unit (a greedy step) is 1 / greedy decoding's iterations.
+  # A draft that always proposes a token greedy decoding never emits (alpha 0): no gamma pays
+  # even at that bound, the first stage decides, every v is the bound.
   seqs, lengths = _greedy_output(model, params, enc)
-  bigram = NgramDraft(model.config.vocab_size)
-  table = bigram.init(fit_ngram([s[1:n + 1] for s, n in zip(seqs, lengths)], 2,
-                                model.config.vocab_size))
-  timed.clear()
-  cal = calibration.measure_costs(target, state, bigram, table, MAX_LEN, GAMMA_MAX)
-  c, v, alpha, step = cal[:4]
-  assert 0 < step < 1  # the second stage's unit
-  # what the batch waits for: each row's greedy output length (one batch read)
-  assert cal.lengths == (tuple(sorted(float(n) for n in lengths)),)
-  assert c == 0 and alpha > 0.5 and len(v) == GAMMA_MAX
+  unseen = next(t for t in range(2, model.config.vocab_size) if t not in set(seqs.ravel()))
+  never, never_state = _bigram(model, params, enc, [[unseen] * 4])
+  cal = cost_calibration.measure_costs(target, state, never, never_state, MAX_LEN, GAMMA_MAX,
+                                       clock=FakeClock())
+  assert cal.alpha == 0.0 and cal.cost_ratio == 0.0  # an n-gram: its proposal is in v
+  assert cal.verify_ratio == (1.0,) * GAMMA_MAX
+  assert cal.step_seconds == 1.0 / greedy_iterations
+  assert cal.lengths == (tuple(sorted(float(n) for n in lengths)),)  # one batch read
+  assert not AdaptiveGamma(gamma_max=GAMMA_MAX).calibrated(cal).speculates
+  # A bigram fitted on these very outputs (alpha high) passes the bound: the policy's own loop is
+  # timed held at every compiled width, v(gamma) = its seconds per iteration at the width holding
+  # gamma (at least those of the narrower widths) over a greedy step, never below the bound; its
+  # alpha is the loop's own at gamma 1.
+  bigram, table = _bigram(model, params, enc)
+  cal = cost_calibration.measure_costs(target, state, bigram, table, MAX_LEN, GAMMA_MAX,
+                                       clock=FakeClock())
+  assert cal.cost_ratio == 0.0 and cal.step_seconds == 1.0 / greedy_iterations
+  policy = AdaptiveGamma(gamma_max=GAMMA_MAX).calibrated(
+      cost_calibration.Calibration(0.0, (1.0,) * GAMMA_MAX, 0.5))
   widths = adaptive.verify_gammas(GAMMA_MAX)
-  assert {a.policy for a, _ in loops} == {'optimal'} and len({a for a, _ in loops}) == 1
-  assert all(bool(h) for h in held)  # the policy's own program, its choice not taken
-  # one compiled loop, the widths in turn as its traced first draft lengths
-  assert list(dict.fromkeys(tuple(np.asarray(f)) for _, f in loops)) == [
-      (w,) * len(INPUTS) for w in widths]
-  # the unit, the 1- and 2-token calls, then the unit again and every width in interleaved rounds
-  assert [n for n, _ in timed] == ['per_iteration', 'step_time', 'step_time',
-                                   'interleaved_per_iteration']
-  t_one, t_two = (t for _, t in timed[1:3])
-  t_step, *t_iter = timed[3][1]
-  t_iter = dict(zip(widths, t_iter))
-  t_iter = {w: max(t_iter[u] for u in widths if u <= w) for w in widths}  # a wider one costs more
-  assert t_two == t_one
-  bound = 1.0  # 1 + (t_two - t_one) / the first stage's unit
+  seconds = {w: 1.0 / int(_held(target, state, bigram, table, policy, w).loop_iterations)
+             for w in widths}
   for g in range(1, GAMMA_MAX + 1):
-    w = adaptive.verify_width(g, adaptive.verify_gammas(GAMMA_MAX))
-    assert v[g - 1] == pytest.approx(max(t_iter[w] / t_step, bound))
+    w = adaptive.verify_width(g, widths)
+    slowest = max(seconds[u] for u in widths if u <= w)
+    assert cal.verify_ratio[g - 1] == pytest.approx(max(slowest * greedy_iterations, 1.0)), g
+  one = speculative.decode(target, state, bigram, table, jax.random.PRNGKey(0), gamma=1,
+                           max_decode_len=MAX_LEN)
+  assert 0.5 < cal.alpha == pytest.approx(float(one.beta_sum) / float(one.beta_count))
   ad = AdaptiveGamma(gamma_max=GAMMA_MAX).calibrated(cal)
-  assert (ad.cost_ratio, ad.verify_ratio, ad.alpha_init) == (c, v, alpha)
-  assert ad.lengths == cal.lengths
-  # a whole iteration at gamma 1 (a target call of 2 tokens, verification, the bigram's gamma_max
-  # tokens, bookkeeping) costs at least a greedy step's target call: v(1) >= ~1 in greedy steps
-  # (a loose floor: 0.8)
-  assert v[0] >= 0.8, v
-  # With one width (`AdaptiveGamma.one_width`) the loop timed is that policy's, at gamma_max
-  # alone, and every gamma is priced at that one iteration.
-  loops.clear()
-  timed.clear()
-  c, v, alpha, step = calibration.measure_costs(target, state, bigram, table, MAX_LEN, GAMMA_MAX,
-                                                one_width=True)[:4]
-  assert {a.one_width for a, _ in loops} == {True}
-  assert list(dict.fromkeys(tuple(np.asarray(f)) for _, f in loops)) == [
-      (GAMMA_MAX,) * len(INPUTS), (1,) * len(INPUTS)]  # timed at gamma_max; alpha at gamma 1
-  t_step, t_iter = timed[-1][1]
-  assert v == (max(t_iter / t_step, 1.0),) * GAMMA_MAX
+  assert (ad.cost_ratio, ad.verify_ratio, ad.alpha_init, ad.lengths) == (
+      cal.cost_ratio, cal.verify_ratio, cal.alpha, cal.lengths)
+  # A model draft has a cost per token: its teacher-forced pass over the positions, in units.
+  # The unit is a step of autoregressive decoding at the decoding's own temperature.
+  draft, hot = ModelDraft.t5(model), SamplingConfig(temperature=1.0)
+  cal = cost_calibration.measure_costs(
+      target, state, draft, draft.init(perturbed_params('gqa'), enc, MAX_LEN, GAMMA_MAX), MAX_LEN,
+      GAMMA_MAX, config=hot, clock=FakeClock())
+  hot_iterations = int(autoregressive.decode(target, state, jax.random.PRNGKey(0),
+                                             max_decode_len=MAX_LEN, config=hot).loop_iterations)
+  n = int(max(lengths))
+  assert cal.cost_ratio == pytest.approx(hot_iterations / (n * -(-64 // n)))
+  assert 0 < cal.alpha < 1 and len(cal.verify_ratio) == GAMMA_MAX
 
 
 def test_alpha_is_measured_over_the_batches_after_the_first_as_far_as_it_needs(monkeypatch):
@@ -575,9 +512,7 @@ def test_alpha_is_measured_over_the_batches_after_the_first_as_far_as_it_needs(m
   target = T5Decoder(model)
   rows = [jnp.asarray(INPUTS[i:i + 1]) for i in range(len(INPUTS))]
   seqs, lengths = _greedy_output(model, params, jnp.asarray(INPUTS))
-  bigram = NgramDraft(model.config.vocab_size)
-  table = bigram.init(fit_ngram([s[1:n + 1] for s, n in zip(seqs, lengths)], 2,
-                                model.config.vocab_size))
+  bigram, table = _bigram(model, params, jnp.asarray(INPUTS))
   slots = MAX_LEN + GAMMA_MAX + 2
   made = []
 
@@ -586,29 +521,24 @@ def test_alpha_is_measured_over_the_batches_after_the_first_as_far_as_it_needs(m
       made.append(i)
       yield target.init(params, enc, slots), table
 
-  monkeypatch.setattr(calibration, 'CALIBRATION_POSITIONS', int(lengths[0] + 1))
-  loops = []
-  speculative_loop = adaptive._speculative  # pylint: disable=protected-access
-  monkeypatch.setattr(adaptive, '_speculative',
-                      lambda *a, **k: loops.append(k['adaptive']) or speculative_loop(*a, **k))
+  monkeypatch.setattr(cost_calibration, 'CALIBRATION_POSITIONS', int(lengths[0] + 1))
   first = target.init(params, rows[0], slots)
-  cal = calibration.measure_costs(target, first, bigram, table, MAX_LEN, GAMMA_MAX, more=states())
-  c, alpha = cal.cost_ratio, cal.alpha
-  assert made == [1] and c == 0  # one more batch reached the bound
+  cal = cost_calibration.measure_costs(target, first, bigram, table, MAX_LEN, GAMMA_MAX,
+                                       more=states(), clock=FakeClock())
+  assert made == [1] and cal.cost_ratio == 0  # one more batch reached the bound
   # the output lengths priced: the two batches' (one row each)
   assert cal.lengths == ((float(lengths[0]),), (float(lengths[1]),))
-  assert loops  # the bigram (fitted on these outputs) passed the first stage: alpha is the loop's
-  fixed = AdaptiveGamma(gamma_max=GAMMA_MAX, policy='fixed', gamma_init=1)
-  runs = [adaptive.decode(target, target.init(params, enc, slots), bigram, table,
-                          jax.random.PRNGKey(0), adaptive=fixed, max_decode_len=MAX_LEN)
+  runs = [speculative.decode(target, target.init(params, enc, slots), bigram, table,
+                             jax.random.PRNGKey(0), gamma=1, max_decode_len=MAX_LEN)
           for enc in rows[:2]]
-  assert alpha == pytest.approx(sum(float(r.beta_sum) for r in runs)
-                                / sum(float(r.beta_count) for r in runs))
-  alone = calibration.measure_costs(target, first, bigram, table, MAX_LEN, GAMMA_MAX).alpha
+  assert cal.alpha == pytest.approx(sum(float(r.beta_sum) for r in runs)
+                                    / sum(float(r.beta_count) for r in runs))
+  alone = cost_calibration.measure_costs(target, first, bigram, table, MAX_LEN, GAMMA_MAX,
+                                         clock=FakeClock()).alpha
   assert alone == pytest.approx(float(runs[0].beta_sum) / float(runs[0].beta_count))
 
 
-def test_a_draft_reading_the_targets_hidden_states_is_calibrated_on_the_loop(monkeypatch):
+def test_a_draft_reading_the_targets_hidden_states_is_calibrated_on_the_loop():
   # Chimera proposes from the hidden states of the loop's own verification calls, which the
   # teacher-forced pass does not make: its alpha is the gamma-1 run's, the loop always runs.
   from tests.decoding.test_speculative_chimera import CFG, _setup  # pylint: disable=g-import-not-at-top
@@ -619,16 +549,11 @@ def test_a_draft_reading_the_targets_hidden_states_is_calibrated_on_the_loop(mon
   state = target.init(params, enc, MAX_LEN + gmax + 2)
   draft = ChimeraDraft(CFG)
   dstate = draft.init(draft_params, params['token_embedder']['embedding'], len(INPUTS), MAX_LEN)
-  loops = []
-  speculative_loop = adaptive._speculative  # pylint: disable=protected-access
-  monkeypatch.setattr(adaptive, '_speculative',
-                      lambda *a, **k: loops.append(k['adaptive']) or speculative_loop(*a, **k))
-  _, v, alpha, _ = calibration.measure_costs(target, state, draft, dstate, MAX_LEN, gmax)[:4]
-  assert loops and len(v) == gmax
-  run = speculative_loop(target, state, draft, dstate, jax.random.PRNGKey(0),
-                         adaptive=AdaptiveGamma(gamma_max=gmax, policy='fixed', gamma_init=1),
-                         max_decode_len=MAX_LEN, config=SamplingConfig(), eos_id=1, skip=None)
-  assert 0 < alpha == float(run.beta_sum) / float(run.beta_count)
+  cal = cost_calibration.measure_costs(target, state, draft, dstate, MAX_LEN, gmax,
+                                       clock=FakeClock())
+  assert len(cal.verify_ratio) == gmax
+  run = _held(target, state, draft, dstate, AdaptiveGamma(gamma_max=gmax), 1)
+  assert 0 < cal.alpha == float(run.beta_sum) / float(run.beta_count)
 
 
 def test_running_alpha_is_the_discounted_ratio_and_reads_the_acceptance_unbiased():
@@ -686,7 +611,7 @@ def test_the_calibrated_alpha_is_a_lasting_prior_that_keeps_rows_off_lucky_runs(
   benchmark found 42 of 116 calls at gamma 8 on that pair); with it, 5% (the thresholds: above
   15% and below 8%)."""
   v = (1.41, 1.84, 2.10, 2.44, 2.54, 2.54, 2.54, 2.54)
-  cal = adaptive.Calibration(0.008, v, 0.64)
+  cal = cost_calibration.Calibration(0.008, v, 0.64)
   ad = AdaptiveGamma(gamma_max=8).calibrated(cal)
   assert ad.prior_weight == adaptive.CALIBRATED_PRIOR_WEIGHT and ad.alpha_init == 0.64
   # the prior by hand: 16 positions at 0.64 beside 4 at 1.0; the estimate varies as 4 / 20 times
@@ -716,3 +641,11 @@ def test_the_calibrated_alpha_is_a_lasting_prior_that_keeps_rows_off_lucky_runs(
 
   with_lasting, without = long_share(ad), long_share(fading)
   assert with_lasting < 0.08 and without > 0.15, (with_lasting, without)
+
+
+@pytest.mark.parametrize('widths', [(8,), (1, 2, 3, 4, 6, 8), (1, 2, 4, 8, 16)])
+def test_width_index_is_searchsorted(widths):
+  longest = jnp.arange(-1, max(widths) + 3)
+  got = jax.vmap(lambda x: adaptive.width_index(widths, x))(longest)
+  np.testing.assert_array_equal(got, np.searchsorted(np.asarray(widths), np.asarray(longest)))
+  assert got.dtype == jnp.int32

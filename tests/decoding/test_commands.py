@@ -211,14 +211,15 @@ def test_gamma_auto_gives_greedy_outputs_and_reports_gammas(workdir):
   assert (stats['draft_steps'] > 0) == (stats['proposed'] > 0)
 
 
-def fire_guard(monkeypatch, module) -> None:
-  """`module.measure_costs` (chain or tree) returns costs that pay for 3 draft tokens or 3 widths
-  (c 0, v 1, alpha 0.9) with a greedy step priced at 1e-12 s, and the guard decides after one
-  call: its first check reads speculation far below 0.97x, and the next call is a plain probe."""
+def fire_guard(monkeypatch) -> None:
+  """`cost_calibration.measure_costs` (chain or tree) returns costs that pay for 3 draft tokens or
+  3 widths (c 0, v 1, alpha 0.9) with a greedy step priced at 1e-12 s, and the guard decides after
+  one call: its first check reads speculation far below 0.97x, and the next call is a plain
+  probe."""
   import functools  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding import adaptive, guard  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(module, 'measure_costs',
-                      lambda *a, **k: adaptive.Calibration(0.0, (1.0,) * 3, 0.9, 1e-12))
+  from gqa_spec.decoding import cost_calibration, guard  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(cost_calibration, 'measure_costs',
+                      lambda *a, **k: cost_calibration.Calibration(0.0, (1.0,) * 3, 0.9, 1e-12))
   monkeypatch.setattr(guard, 'SpeculationGuard',
                       functools.partial(guard.SpeculationGuard, min_calls=1))
 
@@ -228,8 +229,7 @@ def test_gamma_auto_guard_turns_to_greedy_decodings_program(workdir, monkeypatch
   replaced by one that speculates (c 0, v 1, alpha 0.9) with a greedy step priced at 1e-12 s, so
   the first call measures far below 0.97x and the second is a plain probe (greedy decoding's
   program; the probe's unit then decides the third). The tokens stay greedy decoding's."""
-  from gqa_spec.decoding import calibration  # pylint: disable=g-import-not-at-top
-  fire_guard(monkeypatch, calibration)
+  fire_guard(monkeypatch)
   ref, _ = _generate(workdir, 'guard_ref', '--batch-size', '1')
   out, stats = _generate(workdir, 'guard', '--batch-size', '1', '--draft',
                          'bigram:' + str(workdir / 'bigram.npz'), '--gamma', 'auto',

@@ -70,11 +70,3 @@ def test_param_bytes_match_the_initialised_model():
 def test_bad_arguments_raise():
   with pytest.raises(ValueError, match='batch must be a positive integer'):
     report(8, 1, 1, batch=0)
-
-
-def test_table_lists_every_report():
-  table = memory.markdown_table([report(8, 1, 8), report(1, 1, 8)], BASE.num_heads)
-  rows = table.splitlines()[2:]
-  assert rows[0].startswith('| MHA | 1x8 | 1 of 8 |') and rows[1].startswith('| MQA | 1x8 | 1 of 1 |')
-  assert np.isclose(float(rows[1].split('|')[7]), report(1, 1, 8).kv_replication_waste_bytes / 2**30,
-                    atol=0.01)

@@ -16,10 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gqa_spec.decoding import (adaptive_tree, autoregressive, sampling, speculative, theory,
-                               timing, tree as tree_lib, tree_policy)
-from gqa_spec.decoding.adaptive import Calibration
-from gqa_spec.decoding.adaptive_tree import AdaptiveTree, TreeCalibration
+from gqa_spec.decoding import (adaptive_tree, autoregressive, cost_calibration, sampling,
+                               speculative, theory, tree as tree_lib, tree_policy)
+from gqa_spec.decoding.adaptive_tree import AdaptiveTree
+from gqa_spec.decoding.cost_calibration import Calibration
 from gqa_spec.decoding.drafts.ngram import fit_ngram
 from gqa_spec.decoding.drafts.ngram_tree import NgramTreeDraft
 from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
@@ -27,7 +27,7 @@ from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.targets import T5Decoder, TableDecoder
 from gqa_spec.decoding.tree import TreeShape
 from gqa_spec.errors import UserError
-from tests.decoding.conftest import INPUTS, MAX_LEN, model_and_params
+from tests.decoding.conftest import INPUTS, MAX_LEN, FakeClock, model_and_params
 from tests.decoding.test_speculative_stub import (N, NO_EOS, P_VALUE_THRESHOLD, _chisquare,
                                                   _empirical, _exact_first_three, _tables)
 from tests.decoding.test_speculative_t5 import KV_HEADS, greedy_reference, perturbed_params
@@ -218,9 +218,9 @@ def test_a_measured_prior_replaces_the_chain_of_alpha():
   paying = dataclasses.replace(eight, accepted_init=(0.9, 1.7, 2.9, 2.8))  # 8 nodes: no more
   np.testing.assert_array_equal(paying.choose(paying.prior()[None]), [4])
   assert paying.first_nodes() == 4 and paying.speculates
-  calibration = TreeCalibration(0.2, (3.0, 3.0, 3.0), 0.95, 1e-3, (0.9, 1.7, 9.0))
+  calibration = Calibration(0.2, (3.0, 3.0, 3.0), 0.95, 1e-3, accepted=(0.9, 1.7, 9.0))
   assert ad.calibrated(calibration).accepted_init == (0.9, 1.7, 4.0)  # at most D tokens a call
-  assert ad.calibrated(Calibration(*calibration[:4])).accepted_init is None  # a chain's: the chain
+  assert ad.calibrated(calibration._replace(accepted=())).accepted_init is None  # the chain
   for bad in ((0.5, 0.5), (0.5, -0.1, 1.0), (0.5, 1.0, 4.5)):
     with pytest.raises(UserError, match='accepted_init'):
       dataclasses.replace(ad, accepted_init=bad)
@@ -261,8 +261,8 @@ def test_a_wide_tree_not_held_comes_back_with_the_lasting_prior():
                             jnp.ones((1, 4), bool), jnp.ones((1,), bool))
   np.testing.assert_allclose(gain, 0.7, rtol=1e-6)
   np.testing.assert_allclose(weight, 1 / 0.3, rtol=1e-6)
-  calibrated = ad.calibrated(TreeCalibration(0.05, (1.0, 1.1, 1.45, 2.0), 0.8, 1e-3,
-                                             (0.8, 1.2, 1.9, 2.1)))
+  calibrated = ad.calibrated(Calibration(0.05, (1.0, 1.1, 1.45, 2.0), 0.8, 1e-3,
+                                         accepted=(0.8, 1.2, 1.9, 2.1)))
   assert calibrated.prior_weight == tree_policy.CALIBRATED_PRIOR_CALLS
   assert ad.calibrated(Calibration(0.05, (1.0,) * 4, 0.8, 1e-3)).prior_weight == 0.0
 
@@ -289,108 +289,62 @@ def test_a_batch_is_priced_by_its_slowest_row():
                              [theory.batch_inflation(np.array([0.7]), 4, eight)[0, 4],
                               theory.batch_inflation(np.array([1.0]), 4, eight)[0, 4]],
                              rtol=1e-6)
-  cal = TreeCalibration(0.031, (1.67, 2.06, 2.99, 4.98, 7.93), 0.79, 1e-3,
-                        (0.79, 1.36, 2.15, 2.79, 3.57), lengths=eight)
+  cal = Calibration(0.031, (1.67, 2.06, 2.99, 4.98, 7.93), 0.79, 1e-3, lengths=eight,
+                    accepted=(0.79, 1.36, 2.15, 2.79, 3.57))
   assert ad.calibrated(cal).inflation() == batch.inflation()
 
 
-def test_measured_costs_and_starting_alpha(monkeypatch):
-  # The target as its own draft: its top node is always greedy's token (alpha 1). A perturbed copy
-  # is right less often: at c ~1 per draft call its 2 calls cannot buy what they cost even with
-  # verification at its lower bound (one greedy step), and the first stage rules it out without
-  # the loop, every v that bound. A bigram tree fitted on the target's own outputs (no model call,
-  # alpha ~0.8) passes the bound: the second stage times every width and the loop at one node per
-  # call. c and v are positive, one v per compiled width; the calibrated settings carry them.
+def test_measured_costs_and_starting_alpha():
+  # With a clock whose every timed run reads 1 s (`conftest.FakeClock`) the 1- and 2-token
+  # calls take alike, so v's lower bound is exactly 1. A tree draft that always proposes a token
+  # greedy decoding never emits (alpha 0) pays for no tree even at that bound: the first stage
+  # rules it out, every v the bound, no prior. A bigram tree fitted on the target's own outputs
+  # passes it: the second stage times the policy's own loop held at every width, and measures
+  # alpha at one node per call and the prior, tokens accepted per call at each width.
   model, params = model_and_params(KV_HEADS['gqa'])
   target, enc = T5Decoder(model), jnp.asarray(INPUTS[:2])
   ad = AdaptiveTree.parse('best:auto:4,depth:2,width:2')
-  draft = TreeModelDraft.t5(model)
   tstate = target.init(params, enc, adaptive_tree.target_cache_length(MAX_LEN, ad))
-  # The 2-token call reads as the 1-token call just timed: v's lower bound is exactly 1, so that
-  # whether the bigram below passes the first stage does not hang on how a loaded machine timed
-  # two calls (as in tests/decoding/test_adaptive.py).
-  one = []
-  real_step_time = timing.step_time
-  monkeypatch.setattr(timing, 'step_time', lambda decoder, state, k, fill: one[-1] if k == 2 else (
-      one.append(real_step_time(decoder, state, k, fill)) or one[-1]))
-  # The model drafts' seconds a tree (D calls) read as D units just timed (c = 1 exactly: they
-  # measure ~0.9 alone, but 0.38 beside another test worker on a loaded 2-core machine), their
-  # agreement as counted: what is tested is what the first stage does with c, not the clock.
-  units, pinned = [], [True]
-  real_per_iteration, real_teacher_forced = timing.per_iteration, timing.teacher_forced
-  monkeypatch.setattr(timing, 'per_iteration',
-                      lambda *a, **k: units.append(real_per_iteration(*a, **k)) or units[-1])
-  monkeypatch.setattr(timing, 'teacher_forced', lambda *a, **k: (
-      (units[-1] * ad.shape.depth, real_teacher_forced(*a, **k)[1]) if pinned
-      else real_teacher_forced(*a, **k)))
-  loops, held = [], []
-  speculative_loop = adaptive_tree._speculative  # pylint: disable=protected-access
-  monkeypatch.setattr(adaptive_tree, '_speculative',
-                      lambda *a, **k: loops.append((k['adaptive'], k.get('first_nodes')))
-                      or held.append(k.get('held'))
-                      or speculative_loop(*a, **k))
-  same = adaptive_tree.measure_costs(target, tstate, draft,
-                                     draft.init(params, enc, MAX_LEN, ad.shape), MAX_LEN, ad)
-  assert same.alpha == 1.0 and same.cost_ratio == pytest.approx(1.0)
-  assert len(same.verify_ratio) == len(ad.widths) == 3 and all(v > 0 for v in same.verify_ratio)
-  loops.clear()
-  other = adaptive_tree.measure_costs(
-      target, tstate, draft, draft.init(perturbed_params('gqa'), enc, MAX_LEN, ad.shape), MAX_LEN,
-      ad)
-  assert 0.0 < other.alpha < 0.85 and other.cost_ratio == pytest.approx(1.0) and not loops, other
-  pinned.clear()  # the bigram's c below is this machine's clock (a table read: far below 1)
-  assert len(set(other.verify_ratio)) == 1 and other.verify_ratio[0] >= 1.0
-  assert not ad.calibrated(other).speculates
-  out = autoregressive.decode(target, target.init(params, enc, MAX_LEN + 1), jax.random.PRNGKey(0),
-                              max_decode_len=MAX_LEN)
-  table = fit_ngram(autoregressive.strip(out.sequences, out.lengths), 2, model.config.vocab_size)
-  bigram = NgramTreeDraft(model.config.vocab_size)
-  cheap = adaptive_tree.measure_costs(target, tstate, bigram, bigram.init(table, ad.shape),
-                                      MAX_LEN, ad)
-  assert cheap.alpha >= 0.7 and cheap.cost_ratio < 0.2 and all(v > 0 for v in cheap.verify_ratio)
-  # One compiled loop (the policy's own, `held`: its choice made, not taken) timed at every width
-  # in turn: the first node counts are its traced argument.
-  assert loops and len({a for a, _ in loops}) == 1, cheap
-  assert loops[0][0].fixed_nodes is None and all(bool(h) for h in held)
-  assert list(dict.fromkeys(tuple(np.asarray(f)) for _, f in loops)) == [
-      (u,) * len(enc) for u in ad.widths]
-  # Fewer than CALIBRATION_POSITIONS positions in this batch (2 rows of at most MAX_LEN): alpha
-  # pools the loop's acceptance over the next batch too (rows 3 and 4), as generate passes them.
-  # The bigram is fitted on all 4 rows' outputs, so that both batches pass the first stage
-  # whatever this machine's timings (a bigram fitted on rows 1-2 alone once fell below it on a
-  # loaded CI machine: the loop was not run, and alpha was the first stage's).
   all_out = autoregressive.decode(target, target.init(params, jnp.asarray(INPUTS), MAX_LEN + 1),
                                   jax.random.PRNGKey(0), max_decode_len=MAX_LEN)
-  table = fit_ngram(autoregressive.strip(all_out.sequences, all_out.lengths), 2,
-                    model.config.vocab_size)
+  outputs = autoregressive.strip(all_out.sequences, all_out.lengths)
+  unseen = next(t for t in range(2, model.config.vocab_size)
+                if all(t not in o for o in outputs))
+  bigram = NgramTreeDraft(model.config.vocab_size)
+  never = fit_ngram([[unseen] * 4], 2, model.config.vocab_size)
+  other = cost_calibration.measure_costs(target, tstate, bigram, bigram.init(never, ad.shape),
+                                         MAX_LEN, ad, clock=FakeClock())
+  assert other.alpha == 0.0 and other.verify_ratio == (1.0,) * len(ad.widths) == (1.0,) * 3
+  assert not other.accepted and not ad.calibrated(other).speculates
+  assert ad.calibrated(other).accepted_init is None
+  # Fewer than CALIBRATION_POSITIONS positions in this batch (2 rows of at most MAX_LEN): alpha
+  # pools the loop's acceptance over the next batch too (rows 3 and 4), as generate passes them.
+  table = fit_ngram(outputs, 2, model.config.vocab_size)
   tstate2 = target.init(params, jnp.asarray(INPUTS[2:]),
                         adaptive_tree.target_cache_length(MAX_LEN, ad))
   more = iter([(tstate2, bigram.init(table, ad.shape))])
-  loops.clear()
-  pooled = adaptive_tree.measure_costs(target, tstate, bigram, bigram.init(table, ad.shape),
-                                       MAX_LEN, ad, more=more)
-  assert loops, pooled  # the second stage ran: alpha is the loop's
-  one_node = dataclasses.replace(ad, fixed_nodes=1)
-  runs = [adaptive_tree.decode(target, t, bigram, bigram.init(table, ad.shape),
-                               jax.random.PRNGKey(0), adaptive=one_node, max_decode_len=MAX_LEN)
-          for t in (tstate, tstate2)]
+  pooled = cost_calibration.measure_costs(target, tstate, bigram, bigram.init(table, ad.shape),
+                                          MAX_LEN, ad, more=more, clock=FakeClock())
+  assert len(pooled.verify_ratio) == 3 and all(v >= 1.0 for v in pooled.verify_ratio)
+  at = lambda u, t: adaptive_tree.decode(target, t, bigram, bigram.init(table, ad.shape),
+                                         jax.random.PRNGKey(0), max_decode_len=MAX_LEN,
+                                         adaptive=dataclasses.replace(ad, fixed_nodes=u))
+  runs = [at(1, t) for t in (tstate, tstate2)]
   assert pooled.alpha == pytest.approx(sum(float(np.sum(r.accepted)) for r in runs)
                                        / sum(float(np.sum(r.proposed)) for r in runs))
-  # ... and the prior, tokens accepted per call at each width, over the same two batches
+  assert pooled.alpha > 0.5  # the bigram agrees with most of the outputs it was fitted on
   for u, measured in zip(ad.widths, pooled.accepted):
-    held_at_u = [adaptive_tree.decode(target, t, bigram, bigram.init(table, ad.shape),
-                                      jax.random.PRNGKey(0), adaptive=dataclasses.replace(
-                                          ad, fixed_nodes=u), max_decode_len=MAX_LEN)
-                 for t in (tstate, tstate2)]
+    held_at_u = [at(u, t) for t in (tstate, tstate2)]
     assert measured == pytest.approx(sum(float(np.sum(r.accepted)) for r in held_at_u)
                                      / sum(float(np.sum(r.target_calls)) for r in held_at_u)), u
   assert pooled.accepted[0] == pytest.approx(pooled.alpha)  # one node: one token proposed a call
-  assert not other.accepted  # the first stage alone measures no prior
-  assert ad.calibrated(pooled).accepted_init == tuple(pooled.accepted)
-  assert ad.calibrated(other).accepted_init is None
-  cal = ad.calibrated(cheap)
+  cal = ad.calibrated(pooled)
+  assert cal.accepted_init == tuple(pooled.accepted)
   assert (cal.cost_ratio, cal.verify_ratio, cal.alpha_init) == (
-      cheap.cost_ratio, tuple(cheap.verify_ratio), cheap.alpha)
+      pooled.cost_ratio, tuple(pooled.verify_ratio), pooled.alpha)
+  # fixed_nodes: every call at that width; the policy's own loop held at 4 nodes (the
+  # calibration's program) is the loop at 4 fixed nodes.
+  draft = TreeModelDraft.t5(model)
   fixed = dataclasses.replace(ad, fixed_nodes=1)
   result = adaptive_tree.decode(target, tstate, draft, draft.init(params, enc, MAX_LEN, ad.shape),
                                 jax.random.PRNGKey(0), adaptive=fixed, max_decode_len=MAX_LEN)
@@ -402,7 +356,6 @@ def test_measured_costs_and_starting_alpha(monkeypatch):
       adaptive=fixed, max_decode_len=MAX_LEN, first_nodes=np.full((len(enc),), 4, np.int32))
   assert set(np.asarray(wide.tree_width_trace)[:int(wide.loop_iterations)]) == {4}
   np.testing.assert_array_equal(np.asarray(wide.lengths), np.asarray(result.lengths))
-  # The policy's own loop held at 4 nodes (the calibration's program) is the fixed loop's run.
   kept = adaptive_tree._speculative(  # pylint: disable=protected-access
       target, tstate, draft, draft.init(params, enc, MAX_LEN, ad.shape), jax.random.PRNGKey(0),
       adaptive=cal, max_decode_len=MAX_LEN, first_nodes=np.full((len(enc),), 4, np.int32),
@@ -453,7 +406,8 @@ def test_chimera_tree_draft_reads_the_calls_hidden_states_and_is_greedy_exact():
   # hidden states), and the first stage does not stop it.
   dstate = draft.init(draft_params, params['token_embedder']['embedding'], 4, MAX_LEN)
   tstate = target.init(params, enc, adaptive_tree.target_cache_length(MAX_LEN, ad))
-  cal = adaptive_tree.measure_costs(target, tstate, draft, dstate, MAX_LEN, ad)
+  cal = cost_calibration.measure_costs(target, tstate, draft, dstate, MAX_LEN, ad,
+                                       clock=FakeClock())
   fixed = adaptive_tree.decode(target, tstate, draft, dstate, jax.random.PRNGKey(0),
                                adaptive=dataclasses.replace(ad, fixed_nodes=1),
                                max_decode_len=MAX_LEN)

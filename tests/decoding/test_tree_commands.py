@@ -22,7 +22,7 @@ def test_greedy_trees_give_the_autoregressive_outputs(workdir):  # pylint: disab
 
 def test_adaptive_trees_give_the_autoregressive_outputs_and_report_node_counts(workdir):  # pylint: disable=redefined-outer-name
   ref, _ = _generate(workdir, 'ar_auto_tree_ref')
-  # Costs measured on the first batch (adaptive_tree.measure_costs), a model draft (the target).
+  # Costs measured on the first batch (cost_calibration.measure_costs), a model draft (the target).
   out, stats = _generate(workdir, 'auto_tree', '--draft', str(workdir / 'ckpt'), '--tree',
                          'best:auto:4,depth:2,width:2')
   assert out == ref
@@ -66,8 +66,7 @@ def test_sampling_tree_runs(workdir):  # pylint: disable=redefined-outer-name
 def test_adaptive_tree_guard_turns_to_greedy_decodings_program(workdir, monkeypatch):  # pylint: disable=redefined-outer-name
   """The guard (tests/decoding/test_commands.py's chain case) on `--tree best:auto`: a calibration
   that pays for trees with a greedy step priced at 1e-12 s; the second call is a plain probe."""
-  from gqa_spec.decoding import adaptive_tree  # pylint: disable=g-import-not-at-top
-  fire_guard(monkeypatch, adaptive_tree)
+  fire_guard(monkeypatch)
   ref, _ = _generate(workdir, 'tree_guard_ref', '--batch-size', '1')
   out, stats = _generate(workdir, 'tree_guard', '--batch-size', '1', '--draft',
                          'bigram:' + str(workdir / 'bigram.npz'), '--tree',

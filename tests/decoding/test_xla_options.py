@@ -57,10 +57,10 @@ def test_the_options_reach_the_compiler_of_every_loop_kind(monkeypatch):
 
 
 def test_first_runs_side_by_side_keep_their_order_and_the_options(monkeypatch):
-  """`timing.first_runs` (the speculative stage's compiling runs, `workers` at a time): results
+  """`speed_grid.first_runs` (the speculative stage's compiling runs, `workers` at a time): results
   in order, two really at once, and each thread compiles with the caller's options."""
   import threading  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding import timing  # pylint: disable=g-import-not-at-top
+  from gqa_spec.reproduce import speed_grid as timing  # pylint: disable=g-import-not-at-top
   together = threading.Barrier(2, timeout=60)  # passes only when two runs are under way at once
   seen = []
 

@@ -95,7 +95,7 @@ def test_speculative_grid_is_exact_at_temperature_zero(smoke_run):
     if r['temperature'] == 0:  # greedy speculative output == greedy autoregressive output
       assert r['tokens_equal_autoregressive'] is True, r
   # c is timed once per job: a model draft's decode step at any gamma and temperature, another
-  # draft's propose per gamma at any temperature (`speedup.measure_grid`).
+  # draft's propose per gamma at any temperature (`speed_grid.measure_grid`).
   costs = {}
   for r in rows:
     key = (r['task'], r['target'], r['draft']) + (() if r['draft'] == 'draft model' else

@@ -1,7 +1,7 @@
 """Measured speculative speedup against Leviathan et al.'s predictions, side by side in one run.
 
-`measure_grid` (chains) and `measure_trees` (token trees) are the implementation behind
-`benchmarks/speculative.py` and the speculative stage of `gqa-spec reproduce`. For every temperature it times our jitted autoregressive decoding of
+`measure_grid` (chains) and `measure_trees` (token trees) are the speculative stage of
+`gqa-spec reproduce`. For every temperature it times our jitted autoregressive decoding of
 the target, then for every draft and gamma the speculative loop on the same inputs and batches
 (median of repeats, after the untimed first run that compiles it: `first_runs`, `workers` of
 them at a time), and reports:
@@ -17,22 +17,71 @@ them at a time), and reports:
   speedup_thm8     Theorem 8 with the measured alpha and c; `_with_v` also with v(gamma).
 With `auto_drafts`, `measure_grid` also runs `--gamma auto` (`adaptive.decode`, policy optimal,
 gamma_max = the largest gamma) for those drafts on the same batches (`auto_rows`), with c and
-v(1)..v(gamma_max) from `calibration.measure_costs` on the first batch at each temperature, as
+v(1)..v(gamma_max) from `cost_calibration.measure_costs` on the first batch at each temperature, as
 `generate --gamma auto` measures them.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextvars
+import statistics
+import time
 from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
 
 import jax
+import jax.numpy as jnp
 
-from gqa_spec.decoding import (adaptive, autoregressive, calibration, speculative, theory,
-                               tree_speculative)
+from gqa_spec.decoding import (adaptive, autoregressive, cost_calibration, speculative, theory,
+                               tree_speculative, xla_options)
+from gqa_spec.decoding.cost_calibration import step_time
 from gqa_spec.decoding.drafts import ModelDraft
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.targets import T5Decoder
-from gqa_spec.decoding.timing import first_runs, median_time, propose_time, step_time
+
+def median_time(fn: Callable[[], Any], repeats: int, warm: bool = True) -> float:
+  """Median wall seconds of `fn()` over `repeats` runs, after one untimed (compiling) run (`warm`
+  False: the caller has just run it, untimed)."""
+  if warm:
+    jax.block_until_ready(fn())
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def first_runs(fns: Sequence[Callable[[], Any]], workers: int = 1) -> List[Any]:
+  """`fn()` of each, once and untimed (the runs that compile), `workers` at a time in threads;
+  their results, ready, in order. XLA compiles outside Python's lock, so compiles overlap where
+  one loop does not fill the cores. Each thread runs in a copy of the caller's context
+  (`xla_options.fast_compile` reaches it)."""
+  if workers < 1:
+    raise ValueError(f'workers must be >= 1, got {workers}')
+  if workers == 1 or len(fns) < 2:
+    return [jax.block_until_ready(fn()) for fn in fns]
+  with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix='first-run') as pool:
+    futures = [pool.submit(contextvars.copy_context().run,
+                           lambda fn=fn: jax.block_until_ready(fn())) for fn in fns]
+    return [f.result() for f in futures]
+
+
+def propose_time(draft, dstate, gamma: int, batch: int, length: int, iters: int = 20) -> float:
+  """Seconds per `propose` of gamma tokens (plus its commit) at sequence length `length // 2`."""
+  seqs = jnp.full((batch, length), 5, jnp.int32)
+  lengths = jnp.full((batch,), length // 2, jnp.int32)
+
+  @xla_options.jit
+  def loop(dstate):
+    def body(_, carry):
+      s, acc = carry
+      toks, _, s = draft.propose(s, seqs, lengths, jax.random.PRNGKey(0), gamma, SamplingConfig())
+      return draft.commit(s, seqs, lengths), acc + jnp.sum(toks)
+    return jax.lax.fori_loop(0, iters, body, (dstate, jnp.zeros((), jnp.int32)))
+
+  return cost_calibration.min_time(lambda: loop(dstate), 5) / iters
+
 
 # name -> (draft, init(encoder_tokens [b, S]) -> draft state)
 Drafts = Mapping[str, Tuple[Any, Callable[[jax.Array], Any]]]
@@ -177,12 +226,12 @@ def auto_costs(target, params: Any, draft, dinit: Callable[[jax.Array], Any],
                batches: Sequence[jax.Array], max_decode_len: int, gamma_max: int,
                config: SamplingConfig = SamplingConfig()) -> adaptive.AdaptiveGamma:
   """`--gamma auto`'s settings for `draft` at `config` as `generate` measures them: c,
-  v(1)..v(gamma_max) and the starting alpha from `calibration.measure_costs` on the first of
+  v(1)..v(gamma_max) and the starting alpha from `cost_calibration.measure_costs` on the first of
   `batches` (the alpha also on the batches after it that it asks for)."""
   slots = speculative.target_cache_length(max_decode_len, gamma_max)
   states = ((target.init(params, enc, slots), dinit(enc)) for enc in batches)  # lazily
   first = next(states)
-  return adaptive.AdaptiveGamma(gamma_max=gamma_max).calibrated(calibration.measure_costs(
+  return adaptive.AdaptiveGamma(gamma_max=gamma_max).calibrated(cost_calibration.measure_costs(
       target, first[0], draft, first[1], max_decode_len, gamma_max, more=states, config=config))
 
 
