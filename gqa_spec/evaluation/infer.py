@@ -131,7 +131,7 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
   input_limit.check_feature_length(config, lengths, batch_size,
                                    beam_size if decoding == 'beam' else 1)
   vocab_fit.check({name: vocab.vocab_size for name, vocab, _ in task_batches}, config.vocab_size,
-                  checkpoint_path)
+                  checkpoint_path, checkpoint=checkpoint_path)
   config, params = dtype_lib.cast(config, params, param_dtype, 'param_dtype')
   model = Transformer(config)
   decode = functools.partial(

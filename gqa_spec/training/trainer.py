@@ -193,7 +193,7 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
                                  loss_normalizing_factor, dropout_seed=random_seed)
   if train_dataset_cfg.mixture_or_task_name != 'synthetic':  # before the run directory exists
     vocab_fit.check(vocab_sizes(train_dataset_cfg.mixture_or_task_name),
-                    model_config.vocab_size, 'model_config')
+                    model_config.vocab_size, 'model_config', checkpoint=initial_checkpoint_path)
   is_writer = jax.process_index() == 0  # one process takes the lock and writes the files
   # Before anything reads or writes the run directory: a second writer stops here, at once.
   with rundir_lock.running(model_dir, enabled=is_writer, total_steps=total_steps):
