@@ -126,7 +126,8 @@ def test_block_parser():
   assert refusal(Block('p', 1, 'bash', "gqa-spec x --gin_bindings='config.T5Config.n = 1'\n", None)) is None
   assert refusal(Block('p', 1, 'bash', 'gqa-spec x a ...\n', None)) is not None
   assert '=== docs/x.md:2' in script(found) and '=== docs/x.md:6' not in script(found)
-  assert "=== docs/x.md:15" >&2\npython - <<'GQA_SPEC_PYTHON_BLOCK_END'\nimport os\n" in script(found)
+  assert ('=== docs/x.md:15" >&2\npython - <<\'GQA_SPEC_PYTHON_BLOCK_END\'\nimport os\n'
+          'GQA_SPEC_PYTHON_BLOCK_END\n') in script(found)
   assert blocks('README.md', text)[0].not_run.startswith('the quickstart')
 
 
