@@ -197,3 +197,23 @@ def check_outputs(runs, stdout: str) -> None:
   assert (runs / 'hf_gqa2_translate' / 'model.safetensors').exists()
   assert (runs / 'hf_gqa2_translate' / 'spiece.model').exists()
   assert [r['output'] for r in _jsonl(runs / 'out_from_hf.jsonl')] == [translation[0]['output']]
+
+  # Training's library block; Drafts: a Chimera draft; Trees: a best-first and a staged tree,
+  # greedy, so token-identical to plain decoding; the Python API blocks printed their results.
+  assert (runs / 'nano_library' / 'checkpoints' / '2').is_dir()
+  with open(runs / 'chimera' / 'draft.json', encoding='utf-8') as f:
+    assert json.load(f)['kind'] == 'chimera'
+  for name in ('out_chimera', 'out_tree', 'out_staged_tree'):
+    assert [r['output_ids'] for r in _jsonl(runs / f'{name}.jsonl')] == [translation[0]['output_ids']]
+  with open(runs / 'stats_tree.json', encoding='utf-8') as f:
+    assert json.load(f)['proposed'] > 0
+  assert re.search(r"^\{.*'acceptance_rate'", stdout, re.M), stdout[-3000:]  # trees.md's summary
+  assert re.search(r'^\(2, 1, 16\) \(2, 1\)$', stdout, re.M), stdout[-3000:]  # t5x.md's decodes
+  # Run directory: status of the fine-tuned run.
+  assert re.search(r'^  best: bleu = \S+ at step 5 \(best/\)$', stdout, re.M), stdout[-3000:]
+  # Data: a vocabulary, an export of a mixture (each task and the mixture's rates).
+  assert (runs / 'vocab' / 'sentencepiece.model').is_file()
+  for task in ('ddtp_translate_en_de', 'ddtp_summarize', 'ddtp_span_corruption'):
+    with open(runs / 'ddtp_export' / task / 'manifest.json', encoding='utf-8') as f:
+      assert list(json.load(f)['splits']) == ['validation'], task
+  assert (runs / 'ddtp_export' / 'ddtp_translate_summarize' / 'mixture.json').is_file()
