@@ -443,6 +443,9 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
   Returns:
     The metrics written.
   """
+  if not exported.is_exported(mixture_or_task_name):
+    from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top  (TensorFlow)
+    tasks.use_data_of(checkpoint_path)  # a model knows its data (the smoke run's, say)
   from gqa_spec.checkpoints import param_dtype as dtype_lib  # pylint: disable=g-import-not-at-top
   from gqa_spec.checkpoints.load import load_any, scan_layers_of  # pylint: disable=g-import-not-at-top  (slow imports)
   dtype_lib.check(param_dtype, 'param_dtype')

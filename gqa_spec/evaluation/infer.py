@@ -120,6 +120,9 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
   from gqa_spec.checkpoints.load import load_any, scan_layers_of  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.layout import DECODE_LAYOUT  # pylint: disable=g-import-not-at-top
   scan_layers = scan_layers_of(layout or DECODE_LAYOUT)
+  if not exported.is_exported(mixture_or_task_name):
+    from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top  (TensorFlow)
+    tasks.use_data_of(checkpoint_path)  # a model knows its data (the smoke run's, say)
   if exported.is_exported(mixture_or_task_name):
     task_batches, lengths = _exported_batches(mixture_or_task_name, split, task_feature_lengths,
                                               batch_size, num_examples)

@@ -38,3 +38,28 @@ def test_without_a_recorded_data_dir_the_message_names_the_variables(tmp_path):
   with pytest.raises(UserError, match='point GQA_SPEC_DATA_DIR .* at the data it was trained on'):
     vocab_fit.check({'t': 8100}, 512, 'model_config')
   vocab_fit.check({'t': 512}, 512, 'model_config')  # fits: no error
+
+
+def test_a_command_naming_a_task_reads_the_models_data(tmp_path, monkeypatch, capsys):
+  """`tasks.use_data_of`: with GQA_SPEC_DATA_DIR unset the DDTP tasks read the data the model's
+  run recorded (its vocabulary); set, the user's choice stands."""
+  from gqa_spec.data import corpus, tasks  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  monkeypatch.chdir(tmp_path)
+  data_dir = tmp_path / 'runs' / 'smoke' / 'data'
+  corpus.prepare(corpus.SAMPLE_LISTS_DIR, str(data_dir), vocab_size=300,
+                 fractions=corpus.SAMPLE_FRACTIONS)
+  ckpt = tmp_path / 'runs' / 'smoke' / 'models' / 'finetune' / 'mha_g4'
+  (ckpt / 'vocab').mkdir(parents=True)
+  (ckpt / 'vocab' / 'sentencepiece.model').write_bytes(
+      (data_dir / 'sentencepiece.model').read_bytes())
+  monkeypatch.delenv('GQA_SPEC_VOCAB', raising=False)
+  monkeypatch.setenv('GQA_SPEC_DATA_DIR', str(tmp_path / 'elsewhere'))
+  assert tasks.use_data_of(str(ckpt)) is None  # the user's data dir stands
+  monkeypatch.delenv('GQA_SPEC_DATA_DIR')
+  try:
+    assert tasks.use_data_of(str(ckpt)) == os.path.join('runs', 'smoke', 'data')
+    assert 'runs/smoke/data' in capsys.readouterr().err
+    vocab = tasks.get('ddtp_translate_en_de').output_features['targets'].vocabulary
+    assert vocab.vocab_size == 400  # the smoke run's 300 pieces + 100 extra ids, not 8100
+  finally:
+    tasks.register_ddtp_tasks()  # back to the default data dir for other modules
