@@ -311,6 +311,10 @@ def train_draft(*, kind: str, target_checkpoint: str, model_dir: str, train_data
       kind, draft_config, target_config, target_params, optimizer or adam(),
       learning_rate_fn or opt.constant(1e-3), label_source=label_source, z_loss=z_loss,
       mse_weight=mse_weight, kl_weight=kl_weight)
+  task_name = train_dataset_cfg.mixture_or_task_name
+  if task_name != 'synthetic' and not task_name.startswith('exported:'):
+    from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top  (TensorFlow)
+    tasks.use_data_of(target_checkpoint)  # the target knows its data (the smoke run's, say)
   if train_dataset_cfg.mixture_or_task_name != 'synthetic':
     vocab_fit.check(data_lib.vocab_sizes(train_dataset_cfg.mixture_or_task_name),
                     target_config.vocab_size, f'the target {target_checkpoint}',
