@@ -213,7 +213,7 @@ def check_outputs(runs, stdout: str) -> None:
   # Run directory: status of the fine-tuned run.
   assert re.search(r'^  best: bleu = \S+ at step 5 \(best/\)$', stdout, re.M), stdout[-3000:]
   # Data: a vocabulary, an export of a mixture (each task and the mixture's rates).
-  assert (runs / 'vocab' / 'sentencepiece.model').is_file()
+  assert (runs / 'ddtp_vocab.model').is_file()
   for task in ('ddtp_translate_en_de', 'ddtp_summarize', 'ddtp_span_corruption'):
     with open(runs / 'ddtp_export' / task / 'manifest.json', encoding='utf-8') as f:
       assert list(json.load(f)['splits']) == ['validation'], task
