@@ -24,9 +24,9 @@ KERNEL_NAME = 'gqa-spec-test-python'
 # (`python tests/test_notebooks.py --render RESULTS_DIR WORK_DIR`), and checked for its outputs'
 # presence, not their text.
 FROM_CPU_STUDY = ('gqa_tradeoffs.ipynb', 'speculative_decoding.ipynb')
-# Not yet rendered (2026-12-07: no finished smoke run was at hand; the machine's smoke run had not
-# reached its draft's fine-tuning): committed without outputs until rendered as above.
-NOT_RENDERED = ('speculative_walkthrough.ipynb',)
+# Notebooks committed without outputs until rendered (all or nothing; none today: the walkthrough
+# was rendered from a smoke run's fine-tuned models, 2026-12-07).
+NOT_RENDERED = ()
 
 
 def _kernel_env(jupyter_dir: pathlib.Path) -> dict:
