@@ -1,10 +1,12 @@
-"""The manual, executed: every `bash` block of the journey's pages runs, in order, as written.
+"""The manual, executed: every `bash` and `python` block of every page runs, in order, as written.
 
-docs/training.md, docs/decoding.md and docs/checkpoints.md form one chain (each example reads what
-an earlier one wrote; README.md's bash blocks beyond the quickstart, which `.ci/run` runs itself,
-would join it). `test_manual_runs_as_written` runs their `bash` blocks in one `bash -e` process in a
-fresh directory, shrunk only by the shell variables the pages name in the open (`RUNS`,
-`PRETRAIN_STEPS`, ...; see docs/training.md, "The GQA pipeline on DDTP"), then checks what the pages
+The pages form one chain, README.md first (its blocks beyond the quickstart, which `.ci/run` runs
+itself): docs/training.md trains the models, and every later page reads what an earlier one wrote
+(decoding, checkpoints, drafts, trees, the run directory, t5x, data, the reproduction, the index).
+`test_manual_runs_as_written` runs their blocks in one `bash -e` process in a fresh directory,
+shrunk only by the shell variables the pages name in the open (`RUNS`, `PRETRAIN_STEPS`, ...; see
+docs/training.md, "The GQA pipeline on DDTP"); each `python` block runs whole, as written, in a
+fresh interpreter (`python -` in the same directory and environment). Then it checks what the pages
 promise: the files, text translations, the draft's statistics, the HF round trip.
 
 A block not meant to run carries `<!-- not run: reason -->` on the line above its fence; an
@@ -26,8 +28,11 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # In the order a reader follows them (README.md first: its blocks beyond the quickstart).
-PAGES = ('README.md', 'docs/training.md', 'docs/decoding.md', 'docs/checkpoints.md')
-RUNNABLE = ('bash', 'sh', 'shell')
+PAGES = ('README.md', 'docs/training.md', 'docs/decoding.md', 'docs/checkpoints.md',
+         'docs/drafts.md', 'docs/trees.md', 'docs/rundir.md', 'docs/t5x.md', 'docs/data.md',
+         'docs/reproduce.md', 'docs/index.md')
+SHELL = ('bash', 'sh', 'shell')
+RUNNABLE = SHELL + ('python',)
 # The shell variables the pages shrink by (their defaults, on the pages, are the real sizes).
 TINY = {
     'PRETRAIN_STEPS': '2',
@@ -37,6 +42,7 @@ TINY = {
     'DDTP_LISTS': os.path.join(REPO, 'gqa_spec', 'data', 'sample'),
 }
 
+_PY_END = 'GQA_SPEC_PYTHON_BLOCK_END'
 _FENCE = re.compile(r'^```(\S*)[^\n]*\n(.*?)^```\s*$', re.M | re.S)
 _NOT_RUN = re.compile(r'<!--\s*not run:\s*(\S[^>]*?)\s*-->\s*$')
 # What marks a synopsis: optional flags in brackets, an ellipsis, an all-capital placeholder word
@@ -72,8 +78,8 @@ def refusal(block: Block) -> str | None:
   """Why `block` can be neither run nor skipped (None: it is fine)."""
   if not block.lang:
     return f'{block!r}: a fence with no language (```bash to run it, ```console or a not-run mark)'
-  if block.lang not in RUNNABLE or block.not_run:
-    return None
+  if block.lang not in SHELL or block.not_run:
+    return None  # python blocks: run whole (a placeholder is a NameError or SyntaxError there)
   code = '\n'.join(line for line in block.text.splitlines() if not line.lstrip().startswith('#'))
   code = re.sub(r'\s+#.*$', '', code, flags=re.M)  # trailing comments
   code = re.sub(r"'[^'\n]*'", "''", code)  # gin literals: 'config.T5Config...' is no placeholder
@@ -93,11 +99,15 @@ def read_blocks() -> list[Block]:
 
 def script(found: list[Block]) -> str:
   """One bash script of the runnable blocks, each announced on stderr and every command traced
-  with the seconds elapsed (a failure names its block and command; the trace times each)."""
+  with the seconds elapsed (a failure names its block and command; the trace times each). A
+  `python` block is fed whole to a fresh `python -` (a quoted here-document: no shell expansion)."""
   parts = ["set -e -o pipefail\nPS4='+ [${SECONDS}s] '\nset -x"]
   for block in found:
-    if block.lang in RUNNABLE and not block.not_run:
+    if block.lang in SHELL and not block.not_run:
       parts.append(f'echo "=== {block!r}" >&2\n{block.text}')
+    elif block.lang == 'python' and not block.not_run:
+      assert _PY_END not in block.text, block
+      parts.append(f'echo "=== {block!r}" >&2\npython - <<\'{_PY_END}\'\n{block.text}{_PY_END}')
   return '\n'.join(parts) + '\n'
 
 
@@ -116,6 +126,8 @@ def test_block_parser():
   assert refusal(Block('p', 1, 'bash', "gqa-spec x --gin_bindings='config.T5Config.n = 1'\n", None)) is None
   assert refusal(Block('p', 1, 'bash', 'gqa-spec x a ...\n', None)) is not None
   assert '=== docs/x.md:2' in script(found) and '=== docs/x.md:6' not in script(found)
+  assert ('=== docs/x.md:15" >&2\npython - <<\'GQA_SPEC_PYTHON_BLOCK_END\'\nimport os\n'
+          'GQA_SPEC_PYTHON_BLOCK_END\n') in script(found)
   assert blocks('README.md', text)[0].not_run.startswith('the quickstart')
 
 
@@ -142,10 +154,11 @@ def test_manual_runs_as_written(tmp_path):
   work = tmp_path / 'work'
   work.mkdir()
   start, cpu = time.monotonic(), _children_cpu_seconds()
-  # The run took 577 s on the CI machine (2026-11-28; 324-432 s here): 1800 s stops a hung
-  # command, not a slow hour on a loaded machine.
+  # The run took 577 s on the CI machine (2026-11-28; 324-432 s here) with four pages; with every
+  # page it passed 1800 s at load 16-26 on 2 cores (2026-12-07): 2400 s stops a hung command, not
+  # a slow hour on a loaded machine.
   result = subprocess.run(['bash', '-c', script(read_blocks())], cwd=work, env=env,
-                          capture_output=True, text=True, timeout=1800, check=False)
+                          capture_output=True, text=True, timeout=2400, check=False)
   seconds, cpu = time.monotonic() - start, _children_cpu_seconds() - cpu
   print(f'the manual ran in {seconds:.0f} s ({cpu:.0f} s of CPU); its commands started at:')
   print('\n'.join(line[:160] for line in result.stderr.splitlines() if line.startswith('+ [')))
@@ -185,3 +198,23 @@ def check_outputs(runs, stdout: str) -> None:
   assert (runs / 'hf_gqa2_translate' / 'model.safetensors').exists()
   assert (runs / 'hf_gqa2_translate' / 'spiece.model').exists()
   assert [r['output'] for r in _jsonl(runs / 'out_from_hf.jsonl')] == [translation[0]['output']]
+
+  # Training's library block; Drafts: a Chimera draft; Trees: a best-first and a staged tree,
+  # greedy, so token-identical to plain decoding; the Python API blocks printed their results.
+  assert (runs / 'nano_library' / 'checkpoints' / '2').is_dir()
+  with open(runs / 'chimera' / 'draft.json', encoding='utf-8') as f:
+    assert json.load(f)['kind'] == 'chimera'
+  for name in ('out_chimera', 'out_tree', 'out_staged_tree'):
+    assert [r['output_ids'] for r in _jsonl(runs / f'{name}.jsonl')] == [translation[0]['output_ids']]
+  with open(runs / 'stats_tree.json', encoding='utf-8') as f:
+    assert json.load(f)['proposed'] > 0
+  assert re.search(r"^\{.*'acceptance_rate'", stdout, re.M), stdout[-3000:]  # trees.md's summary
+  assert re.search(r'^\(2, 1, 16\) \(2, 1\)$', stdout, re.M), stdout[-3000:]  # t5x.md's decodes
+  # Run directory: status of the fine-tuned run.
+  assert re.search(r'^  best: bleu = \S+ at step 5 \(best/\)$', stdout, re.M), stdout[-3000:]
+  # Data: a vocabulary, an export of a mixture (each task and the mixture's rates).
+  assert (runs / 'ddtp_vocab.model').is_file()
+  for task in ('ddtp_translate_en_de', 'ddtp_summarize', 'ddtp_span_corruption'):
+    with open(runs / 'ddtp_export' / task / 'manifest.json', encoding='utf-8') as f:
+      assert list(json.load(f)['splits']) == ['validation'], task
+  assert (runs / 'ddtp_export' / 'ddtp_translate_summarize' / 'mixture.json').is_file()

@@ -148,6 +148,31 @@ def _stats_rate(data_dir: str, key: str) -> Callable[[seqio.Task], float]:
   return rate
 
 
+_ddtp_data_dir: Optional[str] = None  # the data dir the DDTP tasks read
+
+
+def use_data_of(checkpoint: Optional[str]) -> Optional[str]:
+  """Re-points the DDTP tasks at the data dir `checkpoint`'s run trained on, when it can be told
+  (`vocab_fit.recorded_data_dir`: e.g. the smoke reproduction's `runs/smoke/data`) and neither
+  `$GQA_SPEC_DATA_DIR` nor `$GQA_SPEC_VOCAB` names other data; one line on stderr says so.
+
+  For commands that name a task against a model (`generate --task`, `eval`, `infer`): a model
+  knows its data. Returns the data dir now used, or None (nothing changed).
+  """
+  import sys  # pylint: disable=g-import-not-at-top
+  from gqa_spec.data import vocab_fit  # pylint: disable=g-import-not-at-top
+  if os.environ.get('GQA_SPEC_DATA_DIR') or os.environ.get('GQA_SPEC_VOCAB'):
+    return None
+  recorded = vocab_fit.recorded_data_dir(checkpoint)
+  if recorded is None or os.path.realpath(recorded) == os.path.realpath(
+      _ddtp_data_dir or corpus.default_data_dir()):
+    return None  # the tasks read it already
+  register_ddtp_tasks(recorded)
+  sys.stderr.write(f'gqa-spec: {checkpoint}: the DDTP tasks read the data its run trained on, '
+                   f'{recorded} (GQA_SPEC_DATA_DIR names other data)\n')
+  return recorded
+
+
 def register_ddtp_tasks(data_dir: Optional[str] = None, vocab_path: Optional[str] = None):
   """Registers (or re-registers) the DDTP tasks and `ddtp_mixture` over a prepared data dir.
 
@@ -155,7 +180,9 @@ def register_ddtp_tasks(data_dir: Optional[str] = None, vocab_path: Optional[str
     data_dir: a directory written by `gqa_spec.data.corpus.prepare` (default: the default one).
     vocab_path: SentencePiece model (default: `data_dir/sentencepiece.model`).
   """
+  global _ddtp_data_dir
   data_dir = data_dir or corpus.default_data_dir()
+  _ddtp_data_dir = data_dir  # what `use_data_of` compares with
   features = output_features(vocab_path or corpus.vocab_path(data_dir))
   _add_task('ddtp_translate_en_de', **_supervised(
       _records_source(data_dir, ddtp.translation_pairs, ('en', 'de')), features,

@@ -9,25 +9,30 @@ The callers know their tasks' vocabularies (seqio's or an export's); this module
 
 from __future__ import annotations
 
-from typing import Mapping
+import os
+from typing import Mapping, Optional
 
 from gqa_spec.errors import UserError
 
 EXTRA_IDS = 100  # the sentinels every task's SentencePiece vocabulary adds (`data.vocabulary`)
 
 
-def check(vocab_sizes: Mapping[str, int], model_vocab_size: int, model: str) -> None:
+def check(vocab_sizes: Mapping[str, int], model_vocab_size: int, model: str,
+          checkpoint: Optional[str] = None) -> None:
   """Raises `UserError` naming both sizes when a task's vocabulary exceeds the model's.
 
   Args:
     vocab_sizes: task name -> vocabulary size (pieces + extra ids).
     model_vocab_size: the model config's `vocab_size` (its embedding rows).
     model: what the model is, for the message (a checkpoint path, 'model_config').
+    checkpoint: the checkpoint the model comes from, if any: the message then names the data
+      directory its run trained on (`data_hint`).
   """
   for task, size in sorted(vocab_sizes.items()):
     if size > model_vocab_size:
       raise UserError(f'task {task} has a vocabulary of {size} ids, but {model} embeds only '
-                      f'{model_vocab_size}: the model was trained for another vocabulary')
+                      f'{model_vocab_size}: the model was trained for another vocabulary; '
+                      + data_hint(checkpoint))
 
 
 def check_vocabulary(name: str, size: int, model_vocab_size: int, model: str) -> None:
@@ -44,3 +49,43 @@ def check_vocabulary(name: str, size: int, model_vocab_size: int, model: str) ->
   if size > model_vocab_size:
     raise UserError(f'{name} has a vocabulary of {size} ids, but {model} embeds only '
                     f'{model_vocab_size}: the model was trained for another vocabulary')
+
+
+def recorded_data_dir(checkpoint: Optional[str]) -> Optional[str]:
+  """The DDTP data dir `checkpoint` was trained on, when it can be told; else None.
+
+  A checkpoint carries its vocabulary (`vocab/sentencepiece.model`); the reproduction keeps its
+  data beside its models (`<work dir>/data`, e.g. `runs/smoke/data`). The data dir is the nearest
+  `data/` of an enclosing directory whose vocabulary is the checkpoint's, byte for byte.
+  """
+  if not checkpoint:
+    return None
+  own = os.path.join(checkpoint, 'vocab', 'sentencepiece.model')
+  try:
+    with open(own, 'rb') as f:
+      vocab = f.read()
+  except OSError:
+    return None
+  directory = os.path.abspath(checkpoint)
+  while True:
+    candidate = os.path.join(directory, 'data', 'sentencepiece.model')
+    try:
+      with open(candidate, 'rb') as f:
+        if f.read() == vocab:
+          return os.path.relpath(os.path.dirname(candidate))
+    except OSError:
+      pass
+    parent = os.path.dirname(directory)
+    if parent == directory:
+      return None
+    directory = parent
+
+
+def data_hint(checkpoint: Optional[str]) -> str:
+  """What to set so that a task's data and vocabulary are those `checkpoint` was trained on."""
+  data_dir = recorded_data_dir(checkpoint)
+  if data_dir is None:
+    return ('point GQA_SPEC_DATA_DIR (its vocabulary: GQA_SPEC_VOCAB) at the data it was trained '
+            'on (the smoke reproduction\'s: runs/smoke/data)')
+  return (f'its run trained on {data_dir}: set GQA_SPEC_DATA_DIR={data_dir} (and leave '
+          'GQA_SPEC_VOCAB unset, or set it to its sentencepiece.model)')

@@ -112,6 +112,8 @@ class InferenceEvaluator:
       on one device (not on a mesh).
     param_dtype: cast a model draft's floating parameters to it once, at load (None: as stored;
       `gqa_spec.checkpoints.param_dtype`). The target's parameters come with `run`.
+    checkpoint: where the model was loaded from, if anywhere: a vocabulary mismatch then names
+      the data dir its run trained on (`gqa_spec.data.vocab_fit.data_hint`).
   """
 
   mixture_or_task_name: str
@@ -128,6 +130,7 @@ class InferenceEvaluator:
   model_parallel: Optional[int] = None
   tree: Optional[str] = None
   param_dtype: Optional[str] = None
+  checkpoint: Optional[str] = None
 
   def __post_init__(self):
     if self.decoding not in DECODINGS:
@@ -170,7 +173,8 @@ class InferenceEvaluator:
     vocab_fit.check(
         {t.name: t.vocabulary.vocab_size for t in self._exported} if self._evaluator is None else
         {t.name: max(f.vocabulary.vocab_size for f in t.output_features.values())
-         for t in self._evaluator.eval_tasks}, self.model_config.vocab_size, 'the model')
+         for t in self._evaluator.eval_tasks}, self.model_config.vocab_size, 'the model',
+        checkpoint=self.checkpoint)
     self._lengths = lengths
     self._max_decode_len = lengths['targets']
     if not has_tasks:
@@ -439,6 +443,9 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
   Returns:
     The metrics written.
   """
+  if not exported.is_exported(mixture_or_task_name):
+    from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top  (TensorFlow)
+    tasks.use_data_of(checkpoint_path)  # a model knows its data (the smoke run's, say)
   from gqa_spec.checkpoints import param_dtype as dtype_lib  # pylint: disable=g-import-not-at-top
   from gqa_spec.checkpoints.load import load_any, scan_layers_of  # pylint: disable=g-import-not-at-top  (slow imports)
   dtype_lib.check(param_dtype, 'param_dtype')
@@ -451,7 +458,7 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
   evaluator = InferenceEvaluator(mixture_or_task_name, config, split, task_feature_lengths,
                                  batch_size, num_examples, decoding, beam_size, draft=draft,
                                  gamma=gamma, model_parallel=model_parallel, tree=tree,
-                                 param_dtype=param_dtype)
+                                 param_dtype=param_dtype, checkpoint=checkpoint_path)
   step = outputs.checkpoint_step(checkpoint_path, step)
   metrics, predictions = evaluator.run(params, step)
   if jax.process_index() != 0:  # every process evaluated (the mesh spans them); process 0 writes

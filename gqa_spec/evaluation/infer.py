@@ -122,6 +122,9 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
   from gqa_spec.checkpoints.load import load_any, scan_layers_of  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.layout import DECODE_LAYOUT  # pylint: disable=g-import-not-at-top
   scan_layers = scan_layers_of(layout or DECODE_LAYOUT)
+  if not exported.is_exported(mixture_or_task_name):
+    from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top  (TensorFlow)
+    tasks.use_data_of(checkpoint_path)  # a model knows its data (the smoke run's, say)
   if exported.is_exported(mixture_or_task_name):
     task_batches, lengths = _exported_batches(mixture_or_task_name, split, task_feature_lengths,
                                               batch_size, num_examples)
@@ -133,7 +136,7 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
   input_limit.check_feature_length(config, lengths, batch_size,
                                    beam_size if decoding == 'beam' else 1)
   vocab_fit.check({name: vocab.vocab_size for name, vocab, _ in task_batches}, config.vocab_size,
-                  checkpoint_path)
+                  checkpoint_path, checkpoint=checkpoint_path)
   config, params = dtype_lib.cast(config, params, param_dtype, 'param_dtype')
   model = Transformer(config)
   decode = functools.partial(

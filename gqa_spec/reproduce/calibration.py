@@ -330,10 +330,14 @@ def run_point(preset: Preset, work_dir: str, plan_: Plan, sweep: Sweep, point: P
 
 def calibrate(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str] = None,
               sweeps: Sequence[str] = (), command: Optional[str] = None,
-              train: bool = True) -> dict:
+              train: bool = True, force: bool = False) -> dict:
   """Runs (or resumes) the preset's sweeps; returns the calibration record (also written).
 
-  `train=False` only rewrites the files from the points finished so far.
+  `train=False` only writes the files from the points finished so far, to `out_dir` or, when
+  none is given, to the work dir (never to `results/<preset>/` by default). Either way a
+  `calibration.json` already in `out_dir` that holds more finished points than the work dir
+  is not replaced (UserError) unless `force`: a work dir that lacks the study's points (a fresh
+  clone's) must not overwrite the committed record.
   """
   from gqa_spec.reproduce import jobs as jobs_lib, pretraining  # pylint: disable=g-import-not-at-top
   preset = presets_lib.get(preset_name)
@@ -342,9 +346,11 @@ def calibrate(preset_name: str, out_dir: Optional[str] = None, work_dir: Optiona
   unknown = [s for s in sweeps if s not in names]
   if unknown:
     raise UserError(f'unknown sweep(s) {unknown}; sweeps of {preset_name!r}: {", ".join(names)}')
-  out_dir = out_dir or os.path.join('results', preset_name)
   work_dir = work_dir or os.path.join('runs', preset_name)
+  out_dir = out_dir or (os.path.join('results', preset_name) if train else work_dir)
   command = command or f'gqa-spec calibrate --preset {preset_name}'
+  if not force:
+    _refuse_fewer_points(out_dir, _collect(preset, plan_, work_dir, command))
   os.makedirs(out_dir, exist_ok=True)
   todo = [(s, p) for s in plan_.sweeps if not sweeps or s.name in sweeps for p in s.points
           if train]
@@ -370,6 +376,27 @@ def calibrate(preset_name: str, out_dir: Optional[str] = None, work_dir: Optiona
   if not todo:
     calibration_report.write(out_dir, _collect(preset, plan_, work_dir, command))
   return _collect(preset, plan_, work_dir, command)
+
+
+def finished_points(record: dict) -> int:
+  """How many points a calibration record holds results for."""
+  return sum(len(s.get('points', ())) for s in record.get('sweeps', ()))
+
+
+def _refuse_fewer_points(out_dir: str, record: dict) -> None:
+  """UserError when `out_dir/calibration.json` holds more finished points than `record`."""
+  path = os.path.join(out_dir, 'calibration.json')
+  try:
+    with open(path, encoding='utf-8') as f:
+      existing = finished_points(json.load(f))
+  except (OSError, ValueError, AttributeError, TypeError):
+    return  # none there (or not a record): nothing to lose
+  new = finished_points(record)
+  if existing > new:
+    raise UserError(
+        f'{path} holds {existing} finished point(s), the work dir {record["work_dir"]} only {new}; '
+        'not replacing it with fewer (--work-dir names the run that has them, --out writes '
+        'elsewhere, --force replaces it)')
 
 
 def _collect(preset: Preset, plan_: Plan, work_dir: str, command: str) -> dict:

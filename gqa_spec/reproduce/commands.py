@@ -1,6 +1,6 @@
 """`gqa-spec reproduce --preset {smoke,cpu,gpu} [--out DIR] [--work-dir DIR] [--stages ...]
 [--set KEY=VALUE ...] [--exported DIR] [--time-limit SECONDS]` and `gqa-spec calibrate --preset {smoke,cpu} [--out DIR] [--work-dir DIR]
-[--sweeps ...]`."""
+[--sweeps ...] [--report-only] [--force]`."""
 
 from __future__ import annotations
 
@@ -57,7 +57,11 @@ def _register_calibrate(subparsers) -> None:
   parser.add_argument('--sweeps', nargs='+', default=(), metavar='SWEEP',
                       help='run only these sweeps (e.g. pretrain.target finetune.target.translate)')
   parser.add_argument('--report-only', action='store_true',
-                      help='rewrite calibration.{json,png,md} from the finished points; train nothing')
+                      help='write calibration.{json,png,md} from the finished points, to --out '
+                           '(default: the work dir, not results/); train nothing')
+  parser.add_argument('--force', action='store_true',
+                      help='replace a calibration.json that holds more finished points than the '
+                           'work dir (refused otherwise)')
   parser.set_defaults(func=_calibrate)
 
 
@@ -71,8 +75,9 @@ def _calibrate(args: argparse.Namespace) -> int:
   if args.work_dir:
     command += f' --work-dir {shlex.quote(args.work_dir)}'
   record = calibration.calibrate(args.preset, args.out, args.work_dir, args.sweeps, command,
-                                 train=not args.report_only)
-  out = args.out or f'results/{args.preset}'
+                                 train=not args.report_only, force=args.force)
+  out = args.out or (args.work_dir or f'runs/{args.preset}' if args.report_only
+                     else f'results/{args.preset}')
   print(f'calibrate --preset {args.preset}: {record["status"]} ({record["pending_points"]} point(s) '
         f'pending); results in {out}/calibration.md')
   return 0

@@ -163,7 +163,9 @@ class DraftTrainStep:
         raise UserError(str(e)) from None
     elif self.draft_config.vocab_size != self.target_config.vocab_size:
       raise UserError(f'draft vocabulary {self.draft_config.vocab_size} != target vocabulary '
-                      f'{self.target_config.vocab_size}')
+                      f'{self.target_config.vocab_size}: a draft shares its target\'s vocabulary; '
+                      'after the model gin add --gin_bindings=\'config.T5Config.vocab_size = '
+                      f'{self.target_config.vocab_size}\'')
     self._jitted = None
     self.target_params = put(self.target_params, self.partitioner.replicated)
 
@@ -285,27 +287,43 @@ def train_draft(*, kind: str, target_checkpoint: str, model_dir: str, train_data
   from gqa_spec.checkpoints import drafts as draft_records  # pylint: disable=g-import-not-at-top
   from gqa_spec.training import optimizer as opt, trainer  # pylint: disable=g-import-not-at-top
   from gqa_spec.checkpoints.load import load_any, vocab_of  # pylint: disable=g-import-not-at-top
+  from gqa_spec.data import vocab_fit  # pylint: disable=g-import-not-at-top
+  from gqa_spec.training import data as data_lib  # pylint: disable=g-import-not-at-top
   check_choice('kind', kind, KINDS)
   if train_dataset_cfg.pack:
     raise UserError('draft training needs unpacked examples: set DatasetConfig.pack = False')
   arguments.check_outputs({'MODEL_DIR': model_dir}, {'TARGET_CHECKPOINT': target_checkpoint},
                           folders=True)  # not inside the target it reads
+  # Everything that can refuse the run is checked before the run directory is made: a refused
+  # run leaves nothing behind (no directory, no draft.json naming a draft never trained).
+  if kind == 'chimera' and initial_checkpoint_path:
+    raise UserError('a Chimera draft starts from the target (its heads from the target\'s logits '
+                    'layer) or resumes its own MODEL_DIR; initial_checkpoint_path is for '
+                    '--kind model')
+  target_config, target_params, _ = load_any(target_checkpoint)
+  if kind == 'chimera':
+    draft_config = chimera.ChimeraConfig.for_target(
+        target_config, num_draft_heads=num_draft_heads, **(chimera_overrides or {}))
+  elif draft_model_config is None:
+    raise UserError('--kind model needs the draft architecture: a model gin (e.g. '
+                    '--gin_file=models/t5_1_1/nano.gin) setting DRAFT_MODEL_CONFIG')
+  else:
+    draft_config = draft_model_config
+  step = DraftTrainStep.create(
+      kind, draft_config, target_config, target_params, optimizer or adam(),
+      learning_rate_fn or opt.constant(1e-3), label_source=label_source, z_loss=z_loss,
+      mse_weight=mse_weight, kl_weight=kl_weight)
+  task_name = train_dataset_cfg.mixture_or_task_name
+  if task_name != 'synthetic' and not task_name.startswith('exported:'):
+    from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top  (TensorFlow)
+    tasks.use_data_of(target_checkpoint)  # the target knows its data (the smoke run's, say)
+  if train_dataset_cfg.mixture_or_task_name != 'synthetic':
+    vocab_fit.check(data_lib.vocab_sizes(train_dataset_cfg.mixture_or_task_name),
+                    target_config.vocab_size, f'the target {target_checkpoint}',
+                    checkpoint=target_checkpoint)
   with rundir_lock.running(model_dir, enabled=jax.process_index() == 0):
     # Held from the draft record to the export (the trainer takes it again, as the same process).
-    target_config, target_params, _ = load_any(target_checkpoint)
-    if kind == 'chimera':
-      draft_config = chimera.ChimeraConfig.for_target(
-          target_config, num_draft_heads=num_draft_heads, **(chimera_overrides or {}))
-    elif draft_model_config is None:
-      raise UserError('--kind model needs the draft architecture: a model gin (e.g. '
-                      '--gin_file=models/t5_1_1/nano.gin) setting DRAFT_MODEL_CONFIG')
-    else:
-      draft_config = draft_model_config
     draft_records.write_draft_file(model_dir, kind, target_checkpoint, draft_config)
-    step = DraftTrainStep.create(
-        kind, draft_config, target_config, target_params, optimizer or adam(),
-        learning_rate_fn or opt.constant(1e-3), label_source=label_source, z_loss=z_loss,
-        mse_weight=mse_weight, kl_weight=kl_weight)
     result = trainer.train(model_dir=model_dir, model_config=draft_config,
                            train_dataset_cfg=train_dataset_cfg, total_steps=total_steps,
                            checkpoint_cfg=checkpoint_cfg or trainer.CheckpointConfig(),

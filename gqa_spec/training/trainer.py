@@ -192,7 +192,7 @@ def train(*, model_dir: str, model_config: T5Config, train_dataset_cfg: DatasetC
                                  loss_normalizing_factor, dropout_seed=random_seed)
   if train_dataset_cfg.mixture_or_task_name != 'synthetic':  # before the run directory exists
     vocab_fit.check(vocab_sizes(train_dataset_cfg.mixture_or_task_name),
-                    model_config.vocab_size, 'model_config')
+                    model_config.vocab_size, 'model_config', checkpoint=initial_checkpoint_path)
   if initial_checkpoint_path:  # the run directory may not lie inside what it starts from
     arguments.check_outputs({'MODEL_DIR': model_dir}, {'INITIAL_CHECKPOINT_PATH':
                                                         initial_checkpoint_path}, folders=True)

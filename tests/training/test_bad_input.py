@@ -67,3 +67,14 @@ def test_reproduce_checks_the_preset_before_writing(tmp_path, override, match):
   with pytest.raises(UserError, match=match):
     pipeline.run('smoke', str(tmp_path / 'out'), str(tmp_path / 'work'), overrides=[override])
   assert not (tmp_path / 'out').exists() and not (tmp_path / 'work').exists()
+
+
+def test_train_draft_checks_the_task_before_the_run_directory(small_checkpoint, tmp_path):
+  from gqa_spec.training import draft_training  # pylint: disable=g-import-not-at-top
+  model_dir = tmp_path / 'draft'
+  with pytest.raises(UserError, match=MISFIT.format(f'the target {small_checkpoint}')):
+    draft_training.train_draft(kind='chimera', target_checkpoint=small_checkpoint,
+                               model_dir=str(model_dir), total_steps=1,
+                               train_dataset_cfg=DatasetConfig('ddtp_summarize', LENGTHS,
+                                                               batch_size=2, pack=False))
+  assert not model_dir.exists()  # no draft.json naming a draft never trained

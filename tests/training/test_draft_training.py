@@ -208,6 +208,27 @@ def test_model_draft_starts_from_an_initial_checkpoint_and_a_chimera_cannot(targ
     draft_training.train_draft(kind='chimera', target_checkpoint=target_dir,
                                model_dir=str(tmp_path / 'chimera'), train_dataset_cfg=DATA,
                                total_steps=1, checkpoint_cfg=ckpt, initial_checkpoint_path=start)
+  assert not os.path.exists(tmp_path / 'chimera')  # refused: nothing written
+
+
+def test_a_refused_run_writes_nothing(target_dir, tmp_path):
+  """A draft of another vocabulary is refused before MODEL_DIR exists (no draft.json left behind
+  to name a draft never trained), in one line that says what to set."""
+  run = tmp_path / 'refused'
+  with pytest.raises(UserError) as error:
+    draft_training.train_draft(kind='model', target_checkpoint=target_dir, model_dir=str(run),
+                               train_dataset_cfg=DATA, total_steps=1,
+                               draft_model_config=TARGET.replace(vocab_size=512))
+  assert str(error.value) == (
+      "draft vocabulary 512 != target vocabulary 256: a draft shares its target's vocabulary; "
+      "after the model gin add --gin_bindings='config.T5Config.vocab_size = 256'")
+  assert not os.path.exists(run)
+  run.mkdir()  # an existing, empty MODEL_DIR stays empty
+  with pytest.raises(UserError, match='draft vocabulary 512'):
+    draft_training.train_draft(kind='model', target_checkpoint=target_dir, model_dir=str(run),
+                               train_dataset_cfg=DATA, total_steps=1,
+                               draft_model_config=TARGET.replace(vocab_size=512))
+  assert not os.listdir(run)
 
 
 def test_a_model_drafts_topk_accuracy_is_its_teacher_forced_next_token_accuracy(target_dir):
