@@ -23,7 +23,7 @@ target steps in a second loop, without the draft (`plain_steps.plain_loop`). Whe
 that not even the starting `alpha_init` would pay for a proposal (`AdaptiveGamma.speculates` is
 False: a draft that costs what the target costs, or one whose acceptance
 `calibration.measure_costs` found too low for its cost), `decode` is `autoregressive.decode`'s
-loop on a cache of one slot per token (`target_cache_length`), compiled with two length
+loop on a cache of one slot per token (`call_tokens`), compiled with two length
 statistics in one program (`plain_steps.plain_decode`).
 
 Exactness: gamma_r depends only on the past (the batch's rows' earlier iterations, and with a
@@ -214,8 +214,14 @@ class AdaptiveGamma:
     """Whether any row ever proposes: False when the costs say that not even `alpha_init` would
     pay for gamma >= 1 (policy 'optimal', first gamma 0, final for every row); `decode` is then
     autoregressive decoding itself, on a cache of `max_decode_len + 1` slots
-    (`target_cache_length`)."""
+    (`call_tokens`)."""
     return self.first_gamma() > 0
+
+  @property
+  def call_tokens(self) -> int:
+    """Tokens of `decode`'s widest target call (`targets.cache_length`): a gamma_max + 1 token
+    verification, or 1 when no row will speculate."""
+    return self.gamma_max + 1 if self.speculates else 1
 
   def first(self, batch: int) -> jax.Array:
     """`[b]` the first iteration's draft lengths."""
@@ -246,12 +252,6 @@ class AdaptiveState:
   want: jax.Array  # [b] the draft length each row asks for next
   alpha: jax.Array  # [b] running acceptance estimate
   weight: jax.Array  # [b] the (discounted) positions behind it
-
-
-def target_cache_length(max_decode_len: int, adaptive: AdaptiveGamma) -> int:
-  """The target cache `decode` needs: room for a gamma_max + 1 token verification call, or one
-  slot per token when no row will speculate."""
-  return max_decode_len + (adaptive.gamma_max + 1 if adaptive.speculates else 1)
 
 
 def verify_gammas(gamma_max: int) -> Tuple[int, ...]:

@@ -114,9 +114,6 @@ class Plan:
   def validate(self) -> None:
     """Raises `UserError` for a flag this method does not read, or a number out of range."""
     args = self.args
-    from gqa_spec.decoding.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top
-    self.sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k,
-                                   top_p=args.top_p, lenience=args.lenience)
     for name in ('max_decode_len', 'batch_size', 'loop_chunk', 'model_parallel', 'gamma',
                  'gamma_max', 'stage2_gamma'):
       value = getattr(args, name)
@@ -126,6 +123,9 @@ class Plan:
       value = getattr(args, name)
       if value is not None and not math.isfinite(value):
         raise UserError(f'--{name.replace("_", "-")} must be a finite number, got {value}')
+    from gqa_spec.decoding.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top
+    self.sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k,
+                                   top_p=args.top_p, lenience=args.lenience)
     for flag, (dest, unset, needs) in METHOD_FLAGS.items():
       value = getattr(args, dest)
       if value is None or value == unset or flag in self.takes:
@@ -311,9 +311,6 @@ class _Adaptive(Plan):
     """`policy` with no row speculating (the guard's greedy calls)."""
     raise NotImplementedError
 
-  def _widest(self, policy) -> int:
-    """Tokens of `policy`'s widest call: 1 where no row speculates."""
-    raise NotImplementedError
 
   def calibrate(self, d, batches):
     if not self.measured:
@@ -342,7 +339,7 @@ class _Adaptive(Plan):
 
   def run(self, d, enc, n, rng, plain=False):
     policy = self._plain(self.policy) if plain else self.policy
-    return self._decode()(d.target, d.init(enc, self._widest(policy)), self.draft,
+    return self._decode()(d.target, d.init(enc, policy.call_tokens), self.draft,
                           self.draft_init(enc) if policy.speculates else None, rng,
                           adaptive=policy, max_decode_len=d.max_len, config=d.config,
                           skip=d.skip(n))
@@ -391,8 +388,6 @@ class AdaptiveChainPlan(_Adaptive):
   def _plain(self, policy):
     return dataclasses.replace(policy, gamma_init=0)
 
-  def _widest(self, policy):
-    return policy.gamma_max + 1 if policy.speculates else 1
 
   def call_tokens(self):
     return self.policy.gamma_max + 1
@@ -441,8 +436,6 @@ class AdaptiveTreePlan(_Adaptive, TreePlan):
   def _plain(self, policy):
     return dataclasses.replace(policy, fixed_nodes=0)
 
-  def _widest(self, policy):
-    return policy.nodes_max + 1 if policy.speculates else 1
 
   def stats(self):
     p = self.policy

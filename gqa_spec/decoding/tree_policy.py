@@ -237,6 +237,12 @@ class AdaptiveTree:
   def speculates(self) -> bool:
     return self.first_nodes() > 0
 
+  @property
+  def call_tokens(self) -> int:
+    """Tokens of `adaptive_tree.decode`'s widest target call (`targets.cache_length`): an
+    N_max-node verification, or 1 when no row will ask for a tree."""
+    return self.nodes_max + 1 if self.speculates else 1
+
   def calibrated(self, calibration: Union['TreeCalibration', Calibration]) -> 'AdaptiveTree':
     """These settings with `adaptive_tree.measure_costs`' c, v, starting alpha, the output
     lengths of the batches it read and, where its second stage ran, the accepted tokens per width it measured

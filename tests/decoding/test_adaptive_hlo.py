@@ -19,7 +19,7 @@ from gqa_spec.decoding.adaptive import AdaptiveGamma
 from gqa_spec.decoding.adaptive_tree import AdaptiveTree
 from gqa_spec.decoding.drafts import ModelDraft
 from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
-from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.decoding.targets import T5Decoder, cache_length
 from tests.decoding.conftest import INPUTS, MAX_LEN, model_and_params
 
 
@@ -47,7 +47,7 @@ def test_the_chain_loop_copies_the_cache_only_at_its_entry():
   target, enc, rng = T5Decoder(model), jnp.asarray(INPUTS), jax.random.PRNGKey(0)
   ad = AdaptiveGamma(gamma_max=8, policy='fixed', gamma_init=2)
   assert len(ad.verify_widths) == 6
-  state = target.init(params, enc, adaptive.target_cache_length(MAX_LEN, ad) + 3)
+  state = target.init(params, enc, cache_length(MAX_LEN, ad.call_tokens) + 3)
   draft = ModelDraft.t5(model)
   dstate = draft.init(params, enc, MAX_LEN, 8)
   scored = _copies(lambda t, d: adaptive.decode(target, t, draft, d, rng, adaptive=ad,
@@ -77,7 +77,7 @@ def test_the_tree_loop_copies_the_cache_only_at_its_entry():
   target, enc = T5Decoder(model), jnp.asarray(INPUTS)
   ad = AdaptiveTree.parse('best:auto:8,depth:3,width:2', cost_ratio=0.1)
   assert len(ad.widths) > 1
-  state = target.init(params, enc, adaptive_tree.target_cache_length(MAX_LEN, ad) + 3)
+  state = target.init(params, enc, cache_length(MAX_LEN, ad.call_tokens) + 3)
   draft = TreeModelDraft.t5(model)
   dstate = draft.init(params, enc, MAX_LEN, ad.shape)
   found = _copies(lambda t, d: adaptive_tree.decode(
@@ -100,7 +100,7 @@ def test_the_plain_path_runs_greedy_decodings_loop():
   target, enc, rng = T5Decoder(model), jnp.asarray(INPUTS), jax.random.PRNGKey(0)
   never = AdaptiveGamma(gamma_max=8, cost_ratio=5.0, verify_ratio=(5.0,) * 8, alpha_init=0.1)
   assert not never.speculates
-  state = target.init(params, enc, adaptive.target_cache_length(MAX_LEN, never))
+  state = target.init(params, enc, cache_length(MAX_LEN, never.call_tokens))
   compiled = lambda fn: _loop_bodies(jax.jit(fn).lower(state).compile().as_text())
   greedy = compiled(lambda t: autoregressive.decode(target, t, rng, max_decode_len=MAX_LEN))
   plain = compiled(lambda t: adaptive.decode(target, t, None, None, rng, adaptive=never,
@@ -111,7 +111,7 @@ def test_the_plain_path_runs_greedy_decodings_loop():
   fixed = AdaptiveGamma(gamma_max=8, policy='fixed', gamma_init=2)
   draft = ModelDraft.t5(model)
   dstate = draft.init(params, enc, MAX_LEN, 8)
-  wide = target.init(params, enc, adaptive.target_cache_length(MAX_LEN, fixed))
+  wide = target.init(params, enc, cache_length(MAX_LEN, fixed.call_tokens))
   other = _loop_bodies(jax.jit(lambda t, d: adaptive.decode(
       target, t, draft, d, rng, adaptive=fixed, max_decode_len=MAX_LEN)).lower(
           wide, dstate).compile().as_text())

@@ -25,7 +25,7 @@ from gqa_spec.decoding.adaptive_tree import AdaptiveTree
 from gqa_spec.decoding.drafts import NgramDraft
 from gqa_spec.decoding.drafts.ngram import fit_ngram
 from gqa_spec.decoding.drafts.ngram_tree import NgramTreeDraft
-from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.decoding.targets import T5Decoder, cache_length
 from tests.decoding.conftest import INPUTS, MAX_LEN, model_and_params
 
 LOOPS = ('while', 'scan')  # a fori_loop with static bounds is a scan
@@ -89,7 +89,7 @@ def pair():
 def test_chain_loop_is_a_loop_per_width(pair, policy):
   model, params, target, enc, table = pair
   draft = NgramDraft(model.config.vocab_size)
-  tstate = target.init(params, enc, adaptive.target_cache_length(MAX_LEN, policy))
+  tstate = target.init(params, enc, cache_length(MAX_LEN, policy.call_tokens))
   args = (tstate, draft.init(table), jax.random.PRNGKey(0))
   ours = _loops(lambda ts, ds, rng: adaptive.decode(
       target, ts, draft, ds, rng, adaptive=policy, max_decode_len=MAX_LEN), *args)
@@ -113,7 +113,7 @@ def test_one_width_is_one_loop_and_no_loop_switches_widths(pair):
   draft = NgramDraft(model.config.vocab_size)
   for one_width in (False, True):
     policy = AdaptiveGamma(gamma_max=8, policy='fixed', gamma_init=8, one_width=one_width)
-    tstate = target.init(params, enc, adaptive.target_cache_length(MAX_LEN, policy))
+    tstate = target.init(params, enc, cache_length(MAX_LEN, policy.call_tokens))
     fun = lambda ts, ds, rng, p=policy: adaptive.decode(target, ts, draft, ds, rng, adaptive=p,
                                                         max_decode_len=MAX_LEN)
     args = (tstate, draft.init(table), jax.random.PRNGKey(0))
@@ -128,7 +128,7 @@ def test_tree_loop_is_a_loop_per_width(pair):
   ad = AdaptiveTree.parse('best:auto:8,depth:3,width:2', cost_ratio=0.1,
                           verify_ratio=(1.0, 1.05, 1.2, 1.6))
   draft = NgramTreeDraft(model.config.vocab_size)
-  tstate = target.init(params, enc, adaptive_tree.target_cache_length(MAX_LEN, ad))
+  tstate = target.init(params, enc, cache_length(MAX_LEN, ad.call_tokens))
   args = (tstate, draft.init(table, ad.shape), jax.random.PRNGKey(0))
   ours = _loops(lambda ts, ds, rng: adaptive_tree.decode(
       target, ts, draft, ds, rng, adaptive=ad, max_decode_len=MAX_LEN), *args)
