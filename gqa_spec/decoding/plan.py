@@ -28,7 +28,16 @@ import re
 import time
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
+import jax.numpy as jnp
+import numpy as np
+
+from gqa_spec.decoding import adaptive, adaptive_tree, calibration, guard as guard_lib
+from gqa_spec.decoding.adaptive import AdaptiveGamma
+from gqa_spec.decoding.drafts import factory
+from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.targets import cache_length
+from gqa_spec.decoding.tree import TreeShape
+from gqa_spec.decoding.tree_policy import AdaptiveTree
 from gqa_spec.errors import UserError
 
 # flag -> (argparse dest, the value that means "not given", the method(s) it belongs to)
@@ -67,7 +76,6 @@ class Decoding:
     return self.target.init(self.params, enc, cache_length(self.max_len, call_tokens))
 
   def skip(self, n: int):
-    import numpy as np  # pylint: disable=g-import-not-at-top
     return np.arange(self.batch) >= n  # dummy rows filling the last batch
 
 
@@ -123,7 +131,6 @@ class Plan:
       value = getattr(args, name)
       if value is not None and not math.isfinite(value):
         raise UserError(f'--{name.replace("_", "-")} must be a finite number, got {value}')
-    from gqa_spec.decoding.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top
     self.sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k,
                                    top_p=args.top_p, lenience=args.lenience)
     for flag, (dest, unset, needs) in METHOD_FLAGS.items():
@@ -188,7 +195,6 @@ class ChainPlan(Plan):
     return self.gamma + 1
 
   def make_draft(self, target_config, **placement):
-    from gqa_spec.decoding.drafts import factory  # pylint: disable=g-import-not-at-top
     self.draft, self.draft_init, self.draft_desc = factory.make_draft(
         self.args.draft, target_config, self.gamma, self.args.max_decode_len, **placement)
 
@@ -219,7 +225,6 @@ class StagedPlan(ChainPlan):
       raise UserError('--stage2 needs a model --draft')
 
   def make_draft(self, target_config, **placement):
-    from gqa_spec.decoding.drafts import factory  # pylint: disable=g-import-not-at-top
     self.draft, self.draft_init, self.draft_desc = factory.make_staged_draft(
         self.args.draft, self.args.stage2, target_config, self.gamma,
         self.args.stage2_gamma or DEFAULT_STAGE2_GAMMA, self.args.max_decode_len,
@@ -254,7 +259,6 @@ class TreePlan(StagedPlan):
       raise UserError('--tree needs a --draft')
 
   def _parse(self, spec: str):
-    from gqa_spec.decoding.tree import TreeShape  # pylint: disable=g-import-not-at-top
     return TreeShape.parse(spec)
 
   def call_tokens(self):
@@ -264,7 +268,6 @@ class TreePlan(StagedPlan):
     if self.args.stage2 is not None:
       super().make_draft(target_config, **placement)
       return
-    from gqa_spec.decoding.drafts import factory  # pylint: disable=g-import-not-at-top
     self.draft, self.draft_init, self.draft_desc = factory.make_tree_draft(
         self.args.draft, target_config, self.shape, self.args.max_decode_len, **placement)
 
@@ -286,6 +289,9 @@ class _Adaptive(Plan):
   and runs in which a row that will not speculate needs no draft state."""
 
   on_mesh = False
+  costs: Any = None  # the module whose `measure_costs` calibrates the policy
+  loop: Any = None  # the module whose `decode` runs it
+  no_speculation: Dict[str, int] = {}  # the policy's fields for the guard's greedy calls
 
   def validate(self):
     super().validate()
@@ -301,36 +307,28 @@ class _Adaptive(Plan):
   def measured(self) -> bool:
     return self.args.cost_ratio is None
 
-  def _measure_costs(self) -> Callable:
-    raise NotImplementedError
-
-  def _decode(self) -> Callable:
-    raise NotImplementedError
-
-  def _plain(self, policy):
-    """`policy` with no row speculating (the guard's greedy calls)."""
-    raise NotImplementedError
-
-
   def calibrate(self, d, batches):
     if not self.measured:
       return
-    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
     t0 = time.perf_counter()
     # (target state, draft state) of each batch, made as read: timed on the first, alpha also
     # read on the next ones as far as the calibration asks
     states = ((d.init(enc, self.call_tokens()), self.draft_init(enc))
               for enc in (jnp.asarray(b[0]) for b in batches))
     target_state, draft_state = next(states)
-    self.calibration = self._measure_costs()(d.target, target_state, self.draft, draft_state,
-                                             d.max_len, self.policy, more=states, config=d.config)
+    self.calibration = self.costs.measure_costs(d.target, target_state, self.draft, draft_state,
+                                                d.max_len, self._costs_of(), more=states,
+                                                config=d.config)
     self.policy = self.policy.calibrated(self.calibration)
     self.calibration_seconds = time.perf_counter() - t0
+
+  def _costs_of(self):
+    """What the policy's `measure_costs` takes after the output length: the policy itself."""
+    return self.policy
 
   def guard(self, d, batches):
     """Times the run's own calls against greedy decoding's unless --no-guard, with a call's
     encoder pass timed on the first batch at the slots the run's calls compiled."""
-    from gqa_spec.decoding import guard as guard_lib  # pylint: disable=g-import-not-at-top
     if self.calibration is None or self.args.guard is False or not self.policy.speculates:
       return None
     self._guard = guard_lib.SpeculationGuard(self.calibration.step_seconds, guard_lib.call_seconds(
@@ -338,11 +336,11 @@ class _Adaptive(Plan):
     return self._guard
 
   def run(self, d, enc, n, rng, plain=False):
-    policy = self._plain(self.policy) if plain else self.policy
-    return self._decode()(d.target, d.init(enc, policy.call_tokens), self.draft,
-                          self.draft_init(enc) if policy.speculates else None, rng,
-                          adaptive=policy, max_decode_len=d.max_len, config=d.config,
-                          skip=d.skip(n))
+    policy = dataclasses.replace(self.policy, **self.no_speculation) if plain else self.policy
+    return self.loop.decode(d.target, d.init(enc, policy.call_tokens), self.draft,
+                            self.draft_init(enc) if policy.speculates else None, rng,
+                            adaptive=policy, max_decode_len=d.max_len, config=d.config,
+                            skip=d.skip(n))
 
   def stats(self):
     guard = getattr(self, '_guard', None)
@@ -354,6 +352,7 @@ class AdaptiveChainPlan(_Adaptive):
   """`--gamma auto`: the draft length chosen in the loop at every iteration (`adaptive`)."""
 
   selector = '--gamma auto'
+  costs, loop, no_speculation = calibration, adaptive, {'gamma_init': 0}
   takes = frozenset({'--gamma', '--gamma-max', '--gamma-policy', '--draft-confidence',
                      '--cost-ratio', '--guard', '--lenience'})
 
@@ -368,7 +367,6 @@ class AdaptiveChainPlan(_Adaptive):
       raise UserError('--gamma auto needs a --draft')
     if args.gamma_policy == 'heuristic' and args.cost_ratio is not None:
       raise UserError('--cost-ratio applies to --gamma-policy optimal')
-    from gqa_spec.decoding.adaptive import AdaptiveGamma  # pylint: disable=g-import-not-at-top
     self.policy = AdaptiveGamma(
         gamma_max=args.gamma_max or DEFAULT_GAMMA_MAX, policy=args.gamma_policy or 'optimal',
         cost_ratio=args.cost_ratio or 0.0, confidence=args.draft_confidence or 0.0)
@@ -377,23 +375,13 @@ class AdaptiveChainPlan(_Adaptive):
   def measured(self):
     return self.policy.policy == 'optimal' and self.args.cost_ratio is None
 
-  def _measure_costs(self):
-    from gqa_spec.decoding import calibration  # pylint: disable=g-import-not-at-top
-    return calibration.measure_costs
-
-  def _decode(self):
-    from gqa_spec.decoding import adaptive  # pylint: disable=g-import-not-at-top
-    return adaptive.decode
-
-  def _plain(self, policy):
-    return dataclasses.replace(policy, gamma_init=0)
-
-
   def call_tokens(self):
     return self.policy.gamma_max + 1
 
+  def _costs_of(self):
+    return self.policy.gamma_max  # `calibration.measure_costs` times the chain up to gamma_max
+
   def make_draft(self, target_config, **placement):
-    from gqa_spec.decoding.drafts import factory  # pylint: disable=g-import-not-at-top
     self.draft, self.draft_init, self.draft_desc = factory.make_draft(
         self.args.draft, target_config, self.policy.gamma_max, self.args.max_decode_len,
         **placement)
@@ -413,29 +401,16 @@ class AdaptiveTreePlan(_Adaptive, TreePlan):
   (`adaptive_tree`)."""
 
   selector = '--tree best:auto'
+  costs, loop, no_speculation = adaptive_tree, adaptive_tree, {'fixed_nodes': 0}
   takes = frozenset({'--tree', '--cost-ratio', '--guard'})
 
   @staticmethod
   def chosen(args):
-    from gqa_spec.decoding.tree_policy import AdaptiveTree  # pylint: disable=g-import-not-at-top
     return args.tree is not None and AdaptiveTree.is_spec(args.tree)
 
   def _parse(self, spec):
-    from gqa_spec.decoding.tree_policy import AdaptiveTree  # pylint: disable=g-import-not-at-top
     self.policy = AdaptiveTree.parse(spec, cost_ratio=self.args.cost_ratio or 0.0)
     return self.policy.shape  # the largest tree: the draft grows it every iteration
-
-  def _measure_costs(self):
-    from gqa_spec.decoding import adaptive_tree  # pylint: disable=g-import-not-at-top
-    return adaptive_tree.measure_costs
-
-  def _decode(self):
-    from gqa_spec.decoding import adaptive_tree  # pylint: disable=g-import-not-at-top
-    return adaptive_tree.decode
-
-  def _plain(self, policy):
-    return dataclasses.replace(policy, fixed_nodes=0)
-
 
   def stats(self):
     p = self.policy
@@ -451,7 +426,6 @@ PLANS = (AdaptiveTreePlan, TreePlan, StagedPlan, AdaptiveChainPlan, ChainPlan, P
 def plan_for(args: argparse.Namespace) -> Plan:
   """The plan of the method `args` choose, its flags checked (`UserError` otherwise)."""
   if args.draft != 'none':
-    from gqa_spec.decoding.drafts import factory  # pylint: disable=g-import-not-at-top
     factory.check_spec(args.draft, '--draft')
   plan = next(cls for cls in PLANS if cls.chosen(args))(args)
   plan.validate()
