@@ -32,6 +32,9 @@ chooses in the loop (`gqa_spec.decoding.adaptive_tree`); c, v and the starting a
 the same way (`adaptive_tree.measure_costs`) unless `--cost-ratio` gives c (v = 1 and alpha 0.9
 then). With measured costs both then time every call and stop speculating once the speculative
 calls measure below 0.97x greedy decoding (`guard.SpeculationGuard`; `--no-guard`: off).
+Each method is a plan (`gqa_spec.decoding.plan`): the flags choose it and are checked before
+anything loads (a flag of another method is an error, not ignored), and it sizes the target's
+cache, builds the draft, calibrates, runs each batch and gives its `--stats` fields.
 With the multi-process flags (`gqa_spec.distributed`) every process reads the same inputs and
 decodes on one mesh of all processes' devices (model axis `--model-parallel`, default 1); process 0
 writes `--out` and `--stats`.
