@@ -216,10 +216,11 @@ def _vocabulary(args: argparse.Namespace, carried: Optional[str], model_vocab_si
   """The vocabulary of the text inputs and outputs (None: ids only): `--vocab`, the checkpoint's
   own, or `--task`'s; one with more ids than the model embeds is refused (`data.vocab_fit`)."""
   path = arguments.vocab_file(carried, args.vocab, args.model)
-  what = '--vocab' if args.vocab else "the checkpoint's vocabulary"
+  what, name = ('--vocab' if args.vocab else "the checkpoint's vocabulary"), path
   if path is None and args.task is not None:
     from gqa_spec.data.text_inputs import vocab_file  # pylint: disable=g-import-not-at-top
-    path, what = vocab_file(args.task), 'the vocabulary of --task'  # the output text as the task reads it
+    path = vocab_file(args.task)  # the task's own: the output text as the task reads it
+    what, name = 'task', args.task
   if not path:
     return None
   from gqa_spec.data import vocab_fit  # pylint: disable=g-import-not-at-top
@@ -229,7 +230,7 @@ def _vocabulary(args: argparse.Namespace, carried: Optional[str], model_vocab_si
     size = vocab.vocab_size  # seqio reads the model file here
   except Exception as e:  # pylint: disable=broad-except; sentencepiece raises several types
     raise UserError(f'{path}: not a SentencePiece model ({type(e).__name__})') from None
-  vocab_fit.check({path: size}, model_vocab_size, args.model, what=what)
+  vocab_fit.check({name: size}, model_vocab_size, args.model, what=what)
   return vocab
 
 
