@@ -66,7 +66,7 @@ class Decoding:
   target: Any
   params: Any
   max_len: int
-  config: Any  # sampling.SamplingConfig
+  config: SamplingConfig
   batch: int
   run_ar: Callable
   run_spec: Callable
