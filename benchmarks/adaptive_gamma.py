@@ -60,7 +60,7 @@ from gqa_spec.decoding.adaptive import AdaptiveGamma
 from gqa_spec.decoding.drafts import CopyDraft, ModelDraft, NgramDraft
 from gqa_spec.decoding.drafts.ngram import fit_ngram_on_task
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.decoding.targets import T5Decoder, cache_length
 
 
 def _ints(text: str) -> List[int]:
@@ -253,7 +253,7 @@ def measure(args: argparse.Namespace,
   """Every cell's rows; `on_cell(rows so far)` after each cell."""
   L, gmax = args.max_decode_len, args.gamma_max
   gammas = _ints(args.gammas)
-  slots = speculative.target_cache_length(L, max(gmax, max(gammas)))
+  slots = cache_length(L, max(gmax, max(gammas)) + 1)
   policies = ['optimal', 'heuristic'] + ([ONE_WIDTH] if args.one_width else [])
   rows = []
   for pair in pairs_of(args):
@@ -291,8 +291,8 @@ def measure(args: argparse.Namespace,
               auto = AdaptiveGamma(gamma_max=gmax, policy=policy.split(',')[0],
                                    one_width=policy == ONE_WIDTH)
               auto = auto.calibrated(cals[policy][0]) if policy in cals else auto
-              auto_states = (tstates if adaptive.target_cache_length(L, auto) == slots else
-                             [target.init(params, enc, adaptive.target_cache_length(L, auto))
+              auto_states = (tstates if cache_length(L, auto.call_tokens) == slots else
+                             [target.init(params, enc, cache_length(L, auto.call_tokens))
                               for enc in encs])  # as `generate --gamma auto` allocates
               auto_dstates = dstates if auto.speculates else [None] * len(dstates)
               runs[f'auto:{policy}'] = (lambda a=auto, ts=auto_states, ds=auto_dstates: [

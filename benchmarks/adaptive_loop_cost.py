@@ -35,7 +35,7 @@ from benchmarks import adaptive_gamma, common
 from gqa_spec.decoding import adaptive, autoregressive, speculative
 from gqa_spec.decoding.adaptive import AdaptiveGamma
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.decoding.targets import T5Decoder, cache_length
 
 GAMMA_MAX = 8
 
@@ -47,7 +47,7 @@ def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
   target, params = T5Decoder(pair['target_model']), pair['params']
   draft, dinit = pair['drafts']['draft model']
   enc = jnp.asarray(pair['inputs'][:args.batch])
-  tstate = target.init(params, enc, speculative.target_cache_length(L, GAMMA_MAX))
+  tstate = target.init(params, enc, cache_length(L, GAMMA_MAX + 1))
   dstate, plain = dinit(enc), target.init(params, enc, L + 1)
   config, rng = SamplingConfig(temperature=args.temperature), jax.random.PRNGKey(0)
   decode = lambda a, **kw: adaptive.decode(target, tstate, draft, dstate, rng, adaptive=a,

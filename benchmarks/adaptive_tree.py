@@ -40,7 +40,7 @@ from gqa_spec.decoding.drafts.ngram import fit_ngram_on_task
 from gqa_spec.decoding.drafts.ngram_tree import NgramTreeDraft
 from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.decoding.targets import T5Decoder, cache_length
 from gqa_spec.decoding.tree import TreeShape
 
 
@@ -82,14 +82,14 @@ def measure(args: argparse.Namespace,
         encs, held = batches_of(inputs['inputs'], batch), batches_of(inputs['held_out'], batch)
         states = lambda encs, dinit=dinit: (
             [target.init(params, enc, L + 1) for enc in encs],
-            {spec: ([target.init(params, enc, tree_speculative.target_cache_length(L, s))
+            {spec: ([target.init(params, enc, cache_length(L, s.num_nodes + 1))
                      for enc in encs], [dinit(enc, s) for enc in encs])
              for spec, s in shapes.items()})
         ar_states, fixed = states(encs)
         for temperature in [float(t) for t in args.temperatures.split(',')]:
           config = SamplingConfig(temperature=temperature)
           auto = AdaptiveTree.parse(auto_spec)
-          auto_t = [target.init(params, enc, adaptive_tree.target_cache_length(L, auto))
+          auto_t = [target.init(params, enc, cache_length(L, auto.call_tokens))
                     for enc in encs]
           auto_d = [dinit(enc, auto.shape) for enc in encs]
           t0 = time.perf_counter()
@@ -98,7 +98,7 @@ def measure(args: argparse.Namespace,
           calibration = time.perf_counter() - t0
           auto = auto.calibrated(cal)
           if not auto.speculates:  # as `generate` allocates: greedy decoding's cache, no draft
-            auto_t = [target.init(params, enc, adaptive_tree.target_cache_length(L, auto))
+            auto_t = [target.init(params, enc, cache_length(L, auto.call_tokens))
                       for enc in encs]
             auto_d = [None] * len(encs)
           rngs = sampling_keys(args.seeds, temperature)
@@ -122,7 +122,7 @@ def measure(args: argparse.Namespace,
           runs = cell_runs(ar_states, fixed, auto_t, auto_d)
           held_runs = None
           if held is not None:
-            held_t = [target.init(params, enc, adaptive_tree.target_cache_length(L, auto))
+            held_t = [target.init(params, enc, cache_length(L, auto.call_tokens))
                       for enc in held]
             held_d = ([dinit(enc, auto.shape) for enc in held] if auto.speculates
                       else [None] * len(held))

@@ -36,7 +36,7 @@ from benchmarks import common, workloads
 from benchmarks.adaptive_gamma import _ints, add_pair_arguments, task_inputs
 from gqa_spec.decoding import autoregressive, speculative, theory
 from gqa_spec.decoding.drafts import ModelDraft
-from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.decoding.targets import T5Decoder, cache_length
 
 
 def price(alpha: float, gamma: int, lengths: theory.Lengths, gamma_max: int) -> float:
@@ -53,7 +53,7 @@ def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
   gammas = _ints(args.gammas)
   if max(gammas) > G:
     raise SystemExit(f'--gammas go up to --gamma-max ({G}), got {max(gammas)}')
-  slots = speculative.target_cache_length(L, G)
+  slots = cache_length(L, G + 1)
   rng = jax.random.PRNGKey(0)
   rows = []
   for name, target_path, draft_path, task in args.pair:

@@ -33,7 +33,7 @@ from benchmarks.adaptive_gamma import task_inputs
 from gqa_spec.decoding import calibration, speculative, timing
 from gqa_spec.decoding.drafts import ModelDraft
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.decoding.targets import T5Decoder, cache_length
 
 SCHEDULES = ('interleaved', 'blocked')
 
@@ -50,7 +50,7 @@ def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
   target, draft = T5Decoder(target_model), ModelDraft.t5(draft_model)
   inputs = task_inputs(args.task, args.data_dir, max(8, b), args.input_length, L)
   encs = [jnp.asarray(inputs[i:i + b]) for i in range(0, len(inputs) - b + 1, b)]
-  slots = speculative.target_cache_length(L, gmax)
+  slots = cache_length(L, gmax + 1)
   states = [(target.init(params, enc, slots), draft.init(dparams, enc, L, gmax)) for enc in encs]
   config = SamplingConfig(temperature=args.temperature)
   library = timing.interleaved_per_iteration

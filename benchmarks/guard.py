@@ -40,7 +40,7 @@ from benchmarks import adaptive_gamma, common
 from gqa_spec.decoding import adaptive, autoregressive, calibration, guard
 from gqa_spec.decoding.adaptive import AdaptiveGamma
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.decoding.targets import T5Decoder, cache_length
 
 METHODS = ('greedy', 'auto --no-guard', 'auto')
 
@@ -54,7 +54,7 @@ def measure(args: argparse.Namespace, on_cell=lambda rows: None) -> List[Dict[st
     for batch in adaptive_gamma._ints(args.batches):  # pylint: disable=protected-access
       batches = [(jnp.asarray(pair['inputs'][i:i + batch]), batch)
                  for i in range(0, args.examples, batch)]
-      slots = adaptive.target_cache_length(L, AdaptiveGamma(gamma_max=gmax, gamma_init=1))
+      slots = cache_length(L, AdaptiveGamma(gamma_max=gmax, gamma_init=1).call_tokens)
       for temperature in [float(t) for t in args.temperatures.split(',')]:
         config = SamplingConfig(temperature=temperature)
         cal = calibration.measure_costs(
@@ -73,7 +73,7 @@ def measure(args: argparse.Namespace, on_cell=lambda rows: None) -> List[Dict[st
         def auto_call(enc, n, rng, plain, config=config, auto=auto):
           del n  # full batches only
           policy = dataclasses.replace(auto, gamma_init=0) if plain else auto
-          state = target.init(params, enc, adaptive.target_cache_length(L, policy))
+          state = target.init(params, enc, cache_length(L, policy.call_tokens))
           return jax.device_get(jax.block_until_ready(adaptive.decode(
               target, state, draft, dinit(enc) if policy.speculates else None, rng,
               adaptive=policy, max_decode_len=L, config=config)))
@@ -81,7 +81,7 @@ def measure(args: argparse.Namespace, on_cell=lambda rows: None) -> List[Dict[st
         for call in (greedy_call, auto_call):  # compile, untimed (the first call `generate` makes)
           call(*batches[0], jax.random.PRNGKey(0), False)
         # as `generate`: the encoder pass on the first batch, at the run's slots
-        auto_slots = adaptive.target_cache_length(L, auto)
+        auto_slots = cache_length(L, auto.call_tokens)
         call_seconds = guard.call_seconds(lambda: target.init(params, batches[0][0], auto_slots))
         make = {'greedy': lambda: (greedy_call, None),
                 'auto --no-guard': lambda: (auto_call, None),

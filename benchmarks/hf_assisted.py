@@ -40,7 +40,7 @@ from benchmarks.adaptive_gamma import interleaved, task_inputs
 from gqa_spec.decoding import adaptive, autoregressive, calibration, speculative
 from gqa_spec.decoding.adaptive import AdaptiveGamma
 from gqa_spec.decoding.drafts import ModelDraft
-from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.decoding.targets import T5Decoder, cache_length
 
 
 def _ints(text: str) -> List[int]:
@@ -117,7 +117,7 @@ def measure(args) -> List[Dict[str, Any]]:
     inputs = task_inputs(task, args.data_dir, args.examples, args.input_length, L)
     target, draft = T5Decoder(target_model), ModelDraft.t5(draft_model)
     encs = [jnp.asarray(inputs[i:i + 1]) for i in range(len(inputs))]
-    slots = speculative.target_cache_length(L, max(gmax, max(gammas)))
+    slots = cache_length(L, max(gmax, max(gammas)) + 1)
     tstates = [target.init(params, e, slots) for e in encs]
     ar_states = [target.init(params, e, L + 1) for e in encs]
     dstates = [draft.init(dparams, e, L, max(gmax, max(gammas))) for e in encs]

@@ -35,7 +35,7 @@ import numpy as np
 from benchmarks import common, op_profile, workloads
 from gqa_spec.decoding import speculative, timing
 from gqa_spec.decoding.drafts import ModelDraft
-from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.decoding.targets import T5Decoder, cache_length
 from gqa_spec.models.config import preset
 from gqa_spec.models.t5 import Transformer
 
@@ -79,7 +79,7 @@ def measure(args) -> list:
   rows = []
   for batch in (int(b) for b in args.batch.split(',')):
     target, tparams, draft, dparams, enc = _setup(args, batch)
-    slots = speculative.target_cache_length(length, max(gammas))
+    slots = cache_length(length, max(gammas) + 1)
     tstate = target.init(tparams, enc, slots)
     t_target = timing.step_time(target, tstate, 1, length // 2)
     t_verify = {g: timing.step_time(target, tstate, g + 1, length // 2) for g in gammas}
@@ -95,7 +95,7 @@ def _draft_rows(args, batch, layers, gammas, target, tparams, draft, dparams, en
                 t_verify) -> list:
   """The rows of one draft: its step, and per gamma its proposal and the loop's iteration."""
   length = args.max_decode_len
-  slots = speculative.target_cache_length(length, max(gammas))
+  slots = cache_length(length, max(gammas) + 1)
   rows = []
   dstate0 = draft.init(dparams, enc, length, max(gammas))
   t_draft = timing.step_time(draft.decoder, dstate0, 1, length // 2)
@@ -136,7 +136,7 @@ def profile_loop(args, argv) -> None:
   batch, gamma = (int(x) for x in args.profile.split(','))
   target, tparams, draft, dparams, enc = _setup(args, batch)
   length = args.max_decode_len
-  tstate = target.init(tparams, enc, speculative.target_cache_length(length, gamma))
+  tstate = target.init(tparams, enc, cache_length(length, gamma + 1))
   dstate = draft.init(dparams, enc, length, gamma)
   load_before = os.getloadavg()
   result = op_profile.profile(

@@ -38,7 +38,7 @@ from benchmarks import common, workloads
 from gqa_spec.decoding import autoregressive, speculative, theory, timing, tree_speculative
 from gqa_spec.decoding.drafts import ModelDraft, StagedDraft, TreeModelDraft
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.decoding.targets import T5Decoder, cache_length
 from gqa_spec.decoding.tree import TreeShape
 
 
@@ -89,19 +89,19 @@ def main(argv=None):
     out = {'autoregressive': (lambda enc: autoregressive.decode(
         target, target.init(params, enc, L + 1), jax.random.PRNGKey(1), max_decode_len=L,
         config=config), None)}
-    slots = speculative.target_cache_length(L, gamma)
+    slots = cache_length(L, gamma + 1)
     out[f'chain gamma={gamma}'] = (lambda enc: speculative.decode(
         target, target.init(params, enc, slots), chain, chain.init(dparams, enc, L, gamma),
         jax.random.PRNGKey(1), gamma=gamma, max_decode_len=L, config=config), gamma)
     for shape in shapes:
       out[f'tree {shape.describe()}'] = (lambda enc, shape=shape: tree_speculative.decode(
-          target, target.init(params, enc, tree_speculative.target_cache_length(L, shape)),
+          target, target.init(params, enc, cache_length(L, shape.num_nodes + 1)),
           tree_draft, tree_draft.init(dparams, enc, L, shape), jax.random.PRNGKey(1),
           shape=shape, max_decode_len=L, config=config), shape.depth)
     for shape in staged_shapes:
       out[f'staged tree {shape.describe()}, bigram {g2}/node'] = (
           lambda enc, shape=shape: tree_speculative.decode(
-              target, target.init(params, enc, tree_speculative.target_cache_length(L, shape)),
+              target, target.init(params, enc, cache_length(L, shape.num_nodes + 1)),
               staged_tree, staged_tree.init(dparams, enc, L, shape, successor),
               jax.random.PRNGKey(1), shape=shape, max_decode_len=L, config=config), None)
     out[f'staged gamma={gamma}, bigram {g2}/call'] = (lambda enc: speculative.decode(

@@ -23,7 +23,7 @@ import jax
 from benchmarks import common
 from gqa_spec.decoding import speculative, xla_options
 from gqa_spec.decoding.drafts import ModelDraft
-from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.decoding.targets import T5Decoder, cache_length
 from gqa_spec.models.t5 import Transformer
 from gqa_spec.reproduce import presets
 from gqa_spec.training.train_step import init_params
@@ -41,7 +41,7 @@ def measure(args: argparse.Namespace) -> List[Dict[str, Any]]:
   statics = ('target', 'draft', 'gamma', 'max_decode_len')
   times: Dict[tuple, Dict[str, list]] = {}
   for gamma in args.gammas:
-    tstate = target.init(params, enc, speculative.target_cache_length(MAX_LEN, gamma))
+    tstate = target.init(params, enc, cache_length(MAX_LEN, gamma + 1))
     dstate = draft.init(dparams, enc, MAX_LEN, gamma)
     call = dict(gamma=gamma, max_decode_len=MAX_LEN)
     for _ in range(args.repeats):

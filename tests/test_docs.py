@@ -328,7 +328,7 @@ def test_import_check(tmp_path, monkeypatch):
   assert _import_error('gqa_spec.data', ('no_such_name',)) == 'gqa_spec.data has no no_such_name'
   assert _import_error('gqa_spec.decoding.tree', ('NoSuchClass',)) == 'gqa_spec.decoding.tree has no NoSuchClass'
   assert _import_error('gqa_spec.no_such_module') == 'no module gqa_spec.no_such_module'
-  # A deprecated path, written as gqa_spec/evaluation/inference.py writes one.
+  # A moved module kept under its old name (sys.modules aliasing).
   (tmp_path / 'docs_pkg').mkdir()
   (tmp_path / 'docs_pkg' / '__init__.py').write_text('')
   (tmp_path / 'docs_pkg' / 'new.py').write_text('X = 1\n')

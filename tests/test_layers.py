@@ -130,20 +130,3 @@ def test_the_contract_catches_what_it_forbids(tmp_path):
       'gqa_spec.decoding.loop (layer 4) imports gqa_spec.training.trainer (layer 6)']
   assert circles(graph) == [['gqa_spec.decoding.loop', 'gqa_spec.training.trainer']]
 
-
-def test_moved_gin_facing_modules_keep_their_old_names_with_a_warning():
-  # Old gin files bind through the old module paths: they must reach the very module the library
-  # calls (a re-exporting copy would take the binding and leave the library's function unbound).
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-  code = ('import warnings; warnings.simplefilter("error", FutureWarning)\n'
-          'try:\n  from gqa_spec.training import evaluation\nexcept FutureWarning as e:\n'
-          '  print("warned:", e)\n'
-          'warnings.simplefilter("ignore")\n'
-          'from gqa_spec.training import evaluation\nfrom gqa_spec.evaluation import evaluator\n'
-          'from gqa_spec.evaluation import inference, infer\n'
-          'print(evaluation is evaluator, inference is infer)\n')
-  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
-                       cwd=PACKAGE.parent).stdout
-  assert 'warned: gqa_spec.training.evaluation moved to gqa_spec.evaluation.evaluator' in out
-  assert out.strip().endswith('True True')

@@ -155,6 +155,16 @@ class AdaptiveGamma:
     `decode` is then greedy decoding on a cache of `max_decode_len + 1` slots."""
     return self.first_gamma() > 0
 
+  @property
+  def call_tokens(self) -> int:
+    """Tokens of `decode`'s widest target call (`targets.cache_length`): a gamma_max + 1 token
+    verification, or 1 when no row will speculate."""
+    return self.gamma_max + 1 if self.speculates else 1
+
+  def first(self, batch: int) -> jax.Array:
+    """`[b]` the first iteration's draft lengths."""
+    return jnp.full((batch,), self.first_gamma(), jnp.int32)
+
   def describe(self) -> str:
     v = self.verify_ratio
     v = f'{v[0]:.3g}..{v[-1]:.3g}' if isinstance(v, tuple) else f'{v:.3g}'
@@ -178,12 +188,6 @@ class AdaptiveState:
   want: jax.Array  # [b] the draft length each row asks for next
   alpha: jax.Array  # [b] running acceptance estimate
   weight: jax.Array  # [b] the (discounted) positions behind it
-
-
-def target_cache_length(max_decode_len: int, adaptive: AdaptiveGamma) -> int:
-  """The target cache `decode` needs: room for a gamma_max + 1 token verification call, or one
-  slot per token when no row will speculate."""
-  return max_decode_len + (adaptive.gamma_max + 1 if adaptive.speculates else 1)
 
 
 def verify_gammas(gamma_max: int) -> Tuple[int, ...]:
@@ -229,7 +233,7 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
            config: SamplingConfig = sampling.GREEDY, eos_id: int = EOS,
            skip: Optional[jax.Array] = None) -> SpeculativeResult:
   """Speculative decoding with adaptive draft lengths (arguments as `speculative.decode`; the
-  target's cache has `target_cache_length(...)` slots).
+  target's cache has `targets.cache_length(max_decode_len, adaptive.call_tokens)` slots).
 
   `draft_state` may be None where `adaptive.speculates` is False: the call is then greedy
   decoding's loop on the target alone (`plain_steps.plain_decode`), its result in this function's

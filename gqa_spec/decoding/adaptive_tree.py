@@ -51,10 +51,6 @@ class TreeLoopState:
   weight: jax.Array  # [b, K] float32 the discounted calls behind each gain
 
 
-def target_cache_length(max_decode_len: int, adaptive: AdaptiveTree) -> int:
-  """The target cache `decode` needs: room for an N_max-node verification call, or one slot per
-  token when no row will ask for a tree."""
-  return max_decode_len + (adaptive.nodes_max + 1 if adaptive.speculates else 1)
 
 
 def decode(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTree,
@@ -63,7 +59,7 @@ def decode(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTre
            skip: Optional[jax.Array] = None) -> SpeculativeResult:
   """Tree speculative decoding with per-row adaptive node counts (arguments as
   `tree_speculative.decode`, with `adaptive` in place of `shape`; the draft is a tree draft grown
-  for `adaptive.shape`, and the target's cache has `target_cache_length(...)` slots).
+  for `adaptive.shape`, and the target's cache has `targets.cache_length(max_decode_len, adaptive.call_tokens)` slots).
 
   `draft_state` may be None where `adaptive.speculates` is False: the call is then greedy decoding
   of the target alone (`plain_steps.plain_decode`, as `--gamma auto` where no row speculates), with

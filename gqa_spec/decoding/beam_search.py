@@ -1,17 +1,22 @@
-"""Beam search for the evaluation tasks (t5x's `beam_search`: length penalty ((5 + len) / 6)^alpha).
+"""Beam search (t5x's: length penalty ((5 + len) / 6)^alpha): one loop, two faces.
 
-One `jax.jit` over a `lax.while_loop` on a `Decoder` whose state holds `batch * beam_size` rows
-(init it from the encoder inputs repeated `beam_size` times, `jnp.repeat(x, k, axis=0)`). Every
-step scores all k x V continuations of the alive beams, keeps the best 2k, sends those ending in
-EOS to the finished set (scored log p / penalty) and the best k others on as alive beams, gathering
-the cache rows they came from (`Decoder.reorder`). It stops at `max_decode_len` or when no alive
-beam can beat the worst finished one; batch entries without a finished beam return their alive ones.
+`search` is the loop. Every step scores the k x V continuations of the live beams, keeps the 2k
+best (inside a forced prompt only the best candidate survives, continuing with the prompt token
+at log-prob +0), sends those ending in EOS to the finished set (scored log p / penalty) and keeps
+the best k others alive, gathering the rows of the state they came from. It stops after
+`max_decode_len` tokens or when no live beam (bounded by the penalty at the maximal length) can
+beat the worst finished one. Beams are kept in ascending score order (best last), as t5x keeps
+them, so that ties break as in t5x.
+
+`beam_search` drives gqa-spec's `Decoder` protocol (the evaluator's beam decoding; its state holds
+`batch * beam_size` rows, the encoder inputs repeated `beam_size` times) and returns beams best
+first; `t5x_compat.beam_search` is `t5x.decoding.beam_search`'s signature over the same loop.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import flax
 import jax
@@ -32,21 +37,103 @@ def brevity_penalty(alpha: float, length) -> jax.Array:
 
 
 @flax.struct.dataclass
-class _State:
-  step: jax.Array  # []
-  alive_seqs: jax.Array  # [b, k, 1 + L]
-  alive_lp: jax.Array  # [b, k]
-  fin_seqs: jax.Array  # [b, k, 1 + L]
-  fin_scores: jax.Array  # [b, k]
-  fin_flags: jax.Array  # [b, k]
-  decoder_state: PyTree
+class BeamState:
+  """t5x's `BeamState`: sequences `[b, k, W]` (W = max_decode_len + 1, slot 0 the start token),
+  every `[b, k]` field in ascending score order; `cache` the decoder state of `b * k` rows."""
+
+  cur_index: jax.Array  # []
+  live_logprobs: jax.Array  # [b, k]
+  finished_scores: jax.Array  # [b, k]
+  live_seqs: jax.Array  # [b, k, W]
+  finished_seqs: jax.Array  # [b, k, W]
+  finished_flags: jax.Array  # [b, k]
+  cache: PyTree
+
+
+def _gather(x: jax.Array, idx: jax.Array) -> jax.Array:
+  """`x [b, m, ...]`, `idx [b, j]` -> `[b, j, ...]`."""
+  idx = idx.reshape(idx.shape + (1,) * (x.ndim - 2))
+  return jnp.take_along_axis(x, jnp.broadcast_to(idx, idx.shape[:2] + x.shape[2:]), axis=1)
+
+
+def search(logits_fn: Callable[[PyTree, jax.Array, jax.Array], Tuple[jax.Array, PyTree]],
+           reorder: Callable[[PyTree, jax.Array], PyTree], state: PyTree, *, batch: int,
+           beam_size: int, max_decode_len: int, alpha: float, eos_id: int,
+           prompt: Optional[jax.Array] = None) -> BeamState:
+  """The beam search loop (module docstring); traceable, jit it around.
+
+  Args:
+    logits_fn: `(state, sequences [b * k, W], cur_index []) -> ([b * k, V] logits, state)`: the
+      next-token logits of each row, fed `sequences[:, cur_index]`.
+    reorder: `(state, rows [b * k]) -> state`, gathering rows.
+    state: the decoder state of `b * k` rows (each input's `k` rows adjacent).
+    batch, beam_size: b, k.
+    max_decode_len: tokens per beam (W - 1).
+    alpha: length-penalty exponent.
+    eos_id: end-of-sequence id.
+    prompt: `[b, W + 1]` token forced at each position (slot 0 the start), 0 where free; None: all
+      free.
+
+  Returns:
+    The final `BeamState`.
+  """
+  k, width = beam_size, max_decode_len + 1
+  seqs0 = jnp.zeros((batch, k, width), jnp.int32)
+  init = BeamState(
+      cur_index=jnp.zeros((), jnp.int32),
+      live_logprobs=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (batch, 1)),
+      finished_scores=jnp.full((batch, k), NEG_INF, jnp.float32),
+      live_seqs=seqs0, finished_seqs=seqs0, finished_flags=jnp.zeros((batch, k), bool),
+      cache=state)
+
+  def cond(s: BeamState):
+    best_live = s.live_logprobs[:, -1:] / brevity_penalty(alpha, width)  # [b, 1]
+    worst_finished = jnp.min(s.finished_scores, axis=1, keepdims=True)  # [b, 1]
+    worst_finished = jnp.where(s.finished_flags, worst_finished, NEG_INF)  # [b, k]
+    return (s.cur_index < width - 1) & ~jnp.all(worst_finished > best_live)
+
+  def body(s: BeamState) -> BeamState:
+    cur = s.cur_index
+    logits, cache = logits_fn(s.cache, s.live_seqs.reshape(batch * k, width), cur)  # [b*k, V]
+    vocab = logits.shape[-1]
+    log_probs = (jax.nn.log_softmax(logits.astype(jnp.float32).reshape(batch, k, vocab))
+                 + s.live_logprobs[:, :, None])  # [b, k, V]
+    top_lp, top_idx = jax.lax.top_k(log_probs.reshape(batch, k * vocab), 2 * k)  # [b, 2k]
+    top_ids = (top_idx % vocab).astype(jnp.int32)  # [b, 2k]
+    if prompt is not None:
+      forced = jax.lax.dynamic_index_in_dim(prompt, cur + 1, axis=1, keepdims=False)  # [b]
+      free = (forced == 0)[:, None]  # [b, 1]
+      inside = jnp.full((batch, 2 * k), NEG_INF, top_lp.dtype).at[:, 0].set(0.0)
+      top_lp = jnp.where(free, top_lp, inside)  # [b, 2k]
+      top_ids = jnp.where(free, top_ids, forced[:, None]).astype(jnp.int32)
+    origin = top_idx // vocab  # [b, 2k] the live beam each candidate extends
+    top_seqs = _gather(s.live_seqs, origin)  # [b, 2k, W]
+    top_seqs = jax.lax.dynamic_update_slice_in_dim(top_seqs, top_ids[:, :, None], cur + 1, axis=2)
+    new_finished = top_ids == eos_id  # [b, 2k]
+
+    alive_lp = top_lp + new_finished * NEG_INF  # [b, 2k]
+    pick = jnp.flip(jax.lax.top_k(alive_lp, k)[1], axis=1)  # [b, k] ascending
+    parents = _gather(origin, pick)  # [b, k]
+    cache = reorder(cache, (jnp.arange(batch)[:, None] * k + parents).reshape(batch * k))
+
+    scores = top_lp / brevity_penalty(alpha, cur + 1) + (~new_finished) * NEG_INF  # [b, 2k]
+    all_seqs = jnp.concatenate([s.finished_seqs, top_seqs], axis=1)  # [b, 3k, W]
+    all_scores = jnp.concatenate([s.finished_scores, scores], axis=1)  # [b, 3k]
+    all_flags = jnp.concatenate([s.finished_flags, new_finished], axis=1)  # [b, 3k]
+    keep = jnp.flip(jax.lax.top_k(all_scores, k)[1], axis=1)  # [b, k] ascending
+    return BeamState(cur_index=cur + 1, live_logprobs=_gather(alive_lp, pick),
+                     finished_scores=_gather(all_scores, keep),
+                     live_seqs=_gather(top_seqs, pick), finished_seqs=_gather(all_seqs, keep),
+                     finished_flags=_gather(all_flags, keep), cache=cache)
+
+  return jax.lax.while_loop(cond, body, init)
 
 
 @functools.partial(xla_options.jit, static_argnames=('decoder', 'beam_size', 'max_decode_len',
                                                      'alpha', 'eos_id'))
 def beam_search(decoder: Decoder, decoder_state: PyTree, *, beam_size: int, max_decode_len: int,
                 alpha: float = 0.6, eos_id: int = EOS) -> Tuple[jax.Array, jax.Array]:
-  """Beam search.
+  """Beam search on a `Decoder`.
 
   Args:
     decoder: static decoder binding with `reorder`.
@@ -61,55 +148,16 @@ def beam_search(decoder: Decoder, decoder_state: PyTree, *, beam_size: int, max_
     (`[b, k, 1 + max_decode_len]` beams best first, slot 0 the start token, PAD after EOS;
      `[b, k]` their length-normalised scores).
   """
-  k = beam_size
   rows = decoder.index(decoder_state).shape[0]
-  batch = rows // k
-  width = 1 + max_decode_len
-  seqs0 = jnp.zeros((batch, k, width), jnp.int32)  # start token 0 = PAD = 0
-  init = _State(step=jnp.zeros((), jnp.int32), alive_seqs=seqs0,
-                alive_lp=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1)), (batch, 1)),
-                fin_seqs=seqs0, fin_scores=jnp.full((batch, k), NEG_INF),
-                fin_flags=jnp.zeros((batch, k), bool), decoder_state=decoder_state)
 
-  def cond(s: _State):
-    best_alive = s.alive_lp[:, 0] / brevity_penalty(alpha, max_decode_len)  # [b]
-    worst_fin = jnp.where(s.fin_flags, s.fin_scores, NEG_INF).min(axis=1)  # [b]
-    done = jnp.all(s.fin_flags, axis=1) & (worst_fin > best_alive)  # [b]
-    return (s.step < max_decode_len) & ~jnp.all(done)
+  def logits_fn(state, seqs, cur):
+    logits, state = decoder.tokens_to_logits(state, jax.lax.dynamic_slice_in_dim(seqs, cur, 1, 1))
+    return logits[:, 0], state  # [b*k, V]
 
-  def body(s: _State) -> _State:
-    tokens = s.alive_seqs[:, :, s.step].reshape(rows, 1)  # [b*k, 1]
-    logits, dstate = decoder.tokens_to_logits(s.decoder_state, tokens)  # [b*k, 1, V]
-    vocab = logits.shape[-1]
-    lp = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32)).reshape(batch, k, vocab)
-    cand = (s.alive_lp[:, :, None] + lp).reshape(batch, k * vocab)  # [b, k*V]
-    top_lp, top_idx = jax.lax.top_k(cand, 2 * k)  # [b, 2k]
-    origin, token = top_idx // vocab, (top_idx % vocab).astype(jnp.int32)  # [b, 2k]
-    cand_seqs = jnp.take_along_axis(s.alive_seqs, origin[:, :, None], axis=1)  # [b, 2k, W]
-    cand_seqs = cand_seqs.at[:, :, s.step + 1].set(token)
-    is_eos = token == eos_id  # [b, 2k]
-
-    alive_score = jnp.where(is_eos, NEG_INF, top_lp)  # [b, 2k]
-    new_alive_lp, pick = jax.lax.top_k(alive_score, k)  # [b, k]
-    alive_seqs = jnp.take_along_axis(cand_seqs, pick[:, :, None], axis=1)  # [b, k, W]
-    alive_origin = jnp.take_along_axis(origin, pick, axis=1)  # [b, k]
-    flat = (jnp.arange(batch)[:, None] * k + alive_origin).reshape(rows)  # [b*k]
-    dstate = decoder.reorder(dstate, flat)
-
-    fin_new = jnp.where(is_eos, top_lp / brevity_penalty(alpha, s.step + 1), NEG_INF)  # [b, 2k]
-    all_scores = jnp.concatenate([s.fin_scores, fin_new], axis=1)  # [b, 3k]
-    all_seqs = jnp.concatenate([s.fin_seqs, cand_seqs], axis=1)  # [b, 3k, W]
-    all_flags = jnp.concatenate([s.fin_flags, is_eos & (top_lp > NEG_INF / 2)], axis=1)
-    fin_scores, fin_pick = jax.lax.top_k(jnp.where(all_flags, all_scores, NEG_INF * 2), k)
-    return _State(step=s.step + 1, alive_seqs=alive_seqs, alive_lp=new_alive_lp,
-                  fin_seqs=jnp.take_along_axis(all_seqs, fin_pick[:, :, None], axis=1),
-                  fin_scores=fin_scores,
-                  fin_flags=jnp.take_along_axis(all_flags, fin_pick, axis=1),
-                  decoder_state=dstate)
-
-  final = jax.lax.while_loop(cond, body, init)
-  any_fin = jnp.any(final.fin_flags, axis=1)  # [b]
-  alive_scores = final.alive_lp / brevity_penalty(alpha, final.step)  # [b, k]
-  seqs = jnp.where(any_fin[:, None, None], final.fin_seqs, final.alive_seqs)
-  scores = jnp.where(any_fin[:, None], final.fin_scores, alive_scores)
-  return seqs, scores
+  final = search(logits_fn, decoder.reorder, decoder_state, batch=rows // beam_size,
+                 beam_size=beam_size, max_decode_len=max_decode_len, alpha=alpha, eos_id=eos_id)
+  any_fin = jnp.any(final.finished_flags, axis=1)  # [b]
+  live_scores = final.live_logprobs / brevity_penalty(alpha, final.cur_index)  # [b, k]
+  seqs = jnp.where(any_fin[:, None, None], final.finished_seqs, final.live_seqs)
+  scores = jnp.where(any_fin[:, None], final.finished_scores, live_scores)
+  return jnp.flip(seqs, axis=1), jnp.flip(scores, axis=1)

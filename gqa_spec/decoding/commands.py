@@ -32,6 +32,9 @@ chooses in the loop (`gqa_spec.decoding.adaptive_tree`); c, v and the starting a
 the same way (`cost_calibration.measure_costs`) unless `--cost-ratio` gives c (v = 1 and alpha 0.9
 then). With measured costs both then time every call and stop speculating once the speculative
 calls measure below 0.97x greedy decoding (`guard.SpeculationGuard`; `--no-guard`: off).
+Each method is a plan (`gqa_spec.decoding.plan`): the flags choose it and are checked before
+anything loads (a flag of another method is an error, not ignored), and it sizes the target's
+cache, builds the draft, calibrates, runs each batch and gives its `--stats` fields.
 With the multi-process flags (`gqa_spec.distributed`) every process reads the same inputs and
 decodes on one mesh of all processes' devices (model axis `--model-parallel`, default 1); process 0
 writes `--out` and `--stats`.
@@ -40,7 +43,6 @@ writes `--out` and `--stats`.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -77,11 +79,11 @@ def register(subparsers) -> None:
                  help='none | CKPT_DIR (a smaller T5, same vocabulary; or its training run '
                       'directory) | unigram:PATH | bigram:PATH (from `gqa-spec ngram fit`) | '
                       'copy (prompt lookup) | chimera:DIR (a `train-draft --kind chimera` run)')
-  p.add_argument('--gamma', type=_gamma, default=4,
-                 help='draft tokens per target call, or auto: chosen in the loop at every '
-                      'iteration (--gamma-policy)')
-  p.add_argument('--gamma-max', type=arguments.positive_int, default=8,
-                 help='--gamma auto: the longest proposal')
+  p.add_argument('--gamma', type=_gamma, default=None,
+                 help='a chain --draft: draft tokens per target call (default 4), or auto: chosen '
+                      'in the loop at every iteration (--gamma-policy)')
+  p.add_argument('--gamma-max', type=int, default=None,
+                 help='--gamma auto: the longest proposal (default 8)')
   p.add_argument('--gamma-policy', choices=('optimal', 'heuristic'), default=None,
                  help="--gamma auto: optimal (default; one length for the batch, Leviathan's "
                       "Theorem 8 at its slowest row's running alpha and the measured costs, 0 = "
@@ -109,8 +111,8 @@ def register(subparsers) -> None:
   p.add_argument('--stage2', default=None,
                  help='staged speculation: bigram:PATH speculates the model draft\'s own tokens '
                       '(a chain, or with --tree the tree draft\'s levels)')
-  p.add_argument('--stage2-gamma', type=arguments.positive_int, default=3,
-                 help='bigram tokens the draft verifies per draft call (with --stage2; with '
+  p.add_argument('--stage2-gamma', type=int, default=None,
+                 help='--stage2: bigram tokens the draft verifies per draft call (default 3; with '
                       '--tree: chain tokens fed after each expanded node)')
   p.add_argument('--temperature', type=float, default=0.0, help='0 = greedy')
   p.add_argument('--top-k', type=int, default=0, help='0 = off')
@@ -193,52 +195,13 @@ def _read_inputs(path: str, vocab, task: Optional[str]) -> List[List[int]]:
 
 
 def _gamma(text: str):
-  """An argparse `type`: an integer (checked >= 1 by `generate`) or `auto`."""
+  """An argparse `type`: an integer (checked >= 1 by the plan) or `auto`."""
   if text == 'auto':
     return text
   try:
     return int(text)
   except ValueError:
     raise argparse.ArgumentTypeError(f'expected an integer or auto, got {text!r}') from None
-
-
-def _adaptive(args: argparse.Namespace, draft_spec: str, shape, auto_tree=None):
-  """The `AdaptiveGamma` of `--gamma auto` (cost ratio filled in later when measured), or None."""
-  auto_only = {'--gamma-policy': args.gamma_policy, '--cost-ratio': args.cost_ratio,
-               '--draft-confidence': args.draft_confidence}
-  if auto_tree is not None:
-    for flag, bad in (('--gamma auto', args.gamma == 'auto'),
-                      ('--gamma-policy', args.gamma_policy is not None),
-                      ('--draft-confidence', args.draft_confidence is not None),
-                      ('--stage2', args.stage2 is not None),
-                      ('--model-parallel', args.model_parallel is not None)):
-      if bad:
-        raise UserError(f'--tree best:auto is not supported with {flag}')
-    return None
-  if args.gamma != 'auto':
-    given = [flag for flag, value in auto_only.items() if value is not None]
-    if given:
-      raise UserError(f'{given[0]} needs --gamma auto'
-                      + (' or --tree best:auto' if given[0] == '--cost-ratio' else ''))
-    return None
-  for flag, bad in (('--draft', draft_spec == 'none'), ('--tree', shape is not None),
-                    ('--stage2', args.stage2 is not None),
-                    ('--model-parallel', args.model_parallel is not None)):
-    if bad:
-      raise UserError('--gamma auto needs a --draft' if flag == '--draft' else
-                      f'--gamma auto is not supported with {flag}'
-                      + (' (adaptive trees: --tree best:auto[:N],depth:D)' if flag == '--tree'
-                         else ''))
-  if args.gamma_policy == 'heuristic' and args.cost_ratio is not None:
-    raise UserError('--cost-ratio applies to --gamma-policy optimal')
-  from gqa_spec.decoding.adaptive import AdaptiveGamma  # pylint: disable=g-import-not-at-top
-  return AdaptiveGamma(gamma_max=args.gamma_max, policy=args.gamma_policy or 'optimal',
-                       cost_ratio=args.cost_ratio or 0.0, confidence=args.draft_confidence or 0.0)
-
-
-def _positive(name: str, value: int) -> None:
-  if value < 1:
-    raise UserError(f'--{name} must be >= 1, got {value}')
 
 
 def _load(path: str, what: str):
@@ -249,49 +212,38 @@ def _load(path: str, what: str):
   return load.load_model(path)
 
 
+def _vocabulary(args: argparse.Namespace, carried: Optional[str], model_vocab_size: int):
+  """The vocabulary of the text inputs and outputs (None: ids only): `--vocab`, the checkpoint's
+  own, or `--task`'s; one with more ids than the model embeds is refused (`data.vocab_fit`)."""
+  path = arguments.vocab_file(carried, args.vocab, args.model)
+  what, name = ('--vocab' if args.vocab else "the checkpoint's vocabulary"), path
+  if path is None and args.task is not None:
+    from gqa_spec.data import exported  # pylint: disable=g-import-not-at-top
+    from gqa_spec.data.text_inputs import vocab_file  # pylint: disable=g-import-not-at-top
+    if not exported.is_exported(args.task):
+      from gqa_spec.data import tasks  # pylint: disable=g-import-not-at-top  (TensorFlow)
+      tasks.use_data_of(args.model)  # the model knows its data (the smoke run's, say)
+    path = vocab_file(args.task)  # the task's own: the output text as the task reads it
+    what, name = 'task', args.task
+  if not path:
+    return None
+  from gqa_spec.data import vocab_fit  # pylint: disable=g-import-not-at-top
+  from gqa_spec.data.vocabulary import get_vocabulary  # pylint: disable=g-import-not-at-top
+  vocab = get_vocabulary(path)
+  try:
+    size = vocab.vocab_size  # seqio reads the model file here
+  except Exception as e:  # pylint: disable=broad-except; sentencepiece raises several types
+    raise UserError(f'{path}: not a SentencePiece model ({type(e).__name__})') from None
+  vocab_fit.check({name: size}, model_vocab_size, args.model, what=what)
+  return vocab
+
+
 def generate(args: argparse.Namespace) -> int:
-  for name in ('max_decode_len', 'batch_size', 'loop_chunk'):
-    _positive(name.replace('_', '-'), getattr(args, name))
-  if args.model_parallel is not None:
-    _positive('model-parallel', args.model_parallel)
-  from gqa_spec.decoding.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top
-  config = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          lenience=args.lenience)
-  from gqa_spec.decoding.drafts import factory  # pylint: disable=g-import-not-at-top
-  draft_spec = args.draft
-  if draft_spec != 'none':
-    factory.check_spec(draft_spec, '--draft')
-  shape = auto_tree = None
-  if args.tree is not None:
-    from gqa_spec.decoding.adaptive_tree import AdaptiveTree  # pylint: disable=g-import-not-at-top
-    from gqa_spec.decoding.tree import TreeShape  # pylint: disable=g-import-not-at-top
-    if AdaptiveTree.is_spec(args.tree):
-      auto_tree = AdaptiveTree.parse(args.tree, cost_ratio=args.cost_ratio or 0.0)
-      shape = auto_tree.shape  # the largest tree: the draft grows it every iteration
-    else:
-      shape = TreeShape.parse(args.tree)
-    if draft_spec == 'none':
-      raise UserError('--tree needs a --draft')
-    if args.lenience != 1.0:
-      raise UserError('--lenience < 1 is not supported with --tree')
-  if args.stage2 is not None:
-    if draft_spec == 'none':
-      raise UserError('--stage2 needs a model --draft')
-  if args.loop_chunk != 1 and draft_spec != 'none':
-    raise UserError('--loop-chunk applies to autoregressive decoding; drop it or --draft')
-  auto = _adaptive(args, draft_spec, shape, auto_tree)
-  if args.guard is not None and not auto and auto_tree is None:
-    raise UserError(f'--{"" if args.guard else "no-"}guard needs --gamma auto or --tree best:auto')
-  if args.guard is not None and (args.cost_ratio is not None or args.gamma_policy == 'heuristic'):
-    flag = '--guard' if args.guard else '--no-guard'
-    raise UserError(f'{flag}: the guard runs with measured costs only, so not with --cost-ratio'
-                    if args.cost_ratio is not None else
-                    f'{flag} applies to --gamma-policy optimal (heuristic has no guard)')
-  if not auto:
-    _positive('gamma', args.gamma)
-  gamma = args.gamma_max if auto else args.gamma
-  arguments.check_outputs({'--out': args.out, '--stats': args.stats}, inputs={
-      '--inputs': args.inputs, '--model': args.model, '--draft': args.draft, '--vocab': args.vocab})
+  from gqa_spec.decoding import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  plan = plan_lib.plan_for(args)  # the method and its flags, checked before anything loads
+  arguments.check_outputs({'--out': args.out, '--stats': args.stats},
+                          inputs={'--inputs': args.inputs, '--model': args.model,
+                                  '--draft': args.draft, '--vocab': args.vocab})
   if distributed.start_from_args(args) and args.model_parallel is None:
     args.model_parallel = 1  # several processes decode on one mesh of all their devices
   target_config, params, vocab_path = _load(args.model, 'model')
@@ -299,40 +251,25 @@ def generate(args: argparse.Namespace) -> int:
   target_config, params = param_dtype.cast(target_config, params, args.param_dtype)
   from gqa_spec.models import layout  # pylint: disable=g-import-not-at-top
   target_config, params = layout.for_decoding(target_config, params, args.layout)
-  vocab_path = arguments.vocab_file(vocab_path, args.vocab, args.model)
-  if vocab_path is None and args.task is not None:
-    from gqa_spec.data.text_inputs import vocab_file  # pylint: disable=g-import-not-at-top
-    vocab_path = vocab_file(args.task)  # the task's own: the output text as the task reads it
-  vocab = None
-  if vocab_path:
-    from gqa_spec.data.vocabulary import get_vocabulary  # pylint: disable=g-import-not-at-top
-    vocab = get_vocabulary(vocab_path)
-    try:
-      vocab.vocab_size  # pylint: disable=pointless-statement; seqio reads the model file here
-    except Exception as e:  # pylint: disable=broad-except; sentencepiece raises several types
-      raise UserError(f'{vocab_path}: not a SentencePiece model ({type(e).__name__})') from None
+  vocab = _vocabulary(args, vocab_path, target_config.vocab_size)
   rows = _read_inputs(args.inputs, vocab, args.task)
   for ids in rows:
     bad = [t for t in ids if t < 0 or t >= target_config.vocab_size]
     if bad:
       raise UserError(f'input id {bad[0]} outside the model vocabulary [0, {target_config.vocab_size})')
-  rows = _fit_inputs(rows, args, target_config, _cache_length(
-      draft_spec != 'none', shape, args.max_decode_len, gamma))
+  max_len, batch = args.max_decode_len, args.batch_size
+  rows = _fit_inputs(rows, args, target_config, plan.cache_length(max_len))
 
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding import adaptive, adaptive_tree, autoregressive, cost_calibration, speculative  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding import guard as guard_lib, run_stats  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding import autoregressive, guard as guard_lib, memory, mesh, run_stats, speculative, tree_speculative  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
+  from gqa_spec.partitioning import to_host  # pylint: disable=g-import-not-at-top
 
-  from gqa_spec.decoding import memory, mesh  # pylint: disable=g-import-not-at-top
-
-  max_len, batch = args.max_decode_len, args.batch_size
   width = -(-max(len(r) for r in rows) // 8) * 8  # one input length for all batches
   partitioner, mesh_shape = None, (1, 1)
-  from gqa_spec.decoding import tree_speculative  # pylint: disable=g-import-not-at-top
-  run_ar, run_spec, run_tree = autoregressive.decode, speculative.decode, tree_speculative.decode
+  loops = (autoregressive.decode, speculative.decode, tree_speculative.decode)
   target = T5Decoder(Transformer(target_config))
   if args.model_parallel is not None:
     from gqa_spec.partitioning import Partitioner  # pylint: disable=g-import-not-at-top
@@ -343,48 +280,10 @@ def generate(args: argparse.Namespace) -> int:
     mesh_shape = (partitioner.data_size, args.model_parallel)
     target = mesh.MeshT5Decoder(target.model, partitioner)
     params = mesh.place_params(partitioner, params)
-    run_ar, run_spec, run_tree = mesh.autoregressive, mesh.speculative, mesh.tree_speculative
-  draft = None
-  placement = dict(mesh=None if partitioner is None else partitioner.mesh,
-                   param_dtype=args.param_dtype)
-  if args.stage2 is not None:  # a chain StagedDraft, or a tree draft with a second stage
-    draft, draft_init, draft_desc = factory.make_staged_draft(
-        draft_spec, args.stage2, target_config, gamma, args.stage2_gamma, max_len, shape=shape,
-        **placement)
-  elif shape is not None:
-    draft, draft_init, draft_desc = factory.make_tree_draft(draft_spec, target_config, shape,
-                                                            max_len, **placement)
-  elif draft_spec != 'none':
-    draft, draft_init, draft_desc = factory.make_draft(draft_spec, target_config, gamma, max_len,
-                                                       **placement)
-
-  def run(enc, n, rng, plain=False):
-    """One batch; `plain`: the adaptive run's greedy decoding, no draft (`guard`)."""
-    skip = np.arange(batch) >= n  # dummy rows filling the last batch
-    if draft is None:
-      state = target.init(params, enc, max_len + 1)
-      return run_ar(target, state, rng, max_decode_len=max_len, config=config, skip=skip,
-                    loop_chunk=args.loop_chunk)
-    if auto_tree is not None:
-      policy = dataclasses.replace(auto_tree, fixed_nodes=0) if plain else auto_tree
-      state = target.init(params, enc, adaptive_tree.target_cache_length(max_len, policy))
-      return adaptive_tree.decode(target, state, draft,
-                                  draft_init(enc) if policy.speculates else None, rng,
-                                  adaptive=policy, max_decode_len=max_len, config=config,
-                                  skip=skip)
-    if shape is not None:
-      state = target.init(params, enc, tree_speculative.target_cache_length(max_len, shape))
-      return run_tree(target, state, draft, draft_init(enc), rng, shape=shape,
-                      max_decode_len=max_len, config=config, skip=skip)
-    if auto:  # no draft state (its encoder pass) where no row will speculate
-      policy = dataclasses.replace(auto, gamma_init=0) if plain else auto
-      state = target.init(params, enc, adaptive.target_cache_length(max_len, policy))
-      return adaptive.decode(target, state, draft, draft_init(enc) if policy.speculates else None,
-                             rng, adaptive=policy, max_decode_len=max_len, config=config,
-                             skip=skip)
-    state = target.init(params, enc, speculative.target_cache_length(max_len, gamma))
-    return run_spec(target, state, draft, draft_init(enc), rng, gamma=gamma,
-                    max_decode_len=max_len, config=config, skip=skip)
+    loops = (mesh.autoregressive, mesh.speculative, mesh.tree_speculative)
+  plan.make_draft(target_config, mesh=None if partitioner is None else partitioner.mesh,
+                  param_dtype=args.param_dtype)
+  decoding = plan_lib.Decoding(target, params, max_len, plan.sampling, batch, *loops)
 
   batches = []
   for start in range(0, len(rows), batch):
@@ -395,42 +294,15 @@ def generate(args: argparse.Namespace) -> int:
     enc[len(chunk):, 0] = EOS  # dummy rows filling the last batch
     batches.append((enc, len(chunk)))
 
-  if auto and auto.confidence and not hasattr(draft, 'propose_upto'):
-    raise UserError(f'--draft-confidence needs a model draft, not {draft_spec}')
-  cost_measured = auto is not None and auto.policy == 'optimal' and args.cost_ratio is None
-  t0 = time.perf_counter()
-  def calibration_states(slots):  # (target state, draft state) of each batch, made as read
-    return ((target.init(params, enc, slots), draft_init(enc))
-            for enc in (jax.numpy.asarray(b[0]) for b in batches))
-
-  cal = None
-  if cost_measured:  # timed on the first batch; alpha also on the next ones, as it asks
-    states = calibration_states(speculative.target_cache_length(max_len, gamma))
-    cal = _calibrate(cost_calibration.measure_costs, target, draft, states, max_len, gamma,
-                     config=config)
-    auto = auto.calibrated(cal)
-  tree_cost_measured = auto_tree is not None and args.cost_ratio is None
-  if tree_cost_measured:
-    states = calibration_states(adaptive_tree.target_cache_length(max_len, auto_tree))
-    cal = _calibrate(cost_calibration.measure_costs, target, draft, states, max_len, auto_tree,
-                     config=config)
-    auto_tree = auto_tree.calibrated(cal)
-  calibration_seconds = time.perf_counter() - t0 if cost_measured or tree_cost_measured else None
+  plan.calibrate(decoding, batches)
   rng = jax.random.PRNGKey(args.seed)
   t0 = time.perf_counter()
-  jax.block_until_ready(run(*batches[0], rng))  # compile (and warm) once
+  jax.block_until_ready(plan.run(decoding, *batches[0], rng))  # compile (and warm) once
   compile_seconds = time.perf_counter() - t0
-  # the calibrated run's own calls against greedy decoding's (`guard`), unless --no-guard; a
-  # call's encoder pass, timed on the first batch at the slots the run's calls compiled
-  guard = None
-  if cal is not None and args.guard is not False and (auto_tree or auto).speculates:
-    slots = (adaptive_tree.target_cache_length(max_len, auto_tree) if auto_tree
-             else adaptive.target_cache_length(max_len, auto))
-    guard = guard_lib.SpeculationGuard(cal.step_seconds, guard_lib.call_seconds(
-        lambda: target.init(params, batches[0][0], slots)))
   results, seconds, plain_compile = guard_lib.decode_batches(
-      lambda enc, n, rng, plain: mesh.to_host(jax.block_until_ready(run(enc, n, rng, plain))),
-      batches, rng, guard)
+      lambda enc, n, rng, plain: to_host(jax.block_until_ready(
+          plan.run(decoding, enc, n, rng, plain))),
+      batches, rng, plan.guard(decoding, batches))
   compile_seconds += plain_compile  # greedy decoding's program, where the guard turned to it
   outputs = [ids for result, n in results for ids in autoregressive.strip(
       np.asarray(result.sequences)[:n], np.asarray(result.lengths)[:n])]
@@ -444,47 +316,19 @@ def generate(args: argparse.Namespace) -> int:
         line['output'] = vocab.decode(ids)
       f.write(json.dumps(line) + '\n')
   if args.stats:
-    stats = run_stats.summarize(results, draft is not None, seconds, compile_seconds)
-    stats.update(draft=draft_spec if draft is None else draft_desc,
-                 gamma=(auto.describe() if auto else gamma) if draft and shape is None else None,
-                 cost_ratio=(auto_tree.cost_ratio if auto_tree else None if auto is None
-                             or auto.policy != 'optimal' else auto.cost_ratio),
-                 verify_ratio=(auto_tree.verify_ratio if auto_tree else None if auto is None
-                               or auto.policy != 'optimal' else auto.verify_ratio),
-                 cost_ratio_measured=(tree_cost_measured if auto_tree else
-                                      cost_measured if auto else None),
-                 calibration_seconds=calibration_seconds,
-                 alpha_init=(auto_tree.alpha_init if auto_tree else auto.alpha_init
-                             if auto and auto.policy == 'optimal' else None),
-                 speculated=(auto_tree or auto).speculates if auto_tree or auto else None,
-                 guard=guard.to_dict() if guard else None,
-                 tree=(auto_tree.describe() if auto_tree else
-                       None if shape is None else shape.describe()),
-                 tree_node_widths=list(auto_tree.widths) if auto_tree else None,
-                 tree_accepted_init=(list(auto_tree.accepted_init)
-                                     if auto_tree and auto_tree.accepted_init else None),
-                 stage2=args.stage2,
-                 stage2_gamma=args.stage2_gamma if args.stage2 else None,
-                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+    stats = run_stats.summarize(results, plan.draft is not None, seconds, compile_seconds)
+    stats.update(plan.stats())
+    stats.update(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                  lenience=args.lenience, batch_size=batch, max_decode_len=max_len,
                  param_dtype=target_config.param_dtype, scan_layers=target_config.scan_layers,
-                 loop_chunk=args.loop_chunk if draft is None else None,
-                 examples=len(rows), mesh={'data': mesh_shape[0], 'model': mesh_shape[1]},
+                 loop_chunk=stats.pop('loop_chunk'), examples=len(rows),
+                 mesh={'data': mesh_shape[0], 'model': mesh_shape[1]},
                  memory_per_device=memory.memory_per_device(
                      target_config, batch=batch, input_length=width,
-                     cache_length=_cache_length(draft is not None, shape, max_len, gamma),
-                     data=mesh_shape[0], model=mesh_shape[1]).to_dict())
+                     cache_length=plan.cache_length(max_len), data=mesh_shape[0],
+                     model=mesh_shape[1]).to_dict())
     atomic.write_json(args.stats, stats, indent=2)
   return 0
-
-
-def _calibrate(measure_costs, target, draft, states, max_len: int, settings, **kwargs):
-  """`measure_costs` (chain or tree; `kwargs` to it) timed on the first of `states` (an iterator
-  of each batch's (target state, draft state)), the rest read for the starting alpha as far as it
-  asks."""
-  target_state, draft_state = next(states)
-  return measure_costs(target, target_state, draft, draft_state, max_len, settings, more=states,
-                       **kwargs)
 
 
 def ngram_fit(args: argparse.Namespace) -> int:
@@ -525,13 +369,3 @@ def _fit_inputs(rows: List[List[int]], args: argparse.Namespace, config,
   print(f'gqa-spec: warning: {args.inputs}: cut {cut} input row(s) to {limit} tokens (the longest, '
         f'row {longest + 1}, had {len(rows[longest])})', file=sys.stderr)
   return [r if len(r) <= limit else r[:limit - 1] + [EOS] for r in rows]
-
-
-def _cache_length(speculative_run: bool, shape, max_len: int, gamma: int) -> int:
-  """The target cache's slots: one per output token, plus each loop's room for a verify call."""
-  from gqa_spec.decoding import speculative, tree_speculative  # pylint: disable=g-import-not-at-top
-  if not speculative_run:
-    return max_len + 1
-  if shape is not None:
-    return tree_speculative.target_cache_length(max_len, shape)
-  return speculative.target_cache_length(max_len, gamma)

@@ -17,6 +17,7 @@ from typing import Callable, Mapping, Optional
 import jax
 
 from gqa_spec.decoding import memory
+from gqa_spec.decoding.targets import cache_length
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 
@@ -70,7 +71,8 @@ def check_feature_length(config: T5Config, lengths: Optional[Mapping[str, int]],
   task's own lengths, checked where the batches are built."""
   if not lengths or not lengths.get('inputs'):
     return
-  estimate = estimator(config, batch=batch * beams, cache_length=lengths.get('targets', 1) + 1)
+  estimate = estimator(config, batch=batch * beams,
+                       cache_length=cache_length(lengths.get('targets', 1)))
   available = device_bytes()
   padded = -(-lengths['inputs'] // _STEP) * _STEP
   if estimate(padded) > available:

@@ -115,7 +115,7 @@ def memory_per_device(config: T5Config, *, batch: int, input_length: int, cache_
     batch: rows decoded at once (beam search: batch * beam size).
     input_length: encoder length S.
     cache_length: self-attention cache slots: `max_decode_len + 1` autoregressive, and
-      `speculative.target_cache_length(max_decode_len, gamma)` for a speculative target.
+      `targets.cache_length(max_decode_len, gamma + 1)` for a speculative target.
     data, model: mesh axis sizes (no devices are needed).
 
   Returns:

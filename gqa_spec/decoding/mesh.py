@@ -13,7 +13,7 @@ or tree) gets its own `MeshT5Decoder` (`draft_decoder`: its own config's rules o
 a chain or tree draft with a second stage) run the existing jitted loops (one implementation of
 each algorithm) inside one `jax.jit` with explicit `in_shardings`/`out_shardings`: the whole loop
 is one device program, nothing goes to the host before it ends. Per-row outputs come back with
-rows on `data`; `to_host` gathers them after the loop.
+rows on `data`; `partitioning.to_host` gathers them after the loop.
 
 Results equal single-device decoding up to float reassociation: a model-sharded contraction
 (attention output, MLP, logits) sums partial products across devices in another order, which can
@@ -23,8 +23,8 @@ Random draws are sharding-invariant: `jax.random` values depend on key and shape
 
 Multi-process (`gqa_spec.distributed` started first, as training does; `tests/multihost`): every
 process runs the same program on the same inputs; `shard_rows` builds the global input array from
-each process's addressable rows (`jax.make_array_from_callback`) and `to_host` all-gathers results
-(`partitioning.to_host`).
+each process's addressable rows (`jax.make_array_from_callback`) and `partitioning.to_host`
+all-gathers results.
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ from gqa_spec.decoding.targets import T5Decoder, T5State
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
 from gqa_spec.partitioning import Partitioner, logical_axis_rules, put
-from gqa_spec.partitioning import to_host  # pylint: disable=unused-import; re-exported for callers
 
 PyTree = Any
 # Fields of the loops' results that hold one entry per row (rows on `data`); the rest replicate.

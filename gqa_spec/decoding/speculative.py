@@ -159,11 +159,6 @@ def append_accepted(r: SpeculativeResult, new: jax.Array, k: jax.Array, active: 
   return sequences, r.lengths + keep, active & hit_eos & (keep > 0)
 
 
-def target_cache_length(max_decode_len: int, gamma: int) -> int:
-  """Slots the target's cache needs so that no write clamps: `max_decode_len + gamma + 1`."""
-  return max_decode_len + gamma + 1
-
-
 @functools.partial(xla_options.jit, static_argnames=('target', 'draft', 'gamma', 'max_decode_len',
                                              'config', 'eos_id'))
 def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyTree,
@@ -174,7 +169,7 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
 
   Args:
     target: static target decoder binding.
-    target_state: its state, index 0 per row, >= `target_cache_length(...)` slots.
+    target_state: its state, index 0 per row, >= `targets.cache_length(max_decode_len, gamma + 1)` slots.
     draft: static draft (see `drafts.base.Draft`).
     draft_state: the draft's initial state.
     rng: PRNG key.

@@ -37,6 +37,13 @@ from gqa_spec.decoding import xla_options
 PyTree = Any
 
 
+def cache_length(max_decode_len: int, call_tokens: int = 1) -> int:
+  """The slots a target's cache needs so that no write clamps: one per output token, plus the
+  overhang of the widest call past the last one (`call_tokens`: 1 autoregressive decoding,
+  gamma + 1 a chain's verification, N + 1 an N-node tree's)."""
+  return max_decode_len + call_tokens
+
+
 class Decoder(Protocol):
   """Incremental decoder with a per-row, rollback-able index (see the module docstring)."""
 

@@ -214,6 +214,12 @@ class AdaptiveTree:
   def speculates(self) -> bool:
     return self.first_nodes() > 0
 
+  @property
+  def call_tokens(self) -> int:
+    """Tokens of `adaptive_tree.decode`'s widest target call (`targets.cache_length`): an
+    N_max-node verification, or 1 when no row will ask for a tree."""
+    return self.nodes_max + 1 if self.speculates else 1
+
   def calibrated(self, calibration) -> 'AdaptiveTree':
     """These settings with a `cost_calibration.Calibration`'s c, v, starting alpha, output lengths
     and, where measured, accepted tokens per width (the prior, kept as `CALIBRATED_PRIOR_CALLS`

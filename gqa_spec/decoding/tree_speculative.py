@@ -58,11 +58,6 @@ class TreeDraft(Protocol):
     ...
 
 
-def target_cache_length(max_decode_len: int, shape: TreeShape) -> int:
-  """Slots the target's cache needs so that no write clamps: `max_decode_len + N + 1`."""
-  return max_decode_len + shape.num_nodes + 1
-
-
 @functools.partial(xla_options.jit, static_argnames=('target', 'draft', 'shape', 'max_decode_len',
                                              'config', 'eos_id'))
 def decode(target: Decoder, target_state: PyTree, draft: TreeDraft, draft_state: PyTree,
@@ -73,7 +68,7 @@ def decode(target: Decoder, target_state: PyTree, draft: TreeDraft, draft_state:
 
   Args:
     target: static target decoder binding (with `move_slots`).
-    target_state: its state, index 0 per row, >= `target_cache_length(...)` slots.
+    target_state: its state, index 0 per row, >= `targets.cache_length(max_decode_len, N + 1)` slots.
     draft: static tree draft.
     draft_state: its initial state.
     rng: PRNG key.

@@ -44,6 +44,8 @@ from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.layout import DECODE_LAYOUT
 from gqa_spec.models.t5 import Transformer
+from gqa_spec.partitioning import to_host
+from gqa_spec.decoding.targets import cache_length
 
 DECODINGS = ('greedy', 'beam', 'speculative')
 
@@ -231,7 +233,7 @@ class InferenceEvaluator:
       from gqa_spec.decoding import tree_speculative  # pylint: disable=g-import-not-at-top
       draft, draft_init, _ = self._draft
       state = decoder.init(params, inputs,
-                           tree_speculative.target_cache_length(self._max_decode_len, self._tree))
+                           cache_length(self._max_decode_len, self._tree.num_nodes + 1))
       result = tree_speculative.decode(decoder, state, draft, draft_init(inputs),
                                        jax.random.PRNGKey(0), shape=self._tree,
                                        max_decode_len=self._max_decode_len,
@@ -240,23 +242,23 @@ class InferenceEvaluator:
     if self.decoding == 'speculative':
       draft, draft_init, _ = draft_triple
       state = decoder.init(params, inputs,
-                           speculative.target_cache_length(self._max_decode_len, self.gamma))
+                           cache_length(self._max_decode_len, self.gamma + 1))
       result = run_spec(decoder, state, draft, draft_init(inputs), jax.random.PRNGKey(0),
                         gamma=self.gamma, max_decode_len=self._max_decode_len,
                         skip=np.arange(len(inputs)) >= n)  # padding rows: no statistics
-      result = mesh.to_host(result)
+      result = to_host(result)
       return autoregressive.strip(result.sequences, result.lengths), result
     if self.decoding == 'greedy':
-      state = decoder.init(params, inputs, cache_length=self._max_decode_len + 1)
-      result = mesh.to_host(run_ar(decoder, state, jax.random.PRNGKey(0),
+      state = decoder.init(params, inputs, cache_length(self._max_decode_len))
+      result = to_host(run_ar(decoder, state, jax.random.PRNGKey(0),
                                    max_decode_len=self._max_decode_len))
       return autoregressive.strip(result.sequences, result.lengths), None
     state = decoder.init(params, np.repeat(inputs, self.beam_size, axis=0),
-                         cache_length=self._max_decode_len + 1)
+                         cache_length(self._max_decode_len))
     beams, _ = run_beam(decoder, state, beam_size=self.beam_size,
                         max_decode_len=self._max_decode_len,
                         alpha=self.length_penalty)  # [b, k, 1 + L]
-    best = mesh.to_host(beams)[:, 0, 1:]  # [b, L]; PAD after EOS
+    best = to_host(beams)[:, 0, 1:]  # [b, L]; PAD after EOS
     return [[int(t) for t in row[:_eos_end(row)] if t != 0]
             for row in best], None
 

@@ -31,6 +31,7 @@ from gqa_spec.data import exported, vocab_fit
 from gqa_spec.evaluation import outputs
 from gqa_spec.decoding import input_limit
 from gqa_spec.errors import UserError
+from gqa_spec.decoding.targets import cache_length
 
 DECODINGS = ('greedy', 'sample', 'beam', 'speculative')
 MODES = ('predict', 'predict_with_aux')
@@ -233,7 +234,7 @@ def _speculative(model, params, config, length, draft_spec, gamma, param_dtype):
 
   def decode(encoder_tokens, rng):
     cache = _encode_and_cache(model, params, encoder_tokens,
-                              speculative.target_cache_length(length, gamma))
+                              cache_length(length, gamma + 1))
     decodes, scores = t5x_compat.speculative_sample(
         inputs=jnp.zeros((encoder_tokens.shape[0], length), jnp.int32), cache=cache,
         tokens_to_logits=fn, eos_id=EOS, num_decodes=1, decode_rng=rng, cache_offset=0,

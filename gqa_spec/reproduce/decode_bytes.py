@@ -26,9 +26,9 @@ import numpy as np
 def bytes_per_sample(config, batch: int, inputs: int, targets: int) -> float:
   """Bytes read to decode one sample of `targets` tokens from `inputs` tokens at batch `batch`."""
   from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding import memory  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding import memory, targets as targets_lib  # pylint: disable=g-import-not-at-top
   report = memory.memory_per_device(config, batch=batch, input_length=inputs,
-                                    cache_length=targets + 1)
+                                    cache_length=targets_lib.cache_length(targets))
   decoder = sum(x.size * x.dtype.itemsize
                 for x in jax.tree_util.tree_leaves(native.abstract_params(config)['decoder']))
   return targets * (decoder + report.self_kv_bytes + report.cross_kv_bytes) / batch

@@ -7,7 +7,7 @@ Inputs (written by the stages, `pipeline.run`, one JSON file per stage under `re
                                 batch_size}]}
   speculative.json  {'rows': [{target, draft, task, temperature, gamma, alpha, tokens_per_call,
                                c, verify_ratio_v, speedup_measured, speedup_thm8, ...}, ...]}
-                    (rows of `gqa_spec.decoding.speedup.measure_grid` + task, target);
+                    (rows of `gqa_spec.reproduce.speed_grid.measure_grid` + task, target);
                     also `drafts_rows`, `tree_rows`, `jobs` (section at the end of this file)
   drafts.json       {'rows': [{task, draft, kind, head_accuracy: [{head, top1..top5}]}, ...]}
 Outputs: markdown tables in the papers' forms:

@@ -37,7 +37,8 @@ from gqa_spec.decoding import (adaptive, autoregressive, cost_calibration, specu
 from gqa_spec.decoding.cost_calibration import step_time
 from gqa_spec.decoding.drafts import ModelDraft
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.decoding.targets import T5Decoder, cache_length
+
 
 def median_time(fn: Callable[[], Any], repeats: int, warm: bool = True) -> float:
   """Median wall seconds of `fn()` over `repeats` runs, after one untimed (compiling) run (`warm`
@@ -113,7 +114,7 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
   """
   L = max_decode_len
   gmax = max(gammas)
-  slots = speculative.target_cache_length(L, gmax)
+  slots = cache_length(L, gmax + 1)
   fill = L // 2
   widths = adaptive.verify_gammas(gmax) if auto_drafts else ()
 
@@ -157,7 +158,7 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
            for temp in temperatures for name in auto_drafts}
 
   def auto_all(config, draft, dinit, auto):
-    slots_auto = adaptive.target_cache_length(L, auto)  # as `generate --gamma auto` allocates
+    slots_auto = cache_length(L, auto.call_tokens)  # as `generate --gamma auto` allocates
     return [adaptive.decode(target, target.init(params, enc, slots_auto), draft,
                             dinit(enc) if auto.speculates else None,
                             jax.random.PRNGKey(seed + 1), adaptive=auto, max_decode_len=L,
@@ -228,7 +229,7 @@ def auto_costs(target, params: Any, draft, dinit: Callable[[jax.Array], Any],
   """`--gamma auto`'s settings for `draft` at `config` as `generate` measures them: c,
   v(1)..v(gamma_max) and the starting alpha from `cost_calibration.measure_costs` on the first of
   `batches` (the alpha also on the batches after it that it asks for)."""
-  slots = speculative.target_cache_length(max_decode_len, gamma_max)
+  slots = cache_length(max_decode_len, gamma_max + 1)
   states = ((target.init(params, enc, slots), dinit(enc)) for enc in batches)  # lazily
   first = next(states)
   return adaptive.AdaptiveGamma(gamma_max=gamma_max).calibrated(cost_calibration.measure_costs(
@@ -261,7 +262,7 @@ def measure_trees(target: T5Decoder, params: Any, drafts: TreeDrafts,
   L = max_decode_len
 
   def run_all(config, draft, shape, dinit):
-    slots = tree_speculative.target_cache_length(L, shape)
+    slots = cache_length(L, shape.num_nodes + 1)
     return [tree_speculative.decode(target, target.init(params, enc, slots), draft, dinit(enc),
                                     jax.random.PRNGKey(seed + 1), shape=shape, max_decode_len=L,
                                     config=config) for enc in batches]

@@ -24,14 +24,14 @@ def decode_fn(config, params, inputs, max_decode_len: int) -> Callable[[], objec
   disabled, so every model does the same work)."""
   import jax  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding import autoregressive  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.targets import T5Decoder, cache_length  # pylint: disable=g-import-not-at-top
   from gqa_spec.models import layout  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
   config, params = layout.for_decoding(config, params)  # a scanned preset's models decode unrolled
   decoder = T5Decoder(Transformer(config))
 
   def run():
-    state = decoder.init(params, inputs, max_decode_len + 1)
+    state = decoder.init(params, inputs, cache_length(max_decode_len))
     return autoregressive.decode(decoder, state, jax.random.PRNGKey(0),
                                  max_decode_len=max_decode_len, eos_id=-1)
 

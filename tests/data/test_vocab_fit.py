@@ -20,9 +20,9 @@ def test_a_task_vocabulary_larger_than_the_model_is_refused():
 def test_a_named_vocabulary_larger_than_the_model_is_refused():
   """Issue 61, case 4: `generate --vocab SPM` with 8,100 pieces (+ 100 extra ids) on a 384-token
   model; `generate` calls this once its vocabulary is read."""
-  vocab_fit.check_vocabulary('--vocab spm.model', 384, 384, 'ckpt')
+  vocab_fit.check({'spm.model': 384}, 384, 'ckpt', what='--vocab')
   with pytest.raises(UserError) as e:
-    vocab_fit.check_vocabulary('--vocab spm.model', 8100 + vocab_fit.EXTRA_IDS, 384, 'ckpt')
+    vocab_fit.check({'spm.model': 8100 + vocab_fit.EXTRA_IDS}, 384, 'ckpt', what='--vocab')
   assert str(e.value) == ('--vocab spm.model has a vocabulary of 8200 ids, but ckpt embeds only '
                           '384: the model was trained for another vocabulary')
 

@@ -31,7 +31,7 @@ from gqa_spec.decoding.drafts import ModelDraft
 from gqa_spec.decoding.drafts.staged import StagedDraft
 from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
 from gqa_spec.decoding.tree import TreeShape
-from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.decoding.targets import T5Decoder, cache_length
 from gqa_spec.models import layout
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
@@ -50,8 +50,8 @@ SKIP = np.arange(BATCH) >= 6  # two padding rows
 SAMPLE = sampling.SamplingConfig(temperature=1.0)
 SHAPE, G2 = TreeShape.topk(2, 2), 2  # token tree; second-stage (bigram) tokens per draft call
 SUCCESSOR = np.random.RandomState(1).randint(2, 128, size=128)  # a stand-in bigram's successors
-TARGET_SLOTS = max(MAX_LEN + 1, speculative.target_cache_length(MAX_LEN, GAMMA),
-                   tree_speculative.target_cache_length(MAX_LEN, SHAPE))
+TARGET_SLOTS = max(MAX_LEN + 1, cache_length(MAX_LEN, GAMMA + 1),
+                   cache_length(MAX_LEN, SHAPE.num_nodes + 1))
 DRAFT_SLOTS = max(MAX_LEN + GAMMA + 2,  # `ModelDraft.init`'s
                   StagedDraft(None, G2).cache_slots(MAX_LEN, GAMMA),
                   TreeModelDraft(None, G2).cache_slots(MAX_LEN, SHAPE))

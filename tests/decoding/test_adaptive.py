@@ -19,7 +19,7 @@ from gqa_spec.decoding.adaptive import AdaptiveGamma
 from gqa_spec.decoding.drafts import CopyDraft, ModelDraft, NgramDraft
 from gqa_spec.decoding.drafts.ngram import fit_ngram
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.targets import T5Decoder, TableDecoder
+from gqa_spec.decoding.targets import T5Decoder, TableDecoder, cache_length
 from gqa_spec.errors import UserError
 from tests.decoding.conftest import INPUTS, MAX_LEN, FakeClock, model_and_params
 from tests.decoding.test_speculative_stub import (N, NO_EOS, P_VALUE_THRESHOLD, TARGET, _chisquare,
@@ -40,7 +40,7 @@ def _greedy(adaptive_gamma, draft_kind='perturbed'):
     draft = CopyDraft(model.config.vocab_size)
     dstate = draft.init(enc)
   result = adaptive.decode(
-      target, target.init(params, enc, adaptive.target_cache_length(MAX_LEN, adaptive_gamma)),
+      target, target.init(params, enc, cache_length(MAX_LEN, adaptive_gamma.call_tokens)),
       draft, dstate, jax.random.PRNGKey(0), adaptive=adaptive_gamma, max_decode_len=MAX_LEN)
   ref_seqs, ref_lengths = greedy_reference('gqa', len(INPUTS))
   np.testing.assert_array_equal(np.asarray(result.lengths), ref_lengths)
@@ -200,7 +200,7 @@ def test_draft_without_propose_upto_is_greedy_exact_and_refuses_confidence():
 def test_sampling_distribution_is_unchanged(adaptive_gamma, config):
   p, q = _tables()
   max_len = 3
-  ts = TARGET.init(p, N, adaptive.target_cache_length(max_len, adaptive_gamma))
+  ts = TARGET.init(p, N, cache_length(max_len, adaptive_gamma.call_tokens))
   ds = TableDecoder().init(q, N, max_len + adaptive_gamma.gamma_max + 2)
   result = adaptive.decode(TARGET, ts, ModelDraft(TableDecoder()), ds, jax.random.PRNGKey(0),
                            adaptive=adaptive_gamma, max_decode_len=max_len, config=config,
@@ -368,7 +368,7 @@ def test_costs_that_never_pay_give_plain_steps_only():
   # and the program is the plain loop alone: greedy's output, no draft call.
   ad = AdaptiveGamma(gamma_max=GAMMA_MAX, cost_ratio=2.0, verify_ratio=1.5)
   assert ad.first_gamma() == 0 and not ad.speculates
-  assert adaptive.target_cache_length(MAX_LEN, ad) == MAX_LEN + 1  # one slot per token
+  assert cache_length(MAX_LEN, ad.call_tokens) == MAX_LEN + 1  # one slot per token
   summary = _greedy(ad)
   assert all(set(t) == {0} for t in summary['gamma_per_call_per_row'])
   assert summary['draft_steps'] == 0 and summary['proposed'] == 0

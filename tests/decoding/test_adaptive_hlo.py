@@ -15,7 +15,7 @@ from gqa_spec.decoding.adaptive import AdaptiveGamma
 from gqa_spec.decoding.adaptive_tree import AdaptiveTree
 from gqa_spec.decoding.drafts import ModelDraft
 from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
-from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.decoding.targets import T5Decoder, cache_length
 from tests.decoding.conftest import INPUTS, MAX_LEN, model_and_params
 
 _HEADER = re.compile(r'^(?:ENTRY\s+)?%?([\w.\-]+)\b.*\{\s*$')
@@ -65,7 +65,7 @@ def test_the_chain_loops_write_the_cache_in_place():
   target, enc, rng = T5Decoder(model), jnp.asarray(INPUTS), jax.random.PRNGKey(0)
   ad = AdaptiveGamma(gamma_max=8, cost_ratio=0.1)
   assert ad.speculates and len(ad.verify_widths) == 6
-  state = target.init(params, enc, adaptive.target_cache_length(MAX_LEN, ad) + 3)
+  state = target.init(params, enc, cache_length(MAX_LEN, ad.call_tokens) + 3)
   draft = ModelDraft.t5(model)
   dstate = draft.init(params, enc, MAX_LEN, 8)
   loops, copies = _loop_copies(lambda t, d: adaptive.decode(
@@ -94,7 +94,7 @@ def test_the_tree_loop_writes_the_cache_in_place():
   target, enc = T5Decoder(model), jnp.asarray(INPUTS)
   ad = AdaptiveTree.parse('best:auto:8,depth:3,width:2', cost_ratio=0.1)
   assert len(ad.widths) > 1
-  state = target.init(params, enc, adaptive_tree.target_cache_length(MAX_LEN, ad) + 3)
+  state = target.init(params, enc, cache_length(MAX_LEN, ad.call_tokens) + 3)
   draft = TreeModelDraft.t5(model)
   dstate = draft.init(params, enc, MAX_LEN, ad.shape)
   loops, copies = _loop_copies(lambda t, d: adaptive_tree.decode(

@@ -99,7 +99,22 @@ def test_sampling_flags_run(workdir):
     (['--model-parallel', '0'], '--model-parallel must be'),
     (['--model-parallel', '3'], 'does not divide the 1 devices'),
     (['--loop-chunk', '0'], '--loop-chunk must be >= 1'),
-    (['--loop-chunk', '2', '--draft', 'copy'], '--loop-chunk applies to autoregressive'),
+    (['--loop-chunk', '2', '--draft', 'copy'],
+     '--loop-chunk needs autoregressive decoding (no --draft)'),
+    # a flag of another method is refused, not ignored (issue 61)
+    (['--draft', 'copy', '--gamma', '4', '--gamma-max', '16'], '--gamma-max needs --gamma auto'),
+    (['--gamma', '3'], '--gamma needs a chain --draft (not --tree)'),
+    (['--lenience', '0.5'], '--lenience needs a chain --draft (not --tree)'),
+    (['--draft', 'copy', '--stage2-gamma', '2'], '--stage2-gamma needs --stage2'),
+    (['--draft', 'copy', '--gamma-policy', 'heuristic'], '--gamma-policy needs --gamma auto'),
+    (['--gamma-max', '0', '--gamma', 'auto', '--draft', 'copy'], '--gamma-max must be >= 1'),
+    (['--gamma', 'auto', '--draft', 'copy', '--model-parallel', '1'],
+     '--gamma auto is not supported with --model-parallel'),
+    # numbers are finite
+    (['--gamma', 'auto', '--draft', 'copy', '--cost-ratio', 'inf'],
+     '--cost-ratio must be a finite number, got inf'),
+    (['--temperature', 'nan'], '--temperature must be a finite number, got nan'),
+    (['--temperature', 'inf'], '--temperature must be a finite number, got inf'),
 ])
 def test_bad_arguments_are_one_line_errors(workdir, capsys, extra, message):
   argv = ['generate', '--model', str(workdir / 'ckpt'), '--inputs', str(workdir / 'in.jsonl'),
@@ -107,6 +122,27 @@ def test_bad_arguments_are_one_line_errors(workdir, capsys, extra, message):
   assert cli.main(argv) == 2
   err = capsys.readouterr().err.strip()
   assert err.startswith('gqa-spec: error:') and message in err and '\n' not in err
+  assert 'Warning' not in err
+
+
+def test_flags_are_refused_before_the_model_loads(tmp_path, capsys):
+  """A flag error needs no model: the plan checks the flags first (a missing --model would
+  otherwise be the error), and a tree deeper than --max-decode-len is refused at once, never
+  calibrated."""
+  import time  # pylint: disable=g-import-not-at-top
+  base = ['generate', '--model', str(tmp_path / 'none'), '--inputs', str(tmp_path / 'in.jsonl'),
+          '--out', str(tmp_path / 'o.jsonl')]
+  t0 = time.perf_counter()
+  for extra, message in [
+      (['--draft', 'copy', '--tree', 'best:auto,depth:500'],
+       '--tree depth 500 is more than --max-decode-len 64'),
+      (['--draft', 'copy', '--tree', 'topk:1,1,1', '--max-decode-len', '2'],
+       '--tree depth 3 is more than --max-decode-len 2'),
+      (['--draft', 'copy', '--gamma', '4', '--gamma-max', '16'], '--gamma-max needs --gamma auto')]:
+    assert cli.main(base + extra) == 2
+    err = capsys.readouterr().err
+    assert err.startswith('gqa-spec: error:') and message in err and err.count('\n') == 1, err
+  assert time.perf_counter() - t0 < 10
 
 
 def test_bad_inputs_are_one_line_errors(workdir, tmp_path, capsys):

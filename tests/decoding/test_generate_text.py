@@ -110,6 +110,29 @@ def test_vocab_errors_are_one_line(workdir, tmp_path, capsys):
   assert 'output' in json.loads(open(out).readline())
 
 
+def test_vocab_larger_than_the_models_embedding_is_refused(workdir, tmp_path, capsys):
+  """`--vocab` with more ids than the model embeds is refused in one line, as `eval` and `infer`
+  refuse such a task (`data.vocab_fit`), even for `input_ids` inputs, and no output is written."""
+  _, vocab_path = workdir
+  config = T5Config(vocab_size=32, emb_dim=8, num_heads=1, head_dim=8, mlp_dim=8,
+                    num_encoder_layers=1, num_decoder_layers=1)
+  tokens = jnp.ones((1, 3), jnp.int32)
+  params = jax.tree.map(np.asarray, Transformer(config).init(
+      jax.random.PRNGKey(0), tokens, tokens, tokens, enable_dropout=False)['params'])
+  small = str(tmp_path / 'small')
+  native.save_checkpoint(small, config, params)
+  inputs = _write(tmp_path / 'ids.jsonl', [{'input_ids': [5, 6, 1]}])
+  out = tmp_path / 'out.jsonl'
+  size = get_vocabulary(vocab_path).vocab_size
+  assert size > 32
+  assert cli.main(['generate', '--model', small, '--inputs', inputs, '--out', str(out),
+                   '--vocab', vocab_path]) == 2
+  err = capsys.readouterr().err
+  assert err == (f'gqa-spec: error: --vocab {vocab_path} has a vocabulary of {size} ids, but '
+                 f'{small} embeds only 32: the model was trained for another vocabulary\n')
+  assert not out.exists()
+
+
 def test_missing_chimera_directory_is_named_and_help_lists_chimera(tmp_path, capsys):
   missing = tmp_path / 'no_such_chimera'
   assert cli.main(['generate', '--model', str(tmp_path), '--inputs', str(tmp_path / 'in.jsonl'),

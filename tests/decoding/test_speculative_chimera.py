@@ -11,7 +11,7 @@ import pytest
 
 from gqa_spec.decoding import autoregressive, sampling, speculative, tree_speculative
 from gqa_spec.decoding.drafts.chimera import ChimeraDraft, ChimeraTreeDraft
-from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.decoding.targets import T5Decoder, cache_length
 from gqa_spec.decoding.tree import TreeShape
 from gqa_spec.models import chimera
 from tests.decoding.conftest import INPUTS, MAX_LEN, model_and_params, tiny_config
@@ -44,7 +44,7 @@ def _setup(trained_like):
 def _run(draft, model, params, draft_params, gamma):
   enc = jnp.asarray(INPUTS)
   target = T5Decoder(model)
-  tstate = target.init(params, enc, speculative.target_cache_length(MAX_LEN, gamma))
+  tstate = target.init(params, enc, cache_length(MAX_LEN, gamma + 1))
   dstate = draft.init(draft_params, params['token_embedder']['embedding'], 4, MAX_LEN)
   return speculative.decode(target, tstate, draft, dstate, jax.random.PRNGKey(0), gamma=gamma,
                             max_decode_len=MAX_LEN)
@@ -98,7 +98,7 @@ BEST_TREE = TreeShape.best(5, depth=3, width=2)
 def _run_tree(draft, model, params, draft_params, shape, config=sampling.GREEDY):
   enc = jnp.asarray(INPUTS)
   target = T5Decoder(model)
-  tstate = target.init(params, enc, tree_speculative.target_cache_length(MAX_LEN, shape))
+  tstate = target.init(params, enc, cache_length(MAX_LEN, shape.num_nodes + 1))
   dstate = draft.init(draft_params, params['token_embedder']['embedding'], 4, MAX_LEN)
   return tree_speculative.decode(target, tstate, draft, dstate, jax.random.PRNGKey(0),
                                  shape=shape, max_decode_len=MAX_LEN, config=config)

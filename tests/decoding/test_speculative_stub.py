@@ -15,7 +15,7 @@ from scipy import stats
 from gqa_spec.decoding import sampling, speculative
 from gqa_spec.decoding.drafts import ModelDraft
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.targets import TableDecoder
+from gqa_spec.decoding.targets import TableDecoder, cache_length
 
 V = 6
 NO_EOS = 99  # never generated: every row runs to max_decode_len
@@ -60,7 +60,7 @@ def _chisquare(counts, expected_probs):
 
 
 def _run(p_table, q_table, config, gamma, max_len=3, batch=N, seed=0):
-  ts = TARGET.init(p_table, batch, speculative.target_cache_length(max_len, gamma))
+  ts = TARGET.init(p_table, batch, cache_length(max_len, gamma + 1))
   ds = TableDecoder().init(q_table, batch, max_len + gamma + 2)
   return speculative.decode(TARGET, ts, DRAFT, ds, jax.random.PRNGKey(seed), gamma=gamma,
                             max_decode_len=max_len, config=config, eos_id=NO_EOS)

@@ -15,12 +15,12 @@ import pytest
 
 from gqa_spec.decoding import autoregressive, speculative
 from gqa_spec.decoding.drafts import CopyDraft, ModelDraft, NgramDraft, fit_ngram
-from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.decoding.targets import T5Decoder, cache_length
 from tests.decoding.conftest import INPUTS, MAX_LEN, VOCAB, model_and_params, perturbed
 
 KV_HEADS = {'mha': 4, 'gqa': 2, 'mqa': 1}
 # One cache length for every gamma (<= 7), so each model's jitted init compiles once.
-TARGET_SLOTS = speculative.target_cache_length(MAX_LEN, 7)
+TARGET_SLOTS = cache_length(MAX_LEN, 8)
 DRAFT_SLOTS = MAX_LEN + 7 + 2
 
 

@@ -17,7 +17,7 @@ from gqa_spec.decoding import autoregressive, sampling, speculative
 from gqa_spec.decoding.drafts import ModelDraft
 from gqa_spec.decoding.drafts.staged import StagedDraft
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.targets import T5Decoder, TableDecoder
+from gqa_spec.decoding.targets import T5Decoder, TableDecoder, cache_length
 from tests.decoding.conftest import INPUTS, MAX_LEN, model_and_params, perturbed
 from tests.decoding.test_speculative_stub import (N, NO_EOS, P_VALUE_THRESHOLD, V, _chisquare,
                                                   _empirical, _exact_first_three, _tables)
@@ -33,7 +33,7 @@ def _staged_run(p, q, config, gamma, g2, max_len, batch, seed=0):
   draft = StagedDraft(TableDecoder(), g2)
   ds = draft.init_state(TableDecoder().init(q, batch, draft.cache_slots(max_len, gamma)),
                         _successor(q))
-  ts = TARGET.init(p, batch, speculative.target_cache_length(max_len, gamma))
+  ts = TARGET.init(p, batch, cache_length(max_len, gamma + 1))
   return speculative.decode(TARGET, ts, draft, ds, jax.random.PRNGKey(seed), gamma=gamma,
                             max_decode_len=max_len, config=config, eos_id=NO_EOS)
 
@@ -44,7 +44,7 @@ def test_greedy_staged_draft_proposes_what_the_model_draft_proposes(gamma, g2):
   p = rng.normal(size=(12, V, V)).astype(np.float32) * 1.5  # 12 positions
   q = (p + rng.normal(size=p.shape) * 1.2).astype(np.float32)  # agrees with p often, not always
   batch, max_len = 8, 11
-  ts = TARGET.init(p, batch, speculative.target_cache_length(max_len, gamma))
+  ts = TARGET.init(p, batch, cache_length(max_len, gamma + 1))
   plain = speculative.decode(TARGET, ts, ModelDraft(TableDecoder()),
                              TableDecoder().init(q, batch, max_len + gamma + 2),
                              jax.random.PRNGKey(0), gamma=gamma, max_decode_len=max_len,
@@ -114,11 +114,11 @@ def test_t5_staged_draft_is_exact_and_matches_the_model_draft():
       succ[a] = b
   staged = StagedDraft.t5(model, 2)
   out = speculative.decode(
-      target, target.init(params, enc, speculative.target_cache_length(MAX_LEN, gamma)), staged,
+      target, target.init(params, enc, cache_length(MAX_LEN, gamma + 1)), staged,
       staged.init(draft_params, enc, MAX_LEN, gamma, succ), jax.random.PRNGKey(0), gamma=gamma,
       max_decode_len=MAX_LEN)
   plain = speculative.decode(
-      target, target.init(params, enc, speculative.target_cache_length(MAX_LEN, gamma)),
+      target, target.init(params, enc, cache_length(MAX_LEN, gamma + 1)),
       ModelDraft.t5(model), T5Decoder(model).init(draft_params, enc, MAX_LEN + gamma + 2),
       jax.random.PRNGKey(0), gamma=gamma, max_decode_len=MAX_LEN)
   np.testing.assert_array_equal(np.asarray(out.sequences)[:, :MAX_LEN + 1], ref.sequences)

@@ -24,7 +24,7 @@ from gqa_spec.decoding.drafts.ngram import fit_ngram
 from gqa_spec.decoding.drafts.ngram_tree import NgramTreeDraft
 from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.targets import T5Decoder, TableDecoder
+from gqa_spec.decoding.targets import T5Decoder, TableDecoder, cache_length
 from gqa_spec.decoding.tree import TreeShape
 from gqa_spec.errors import UserError
 from tests.decoding.conftest import INPUTS, MAX_LEN, FakeClock, model_and_params
@@ -78,7 +78,7 @@ def test_t5_draft_is_greedy_exact_with_rows_at_different_sizes():
   assert ad.widths == (1, 2, 4, 8) and ad.describe().startswith('best:auto:8,depth:3,width:2')
   draft = TreeModelDraft.t5(model)
   result = adaptive_tree.decode(
-      target, target.init(params, enc, adaptive_tree.target_cache_length(MAX_LEN, ad)), draft,
+      target, target.init(params, enc, cache_length(MAX_LEN, ad.call_tokens)), draft,
       draft.init(perturbed_params('gqa'), enc, MAX_LEN, ad.shape), jax.random.PRNGKey(0),
       adaptive=ad, max_decode_len=MAX_LEN)
   ref_seqs, ref_lengths = greedy_reference('gqa', len(INPUTS))
@@ -128,7 +128,7 @@ def test_rows_move_to_the_tree_size_their_acceptance_pays_for():
                           verify_ratio=(1.0, 1.0, 1.05, 1.1, 1.15))
   assert ad.nodes_max == 10 and ad.widths == (1, 2, 4, 8, 10)
   result = adaptive_tree.decode(
-      TableDecoder(), TableDecoder().init(target, 3, adaptive_tree.target_cache_length(max_len, ad)),
+      TableDecoder(), TableDecoder().init(target, 3, cache_length(max_len, ad.call_tokens)),
       RowTableDraft(), jnp.asarray(draft), jax.random.PRNGKey(0), adaptive=ad,
       max_decode_len=max_len, eos_id=NO_EOS)
   expected = [0]
@@ -161,7 +161,7 @@ def test_sampling_distribution_is_unchanged(spec, config):
   max_len = 3
   ad = AdaptiveTree.parse(spec, cost_ratio=0.15, verify_ratio=(1.0, 1.1, 1.3, 1.5), decay=0.5)
   draft = TreeModelDraft(TableDecoder())
-  ts = TableDecoder().init(p, N, adaptive_tree.target_cache_length(max_len, ad))
+  ts = TableDecoder().init(p, N, cache_length(max_len, ad.call_tokens))
   ds = draft.init_state(TableDecoder().init(q, N, draft.cache_slots(max_len, ad.shape)), ad.shape)
   result = adaptive_tree.decode(TableDecoder(), ts, draft, ds, jax.random.PRNGKey(0), adaptive=ad,
                                 max_decode_len=max_len, config=config, eos_id=NO_EOS)
@@ -183,9 +183,9 @@ def test_a_prior_that_pays_for_no_tree_is_greedy_decoding_from_the_start():
   target, enc = T5Decoder(model), jnp.asarray(INPUTS[:2])
   ad = AdaptiveTree.parse('best:auto:2,depth:2,width:2', cost_ratio=3.0)
   assert not ad.speculates and ad.first_nodes() == 0
-  assert adaptive_tree.target_cache_length(MAX_LEN, ad) == MAX_LEN + 1
+  assert cache_length(MAX_LEN, ad.call_tokens) == MAX_LEN + 1
   result = adaptive_tree.decode(
-      target, target.init(params, enc, adaptive_tree.target_cache_length(MAX_LEN, ad)),
+      target, target.init(params, enc, cache_length(MAX_LEN, ad.call_tokens)),
       TreeModelDraft.t5(model), None, jax.random.PRNGKey(0), adaptive=ad, max_decode_len=MAX_LEN)
   ref_seqs, _ = greedy_reference('gqa', 2)
   np.testing.assert_array_equal(np.asarray(result.sequences)[:, :MAX_LEN + 1], ref_seqs)
@@ -304,7 +304,7 @@ def test_measured_costs_and_starting_alpha():
   model, params = model_and_params(KV_HEADS['gqa'])
   target, enc = T5Decoder(model), jnp.asarray(INPUTS[:2])
   ad = AdaptiveTree.parse('best:auto:4,depth:2,width:2')
-  tstate = target.init(params, enc, adaptive_tree.target_cache_length(MAX_LEN, ad))
+  tstate = target.init(params, enc, cache_length(MAX_LEN, ad.call_tokens))
   all_out = autoregressive.decode(target, target.init(params, jnp.asarray(INPUTS), MAX_LEN + 1),
                                   jax.random.PRNGKey(0), max_decode_len=MAX_LEN)
   outputs = autoregressive.strip(all_out.sequences, all_out.lengths)
@@ -321,7 +321,7 @@ def test_measured_costs_and_starting_alpha():
   # pools the loop's acceptance over the next batch too (rows 3 and 4), as generate passes them.
   table = fit_ngram(outputs, 2, model.config.vocab_size)
   tstate2 = target.init(params, jnp.asarray(INPUTS[2:]),
-                        adaptive_tree.target_cache_length(MAX_LEN, ad))
+                        cache_length(MAX_LEN, ad.call_tokens))
   more = iter([(tstate2, bigram.init(table, ad.shape))])
   pooled = cost_calibration.measure_costs(target, tstate, bigram, bigram.init(table, ad.shape),
                                           MAX_LEN, ad, more=more, clock=FakeClock())
@@ -393,7 +393,7 @@ def test_chimera_tree_draft_reads_the_calls_hidden_states_and_is_greedy_exact():
                           verify_ratio=(1.0, 1.1, 1.3))
   draft = ChimeraTreeDraft(CFG)
   result = adaptive_tree.decode(
-      target, target.init(params, enc, adaptive_tree.target_cache_length(MAX_LEN, ad)), draft,
+      target, target.init(params, enc, cache_length(MAX_LEN, ad.call_tokens)), draft,
       draft.init(draft_params, params['token_embedder']['embedding'], 4, MAX_LEN),
       jax.random.PRNGKey(0), adaptive=ad, max_decode_len=MAX_LEN)
   ref_seqs, ref_lengths = greedy_reference('gqa', len(INPUTS))
@@ -405,7 +405,7 @@ def test_chimera_tree_draft_reads_the_calls_hidden_states_and_is_greedy_exact():
   # Its calibration: alpha from the loop at one node per call (the teacher-forced pass makes no
   # hidden states), and the first stage does not stop it.
   dstate = draft.init(draft_params, params['token_embedder']['embedding'], 4, MAX_LEN)
-  tstate = target.init(params, enc, adaptive_tree.target_cache_length(MAX_LEN, ad))
+  tstate = target.init(params, enc, cache_length(MAX_LEN, ad.call_tokens))
   cal = cost_calibration.measure_costs(target, tstate, draft, dstate, MAX_LEN, ad,
                                        clock=FakeClock())
   fixed = adaptive_tree.decode(target, tstate, draft, dstate, jax.random.PRNGKey(0),

@@ -28,7 +28,7 @@ from gqa_spec.decoding import autoregressive, sampling, speculative, tree_specul
 from gqa_spec.decoding.drafts import fit_ngram
 from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.targets import T5Decoder, TableDecoder
+from gqa_spec.decoding.targets import T5Decoder, TableDecoder, cache_length
 from gqa_spec.decoding.tree import TreeShape
 from gqa_spec.errors import UserError
 from tests.decoding.conftest import INPUTS, MAX_LEN, VOCAB, model_and_params
@@ -49,7 +49,7 @@ def _run(p, q, config, shape, g2, successor, max_len, batch, seed=0):
   draft = TreeModelDraft(TableDecoder(), g2)
   ds = draft.init_state(TableDecoder().init(q, batch, draft.cache_slots(max_len, shape)), shape,
                         None if g2 == 0 else successor)
-  ts = TARGET.init(p, batch, tree_speculative.target_cache_length(max_len, shape))
+  ts = TARGET.init(p, batch, cache_length(max_len, shape.num_nodes + 1))
   return tree_speculative.decode(TARGET, ts, draft, ds, jax.random.PRNGKey(seed), shape=shape,
                                  max_decode_len=max_len, config=config, eos_id=NO_EOS)
 
@@ -170,7 +170,7 @@ def _t5_run(kind, shape, g2, successor, rows):
   target, enc = T5Decoder(model), jnp.asarray(INPUTS[rows])
   draft = TreeModelDraft.t5(model, g2)
   return tree_speculative.decode(
-      target, target.init(params, enc, tree_speculative.target_cache_length(MAX_LEN, shape)),
+      target, target.init(params, enc, cache_length(MAX_LEN, shape.num_nodes + 1)),
       draft, draft.init(perturbed_params(kind), enc, MAX_LEN, shape, successor),
       jax.random.PRNGKey(0), shape=shape, max_decode_len=MAX_LEN)
 

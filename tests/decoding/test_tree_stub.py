@@ -14,7 +14,7 @@ from gqa_spec.decoding import sampling, speculative, tree_speculative
 from gqa_spec.decoding.drafts import NgramTreeDraft, fit_ngram
 from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.targets import TableDecoder
+from gqa_spec.decoding.targets import TableDecoder, cache_length
 from gqa_spec.decoding.tree import TreeShape
 from tests.decoding.test_speculative_stub import (N, NO_EOS, P_VALUE_THRESHOLD, _chain_table,
                                                   _chisquare, _empirical, _exact_first_three,
@@ -25,7 +25,7 @@ DRAFT = TreeModelDraft(TableDecoder())
 
 
 def _run(p_table, q_table, config, shape, max_len=3, batch=N, seed=0):
-  ts = TARGET.init(p_table, batch, tree_speculative.target_cache_length(max_len, shape))
+  ts = TARGET.init(p_table, batch, cache_length(max_len, shape.num_nodes + 1))
   ds = DRAFT.init_state(TableDecoder().init(q_table, batch, DRAFT.cache_slots(max_len, shape)),
                         shape)
   return tree_speculative.decode(TARGET, ts, DRAFT, ds, jax.random.PRNGKey(seed), shape=shape,
@@ -87,7 +87,7 @@ def test_deterministic_bigram_trees_are_lossless():
   ngram = fit_ngram([rng.randint(0, 6, size=12) for _ in range(30)], 2, 6)
   shape, config = TreeShape.topk(2, 2), SamplingConfig(temperature=1.0, top_p=0.9)
   draft = NgramTreeDraft(6)
-  ts = TARGET.init(p, N, tree_speculative.target_cache_length(3, shape))
+  ts = TARGET.init(p, N, cache_length(3, shape.num_nodes + 1))
   result = tree_speculative.decode(TARGET, ts, draft, draft.init(ngram, shape),
                                    jax.random.PRNGKey(0), shape=shape, max_decode_len=3,
                                    config=config, eos_id=NO_EOS)

@@ -17,7 +17,7 @@ import pytest
 from gqa_spec.decoding import speculative, tree_speculative
 from gqa_spec.decoding.drafts import ModelDraft, NgramTreeDraft, fit_ngram
 from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
-from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.decoding.targets import T5Decoder, cache_length
 from gqa_spec.decoding.tree import TreeShape
 from tests.decoding.conftest import INPUTS, MAX_LEN, VOCAB, model_and_params
 from tests.decoding.test_speculative_t5 import KV_HEADS, greedy_reference, perturbed_params
@@ -33,7 +33,7 @@ def _run(kind, shape, draft_kind, batch):
   draft = TreeModelDraft.t5(model)
   draft_params = params if draft_kind == 'self' else perturbed_params(kind)
   result = tree_speculative.decode(
-      target, target.init(params, enc, tree_speculative.target_cache_length(MAX_LEN, shape)),
+      target, target.init(params, enc, cache_length(MAX_LEN, shape.num_nodes + 1)),
       draft, draft.init(draft_params, enc, MAX_LEN, shape), jax.random.PRNGKey(0), shape=shape,
       max_decode_len=MAX_LEN)
   ref_seqs, ref_lengths = greedy_reference(kind, batch)
@@ -63,7 +63,7 @@ def test_chain_tree_accepts_what_chain_speculation_accepts():
   model, params = model_and_params(KV_HEADS['gqa'])
   target, enc, gamma = T5Decoder(model), jnp.asarray(INPUTS), 3
   chain = speculative.decode(
-      target, target.init(params, enc, speculative.target_cache_length(MAX_LEN, 7)),
+      target, target.init(params, enc, cache_length(MAX_LEN, 8)),
       ModelDraft.t5(model), ModelDraft.t5(model).decoder.init(perturbed_params('gqa'), enc,
                                                               MAX_LEN + 7 + 2),
       jax.random.PRNGKey(0), gamma=gamma, max_decode_len=MAX_LEN)
@@ -80,7 +80,7 @@ def test_bigram_tree_draft_is_exact():
   ngram = fit_ngram([s[1:1 + n] for s, n in zip(seqs[:2], lengths[:2])], 2, VOCAB)  # 2 rows seen
   draft = NgramTreeDraft(VOCAB)
   result = tree_speculative.decode(
-      target, target.init(params, enc, tree_speculative.target_cache_length(MAX_LEN, shape)),
+      target, target.init(params, enc, cache_length(MAX_LEN, shape.num_nodes + 1)),
       draft, draft.init(ngram, shape), jax.random.PRNGKey(0), shape=shape, max_decode_len=MAX_LEN)
   np.testing.assert_array_equal(np.asarray(result.sequences)[:, :MAX_LEN + 1], seqs)
   s = speculative.summarize(result)

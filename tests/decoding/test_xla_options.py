@@ -9,7 +9,7 @@ import pytest
 
 from gqa_spec.decoding import autoregressive, speculative, xla_options
 from gqa_spec.decoding.drafts import ModelDraft
-from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.decoding.targets import T5Decoder, cache_length
 from tests.decoding.conftest import INPUTS, MAX_LEN, model_and_params, perturbed
 
 
@@ -20,7 +20,7 @@ def test_fast_compile_gives_the_same_tokens_with_other_code():
   draft_params = perturbed(params, 0.3)
 
   def run():
-    state = target.init(params, enc, speculative.target_cache_length(MAX_LEN, 2))
+    state = target.init(params, enc, cache_length(MAX_LEN, 3))
     chain = speculative.decode(target, state, draft, draft.init(draft_params, enc, MAX_LEN, 2),
                                jax.random.PRNGKey(0), gamma=2, max_decode_len=MAX_LEN)
     state = target.init(params, enc, MAX_LEN + 1)
@@ -97,7 +97,7 @@ def test_a_decoding_function_built_on_another_compiles_with_the_options():
   target = T5Decoder(model)
   auto = adaptive.AdaptiveGamma(gamma_max=2, cost_ratio=2.0)
   assert not auto.speculates
-  state = target.init(params, enc, adaptive.target_cache_length(MAX_LEN, auto))
+  state = target.init(params, enc, cache_length(MAX_LEN, auto.call_tokens))
   greedy = autoregressive.decode(target, state, jax.random.PRNGKey(0), max_decode_len=MAX_LEN)
   with xla_options.fast_compile():
     got = adaptive.decode(target, state, None, None, jax.random.PRNGKey(0), adaptive=auto,

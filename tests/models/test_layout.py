@@ -12,7 +12,7 @@ from gqa_spec.decoding.drafts.chimera import ChimeraDraft
 from gqa_spec.decoding.drafts.model import ModelDraft
 from gqa_spec.decoding.drafts.staged import StagedDraft
 from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
-from gqa_spec.decoding.targets import T5Decoder
+from gqa_spec.decoding.targets import T5Decoder, cache_length
 from gqa_spec.decoding.tree import TreeShape
 from gqa_spec.models import chimera
 from gqa_spec.models import decode_cache as dc
@@ -96,8 +96,8 @@ def test_every_decoding_loop_runs_on_scanned_models():
     m, p = (smodel, sparams) if scan else (model, params)
     dc_, dp = layout.convert(dconfig, dparams, scan)
     target, draft = T5Decoder(m), ModelDraft.t5(Transformer(dc_))
-    chain_state = lambda: target.init(p, enc, speculative.target_cache_length(8, 3))
-    tree_state = lambda: target.init(p, enc, tree_speculative.target_cache_length(8, shape))
+    chain_state = lambda: target.init(p, enc, cache_length(8, 4))
+    tree_state = lambda: target.init(p, enc, cache_length(8, shape.num_nodes + 1))
     beams, _ = beam_search.beam_search(target, target.init(p, jnp.repeat(enc, 2, axis=0), 9),
                                        beam_size=2, max_decode_len=8)
     chain = speculative.decode(target, chain_state(), draft, draft.init(dp, enc, 8, 3), key,

@@ -17,7 +17,7 @@ batch) and gamma are given by partial application:
 call; gqa-spec's `decode_cache.decode_tokens` does, t5x's `_compute_logits_from_slice` squeezes to
 one token), and the cache must carry a per-row `cache_index` (`[rows]` leaves; rows accept
 different numbers of tokens and are rolled back by moving it). The cache needs
-`speculative.target_cache_length(L, gamma)` slots. `DecodingState.sequences` is None here (the
+`targets.cache_length(L, gamma + 1)` slots. `DecodingState.sequences` is None here (the
 loop keeps its own buffer).
 
 Decodes are `[b, 1, L]` (PAD after EOS); scores are NaN (`[b, 1]`): the loop does not compute
@@ -116,7 +116,7 @@ def speculative_sample(*, inputs: jax.Array, cache: PyTree, tokens_to_logits: Ca
 
   Args:
     inputs: `[b, L]` all zeros (no decoder prompt); L is the output length.
-    cache: target cache with per-row `cache_index`, >= `target_cache_length(L, gamma)` slots.
+    cache: target cache with per-row `cache_index`, >= `targets.cache_length(L, gamma + 1)` slots.
     tokens_to_logits: `DecodingState(cur_token [b, k]) -> ([b, k, V] or, for k = 1, [b, V], cache)`.
     eos_id: end-of-sequence id.
     num_decodes: must be 1.
@@ -126,7 +126,7 @@ def speculative_sample(*, inputs: jax.Array, cache: PyTree, tokens_to_logits: Ca
     draft_state: its state for this batch (by partial application).
     gamma: draft tokens per iteration, or an `adaptive.AdaptiveGamma`: each row its own draft
       length, chosen in the loop (`gqa_spec.decoding.adaptive`; cache of
-      `adaptive.target_cache_length(L, gamma)` slots).
+      `targets.cache_length(L, adaptive.call_tokens)` slots).
     temperature, topk, topp: t5x's meanings and defaults (temperature <= 1e-4 is greedy, topk /
       topp 0 = off), Python scalars; applied to target and draft alike.
     max_decode_steps: optional Python int <= L.
