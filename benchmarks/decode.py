@@ -1,10 +1,15 @@
-"""Per-token step time of our jitted autoregressive decoding vs the memory-bandwidth bound.
+"""How fast is our decoding? The per-token step time of our jitted autoregressive decoding against
+the memory-bandwidth bound and, with `--hf`, against HF transformers' `generate` on the same weights.
 
-  python -m benchmarks.decode_roofline [--presets nano,mini] [--kv mha,gqa2,mqa] [--batch 1,8] \
-      [--input-length 64] [--baseline REF --rounds 3] [--out results/benchmarks/decode_roofline]
+  python -m benchmarks.decode [--presets nano,mini] [--kv mha,gqa2,mqa] [--batch 1,8] \
+      [--input-length 64] [--hf] [--baseline REF --rounds 3] [--out PATH] [--force]
 
-`--profile mini:2:1:2048,mini:4:1:2048` instead writes per-op profiles of those decode loops
-(`op_profile.py`) side by side to `<out>_profile.{json,md}`.
+`--hf` adds, per preset, greedy batch-1 decoding of `--hf-tokens` tokens by ours and by HF's
+`generate` (`T5ForConditionalGeneration` loaded from our HF export of the same random MHA weights,
+in `--dtype`, on the GPU when torch sees one), EOS suppressed on both sides (ours `eos_id=-1`, HF
+`min_new_tokens`), so both do the same number of steps: tokens/s over the median of `--repeats`
+after a warm-up (ours without the one-time encoder pass), and the length of the prefix on which
+the two agree (bfloat16 near-ties may differ).
 
 `--input-length` takes a list (e.g. `64,2048`: the long-input setting). `--baseline REF` also
 measures the library at git REF (e.g. HEAD~1) in alternating child processes (`common.py`) and reports
@@ -42,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import common, op_profile, workloads
+from benchmarks import common, workloads
 from gqa_spec.decoding import autoregressive
 from gqa_spec.decoding.targets import T5Decoder
 from gqa_spec.models import decode_cache
@@ -122,7 +127,7 @@ def _measure_model(args, name: str, kv: str, layout: str, bw: float) -> list:
       self_kv = decode_cache.self_attention_kv_bytes(state.cache)
       cross_kv = cross_kv_bytes(state.cache)
       bound = (param_bytes + self_kv + cross_kv) / bw
-      row = {'preset': name, 'kv_heads': groups, 'input_length': length, 'batch': batch,
+      row = {'kind': 'step', 'preset': name, 'kv_heads': groups, 'input_length': length, 'batch': batch,
              'layout': layout, 'setup_s': setup_s, 'compile_s': compile_s,
              'dtype': args.dtype, 'param_dtype': args.param_dtype or 'float32',
              'loop_chunk': args.loop_chunk, 'step_ms': step * 1e3, 'bound_ms': bound * 1e3, 'ratio_to_bound': step / bound,
@@ -134,46 +139,55 @@ def _measure_model(args, name: str, kv: str, layout: str, bw: float) -> list:
   return rows
 
 
-def profile_steps(args, argv) -> None:
-  """Per-op profiles of the decode loop, one per `--profile PRESET:G:BATCH:LENGTH` entry (comma
-  separated), written side by side to `<out>_profile.{json,md}`."""
-  results = []
-  load_before = os.getloadavg()
-  for entry in args.profile.split(','):
-    name, groups, batch, length = entry.split(':')
-    groups, batch, length = int(groups), int(batch), int(length)
-    dec, params = random_decoder(name, groups, args.dtype, args.param_dtype)
-    state = decode_state(dec, params, length, batch, args.steps)
-    result = op_profile.profile(
-        lambda st: autoregressive.decode(dec, st, jax.random.PRNGKey(0),
-                                         max_decode_len=args.steps, eos_id=-1), (state,),
-        args.repeats)
-    result.update({'preset': name, 'kv_heads': groups, 'batch': batch, 'input_length': length,
-                   'steps': args.steps, 'step_ms': result['wall_ms'] / args.steps})
-    results.append(result)
-  report = {'command': common.command(__file__, argv),
-            'loadavg_before_after': [load_before, os.getloadavg()], 'profiles': results,
-            'machine': common.machine()}
-  out = args.out + '_profile'
-  common.write_json(out, report)
-  write_profile_markdown(report, out + '.md')
+def hf_generate(config, params, dtype: str, tokens: np.ndarray, steps: int, repeats: int):
+  """(median seconds, generated ids, device) of HF greedy `generate` on the exported weights."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from gqa_spec.checkpoints import hf  # pylint: disable=g-import-not-at-top
+  device = 'cuda' if torch.cuda.is_available() else 'cpu'
+  with tempfile.TemporaryDirectory() as d:
+    hf.save_hf(os.path.join(d, 'hf'), config.replace(param_dtype='float32'),
+               jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), params))
+    model = transformers.T5ForConditionalGeneration.from_pretrained(
+        os.path.join(d, 'hf'), torch_dtype=getattr(torch, dtype)).to(device).eval()
+  ids = torch.from_numpy(tokens.astype(np.int64)).to(device)  # [1, S]
+  kw = dict(max_new_tokens=steps, min_new_tokens=steps, do_sample=False, num_beams=1,
+            eos_token_id=1, pad_token_id=0, decoder_start_token_id=0)
+
+  def run():
+    with torch.no_grad():
+      out = model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+    if device == 'cuda':
+      torch.cuda.synchronize()
+    return out
+
+  out = run()  # warm-up
+  return common.median_seconds(run, repeats, warmup=0), out[0, 1:].tolist(), device
 
 
-def write_profile_markdown(report, path: str) -> None:
-  """The markdown of `profile_steps`'s JSON `report` (one section per profile)."""
-  load = report['loadavg_before_after']
-  lines = [*common.heading('Autoregressive decode: per-op profiles', report['command']),
-           f'Load average before/after: {load[0][0]:.1f} / {load[1][0]:.1f}. Times are taken under '
-           "the profiler's trace, which slows the loop (one event per executed op): read the shares "
-           'and the summed thunk times; the step times to quote come from a run without '
-           '`--profile`.', '']
-  for r in report['profiles']:
-    section = op_profile.markdown('', '', r, f'{r["steps"]} decode steps per run: '
-                                  f'{r["step_ms"]:.3f} ms per step under the trace; summed thunk '
-                                  f'time {r["thunk_total_ms"] / r["steps"]:.3f} ms per step.')
-    lines += [f'## {r["preset"]}, G = {r["kv_heads"]}, batch {r["batch"]}, '
-              f'{r["input_length"]} input tokens', ''] + section[4:] + ['']
-  common.write_markdown(path, lines, report['machine'])
+def measure_hf(args, name: str) -> dict:
+  """Greedy batch-1 tokens/s of ours and of HF `generate`, random-init MHA `name`."""
+  dec, params = random_decoder(name, None, args.dtype, args.param_dtype, shaped=args.shaped_setup)
+  config, steps = dec.model.config, args.hf_tokens
+  length = int(args.input_length.split(',')[0])
+  tokens = np.random.default_rng(0).integers(2, config.vocab_size, (1, length))
+  tokens[0, -1] = 1  # EOS ends the input
+  state = dec.init(params, tokens, steps + 1)
+  run = lambda: autoregressive.decode(dec, state, jax.random.PRNGKey(0), max_decode_len=steps,
+                                      eos_id=-1, loop_chunk=args.loop_chunk)
+  ours_ids = np.asarray(run().sequences)[0, 1:].tolist()
+  ours = common.median_seconds(run, args.repeats)
+  hf_secs, hf_ids, device = hf_generate(config, params, args.dtype, tokens, steps, args.repeats)
+  agree = next((i for i, (a, b) in enumerate(zip(ours_ids, hf_ids)) if a != b),
+               min(len(ours_ids), len(hf_ids)))
+  row = {'kind': 'hf', 'preset': name, 'dtype': args.dtype,
+         'param_dtype': args.param_dtype or 'float32', 'input_length': length, 'tokens': steps,
+         'ours_seconds': ours, 'ours_tokens_per_s': steps / ours, 'hf_seconds': hf_secs,
+         'hf_tokens_per_s': steps / hf_secs, 'speedup_vs_hf': hf_secs / ours,
+         'agreeing_prefix': agree, 'hf_device': device}
+  common.print_row(row)
+  return row
 
 
 def main(argv=None):
@@ -192,13 +206,11 @@ def main(argv=None):
   p.add_argument('--loop-chunk', type=int, default=1,
                  help='decode steps per while-loop iteration (autoregressive.decode loop_chunk)')
   common.add_ab_arguments(p)
-  p.add_argument('--profile', default=None,
-                 help='PRESET:G:BATCH:LENGTH[,...]: write per-op profiles of the decode loop instead')
+  p.add_argument('--hf', action='store_true',
+                 help="also greedy batch-1 tokens/s against HF transformers' generate, per preset")
+  p.add_argument('--hf-tokens', type=int, default=128, help='tokens each side generates (--hf)')
   common.add_out_argument(p, __file__)
   args = p.parse_args(argv)
-  if args.profile:
-    profile_steps(args, argv)
-    return
   load_before = os.getloadavg()
   rows = common.rows(__file__, args, argv, measure,
                      key=lambda r: (r['preset'], r['kv_heads'], r['layout'], r['input_length'],
@@ -206,15 +218,16 @@ def main(argv=None):
                      timed=('step_ms', 'bandwidth_gb_s', 'loadavg', 'setup_s', 'compile_s'))
   if rows is None:  # an A/B child: its rows are written
     return
+  hf_rows = [measure_hf(args, name) for name in args.presets.split(',')] if args.hf else []
   if args.baseline:
     for r in rows:
       r['bound_ms'] = r['bound_ms'] * r['bandwidth_gb_s_rounds'][0] / r['bandwidth_gb_s']
       r['ratio_to_bound'] = r['step_ms'] / r['bound_ms']
       r['speedup_vs_baseline'] = r['baseline_step_ms'] / r['step_ms']
   bw = float(np.median([r['bandwidth_gb_s'] for r in rows]))
-  results = common.results(__file__, argv, rows, load_before, bandwidth_gb_s=bw, steps=args.steps,
-                           input_lengths=args.input_length, **common.ab_fields(args))
-  common.write_json(args.out, results)
+  results = common.results(__file__, argv, rows + hf_rows, load_before, bandwidth_gb_s=bw,
+                           steps=args.steps, input_lengths=args.input_length,
+                           **common.ab_fields(args))
   lines = [*common.heading('Autoregressive decode step vs memory-bandwidth bound',
                            results['command']),
            f'Measured bandwidth (jitted sum over {common.bandwidth_mib()} MiB, median over runs): '
@@ -245,7 +258,16 @@ def main(argv=None):
   lines += ['', f'Caveat: parameters and caches that fit in {cache} are not '
             're-read from DRAM every step, so a DRAM-bandwidth bound understates what is achievable '
             'for them; the bound is meaningful for weights well beyond the last-level cache.']
-  common.write_markdown(args.out + '.md', lines, results['machine'])
+  if hf_rows:
+    lines += ['', "## Greedy batch 1: ours vs HF transformers' generate", '',
+              f'Random-init MHA weights exported to HF, {args.dtype} activations; '
+              f'{args.hf_tokens} tokens generated (EOS suppressed), median of {args.repeats}.', '',
+              *common.table(['preset', 'HF device', 'ours tok/s', 'HF tok/s', 'ours / HF',
+                             'agreeing prefix'],
+                            [(r['preset'], r['hf_device'], f'{r["ours_tokens_per_s"]:.1f}',
+                              f'{r["hf_tokens_per_s"]:.1f}', f'{r["speedup_vs_hf"]:.2f}',
+                              f'{r["agreeing_prefix"]} of {r["tokens"]}') for r in hf_rows])]
+  common.write_report(args.out, results, lines, args.force)
 
 
 if __name__ == '__main__':

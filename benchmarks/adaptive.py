@@ -1,19 +1,18 @@
-"""`--gamma auto` against every fixed gamma and against greedy decoding, side by side in one run.
+"""Does `--gamma auto` need tuning? `--gamma auto` against every fixed gamma and against greedy
+decoding, side by side in one run.
 
-  python -m benchmarks.adaptive_gamma [--pair NAME TARGET DRAFT TASK ... --data-dir DIR] \
+  python -m benchmarks.adaptive [--pair NAME TARGET DRAFT TASK ... --data-dir DIR] \
       [--splits test] [--examples 8] [--drafts bigram,perturbed] [--batches 1,8] \
       [--temperatures 0,1] \
       [--gammas 1,2,3,4,5,6,7,8] [--gamma-max 8] [--max-decode-len 32] [--input-length 64] \
-      [--repeats 7] [--one-width] [--shuffle] [--confirm 0] [--seeds 1] \
-      [--out results/benchmarks/adaptive_gamma]
+      [--repeats 7] [--shuffle] [--confirm 0] [--seeds 1] [--out PATH] [--force]
 
 For each pair (or demo draft), batch size and temperature, on the same inputs: our jitted
 autoregressive decoding ("greedy decoding" in the goals, whatever the temperature: one target call
 per token), speculative decoding at each fixed gamma, and `adaptive.decode` with the `optimal`
 policy (c and v measured once per pair, batch size and temperature with `calibration.measure_costs`,
 as `generate --gamma auto` does on its first batch; the seconds that took are recorded) and the
-`heuristic` policy (and with `--one-width` the optimal policy at one verification width,
-`AdaptiveGamma.one_width`, calibrated on that loop). A cell decodes `--examples` inputs in batches of its batch size. After one
+`heuristic` policy. A cell decodes `--examples` inputs in batches of its batch size. After one
 compile call each, the methods run in turn, `--repeats` rounds, the order rotated every round (so
 that a change in the machine's load falls on all alike; `--shuffle`: a new random order every
 round, so that no method always follows the same one); each time is the median over the rounds. `x
@@ -31,7 +30,7 @@ other), an A/A control: its `x greedy` is what timing one program twice gives th
 `--pair NAME TARGET DRAFT TASK` (repeatable): a trained target and draft (native checkpoints) and
 the seqio task whose first `--examples` test inputs they decode (`--splits test,validation`: the
 validation split's after the test split's, where a cell needs more batches than the test split
-holds; a batch-8 cell of one batch reads that batch's luck, `benchmarks/batch_spread.py`);
+holds; a batch-8 cell of one batch reads that batch's luck);
 `--data-dir` is the prepared DDTP
 data directory the tasks read (a reproduction's `<work>/data`). The smoke reproduction's pairs:
 `<work>/models/finetune/<task>/mha_g4/best` and `.../draft/best`. Each pair is measured with
@@ -86,34 +85,6 @@ def drafts_of(args, target_model, params) -> Dict[str, Any]:
   return out
 
 
-def task_inputs(task: str, data_dir: str, n: int, input_length: int,
-                max_decode_len: int, splits: Sequence[str] = ('test',)) -> np.ndarray:
-  """`[n, input_length]` the first n inputs of the DDTP `task` over `data_dir`, or of an exported
-  task (`exported:DIR/TASK`, `gqa-spec data export`: read without TensorFlow or seqio, as on the
-  GPU machine; `data_dir` unused): those of `splits` in turn (a split's inputs all before the
-  next's), so that a run can decode more batches than the test split holds."""
-  from gqa_spec.data import exported  # pylint: disable=g-import-not-at-top
-  lengths = {'inputs': input_length, 'targets': max_decode_len}
-  rows = []
-  if exported.is_exported(task):
-    (exp,), _ = exported.resolve(task)
-    for split in splits:
-      if len(rows) < n:
-        for _, feats in exported.eval_batches(exp, split, lengths, n - len(rows), n - len(rows)):
-          rows.extend(np.asarray(feats['encoder_input_tokens'], np.int32))
-  else:
-    from gqa_spec.data import batches, tasks  # pylint: disable=g-import-not-at-top  (TensorFlow)
-    tasks.register_ddtp_tasks(data_dir)
-    for split in splits:
-      if len(rows) < n:
-        ds = batches.get_dataset(task, split, lengths, pack=False)
-        rows.extend(ex['encoder_input_tokens'] for ex in ds.take(n - len(rows)).as_numpy_iterator())
-  if len(rows) < n:
-    raise SystemExit(f'{task} has {len(rows)} inputs in its {"+".join(splits)} split(s), '
-                     f'{n} asked for (--examples, twice with --confirm; --splits reads more)')
-  return np.stack(rows[:n]).astype(np.int32)
-
-
 def add_pair_arguments(p: argparse.ArgumentParser, what: str, required: bool = False) -> None:
   """`--pair NAME TARGET DRAFT TASK` (repeatable; `what`: its help) and `--data-dir`."""
   p.add_argument('--pair', nargs=4, action='append', required=required,
@@ -131,14 +102,14 @@ def pairs_of(args) -> List[Dict[str, Any]]:
   inputs `[examples, S]`."""
   gmax = max(args.gamma_max, max(_ints(args.gammas)))
   L = args.max_decode_len
-  confirm = getattr(args, 'confirm', 0)  # benchmarks/guard.py reads pairs too, without --confirm
+  confirm = args.confirm
   out = []
   if args.pair:
     for name, target_path, draft_path, task in args.pair:
       target_model, params = workloads.checkpoint_model(target_path)
       model, dparams = workloads.checkpoint_model(draft_path)
       draft = ModelDraft.t5(model)
-      inputs = task_inputs(task, args.data_dir, args.examples * (2 if confirm else 1),
+      inputs = workloads.task_inputs(task, args.data_dir, args.examples * (2 if confirm else 1),
                            args.input_length, L, args.splits)
       drafts = {'draft model': (draft, lambda enc, d=draft, p=dparams: d.init(p, enc, L, gmax))}
       if 'bigram' in args.pair_drafts.split(','):
@@ -174,25 +145,6 @@ def batches_of(inputs: Optional[np.ndarray], batch: int) -> Optional[List[jax.Ar
   if inputs is None:
     return None
   return [jnp.asarray(inputs[i:i + batch]) for i in range(0, len(inputs) - batch + 1, batch)]
-
-
-def interleaved(runs: Dict[str, Callable[[], Any]], repeats: int,
-                order: Sequence[str] = (), shuffle: bool = False) -> Dict[str, List[float]]:
-  """Seconds of each run, `repeats` rounds after one untimed (compile) call each, the methods in
-  turn (in `order`, default `runs`') with the order rotated every round, or with `shuffle` in a
-  new random order every round (seeded: the same orders every run), so that no method always
-  follows the same one (on an H200 a program timed right after another one ran slower than
-  right after itself: results/gpu/adaptive_2026-11-28b)."""
-  names = list(order or runs)
-  for name in names:
-    jax.block_until_ready(runs[name]())
-  times = {name: [] for name in names}
-  orders = np.random.default_rng(0)
-  for r in range(repeats):
-    for name in ([names[i] for i in orders.permutation(len(names))] if shuffle else
-                 names[r % len(names):] + names[:r % len(names)]):
-      times[name].append(common.seconds(runs[name]))
-  return times
 
 
 def add_shuffle_argument(p: argparse.ArgumentParser) -> None:
@@ -242,11 +194,6 @@ def order_words(result: Dict[str, Any]) -> str:
   return 'a new random order every round' if result.get('shuffle') else 'order rotated'
 
 
-# `--one-width`'s method: the optimal policy verifying every proposal at gamma_max + 1 tokens
-# (`AdaptiveGamma.one_width`: one loop, not one per width), calibrated on that loop.
-ONE_WIDTH = 'optimal,one_width'
-
-
 def measure(args: argparse.Namespace,
             on_cell: Callable[[List[Dict[str, Any]]], None] = lambda rows: None
             ) -> List[Dict[str, Any]]:
@@ -254,7 +201,7 @@ def measure(args: argparse.Namespace,
   L, gmax = args.max_decode_len, args.gamma_max
   gammas = _ints(args.gammas)
   slots = speculative.target_cache_length(L, max(gmax, max(gammas)))
-  policies = ['optimal', 'heuristic'] + ([ONE_WIDTH] if args.one_width else [])
+  policies = ['optimal', 'heuristic']
   rows = []
   for pair in pairs_of(args):
     target, params = T5Decoder(pair['target_model']), pair['params']
@@ -273,8 +220,8 @@ def measure(args: argparse.Namespace,
               t0 = time.perf_counter()
               cals[policy] = (calibration.measure_costs(
                   target, tstates[0], draft, dstates[0], L, gmax,
-                  more=zip(tstates[1:], dstates[1:]), config=config,
-                  one_width=policy == ONE_WIDTH), time.perf_counter() - t0)
+                  more=zip(tstates[1:], dstates[1:]), config=config),
+                              time.perf_counter() - t0)
           cal = cals['optimal'][0]
           rngs = sampling_keys(args.seeds, temperature)
 
@@ -288,8 +235,7 @@ def measure(args: argparse.Namespace,
                   target, t, draft, d, rng, gamma=g, max_decode_len=L, config=config)
                   for rng in rngs for t, d in zip(tstates, dstates)])
             for policy in policies:
-              auto = AdaptiveGamma(gamma_max=gmax, policy=policy.split(',')[0],
-                                   one_width=policy == ONE_WIDTH)
+              auto = AdaptiveGamma(gamma_max=gmax, policy=policy)
               auto = auto.calibrated(cals[policy][0]) if policy in cals else auto
               auto_states = (tstates if adaptive.target_cache_length(L, auto) == slots else
                              [target.init(params, enc, adaptive.target_cache_length(L, auto))
@@ -356,13 +302,10 @@ def measure_cell(runs: Dict[str, Callable[[], Any]], repeats: int, key: Dict[str
   load = os.getloadavg()[0]
   runs = {**runs, GREEDY_AGAIN: next(iter(runs.values()))}
   # The control is timed half-way round from greedy decoding, so that neither of the two runs
-  # right after the other (the rotation puts the last method before the first): on an H200,
-  # with the control last, greedy decoding followed its own program in all rounds but the first,
-  # and the control came out below it in all 8 cells (0.96x-0.99x,
-  # results/gpu/adaptive_2026-11-27).
+  # right after the other (the rotation puts the last method before the first).
   names = list(runs)[:-1]
   order = names[:len(names) // 2 + 1] + [GREEDY_AGAIN] + names[len(names) // 2 + 1:]
-  times = interleaved(runs, repeats, order, shuffle)
+  times = common.interleaved(runs, repeats, order, shuffle)
   cell = []
   for method, fn in runs.items():
     results = fn()
@@ -416,7 +359,7 @@ def confirm_against_best_fixed(runs: Dict[str, Callable[[], Any]], best: Dict[st
   second, as a user who swept and then decodes new inputs sees it. Paired: both run in every
   round."""
   names = [best['method']] + [r['method'] for r in adaptive_rows]
-  times = interleaved({m: runs[m] for m in names}, repeats, shuffle=shuffle)
+  times = common.interleaved({m: runs[m] for m in names}, repeats, shuffle=shuffle)
   tokens = {m: sum(int(np.sum(np.asarray(x.lengths))) for x in runs[m]()) for m in names}
   for r in adaptive_rows:
     m, b = r['method'], best['method']
@@ -553,7 +496,7 @@ def markdown(result: Dict[str, Any]) -> List[str]:
       'acceptance over greedy decoding\'s output, or where the calibration timed the loop, the '
       'loop\'s own acceptance at gamma 1), and where given (/ L) the mean longest row of the '
       'calibration batches whose rows\' greedy output lengths its batch pricing used (tokens; '
-      '`theory.batch_inflation`, each row\'s length since 2026-11-29); no draft (again): greedy decoding timed a second time '
+      '`theory.batch_inflation`); no draft (again): greedy decoding timed a second time '
       '(the A/A control); steps/iter.: seconds per iteration of the batch loop in greedy '
       'decoding steps (its seconds per iteration), measured, and for a fixed gamma in brackets '
       'what the calibration priced it at (gamma c + v(gamma)).',
@@ -585,9 +528,6 @@ def main(argv=None) -> int:
   p.add_argument('--max-decode-len', type=int, default=32)
   p.add_argument('--input-length', type=int, default=64)
   p.add_argument('--repeats', type=int, default=7)
-  p.add_argument('--one-width', action='store_true',
-                 help="one more method, 'auto:optimal,one_width': the optimal policy verifying "
-                      'at gamma_max + 1 tokens only (AdaptiveGamma.one_width), its own calibration')
   add_shuffle_argument(p)
   add_confirm_argument(p)
   add_seeds_argument(p)
@@ -607,7 +547,7 @@ def main(argv=None) -> int:
                             repeats=args.repeats, examples=args.examples, goals=goals(rows),
                             complete=complete, shuffle=args.shuffle, confirm=args.confirm,
                             seeds=args.seeds, splits=list(args.splits))
-    common.write_report(args.out, result, markdown(result))
+    common.write_report(args.out, result, markdown(result), args.force, partial=not complete)
 
   # Rewritten after every cell, so that a run cut short (a device call's clock, a kill) keeps what
   # it measured; `complete` says whether every cell was.

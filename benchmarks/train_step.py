@@ -1,7 +1,9 @@
-"""Tokens/s and achieved FLOP/s of the jitted train step, beside the measured matmul rate.
+"""How close is the train step to the machine's matmul rate? Tokens/s and achieved FLOP/s of the
+jitted train step, beside the measured matmul rate.
 
-  python -m benchmarks.train_throughput [--settings pretrain,finetune] [--steps 6] \
-      [--baseline HEAD~1 --rounds 3] [--out results/benchmarks/train_throughput]
+  python -m benchmarks.train_step [--preset mini] [--settings pretrain,finetune] [--steps 6] \
+      [--batch N] [--dtype bfloat16] [--scan-layers] [--remat-policy minimal] \
+      [--baseline HEAD~1 --rounds 3] [--out PATH] [--force]
 
 Settings (`workloads.SETTINGS`: pretrain, finetune, summarize) are the `cpu` reproduction preset's
 train steps of the `mini` target on synthetic packed batches of its shapes.
@@ -107,7 +109,6 @@ def main(argv=None):
       r['fraction_of_peak'] = r['achieved_gflop_s'] / max(r['matmul_peak_gflop_s'],
                                                           r['matmul_peak_model_shape_gflop_s'])
   results = common.results(__file__, argv, rows, load_before, **common.ab_fields(args))
-  common.write_json(args.out, results)
   base = args.baseline
   lines = [*common.heading('Train step throughput', results['command']),
            f'Median step time over {args.steps} steps (after one compile step) per run'
@@ -131,7 +132,7 @@ def main(argv=None):
                  f'{r["targets_length"]} | {r["dropout"]} | {r["step_s"]:.3f} |{b} '
                  f'{r["tokens_per_s"]:.0f} | {r["stated_gflop"]:.1f} / {xla} | '
                  f'{r["achieved_gflop_s"]:.1f} | {peak:.1f} | {r["fraction_of_peak"]:.0%} |')
-  common.write_markdown(args.out + '.md', lines, results['machine'])
+  common.write_report(args.out, results, lines, args.force)
 
 
 if __name__ == '__main__':
