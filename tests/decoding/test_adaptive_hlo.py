@@ -7,13 +7,13 @@ the branch its own copy of it on every entry: at T5.1.1-XXL, batch 8 and 512 slo
 cache is ~1.6 GB. They now run one while loop per width, each writing in place, so the cache is
 copied only where the program starts (its inputs are not donated), as in `speculative.decode`.
 Read from the compiled HLO: every `copy` whose shape is a self-attention K or V cache, once a call
-and in one iteration of each loop (`benchmarks.loop_kernels`).
+and in one iteration of each loop (`tests/decoding/hlo_loops.py`).
 """
 
 import jax
 import jax.numpy as jnp
 
-from benchmarks import loop_kernels
+from tests.decoding import hlo_loops
 from gqa_spec.decoding import adaptive, adaptive_tree, autoregressive, speculative
 from gqa_spec.decoding.adaptive import AdaptiveGamma
 from gqa_spec.decoding.adaptive_tree import AdaptiveTree
@@ -32,14 +32,14 @@ def _kv_shapes(state) -> set:
 
 def _copies(fn, target_state, draft_state) -> dict:
   """Copies of the target's self-attention K and V caches in `fn(target_state, draft_state)`
-  compiled (`benchmarks.loop_kernels`): 'entry', made once a call, and 'loops', one iteration of
+  compiled (`tests/decoding/hlo_loops.py`): 'entry', made once a call, and 'loops', one iteration of
   each while loop's (a conditional's branch with the most). The draft's caches have other shapes
   (a copy of them would count otherwise)."""
   shapes = _kv_shapes(target_state)
   assert len(shapes) == 2 and not shapes & _kv_shapes(draft_state), shapes
   text = jax.jit(fn).lower(target_state, draft_state).compile().as_text()
-  return {'entry': loop_kernels.entry_copies(text, shapes),
-          'loops': [loop['cache_copies'] for loop in loop_kernels.loops(text, shapes)]}
+  return {'entry': hlo_loops.entry_copies(text, shapes),
+          'loops': [loop['cache_copies'] for loop in hlo_loops.loops(text, shapes)]}
 
 
 def test_the_chain_loop_copies_the_cache_only_at_its_entry():
@@ -87,10 +87,10 @@ def test_the_tree_loop_copies_the_cache_only_at_its_entry():
 
 
 def _loop_bodies(compiled_text: str) -> list:
-  """Each decoding loop of a compiled module as `benchmarks.loop_kernels.loops` reads it (the
-  kernels of its body by category, its cache copies), names aside."""
+  """Each decoding loop of a compiled module as `hlo_loops.loops` reads it (the
+  kernels of its body by opcode, its cache copies), names aside."""
   return [{k: v for k, v in loop.items() if k != 'body'}
-          for loop in loop_kernels.loops(compiled_text)]
+          for loop in hlo_loops.loops(compiled_text)]
 
 
 def test_the_plain_path_runs_greedy_decodings_loop():
