@@ -47,7 +47,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional
 
 import jax
 import jax.numpy as jnp
