@@ -46,7 +46,7 @@ report stage ran) and `device_check_study.tar.gz` (the results directory, the wo
 records, the run log) are left in `--out`. `STAGE_ESTIMATE_S` holds each stage's expected seconds.
 
 `--size nano` runs a part, or the study's preset at toy size (`NANO_SET`), on a CPU in seconds;
-`tests/scripts/test_device_check.py` runs both in the suite.
+`tests/scripts/test_device_check.py` and `test_device_study.py` run them in the suite.
 """
 
 from __future__ import annotations
