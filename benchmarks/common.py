@@ -8,10 +8,17 @@ Benchmarks run as modules from the repository root (`python -m benchmarks.NAME .
 * Timing: `seconds()` of one call, `timed_runs()` after untimed warm-up calls, `median_seconds()` /
   `best_seconds()` over repeats. Every timed call is followed by `jax.block_until_ready`, so the
   asynchronous dispatch does not end the clock early.
-* Options: `add_dtype_argument()` (`--dtype`, `--param-dtype`), `add_out_argument()` (`--out`).
+* Options: `add_dtype_argument()` (`--dtype`, `--param-dtype`), `add_out_argument()` (`--out`,
+  `--force`).
+* Where results go: `--out PATH` writes PATH.json and PATH.md; without it a benchmark writes under
+  `run_dir()` (`runs/benchmarks/`, or `$GQA_SPEC_BENCH_DIR`), never into the committed `results/`.
+  `write_report` refuses to replace a result file that holds more rows than the new one (a smaller
+  or cut-short run) unless `--force`: it says so in one line, keeps the new result under
+  `run_dir()/refused/` and the benchmark exits 1.
 * Writers: `command()` (the command line to record), `results()` (the JSON), `ab_fields()`,
   `heading()`, `table_head()`, `print_row()`, `write_json()`, `write_markdown()` (ending with the
-  machine section), `write_lines()`, `load_note()`.
+  machine section), `write_lines()`, `write_report()`, `load_note()`.
+* Side by side: `interleaved()` times several methods in rounds, the order rotated each round.
 * A/B (`--baseline REF --rounds N`): the same benchmark against two versions of gqa_spec on a shared
   machine. `git archive REF gqa_spec` is unpacked into a temporary directory (no change to the
   repository or its worktrees), and child processes of the benchmark (`--child-out FILE`), one with
@@ -149,12 +156,45 @@ def result_load_note(result: Dict[str, Any],
   return ['', load_note(before, after, shared)]
 
 
+def run_dir() -> str:
+  """Where a benchmark writes without `--out`: `$GQA_SPEC_BENCH_DIR`, else `runs/benchmarks`
+  (git-ignored; committed results are written only when `--out` names them)."""
+  return os.environ.get('GQA_SPEC_BENCH_DIR') or os.path.join('runs', 'benchmarks')
+
+
 def add_out_argument(parser: argparse.ArgumentParser, file: str) -> None:
   """`--out PATH` (no extension: the benchmark writes PATH.json and PATH.md), by default
-  `results/benchmarks/NAME` for the benchmark module at `file`."""
+  `run_dir()/NAME` for the benchmark module at `file`; `--force`: replace a result file that
+  holds more rows."""
   name = os.path.splitext(os.path.basename(file))[0]
-  parser.add_argument('--out', default=os.path.join('results', 'benchmarks', name),
-                      help='output path without extension (writes OUT.json and OUT.md)')
+  parser.add_argument('--out', default=os.path.join(run_dir(), name),
+                      help='output path without extension (writes OUT.json and OUT.md; default '
+                           f'{os.path.join(run_dir(), name)})')
+  parser.add_argument('--force', action='store_true',
+                      help='replace OUT.json even where it holds more rows than this run')
+
+
+class Refused(Exception):
+  """A write that would replace a result file holding more rows than the new result."""
+
+
+def rows_in(path: str) -> Optional[int]:
+  """The number of rows of the result file `path` (None: no such file, or not a result)."""
+  try:
+    with open(path) as f:
+      old = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return len(old['rows']) if isinstance(old, dict) and isinstance(old.get('rows'), list) else None
+
+
+def check_replace(out: str, result: Any, force: bool = False) -> None:
+  """Raises `Refused` where `out + '.json'` holds more rows than `result` and not `force`."""
+  old = rows_in(out + '.json')
+  new = len(result['rows']) if isinstance(result, dict) and 'rows' in result else None
+  if not force and old is not None and new is not None and new < old:
+    raise Refused(f'{out}.json holds {old} rows and this run {new}: not replaced (--force '
+                  'replaces it, --out writes elsewhere)')
 
 
 def command(file: str, argv: Optional[Sequence[str]] = None) -> str:
@@ -209,23 +249,25 @@ def write_lines(path: str, lines: Sequence[str]) -> None:
     f.write('\n'.join(lines) + '\n')
 
 
-def write_report(out: str, result: Dict[str, Any], lines: List[str]) -> None:
-  """Writes a benchmark's `result` to `out + '.json'` and its markdown `lines` to `out + '.md'`."""
+def write_report(out: str, result: Dict[str, Any], lines: List[str], force: bool = False,
+                 partial: bool = False) -> None:
+  """Writes a benchmark's `result` to `out + '.json'` and its markdown `lines` to `out + '.md'`.
+
+  Where `out.json` holds more rows than `result` (`check_replace`) and not `force`: with `partial`
+  (a run's intermediate write, rewritten after each cell) nothing is written; otherwise the result
+  goes to `run_dir()/refused/` instead and `SystemExit` says so in one line (exit status 1)."""
+  try:
+    check_replace(out, result, force)
+  except Refused as e:
+    if partial:
+      return
+    kept = os.path.join(run_dir(), 'refused', os.path.basename(out))
+    write_json(kept, result)
+    write_markdown(kept + '.md', lines, result['machine'])
+    print(f'benchmarks: error: {e}; this run\'s result is in {kept}.json', file=sys.stderr)
+    raise SystemExit(1) from None
   write_json(out, result)
   write_markdown(out + '.md', lines, result['machine'])
-
-
-def measure_and_write(file: str, parser: argparse.ArgumentParser, argv: Optional[Sequence[str]],
-                      measure: Callable[[argparse.Namespace], List[Dict[str, Any]]],
-                      markdown: Callable[[Dict[str, Any]], List[str]]) -> int:
-  """A benchmark's `main`: adds `--out` to `parser`, parses `argv`, runs `measure(args)` (its
-  rows) and writes `results` as OUT.json and `markdown(result)` as OUT.md."""
-  add_out_argument(parser, file)
-  args = parser.parse_args(argv)
-  before = os.getloadavg()
-  result = results(file, argv, measure(args), before)
-  write_report(args.out, result, markdown(result))
-  return 0
 
 
 def write_markdown(path: str, lines: List[str], machine_info: Dict[str, Any]) -> None:
@@ -234,6 +276,24 @@ def write_markdown(path: str, lines: List[str], machine_info: Dict[str, Any]) ->
                              f'JAX {machine_info["jax"]} on {", ".join(machine_info["devices"])} '
                              f'({machine_info.get("device_kind", "?")}).', '',
                              '```', *machine_info['lscpu_head'], '```', machine_info['note']])
+
+
+def interleaved(runs: Dict[str, Callable[[], Any]], repeats: int,
+                order: Sequence[str] = (), shuffle: bool = False) -> Dict[str, List[float]]:
+  """Seconds of each run, `repeats` rounds after one untimed (compile) call each, the methods in
+  turn (in `order`, default `runs`') with the order rotated every round, or with `shuffle` in a
+  new random order every round (seeded), so that a change in the machine's load falls on all
+  alike and no method always follows the same one."""
+  names = list(order or runs)
+  for name in names:
+    jax.block_until_ready(runs[name]())
+  times = {name: [] for name in names}
+  orders = np.random.default_rng(0)
+  for r in range(repeats):
+    for name in ([names[i] for i in orders.permutation(len(names))] if shuffle else
+                 names[r % len(names):] + names[:r % len(names)]):
+      times[name].append(seconds(runs[name]))
+  return times
 
 
 # ----------------------------------------------------------------------------- A/B protocol

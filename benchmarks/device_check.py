@@ -1,49 +1,59 @@
-"""The accelerator evidence as one clock-bounded call: `benchmarks/device_check.sh bench`
-(`study`: the gpu reproduction in one call, `benchmarks/device_study.py`).
+"""Does it hold on an accelerator? The accelerator evidence as one clock-bounded device call.
 
-  python -m benchmarks.device_check bench [--out DIR] [--budget SECONDS] [--size full|nano]
+  bash benchmarks/device_check.sh bench     # the benchmark parts below: summary.{json,md}
+  bash benchmarks/device_check.sh study     # the gpu reproduction (`reproduce --preset gpu`)
+  bash benchmarks/device_check.sh kit       # here, before a study: builds gpu_kit/ to carry
+  python -m benchmarks.device_check bench|study [--out DIR] [--budget SECONDS] [--size full|nano]
 
-Runs the parts of `PARTS` in order, each a benchmark module in a child process whose time limit is
-what is left of `--budget` (wall seconds from this command's start, default 330, so that with the
-machine's start and the transfers a call stays within 6 minutes), minus `RESERVE` for writing. A
-part the clock cuts keeps the rows it printed (every benchmark prints each JSON row the moment it
-is measured), a part with too little time left is skipped, and the summary says which. After every
-part `summary.{json,md}` are rewritten, so a call killed from outside still leaves them; at the
-end every part's JSON/Markdown and log are packed into `device_check_bench.tar.gz` (a device call
-brings back at most 8 files). The summary table, printed last, holds each goal of the accelerator
-issue beside its figure:
+Without `--out` (or `$OUT`) the summary goes to `runs/benchmarks/device_check_MODE`.
 
-  decode      batch-1 decode, bf16 weights cast once, 2048 input tokens, XXL / large / XL shapes at
-              G = H, 8, 1 (XXL first: GQA Figure 6) in the layout decoding uses (unrolled,
-              `models.layout.DECODE_LAYOUT`): ms/step against the bandwidth bound (goal <= 1.3x)
-  layouts     (only with --parts layouts) the same step, large at G = 8, unrolled and scanned side
-              by side: which layout is faster (unrolled, 2026-11-26, H200: 2.13 vs 2.30 ms)
+bench: runs the parts of `PARTS` in order, each a benchmark module in a child process whose time
+limit is what is left of `--budget` (wall seconds from this command's start, default 330, so that
+with the machine's start and the transfers a call stays within 6 minutes), minus `RESERVE_S` for
+writing. A part the clock cuts keeps the rows it printed (every benchmark prints each JSON row the
+moment it is measured), a part with too little time left is skipped, and the summary says which.
+After every part `summary.{json,md}` are rewritten, so a call killed from outside still leaves them;
+at the end every part's JSON/Markdown and log are packed into `device_check_bench.tar.gz` (a device
+call brings back at most 8 files). The summary table holds each goal of the accelerator issue
+beside its figure:
+
+  decode      batch-1 decode (`benchmarks/decode.py`), bf16 weights cast once, 2048 input tokens,
+              XXL / large / XL shapes at G = H, 8, 1: ms/step against the bandwidth bound
+              (goal <= 1.3x)
+  layouts     (only with --parts layouts) the same step, large at G = 8, unrolled and scanned
   hf          greedy batch-1 tokens/s against HF transformers' `generate`, T5.1.1-large, same
-              weights (goal >= 2x)
-  costs       c and v(gamma) for a T5.1.1-large target with a T5.1.1-small draft and a 2-layer one
-              (one process: the target's steps are measured once)
-  train       the train step, T5.1.1-base (batch 128) and -large (batch 64), finetune shapes, bf16,
-              scanned, remat 'minimal': tokens/s and the fraction of the measured bf16 matmul rate
-              (goal >= 40%)
+              weights (`decode.py --hf`; goal >= 2x)
+  train       the train step (`benchmarks/train_step.py`), T5.1.1-base (batch 128) and -large
+              (batch 64), finetune shapes, bf16, scanned, remat 'minimal': the fraction of the
+              measured bf16 matmul rate (goal >= 40%)
 
-`--size nano` runs a part at nano size (seconds on a CPU); `tests/scripts/test_device_check.py`
-runs one in the suite, a clock cut with a fake part, and the budget check: the default parts'
-estimates, the reserve and `START_S` fit the 6 minutes a call may take (`CALL_LIMIT_S`), and no
-estimate is below the seconds the part took in the committed run.
+`Part.estimate_s` holds the seconds each part is expected to take at full size (process start,
+compiles and writing included); the committed H200 run's are in
+`results/gpu/device_check_2026-11-26/summary.json`.
 
-Estimates (`Part.estimate_s`, seconds with the process start, compiles and writing included) are
-the seconds each part took on an H200 on 2026-11-26 (`results/gpu/device_check_2026-11-26/`):
-decode 93, train 41, train_large 38 from the driver's own summary; hf 56 s at 128 tokens, a warm-up
-and 2 timed runs (by hand in call 4; the part now decodes 64 tokens: 50 estimated); costs 62 s per
-draft when each ran in its own process (call 5), 95 estimated for both in one process (the
-target's compiles shared; not yet measured). An H100 has 0.7x the H200's bandwidth: its decode
-rows take longer to time but compile in the same seconds, which dominate.
+study: self-contained from a bare machine. Installs the kit's wheels (`gpu_kit/wheels`: what the
+device image lacks) into a private directory, unpacks the exported DDTP tasks
+(`gpu_kit/ddtp_export.tar.xz`), then runs
+
+  python -m gqa_spec reproduce --preset gpu --exported DATA --out RESULTS --work-dir WORK \\
+      --time-limit LEFT
+
+with XLA's GPU autotuning and Triton GEMMs off (`AUTOTUNE_OFF`). `LEFT` is what is left of
+`--budget` less `STUDY_RESERVE_S`; the reproduction stops cleanly at it (exit 75: finished stages and
+jobs kept) and the summary says which stage it reached. Whatever happened, `summary.{json,md}`
+(each stage's seconds, the quality and speed goals beside the figures, the claims table when the
+report stage ran) and `device_check_study.tar.gz` (the results directory, the work dir's job
+records, the run log) are left in `--out`. `STAGE_ESTIMATE_S` holds each stage's expected seconds.
+
+`--size nano` runs a part, or the study's preset at toy size (`NANO_SET`), on a CPU in seconds;
+`tests/scripts/test_device_check.py` and `test_device_study.py` run them in the suite.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
 import json
 import os
 import subprocess
@@ -52,6 +62,9 @@ import tarfile
 import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
+
+from gqa_spec import atomic
+from gqa_spec.reproduce.stages import STAGES
 
 BUDGET_S = 330  # wall seconds of the driver; a device call adds its start and transfers
 START_S = 30  # a device call's start and transfers, as measured (2026-11-26: 354 s held, 325 s run)
@@ -74,38 +87,31 @@ class Part:
 
 
 PARTS: List[Part] = [
-    Part('decode', 'decode_roofline',
+    Part('decode', 'decode',
          ('--presets', 'xxl,large,xl', '--kv', 'mha,gqa8,mqa', '--batch', '1',
           '--input-length', '2048', '--steps', '32', '--repeats', '3', '--shaped-setup', *BF16),
          ('--presets', 'nano', '--kv', 'mha,mqa', '--batch', '1', '--input-length', '16',
           '--steps', '8', '--repeats', '2', '--shaped-setup', *BF16),
          cap_s=130, estimate_s=93, goal='step <= 1.3x the bandwidth bound'),
-    Part('layouts', 'decode_roofline',
+    Part('layouts', 'decode',
          ('--presets', 'large', '--kv', 'gqa8', '--layouts', 'unrolled,scanned', '--batch', '1',
           '--input-length', '2048', '--steps', '32', '--repeats', '3', '--shaped-setup', *BF16),
          ('--presets', 'nano', '--kv', 'mha', '--layouts', 'unrolled,scanned', '--batch', '1',
           '--input-length', '16', '--steps', '8', '--repeats', '2', '--shaped-setup', *BF16),
          cap_s=40, estimate_s=20, goal='decode in the faster layout', default=False),
-    Part('hf', 'hf_decode',
-         ('--preset', 'large', '--max-decode-len', '64', '--repeats', '2', '--shaped-setup',
-          *BF16),
-         ('--preset', 'nano', '--max-decode-len', '8', '--input-length', '16', '--repeats', '2',
-          '--shaped-setup', *BF16),
-         cap_s=80, estimate_s=50, goal='ours >= 2x HF generate'),
-    Part('costs', 'speculative_costs',
-         ('--target-preset', 'large', '--draft-preset', 'small', '--draft-layers', 'all,2',
-          '--batch', '1', '--gammas', '3', '--repeats', '2', '--shaped-setup', *BF16),
-         ('--target-preset', 'nano', '--draft-preset', 'nano', '--draft-layers', 'all,1',
-          '--batch', '1', '--gammas', '2', '--max-decode-len', '8', '--input-length', '16',
-          '--repeats', '1', '--shaped-setup', *BF16),
-         cap_s=110, estimate_s=95, goal='c <= 0.1 (2-layer draft), v(gamma) ~ 1'),
-    Part('train', 'train_throughput',
+    Part('hf', 'decode',
+         ('--presets', 'large', '--kv', 'mha', '--batch', '1', '--input-length', '64',
+          '--steps', '8', '--repeats', '2', '--hf', '--hf-tokens', '64', '--shaped-setup', *BF16),
+         ('--presets', 'nano', '--kv', 'mha', '--batch', '1', '--input-length', '16',
+          '--steps', '8', '--repeats', '2', '--hf', '--hf-tokens', '8', '--shaped-setup', *BF16),
+         cap_s=90, estimate_s=60, goal='ours >= 2x HF generate'),
+    Part('train', 'train_step',
          ('--preset', 'base', '--settings', 'finetune', '--batch', '128', '--steps', '8',
           '--dtype', 'bfloat16', '--scan-layers', '--remat-policy', 'minimal'),
          ('--preset', 'nano', '--settings', 'finetune', '--batch', '4', '--steps', '2',
           '--scan-layers', '--remat-policy', 'minimal'),
          cap_s=60, estimate_s=41, goal='>= 40% of the bf16 matmul rate'),
-    Part('train_large', 'train_throughput',
+    Part('train_large', 'train_step',
          ('--preset', 'large', '--settings', 'finetune', '--batch', '64', '--steps', '6',
           '--dtype', 'bfloat16', '--scan-layers', '--remat-policy', 'minimal'),
          ('--preset', 'nano', '--settings', 'finetune', '--batch', '4', '--steps', '2',
@@ -169,22 +175,17 @@ def summary_lines(records: Sequence[Dict]) -> List[str]:
   for rec in records:
     name, rows = rec['part'], rec['rows']
     if name in ('decode', 'layouts'):
-      for r in rows:
+      for r in (r for r in rows if r.get('kind', 'step') == 'step'):
         ratio = r['ratio_to_bound']
         lines.append(f'| {name} | {r["preset"]} G={r["kv_heads"]} {r.get("layout", "unrolled")} '
                      f'(setup {r.get("setup_s", 0):.0f} s, compile {r.get("compile_s", 0):.0f} s) '
                      f'| {r["step_ms"]:.3f} ms/step, bound {r["bound_ms"]:.3f} ms = {ratio:.2f}x '
                      f'| <= 1.3x | {"met" if ratio <= 1.3 else "missed"} |')
     elif name == 'hf':
-      for r in rows:
+      for r in (r for r in rows if r.get('kind') == 'hf'):
         lines.append(f'| hf | {r["preset"]} greedy batch 1 | ours {r["ours_tokens_per_s"]:.0f} '
                      f'tok/s, HF {r["hf_tokens_per_s"]:.0f} tok/s = {r["speedup_vs_hf"]:.2f}x | '
                      f'>= 2x | {"met" if r["speedup_vs_hf"] >= 2 else "missed"} |')
-    elif name.startswith('costs'):
-      for r in rows:
-        lines.append(f'| {name} | batch {r.get("batch")} gamma {r.get("gamma")} | c = '
-                     f'{_fmt(r.get("c"), 3)}, v = {_fmt(r.get("v"))}, target step '
-                     f'{_fmt(r.get("target_step_ms"), 3)} ms | {rec["goal"]} | - |')
     elif name.startswith('train'):
       for r in rows:
         frac = r['fraction_of_peak']
@@ -260,28 +261,201 @@ def bench(out: str, size: str, budget: float, parts: Optional[Sequence[str]] = N
   return 0 if all(r['status'] == 'ok' for r in records) else 1
 
 
+# ----------------------------------------------------------------------------- study
+
+STUDY_RESERVE_S = 15  # kept back for the summary and the archive
+GRACE_S = 10  # the reproduction's limit ends this much before the driver kills it (it asks its
+# training job to stop min(30, S / 4) s before its limit: queued steps finish, a checkpoint)
+AUTOTUNE_OFF = '--xla_gpu_autotune_level=0 --xla_gpu_enable_triton_gemm=false'
+# Seconds per stage as the gpu preset's docstring budgets them (steps + compiles; 'setup': wheels,
+# unpacking, JAX's start): measured on an H200 where the stage ran (results/gpu/
+# device_study_2026-11-26/, scaled to the preset's steps), estimated where it did not.
+STAGE_ESTIMATE_S = {'setup': 5, 'corpus': 1, 'pretrain': 80, 'uptrain': 27, 'finetune': 66,
+                    'evaluate': 45, 'timing': 35, 'speculative': 45, 'report': 5}
+# The gpu preset at toy size (models and steps), for `--size nano` on a CPU.
+NANO_SET = ('vocab_pieces=300', 'target.vocab_size=512', 'target.emb_dim=32',
+            'target.num_heads=4', 'target.head_dim=8', 'target.mlp_dim=64',
+            'target.num_encoder_layers=1', 'target.num_decoder_layers=2', 'draft.vocab_size=512',
+            'draft.emb_dim=16', 'draft.num_heads=2', 'draft.head_dim=8', 'draft.mlp_dim=32',
+            'draft.num_encoder_layers=1', 'pretrain_steps=20', 'pretrain_batch=4',
+            'warmup_steps=5', 'kv_heads=2', 'timing_groups=2', 'finetune_steps=4',
+            'finetune_batch=4', 'eval_period=4', 'validation_examples=4', 'test_examples=4',
+            'eval_batch=4', 'timing_batch=2', 'timing_repeats=1', 'long_timing=32,8',
+            'speculative_examples=2', 'speculative_repeats=1', 'gammas=2', 'temperatures=0',
+            'draft_gammas=2', 'fast_compile_decoding=true', 'workers=2', 'eval_workers=2')
+GOALS = {'bleu': 20.0, 'rouge1': 35.0, 'speculative_speedup': 2.0}
+
+
+def study_estimated_total() -> int:
+  """Seconds the study is expected to take at full size, its reserve included."""
+  return sum(STAGE_ESTIMATE_S.values()) + STUDY_RESERVE_S
+
+
+def _install_kit(kit: str, site: str, log) -> Optional[str]:
+  """Installs the kit's wheels into `site`; returns it (None when the kit has no wheels)."""
+  wheels = sorted(glob.glob(os.path.join(kit, 'wheels', '*.whl')))
+  if not wheels:
+    return None
+  cmd = [sys.executable, '-m', 'pip', 'install', '-q', '--no-index', '--no-deps', '--no-compile',
+         '--no-cache-dir', '--upgrade', '--target', site, *wheels]
+  log.write('$ ' + ' '.join(cmd) + '\n')
+  log.flush()
+  subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=120)
+  return site
+
+
+def _unpack(kit: str, root: str) -> str:
+  """The exported tasks from the kit's archive, unpacked under `root`; their directory."""
+  archive = os.path.join(kit, 'ddtp_export.tar.xz')
+  if not os.path.isfile(archive):
+    raise SystemExit(f'{archive}: no exported tasks; build the kit with '
+                     'benchmarks/device_check.sh kit (or give --exported DIR)')
+  with tarfile.open(archive) as tar:
+    tar.extractall(root, filter='data')
+  return os.path.join(root, 'ddtp_export')
+
+
+def _stage_records(results: str) -> Dict[str, dict]:
+  """stage -> its record, for the stages that finished."""
+  out = {}
+  for name in STAGES:
+    path = os.path.join(results, f'{name}.json')
+    try:
+      with open(path) as f:
+        out[name] = json.load(f)
+    except (OSError, ValueError):
+      pass
+  return out
+
+
+def goal_rows(records: Dict[str, dict]) -> List[Dict[str, object]]:
+  """The accelerator issue's quality and speed goals beside the study's figures."""
+  rows = []
+  for r in records.get('evaluate', {}).get('rows', []):
+    if r.get('variant', '').startswith('mha') and r['metric'] in GOALS:
+      goal = GOALS[r['metric']]
+      rows.append({'what': f"MHA fine-tuned {r['metric']} ({r['task']}, test)",
+                   'figure': r['score'], 'goal': f'>= {goal:g}', 'met': r['score'] >= goal})
+  spec = records.get('speculative', {})
+  greedy = [r for key in ('rows', 'tree_rows', 'auto_rows') for r in spec.get(key, [])
+            if r['temperature'] == 0]
+  if greedy:
+    best = max(greedy, key=lambda r: r['speedup_measured'])
+    name = best['draft'] + (f" gamma {best['gamma']}" if 'gamma' in best else '')
+    rows.append({'what': f"speculative greedy batch 1 ({best['task']}, {best['target']}, best: "
+                         f"{name}, {best['tokens_per_call']:.2f} tokens per target call)",
+                 'figure': best['speedup_measured'],
+                 'goal': f">= {GOALS['speculative_speedup']:g}x greedy",
+                 'met': best['speedup_measured'] >= GOALS['speculative_speedup']})
+  return rows
+
+
+def study_summary_lines(meta: Dict, records: Dict[str, dict]) -> List[str]:
+  lines = [f'# Device check (study, size {meta["size"]})', '',
+           f'Command: `{meta["command"]}`. Device: {meta.get("device", "?")}; JAX '
+           f'{meta.get("jax", "?")}; {meta["date"]}; XLA_FLAGS `{meta["xla_flags"]}`. '
+           f'Reproduction exit status {meta.get("status")} ({meta.get("status_text")}); '
+           f'set-up {meta.get("setup_s", 0):.0f} s, whole call {meta.get("seconds", 0):.0f} s.',
+           '', '| stage | seconds (estimate) | |', '|---|---|---|']
+  for stage in STAGES:
+    rec = records.get(stage)
+    seconds = '-' if rec is None else f"{rec.get('wall_seconds', 0):.0f}"
+    lines.append(f'| {stage} | {seconds} ({STAGE_ESTIMATE_S.get(stage, "-")}) | '
+                 f'{"done" if rec else "not reached"} |')
+  lines += ['', '| goal | figure | target | verdict |', '|---|---|---|---|']
+  for g in goal_rows(records):
+    lines.append(f"| {g['what']} | {g['figure']:.2f} | {g['goal']} | "
+                 f"{'met' if g['met'] else 'missed'} |")
+  claims = records.get('report', {}).get('claims', [])
+  if claims:
+    lines += ['', '| claim | ours | verdict |', '|---|---|---|']
+    lines += [f"| {c['key']}: {c['claim']} | {c['ours']} | {c['verdict']} |" for c in claims]
+  return lines
+
+
+def study(out: str, size: str, budget: float, kit: str = 'gpu_kit',
+          exported: Optional[str] = None, root: Optional[str] = None,
+          extra_set: Sequence[str] = ()) -> int:
+  """Runs the study under the clock; leaves `summary.{json,md}` and the archive in `out`."""
+  start = time.monotonic()
+  os.makedirs(out, exist_ok=True)
+  root = root or tempfile.mkdtemp(prefix='device_study_')
+  os.makedirs(root, exist_ok=True)
+  results, work, log_path = (os.path.join(root, n) for n in ('results', 'work', 'study.log'))
+  env = dict(os.environ, PYTHONUNBUFFERED='1')
+  if size == 'full':
+    env['XLA_FLAGS'] = f"{AUTOTUNE_OFF} {env.get('XLA_FLAGS', '')}".strip()
+  meta = {'mode': 'study', 'size': size, 'budget_s': budget,
+          'command': 'python -m benchmarks.device_check ' + ' '.join(sys.argv[1:]),
+          'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
+          'xla_flags': env.get('XLA_FLAGS', '')}
+  with open(log_path, 'a') as log:
+    site = _install_kit(kit, os.path.join(root, 'site'), log)
+    if site:
+      env['PYTHONPATH'] = os.pathsep.join(p for p in (site, env.get('PYTHONPATH')) if p)
+    exported = exported or _unpack(kit, os.path.join(root, 'data'))
+    meta.update(_device())
+    meta['setup_s'] = time.monotonic() - start
+    left = budget - (time.monotonic() - start) - STUDY_RESERVE_S
+    sets = [a for s in (*(NANO_SET if size == 'nano' else ()), *extra_set) for a in ('--set', s)]
+    cmd = [sys.executable, '-m', 'gqa_spec', 'reproduce', '--preset', 'gpu', *sets,
+           '--exported', exported, '--out', results, '--work-dir', work,
+           '--time-limit', f'{max(left - GRACE_S, 1):.0f}']
+    log.write('$ ' + ' '.join(cmd) + '\n')
+    log.flush()
+    print(f'== study (time limit {max(left - GRACE_S, 1):.0f} s)', flush=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    try:
+      status = proc.wait(timeout=max(left, 1))
+      text = {0: 'finished', 75: 'stopped by its time limit'}.get(status, 'failed')
+    except subprocess.TimeoutExpired:
+      os.killpg(proc.pid, 9)
+      proc.wait()
+      status, text = None, f'killed after {left:.0f} s'
+  meta.update(status=status, status_text=text, seconds=time.monotonic() - start)
+  records = _stage_records(results)
+  lines = study_summary_lines(meta, records)
+  atomic.write_json(os.path.join(out, 'summary.json'),
+                    {**meta, 'stages': {k: v.get('wall_seconds') for k, v in records.items()},
+                     'goals': goal_rows(records),
+                     'claims': records.get('report', {}).get('claims', [])}, indent=1)
+  atomic.write_text(os.path.join(out, 'summary.md'), '\n'.join(lines) + '\n')
+  with atomic.open_for_write(os.path.join(out, 'device_check_study.tar.gz'), 'wb') as f, \
+       tarfile.open(fileobj=f, mode='w:gz') as tar:
+    if os.path.isdir(results):
+      tar.add(results, arcname='results')
+    if os.path.isdir(os.path.join(work, 'jobs')):
+      tar.add(os.path.join(work, 'jobs'), arcname='work/jobs')
+    tar.add(log_path, arcname='study.log')
+  print('\n'.join(lines), flush=True)
+  return 0 if status == 0 else 1
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   p.add_argument('mode', choices=('bench', 'study'),
-                 help='bench: this module; study: the gpu reproduction (benchmarks/device_study.py)')
+                 help='bench: the benchmark parts; study: the gpu reproduction')
   p.add_argument('--out', default=None,
                  help='where the summary and the archive go (default $OUT, else '
-                      'results/gpu/device_check_MODE)')
+                      'runs/benchmarks/device_check_MODE)')
   p.add_argument('--size', default='full', choices=('full', 'nano'))
   p.add_argument('--budget', type=float, default=BUDGET_S)
   p.add_argument('--parts', default=None, help='bench: comma list: run only these parts')
   p.add_argument('--work', default=None,
                  help="bench: the parts' own files; study: its data, models and results "
                       '(default: a temporary dir)')
-  p.add_argument('--kit', default='gpu_kit', help='study: the kit (benchmarks/gpu_study_kit.sh)')
+  p.add_argument('--kit', default='gpu_kit', help='study: the kit (device_check.sh kit)')
   p.add_argument('--exported', default=None, help="study: exported tasks in place of the kit's")
   p.add_argument('--set', dest='sets', action='append', default=[],
                  help='study: a preset override (KEY=VALUE), as `reproduce --set`')
   args = p.parse_args(argv)
-  out = args.out or os.environ.get('OUT') or f'results/gpu/device_check_{args.mode}'
+  if not (args.out or os.environ.get('OUT')):
+    from benchmarks import common  # pylint: disable=g-import-not-at-top  (imports JAX)
+    args.out = os.path.join(common.run_dir(), f'device_check_{args.mode}')
+  out = args.out or os.environ['OUT']
   if args.mode == 'study':
-    from benchmarks import device_study  # pylint: disable=g-import-not-at-top
-    return device_study.study(out, args.size, args.budget, args.kit, args.exported, args.work,
+    return study(out, args.size, args.budget, args.kit, args.exported, args.work,
                               args.sets)
   return bench(out, args.size, args.budget, args.parts.split(',') if args.parts else None,
                args.work)

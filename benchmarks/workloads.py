@@ -1,5 +1,5 @@
 """What the benchmarks measure: random-init models, the built-in demo speculative pair, synthetic
-inputs and bigram drafts, and the train settings with their stated FLOPs.
+and task inputs, bigram drafts, and the train settings with their stated FLOPs.
 
 Train settings (`SETTINGS`) are the `cpu` reproduction preset's train steps of the `mini` target, on
 synthetic packed batches of the preset's shapes (`gqa_spec.training.data.synthetic_batches`, so
@@ -18,7 +18,7 @@ the padded batch.
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -151,6 +151,35 @@ def synthetic_inputs(n: int, length: int, vocab: int, seed: int) -> np.ndarray:
     out[i, :m - 1] = rng.randint(2, min(vocab, 1000), size=m - 1)
     out[i, m - 1] = 1
   return out
+
+
+def task_inputs(task: str, data_dir: str, n: int, input_length: int,
+                max_decode_len: int, splits: Sequence[str] = ('test',)) -> np.ndarray:
+  """`[n, input_length]` the first n inputs of the DDTP `task` over `data_dir`, or of an exported
+  task (`exported:DIR/TASK`, `gqa-spec data export`: read without TensorFlow or seqio, as on the
+  GPU machine; `data_dir` unused): those of `splits` in turn (a split's inputs all before the
+  next's), so that a run can decode more batches than the test split holds."""
+  from gqa_spec.data import exported  # pylint: disable=g-import-not-at-top
+  lengths = {'inputs': input_length, 'targets': max_decode_len}
+  rows = []
+  if exported.is_exported(task):
+    (exp,), _ = exported.resolve(task)
+    for split in splits:
+      if len(rows) < n:
+        for _, feats in exported.eval_batches(exp, split, lengths, n - len(rows), n - len(rows)):
+          rows.extend(np.asarray(feats['encoder_input_tokens'], np.int32))
+  else:
+    from gqa_spec.data import batches, tasks  # pylint: disable=g-import-not-at-top  (TensorFlow)
+    tasks.register_ddtp_tasks(data_dir)
+    for split in splits:
+      if len(rows) < n:
+        ds = batches.get_dataset(task, split, lengths, pack=False)
+        rows.extend(ex['encoder_input_tokens'] for ex in ds.take(n - len(rows)).as_numpy_iterator())
+  if len(rows) < n:
+    raise SystemExit(f'{task} has {len(rows)} inputs in its {"+".join(splits)} split(s), '
+                     f'{n} asked for (--examples, twice with --confirm; --splits reads more)')
+  return np.stack(rows[:n]).astype(np.int32)
+
 
 
 def output_bigram(model: Transformer, params, input_length: int, max_decode_len: int):

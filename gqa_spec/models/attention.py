@@ -10,7 +10,7 @@ keys and then `[batch, G, k, d]` values, so the bytes read per decode step scale
 That is the whole point of GQA. Keys are kept transposed (`d` before `k`) so that both contractions
 are plain batched matmuls in XLA's standard dot layout (`[B, M, K] x [B, K, N]`): any other layout
 makes XLA:CPU copy or transpose the whole K/V per call or leave its fast matmul path, and the step
-time then stops following the bytes (measured in `benchmarks/decode_roofline.py`).
+time then stops following the bytes (measured in `benchmarks/decode.py`).
 
 Decode cache (the design's centre), per attention layer, in flax's 'cache' collection:
   self-attention:   cached_key [batch, G, head_dim, max_length], cached_value [batch, G, max_length, head_dim]

@@ -94,7 +94,7 @@ class Plan:
 
 
 # micro's train step took 0.47x mini's at 16 x 128/32 (1.10-1.14 s vs 2.33-2.42 s, alternating,
-# `python -m benchmarks.train_throughput --preset {micro,mini} --settings pretrain --steps 4`, load ~2.7):
+# `python -m benchmarks.train_step --preset {micro,mini} --settings pretrain --steps 4`, load ~2.7):
 # 1000 mini steps buy ~2100 micro steps.
 MICRO_STEPS = 2000
 # The cpu plan's target sweeps before the size sweep trained `mini` (the preset's target then):

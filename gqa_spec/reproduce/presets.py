@@ -380,13 +380,13 @@ def _gpu() -> Preset:
   with 16 heads of 48 (T5.1.1 base has 12 of 64) so that G in {1, 4, 16} exist; trained scanned
   (`GPU_MODEL_FIELDS`: one compiled layer), decoded unrolled (`models.layout.for_decoding`). Its
   batch-1 step is launch-bound by depth (~80 us per decoder layer measured on an H200,
-  results/benchmarks/decode_roofline_b1_gpu.md: ~1 ms for 12 layers); the draft is nano with one
+  results/benchmarks/decode_gpu.md: ~1 ms for 12 layers); the draft is nano with one
   decoder layer, c ~0.07-0.1 (a 2-layer draft of a 24-layer target measured c = 0.069,
   speculative_costs_large_2layer_gpu.md).
 
   Budget: stage seconds measured on one H200 (JAX 0.11.2, 2026-11-26, results/gpu/
   device_study_2026-11-26/: the study's third device call, at the sizes in brackets), then scaled.
-  XLA's GPU autotuning is off and its Triton GEMM emitter too (`device_study.AUTOTUNE_OFF`): with
+  XLA's GPU autotuning is off and its Triton GEMM emitter too (`benchmarks/device_check.py`'s `AUTOTUNE_OFF`): with
   autotuning alone off, Triton's default tiles made the target's train step ~1 s instead of
   ~0.1 s (the first call: 235 of 500 pre-training steps in 4 minutes); with both off a base train
   step compiles in 17.5 s and runs in 0.068 s (0.065 s autotuned, call 2). `workers = 4` and
@@ -404,7 +404,7 @@ def _gpu() -> Preset:
     speculative translate, MHA, 16 examples at batch 1, gamma 3 and 5 and one tree, T = 0 and 1,
                2 repeats: ~8 loop compiles + step-time probes: ~45 (not measured)
     report     ~5
-  = ~307 s of the driver's 330 (`device_study.STAGE_ESTIMATE_S`, checked against these by
+  = ~307 s of the driver's 330 (`STAGE_ESTIMATE_S` in `benchmarks/device_check.py`, checked against these by
   tests/scripts/test_device_study.py). The driver stops the run cleanly at its limit
   (`reproduce --time-limit`) and returns what finished. Quality at call 3's sizes (validation,
   128 examples, after 500 + 150 steps): MHA BLEU 3.2 / ROUGE-1 12.3, GQA-4 3.9 / 12.5, MQA 2.9 /

@@ -34,7 +34,7 @@ def cross_entropy_with_logits(logits: jax.Array, targets: jax.Array,
   log_z = jax.nn.logsumexp(logits, axis=-1)  # [batch, length]
   # A one-hot product rather than `take_along_axis`: its gradient is an elementwise select that
   # fuses into the softmax's backward pass, where the gather's would be a scatter-add into a fresh
-  # `[batch, length, vocab]` array (a serial loop on XLA:CPU; see benchmarks/train_throughput.py).
+  # `[batch, length, vocab]` array (a serial loop on XLA:CPU; see benchmarks/train_step.py).
   one_hot = targets[..., None] == jnp.arange(logits.shape[-1], dtype=targets.dtype)  # [b, l, V]
   target_logits = jnp.sum(jnp.where(one_hot, logits, 0.0), axis=-1)  # [batch, length]
   z_part = z_loss * jnp.square(log_z)

@@ -40,7 +40,7 @@ LOSS_WEIGHTS = 'decoder_loss_weights'
 # elementwise code) or 'rbg' (XLA's RngBitGenerator for the bits; split/fold_in by threefry, as
 # t5x configures). Only dropout keys use it; parameter initialisation keeps JAX's default. rbg
 # made the finetune step (mini, 16 x 64/64, dropout 0.1) 1.33x faster in an interleaved A/B on
-# this CPU (results/benchmarks/train_throughput_rbg.md); resume stays bitwise-exact
+# this CPU (results/benchmarks/train_throughput_rbg.md, at commit 692fd3e); resume stays bitwise-exact
 # (tests/training/test_resume.py) and sharded == single-device (tests/training/test_sharding.py).
 DROPOUT_PRNG_IMPL = 'rbg'
 

@@ -16,15 +16,15 @@ def test_child_argv_drops_the_ab_arguments_in_both_spellings():
 
 
 def test_children_run_the_benchmark_module_without_the_working_directory_first():
-  file = os.path.join(common.REPO, 'benchmarks', 'decode_roofline.py')
+  file = os.path.join(common.REPO, 'benchmarks', 'decode.py')
   cmd = common.child_command(file, '/tmp/rows.json', ['--kv', 'mqa'])
   # -P: the child's `gqa_spec` is the one first on PYTHONPATH, not the working directory's.
-  assert cmd == [sys.executable, '-P', '-m', 'benchmarks.decode_roofline', '--child-out',
+  assert cmd == [sys.executable, '-P', '-m', 'benchmarks.decode', '--child-out',
                  '/tmp/rows.json', '--kv', 'mqa']
-  assert common.command(file, ['--kv', 'mqa']) == 'python -m benchmarks.decode_roofline --kv mqa'
-  assert common.command(file, []) == 'python -m benchmarks.decode_roofline'
+  assert common.command(file, ['--kv', 'mqa']) == 'python -m benchmarks.decode --kv mqa'
+  assert common.command(file, []) == 'python -m benchmarks.decode'
   assert common.command(file, ['--trees', 'topk:2;best:4']) == (
-      "python -m benchmarks.decode_roofline --trees 'topk:2;best:4'")
+      "python -m benchmarks.decode --trees 'topk:2;best:4'")
 
 
 def test_a_child_imports_the_gqa_spec_of_its_code_dir_from_the_repository_root(tmp_path):

@@ -1,4 +1,4 @@
-"""`benchmarks/device_check.sh study` (`benchmarks/device_study.py`): the budget check on its
+"""`benchmarks/device_check.sh study` (the study half of `benchmarks/device_check.py`): the budget check on its
 stage estimates, a run the clock stops at once, and the whole gpu reproduction at nano size on the
 CPU from exported tasks, with the summary and the archive a device call brings back."""
 
@@ -9,7 +9,6 @@ import sys
 import tarfile
 
 from benchmarks import device_check as dc
-from benchmarks import device_study as ds
 from gqa_spec.reproduce import presets
 from gqa_spec.reproduce.stages import STAGES
 
@@ -17,10 +16,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_the_study_fits_one_six_minute_call():
-  assert ds.estimated_total() + dc.START_S <= dc.CALL_LIMIT_S
-  assert ds.estimated_total() <= ds.BUDGET_S
+  assert dc.study_estimated_total() + dc.START_S <= dc.CALL_LIMIT_S
+  assert dc.study_estimated_total() <= dc.BUDGET_S
   # every stage the preset runs has an estimate; the drafts stage is skipped (trained_drafts)
-  assert set(ds.STAGE_ESTIMATE_S) == {'setup', *STAGES} - {'drafts'}
+  assert set(dc.STAGE_ESTIMATE_S) == {'setup', *STAGES} - {'drafts'}
   assert not presets.get('gpu').trained_drafts
 
 
@@ -37,11 +36,11 @@ def test_no_estimate_is_below_what_the_stage_took_on_the_gpu():
            'finetune': now.finetune_steps / then['finetune_steps']}
   checked = 0
   for stage, seconds in measured['stages'].items():
-    if stage in ds.STAGE_ESTIMATE_S and seconds:
-      assert ds.STAGE_ESTIMATE_S[stage] >= seconds * scale.get(stage, 1.0) - 1, stage
+    if stage in dc.STAGE_ESTIMATE_S and seconds:
+      assert dc.STAGE_ESTIMATE_S[stage] >= seconds * scale.get(stage, 1.0) - 1, stage
       checked += 1
   assert checked == 3  # pretrain, uptrain, finetune ran whole there
-  assert ds.STAGE_ESTIMATE_S['setup'] >= measured['setup_s']
+  assert dc.STAGE_ESTIMATE_S['setup'] >= measured['setup_s']
 
 
 def _study(tmp_path, exported, budget, *extra):
@@ -60,13 +59,13 @@ def _study(tmp_path, exported, budget, *extra):
 
 def test_a_study_the_clock_stops_still_leaves_its_summary(tiny_gpu_export, tmp_path):
   # 1 s of reproduction: it stops itself (exit 75) or is killed GRACE_S later, before fine-tuning
-  proc, summary, names, md = _study(tmp_path, tiny_gpu_export, ds.RESERVE_S + ds.GRACE_S + 1)
+  proc, summary, names, md = _study(tmp_path, tiny_gpu_export, dc.STUDY_RESERVE_S + dc.GRACE_S + 1)
   assert proc.returncode == 1, proc.stdout[-2000:]
   assert (summary['status'], summary['status_text']) in (
       (75, 'stopped by its time limit'), (None, summary['status_text']))
   assert summary['status'] == 75 or summary['status_text'].startswith('killed after')
   assert 'finetune' not in summary['stages'] and 'study.log' in names
-  assert f"| finetune | - ({ds.STAGE_ESTIMATE_S['finetune']}) | not reached |" in md
+  assert f"| finetune | - ({dc.STAGE_ESTIMATE_S['finetune']}) | not reached |" in md
 
 
 def test_the_study_runs_whole_at_nano_size(tiny_gpu_export, tmp_path):
