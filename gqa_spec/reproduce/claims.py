@@ -88,6 +88,8 @@ class Claim:
   interval: str = '-'
   verdict: str = NOT_RUN
   why: str = ''
+  text_metric: str = '-'  # quality claims decided on the likelihood: BLEU / ROUGE-1's statistic,
+                          # interval and verdict
 
 
 def _fmt(x: float) -> str:
@@ -110,17 +112,49 @@ def _direction(low: float, high: float) -> Tuple[str, str]:
 # Quality (claims 1-3).
 
 
-class Quality:
-  """The evaluate stage's target rows by (kv_heads, method, alpha) and the trivial baselines."""
+LIKELIHOOD = 'loglik'  # the statistic quality claims are decided on, where the rows have it
+_TEXT = 'score'  # the task's own metric of greedy decoding (BLEU / ROUGE-1)
 
-  def __init__(self, evaluate: Mapping):
+
+def _view(row: Mapping, source: str) -> Optional[Tuple[str, float, Optional[Mapping]]]:
+  """`(metric, score, per_example or None)` of an evaluate row under `source` (`LIKELIHOOD` or
+  `_TEXT`); None when the row has no such statistic."""
+  if source == _TEXT:
+    return row['metric'], row['score'], row.get('per_example')
+  entry = row.get('likelihood')
+  if entry is None:
+    return None
+  return LIKELIHOOD, entry['loglik'], entry.get('per_example')
+
+
+class Quality:
+  """The evaluate stage's target rows by (kv_heads, method, alpha) and the trivial baselines.
+
+  `source`: which statistic the comparisons use: `LIKELIHOOD` (teacher-forced nats per target
+  token, gated on the unigram language model) or `_TEXT` (BLEU / ROUGE-1, gated on the copy /
+  first-sentence baselines)."""
+
+  def __init__(self, evaluate: Mapping, source: str = _TEXT):
     rows = evaluate.get('rows', [])
+    self.source = source
     self.models = [r for r in rows if r.get('model', 'target') == 'target']
-    self.baselines = ([r for r in rows if r.get('model') == 'baseline']
-                      + list(evaluate.get('baselines', [])))
+    baselines = ([r for r in rows if r.get('model') == 'baseline']
+                 + list(evaluate.get('baselines', [])))
+    # a baseline serves the source it was scored in: the unigram LM the likelihood, the rest BLEU /
+    # ROUGE (a baseline row's `metric` names it)
+    self.baselines = [b for b in baselines
+                      if (b.get('metric') == LIKELIHOOD) == (source == LIKELIHOOD)]
     self.tasks = sorted({r['task'] for r in self.models})
     self.num_heads = max((r['kv_heads'] for r in self.models if r.get('method') is None),
                          default=None)
+
+  def fmt(self, x: float) -> str:
+    return f'{x:+.3f}' if self.source == LIKELIHOOD else _fmt(x)
+
+  def ci(self, low: float, high: float) -> str:
+    if self.source == LIKELIHOOD:
+      return f'[{low:+.3f}, {high:+.3f}]'
+    return _ci(low, high)
 
   def find(self, kv_heads: Optional[int], method: Optional[str],
            alpha: Optional[float]) -> Dict[str, Mapping]:
@@ -144,21 +178,23 @@ class Quality:
               gate: bool = True) -> Claim:
     """Fills `claim` from `sum weight * score` over `terms` `(name, task -> row, weight)`; with
     `gate`, the verdict needs every model to beat the trivial baselines."""
-    missing = [name for name, rows, _ in terms if any(t not in rows for t in self.tasks)]
+    missing = [name for name, rows, _ in terms
+               if any(t not in rows or _view(rows[t], self.source) is None for t in self.tasks)]
     if missing or not self.tasks:
       claim.why = f"not evaluated: {', '.join(missing) or 'no models'}"
       return claim
     weights = {name: w for name, _, w in terms}
-    point = sum(w * rows[t]['score'] for _, rows, w in terms for t in self.tasks) / len(self.tasks)
-    claim.ours = _fmt(point)
-    if any('per_example' not in rows[t] for _, rows, _ in terms for t in self.tasks):
+    views = {(name, t): _view(rows[t], self.source) for name, rows, _ in terms for t in self.tasks}
+    point = sum(w * views[(name, t)][1] for name, _, w in terms for t in self.tasks) / len(self.tasks)
+    claim.ours = self.fmt(point)
+    if any(v[2] is None for v in views.values()):
       claim.verdict, claim.why = UNRESOLVED, 'no per-example scores: no interval'
       return claim
-    per_task = [(terms[0][1][t]['metric'],
-                 {name: bootstrap.decode(rows[t]['metric'], rows[t]['per_example'])
-                  for name, rows, _ in terms}) for t in self.tasks]
+    per_task = [(views[(terms[0][0], t)][0],
+                 {name: bootstrap.decode(views[(name, t)][0], views[(name, t)][2])
+                  for name, _, _ in terms}) for t in self.tasks]
     point, low, high = bootstrap.paired_bootstrap(per_task, weights)
-    claim.ours, claim.interval = _fmt(point), _ci(low, high)
+    claim.ours, claim.interval = self.fmt(point), self.ci(low, high)
     claim.verdict, claim.why = _direction(low, high)
     failed = gate and self.baseline_gate([(name, rows) for name, rows, _ in terms])
     if failed:
@@ -174,25 +210,46 @@ class Quality:
       if not base:
         return f'no baseline for {t}'
       best = max(base, key=lambda b: b['score'])
+      best_view = (_view(best, self.source) if self.source == LIKELIHOOD
+                   else (best['metric'], best['score'], best.get('per_example')))
       for name, rows in models:
-        r = rows[t]
-        if 'per_example' in best and 'per_example' in r:
-          metric = r['metric']
+        metric, score, per_example = _view(rows[t], self.source)
+        if best_view[2] is not None and per_example is not None:
           _, low, _ = bootstrap.paired_bootstrap(
-              [(metric, {'m': bootstrap.decode(metric, r['per_example']),
-                         'b': bootstrap.decode(metric, best['per_example'])})], {'m': 1, 'b': -1})
+              [(metric, {'m': bootstrap.decode(metric, per_example),
+                         'b': bootstrap.decode(metric, best_view[2])})], {'m': 1, 'b': -1})
           beaten = low > 0
         else:
-          beaten = r['score'] > best['score']
+          beaten = score > best_view[1]
         if not beaten:
-          return (f"{name} ({r['score']:.2f}) does not clearly beat the {best.get('label', 'baseline')} "
-                  f"baseline ({best['score']:.2f}) on {t}")
+          return (f"{name} ({score:.2f}) does not clearly beat the {best.get('label', 'baseline')} "
+                  f"baseline ({best_view[1]:.2f}) on {t}")
     return ''
 
 
+def has_likelihood(evaluate: Mapping) -> bool:
+  """Whether every evaluated target has the teacher-forced likelihood (stages before 2026-12-07
+  did not compute it)."""
+  models = Quality(evaluate).models
+  return bool(models) and all('likelihood' in r for r in models)
+
+
 def quality_claims(evaluate: Mapping, alpha: float) -> List[Claim]:
-  """Claims 1-3 at uptraining proportion `alpha` (the paper's 0.05 where the preset has it)."""
-  q = Quality(evaluate)
+  """Claims 1-3 at uptraining proportion `alpha` (the paper's 0.05 where the preset has it),
+  decided on the teacher-forced likelihood where the rows have it, with the BLEU / ROUGE-1
+  statistic and its verdict beside each (`Claim.text_metric`); else on BLEU / ROUGE-1 alone."""
+  if not has_likelihood(evaluate):
+    return _quality_claims(evaluate, alpha, _TEXT)
+  decided = _quality_claims(evaluate, alpha, LIKELIHOOD)
+  for claim, text in zip(decided, _quality_claims(evaluate, alpha, _TEXT)):
+    claim.text_metric = (f'{text.ours} {text.interval}: {text.verdict}' if text.interval != '-'
+                         else f'{text.ours}: {text.verdict}')
+    claim.claim += ' [log-likelihood, nats/token]'
+  return decided
+
+
+def _quality_claims(evaluate: Mapping, alpha: float, source: str) -> List[Claim]:
+  q = Quality(evaluate, source)
   g = q.gqa_groups()
   mha = q.find(None, None, None)
   mqa = q.find(1, 'mean', alpha)
@@ -506,12 +563,22 @@ def all_claims(evaluate: Mapping, timing: Mapping, spec: Mapping, alpha: float,
 def markdown(claims: Sequence[Claim]) -> str:
   from gqa_spec.reproduce.report import markdown_table  # pylint: disable=g-import-not-at-top
   return markdown_table(['#', 'Claim (statistic: paper direction > 0)', 'Paper', 'Ours',
-                         '95% CI', 'Verdict', 'Why'],
-                        [[c.key, c.claim, c.paper, c.ours, c.interval, f'**{c.verdict}**', c.why]
-                         for c in claims])
+                         '95% CI', 'Verdict', 'Why', 'BLEU / ROUGE-1 (95% CI): verdict'],
+                        [[c.key, c.claim, c.paper, c.ours, c.interval, f'**{c.verdict}**', c.why,
+                          c.text_metric] for c in claims])
 
 
 NOTE = ('Intervals: 95% paired bootstrap over test examples (1000 resamples, seed 0) for quality '
         'differences; they cover test-set sampling, not training seeds, data order or dropout '
         '(one training run per model). Timing and acceptance rows carry no spread: their '
         'verdicts use fixed margins. Rules: `gqa_spec/reproduce/claims.py`.')
+
+PROXY_NOTE = ('Quality claims (1a-3b) are decided on the teacher-forced log-likelihood of the test '
+              'references (nats per target token, higher is better), gated on a unigram language '
+              'model of the training targets; the BLEU / ROUGE-1 statistic of greedy decoding and '
+              'its verdict (gated on the copy / first-sentence baselines) stand beside it. Both are '
+              'proxies at this scale: the papers compare models far stronger than these, on '
+              'decoded text. BLEU and ROUGE-1 of weak models score most test examples near zero '
+              'whichever model decoded them, so they resolve only large differences; the '
+              "likelihood moves with every reference token, so it resolves smaller ones, but it "
+              'ranks the references rather than judging what the model writes.')

@@ -247,3 +247,60 @@ def test_terminal_summary_leads_with_what_holds():
   assert lines[4].endswith('does not hold')
   none = writeup.claims_summary(rows[:1]).splitlines()
   assert none[:2] == ['Holds at this scale (0 of 1 claims):', '  none']
+
+
+def _with_likelihood(ev, means, unigram=-4.0, seed=1):
+  """Adds teacher-forced likelihood entries (`likelihood.record`) to `_evaluate`'s rows: per
+  example 10 tokens at about `means[variant]` nats each (paired by a shared difficulty), and a
+  unigram LM baseline row at `unigram`."""
+  from gqa_spec.reproduce import likelihood  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  difficulty = rng.uniform(-0.5, 0.5, N)
+
+  def stats(mean):
+    tokens = np.full(N, 10.0)
+    logp = tokens * (mean + difficulty + rng.normal(0, 0.05, N))
+    return np.stack([logp, tokens, np.round(tokens / 2)], axis=1)
+
+  for r in ev['rows']:
+    if r['model'] == 'target':
+      r['likelihood'] = likelihood.record(stats(means[r['variant']]))
+  record = likelihood.record(stats(unigram))
+  ev['baselines'] = [{'task': SUM, 'baseline': 'unigram LM', 'label': 'unigram LM of the training '
+                      'targets', 'metric': 'loglik', 'score': record['loglik'],
+                      'likelihood': record}]
+  return ev
+
+
+def test_quality_claims_are_decided_on_the_likelihood_with_bleu_rouge_beside():
+  # ROUGE-1: every model at the first-sentence baseline (unresolved); the likelihood resolves.
+  ev = _evaluate(mha=50, mqa=44, gqa=49, mqa0=35, gqa0=45, first=41, random=30, baseline=60)
+  ev = _with_likelihood(ev, {'mha': -2.0, 'mqa': -2.2, 'gqa': -2.05, 'mqa0': -3.0, 'gqa0': -2.3,
+                             'first': -2.5, 'random': -2.9})
+  assert claims.has_likelihood(ev)
+  c = _by_key(claims.quality_claims(ev, 0.05))
+  for key in ('1a', '1b', '2a', '2b', '3a', '3b'):
+    assert c[key].verdict == claims.HOLDS, (key, c[key])
+    assert c[key].text_metric.endswith(claims.UNRESOLVED), (key, c[key].text_metric)
+    assert 'log-likelihood' in c[key].claim
+  assert float(c['1a'].ours) == pytest.approx(0.2, abs=0.03)  # nats per token, MHA - MQA
+  text = claims.markdown(list(c.values()))
+  assert 'BLEU / ROUGE-1 (95% CI): verdict' in text and '[+' in text
+
+
+def test_likelihood_gate_is_the_unigram_model_and_reversal_does_not_hold():
+  ev = _evaluate(mha=50, mqa=44, gqa=49, baseline=10)
+  gated = _with_likelihood(ev, {'mha': -2.0, 'mqa': -4.0, 'gqa': -2.1}, unigram=-3.9)
+  c = _by_key(claims.quality_claims(gated, 0.05))
+  assert c['1a'].verdict == claims.UNRESOLVED
+  assert 'does not clearly beat the unigram LM' in c['1a'].why
+  ev = _evaluate(mha=50, mqa=44, gqa=49, baseline=10)
+  reversed_ = _with_likelihood(ev, {'mha': -2.5, 'mqa': -2.0, 'gqa': -2.2})
+  c = _by_key(claims.quality_claims(reversed_, 0.05))
+  assert c['1a'].verdict == claims.DOES_NOT_HOLD  # MQA's references are likelier than MHA's
+  assert c['1a'].text_metric.endswith(claims.HOLDS)  # ROUGE-1 says the opposite: reported beside
+  # rows from before the likelihood: decided on ROUGE-1 as before, no column beside
+  for r in ev['rows']:
+    r.pop('likelihood', None)
+  c = _by_key(claims.quality_claims(ev, 0.05))
+  assert c['1a'].verdict == claims.HOLDS and c['1a'].text_metric == '-'
