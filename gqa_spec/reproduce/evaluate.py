@@ -53,6 +53,10 @@ def stage_evaluate(ctx: Context) -> dict:
               'examples': len(bootstrap.decode(TASK_METRIC[row['task']], per_example)),
               'best_step': row['best']['step'] if row['best'] else None}
     jobs.append((f"{row['task']}.{row['name']}", job))
+  for key, _ in jobs:  # a record from before the likelihood (a work dir of older code): redo it
+    done = jobs_lib.job_done(ctx, 'evaluate', key)
+    if done is not None and 'likelihood' not in done:
+      os.remove(os.path.join(jobs_lib.jobs_dir(ctx, 'evaluate'), f'{key}.json'))
   return {'rows': jobs_lib.run_jobs(ctx, 'evaluate', jobs, p.eval_workers),
           'eval_workers': p.eval_workers, 'baselines': _baselines(ctx)}
 

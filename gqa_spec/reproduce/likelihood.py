@@ -27,6 +27,7 @@ vocabulary), the argmax being the most frequent training token.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
@@ -49,10 +50,10 @@ def statistics_from_logits(logits: np.ndarray, targets: np.ndarray) -> np.ndarra
                   axis=1).astype(np.float64)
 
 
-def _batched_statistics(config, params, rows: Sequence[Mapping[str, np.ndarray]],
-                        batch_size: int) -> np.ndarray:
-  """`[n, 3]` statistics of unpacked feature rows, `batch_size` at a time (the last batch padded
-  with empty rows, so one program serves every batch)."""
+@functools.lru_cache(maxsize=None)
+def _statistics_fn(config):
+  """The jitted teacher-forced statistics of one model config (one per config, so the evaluate
+  stage's models of equal shape share its compiled programs)."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
@@ -71,6 +72,14 @@ def _batched_statistics(config, params, rows: Sequence[Mapping[str, np.ndarray]]
                       jnp.sum(mask, axis=1).astype(jnp.float32),
                       jnp.sum(correct, axis=1).astype(jnp.float32)], axis=1)  # [b, 3]
 
+  return stats
+
+
+def _batched_statistics(config, params, rows: Sequence[Mapping[str, np.ndarray]],
+                        batch_size: int) -> np.ndarray:
+  """`[n, 3]` statistics of unpacked feature rows, `batch_size` at a time (the last batch padded
+  with empty rows, so one program serves every batch)."""
+  stats = _statistics_fn(config)
   keys = ('encoder_input_tokens', 'decoder_input_tokens', 'decoder_target_tokens')
   out = []
   for start in range(0, len(rows), batch_size):
