@@ -335,6 +335,13 @@ def _cpu() -> Preset:
   evaluate 113, timing 237, speculative 1476.
   Speculative decoding is timed at batch 1 (the papers' setting), gamma 1-7 for the chains over the
   model, bigram and copy drafts.
+  What the code of 2026-12-07 adds to that run, estimated from its job sizes: evaluate's
+  teacher-forced likelihood (20 model-task test sets of 256 examples, one forward pass each and
+  ~8 compiles, ~10 s a job) and unigram baselines (reading each task's training targets once)
+  ~300 s; the speculative stage's `--gamma auto` rows and their cost calibration, which took the
+  smoke's stage from 61 s to 101 s, i.e. ~+66% of the 4 chain jobs' 720 s, ~480 s. Total
+  11,886 + 41 (corpus) + 300 + 480 + 70 (report) = ~12,800 s = ~3 h 33 of stages, under the
+  4.5 h the study may take on 2 cores: nothing trimmed.
   """
   micro, nano = model_preset('micro'), model_preset('nano')
   return Preset(
