@@ -70,3 +70,29 @@ def test_stored_statistics_rescore_in_the_bootstrap():
         -3.25 if metric == 'loglik' else 100.0)  # a resample: ratio of the resampled sums
   with pytest.raises(ValueError, match='lack columns'):
     likelihood.decode({'logp': '1 2'})
+
+
+def test_exported_tasks_give_the_evaluated_examples_and_training_targets(tiny_gpu_export):
+  """Without TensorFlow (`--exported`): the test examples are the exported task's, trimmed to the
+  evaluation lengths with EOS kept, and the unigram baseline's training targets are its train
+  split's token sequences."""
+  import os  # pylint: disable=g-import-not-at-top
+  from gqa_spec.data import exported  # pylint: disable=g-import-not-at-top
+  from gqa_spec.reproduce import baselines, presets  # pylint: disable=g-import-not-at-top
+  name = 'exported:' + os.path.join(tiny_gpu_export, presets.TRANSLATE)
+  lengths = {'inputs': 16, 'targets': 8}
+  examples = likelihood.token_examples(name, 'test', lengths, 5)
+  (task,), _ = exported.resolve(name)
+  assert len(examples) == min(5, task.num_examples('test'))
+  for i, ex in enumerate(examples):
+    np.testing.assert_array_equal(ex['targets'], task.example('test', i, lengths)['targets'])
+    assert len(ex['targets']) <= 8 and ex['targets'][-1] == 1  # EOS kept after trimming
+  train = likelihood.train_target_tokens(name)
+  assert len(train) == task.num_examples('train') and all(t[-1] == 1 for t in train)
+  rows = baselines.likelihood_baselines({presets.TRANSLATE: (16, 8)}, 'test', 5, 512,
+                                        source=lambda t: 'exported:' + os.path.join(
+                                            tiny_gpu_export, t))
+  (row,) = rows
+  assert row['baseline'] == baselines.UNIGRAM and row['examples'] == len(examples)
+  expected = likelihood.unigram_statistics(train, 512, examples)
+  assert row['score'] == pytest.approx(likelihood.loglik(expected)) and row['score'] < 0
