@@ -6,7 +6,8 @@ Per-example forms, for paired bootstrap over test examples (`gqa_spec.reproduce.
   rouge_per_example(...)             each example's F-measure (`rouge` is 100 x their mean)
   bleu_statistics(...)               each example's n-gram matches/totals and lengths; the corpus BLEU
                                      of any subset (or resample) is `bleu_from_statistics` of its rows
-  trivia_qa(targets, predictions)    EM and F1 x 100, max over each question's aliases, SQuAD-normalised
+  trivia_qa(targets, predictions)    EM and F1 x 100, max over each question's aliases, normalised as
+                                     the official TriviaQA evaluation (`normalize_trivia_qa`)
 
 Differences from T5: ROUGE is the plain mean over examples (T5 reports the bootstrap median, which is
 random and within sampling noise of the mean).
@@ -96,12 +97,31 @@ def bleu_from_statistics(stats: np.ndarray) -> float:
   return float(score.score)
 
 
+# Replaced by a space, not deleted, in TriviaQA's normalisation (the official evaluation's
+# `handle_punc` and `replace_underscore`; T5's `qa_utils.normalize_trivia_qa`).
+TRIVIA_QA_PUNCTUATION = frozenset(string.punctuation + '\u2018\u2019\u00b4`_')
+
+
+def _remove_articles_and_spaces(answer: str) -> str:
+  return ' '.join(re.sub(r'\b(a|an|the)\b', ' ', answer).split())
+
+
 def normalize_squad(answer: str) -> str:
-  """SQuAD's normalisation: lowercase, no punctuation, no articles, single spaces."""
-  answer = answer.lower()
-  answer = ''.join(ch for ch in answer if ch not in set(string.punctuation))
-  answer = re.sub(r'\b(a|an|the)\b', ' ', answer)
-  return ' '.join(answer.split())
+  """SQuAD's normalisation: lowercase, punctuation deleted, no articles, single spaces."""
+  punctuation = set(string.punctuation)
+  answer = ''.join(ch for ch in answer.lower() if ch not in punctuation)
+  return _remove_articles_and_spaces(answer)
+
+
+def normalize_trivia_qa(answer: str) -> str:
+  """The official TriviaQA evaluation's normalisation (and T5's `normalize_trivia_qa`).
+
+  Lowercase; ASCII punctuation and the characters ‘ ’ ´ ` _ each become a space (SQuAD deletes
+  them, so 'u.s.' is 'u s' here and 'us' there); the articles a/an/the become spaces; runs of
+  whitespace become one space, none at either end.
+  """
+  answer = ''.join(' ' if ch in TRIVIA_QA_PUNCTUATION else ch for ch in answer.lower())
+  return _remove_articles_and_spaces(answer)
 
 
 def _f1(target: str, prediction: str) -> float:
@@ -118,14 +138,17 @@ def _f1(target: str, prediction: str) -> float:
 def trivia_qa(targets: Sequence[Sequence[str]], predictions: Sequence[str]) -> Dict[str, float]:
   """Exact match and token F1 x 100, each the max over the question's answer aliases.
 
+  As T5's `trivia_qa` metric and the official TriviaQA evaluation: every alias and the prediction
+  go through `normalize_trivia_qa`, then EM and SQuAD's token F1 take the max over aliases.
+
   Args:
     targets: per question, its list of acceptable answers (the `answers` feature).
     predictions: the model's answers.
   """
   em, f1 = [], []
   for answers, prediction in zip(targets, predictions):
-    answers = [normalize_squad(a) for a in answers]
-    prediction = normalize_squad(prediction)
+    answers = [normalize_trivia_qa(a) for a in answers]
+    prediction = normalize_trivia_qa(prediction)
     em.append(max(float(a == prediction) for a in answers))
     f1.append(max(_f1(a, prediction) for a in answers))
   return {'em': 100.0 * float(np.mean(em)) if em else 0.0,

@@ -6,6 +6,10 @@
   first N words       summarization: the input's first N words, N the median word count of the
                       task's training targets (so the baseline never sees the test targets)
 
+  unigram LM          the likelihood metrics (`likelihood.py`): every reference token scored by the
+                      unigram distribution of the task's training target tokens (add-one
+                      smoothed), its argmax the most frequent one
+
 They are scored on exactly the examples the models are scored on (a `seqio.Evaluator` over the
 same task, split, feature lengths and first `num_examples`, as `InferenceEvaluator` builds) with
 the task's own metric functions (`gqa_spec.data.metrics`). The task prefix
@@ -133,4 +137,28 @@ def evaluate(task_metrics: Mapping[str, str], task_lengths: Mapping[str, Tuple[i
       rows.append({'task': task_name, 'baseline': name, 'label': name, 'metric': metric,
                    'score': float(fn(targets, preds)[metric]), 'examples': len(targets),
                    'per_example': bootstrap.encode(metric, targets, preds)})
+  return rows
+
+
+UNIGRAM = 'unigram LM'
+
+
+def likelihood_baselines(task_lengths: Mapping[str, Tuple[int, int]], split: str,
+                         num_examples: int, vocab_size: int,
+                         source=lambda name: name) -> List[dict]:
+  """Rows `{task, baseline, label, metric: 'loglik', score, examples, likelihood}` of the unigram
+  language model of each task's training targets, on the references the models' likelihood is
+  computed on (`likelihood.token_examples`: same split, lengths and first `num_examples`)."""
+  from gqa_spec.reproduce import likelihood  # pylint: disable=g-import-not-at-top
+  rows = []
+  for task_name, (inputs_len, targets_len) in task_lengths.items():
+    examples = likelihood.token_examples(source(task_name), split,
+                                         {'inputs': inputs_len, 'targets': targets_len},
+                                         num_examples)
+    stats = likelihood.unigram_statistics(likelihood.train_target_tokens(source(task_name)),
+                                          vocab_size, examples)
+    record = likelihood.record(stats)
+    rows.append({'task': task_name, 'baseline': UNIGRAM,
+                 'label': 'unigram LM of the training targets', 'metric': 'loglik',
+                 'score': record['loglik'], 'examples': len(examples), 'likelihood': record})
   return rows

@@ -5,6 +5,9 @@ The evaluate stage stores, per model and task, what the corpus metric needs per 
 or ROUGE-1 F. Any resample of the test set can then be re-scored exactly as the corpus metric
 (`score`): BLEU from the summed statistics, ROUGE-1 as the mean. Stored compactly: one string of
 space-separated numbers per column (ROUGE-1 to 4 decimals, i.e. within 1e-4 of the unrounded mean).
+The teacher-forced likelihood metrics `loglik` and `token_acc` (`likelihood.py`) share one stored
+form, per-example log-likelihood sums, token counts and correct tokens (`likelihood.encode`), and
+re-score as ratios of sums the same way.
 
 `paired_bootstrap` resamples test examples with replacement, the same indices for every model of
 a task (paired), and reports the 95% percentile interval of a weighted sum of model scores
@@ -20,6 +23,9 @@ from typing import Dict, Mapping, Sequence, Tuple
 import numpy as np
 
 from gqa_spec.data import metrics
+from gqa_spec.reproduce import likelihood
+
+LIKELIHOOD_METRICS = ('loglik', 'token_acc')  # nats per target token, token accuracy x 100
 
 RESAMPLES = 1000
 SEED = 0
@@ -39,7 +45,10 @@ def encode(metric: str, targets: Sequence[str], predictions: Sequence[str]) -> D
 
 
 def decode(metric: str, columns: Mapping[str, str]) -> np.ndarray:
-  """The stored scores: BLEU `[n, 10]` int64 statistics, ROUGE-1 `[n]` float64."""
+  """The stored scores: BLEU `[n, 10]` int64 statistics, ROUGE-1 `[n]` float64, the likelihood
+  metrics' `[n, 3]` float64 statistics."""
+  if metric in LIKELIHOOD_METRICS:
+    return likelihood.decode(columns)
   if metric == 'bleu':
     missing = [c for c in metrics.BLEU_STATISTICS if c not in columns]
     if missing:
@@ -48,7 +57,7 @@ def decode(metric: str, columns: Mapping[str, str]) -> np.ndarray:
     return np.stack(cols, axis=1)  # [n, 10]
   if metric == 'rouge1':
     return np.array(columns['rouge1'].split(), np.float64)  # [n]
-  raise ValueError(f'no per-example form of metric {metric!r} (bleu, rouge1)')
+  raise ValueError(f'no per-example form of metric {metric!r} (bleu, rouge1, loglik, token_acc)')
 
 
 def score(metric: str, data: np.ndarray, indices=None) -> float:
@@ -56,6 +65,10 @@ def score(metric: str, data: np.ndarray, indices=None) -> float:
   rows = data if indices is None else data[indices]
   if metric == 'bleu':
     return metrics.bleu_from_statistics(rows)
+  if metric == 'loglik':
+    return likelihood.loglik(rows)
+  if metric == 'token_acc':
+    return likelihood.token_accuracy(rows)
   return float(np.mean(rows)) if len(rows) else 0.0
 
 

@@ -136,10 +136,42 @@ def table1(evaluate_rows: Sequence[Mapping], baselines: Sequence[Mapping] = ()) 
 
 def baseline_rows(baselines: Sequence[Mapping], tasks: Sequence[str]) -> List[list]:
   """Table 1 rows of the trivial baselines: `baseline: <name>`, no time, no average, the score
-  in its task's column only."""
+  in its task's column only (the likelihood's unigram baseline is `likelihood_table`'s)."""
   return [[f"baseline: {b['baseline']}", '-', None] + [b['score'] if b['task'] == t else None
                                                         for t in tasks]
-          for b in baselines if b['task'] in tasks]
+          for b in baselines if b['task'] in tasks and 'likelihood' not in b]
+
+
+def likelihood_table(evaluate_rows: Sequence[Mapping], baselines: Sequence[Mapping] = ()) -> str:
+  """Per model and task, the teacher-forced log-likelihood of the test references (nats per target
+  token) and token accuracy (%), then the unigram language-model baseline's."""
+  rows = [r for r in evaluate_rows if 'likelihood' in r]
+  tasks = sorted({r['task'] for r in rows})
+  by_variant = _by_variant(rows)
+  order = sorted(by_variant.items(), key=lambda kv: (
+      next(iter(kv[1].values())).get('model', 'target') != 'target',
+      -next(iter(kv[1].values()))['kv_heads'], next(iter(kv[1].values()))['label']))
+  body = []
+  for _, per_task in order:
+    label = next(iter(per_task.values()))['label']
+    cells = []
+    for t in tasks:
+      lk = per_task[t]['likelihood'] if t in per_task else None
+      cells += [lk and lk['loglik'], lk and lk['token_acc']]
+    body.append([label] + [None if c is None else float(c) for c in cells])
+  for b in baselines:
+    if 'likelihood' in b and b['task'] in tasks:
+      cells = []
+      for t in tasks:
+        cells += ([b['likelihood']['loglik'], b['likelihood']['token_acc']] if b['task'] == t
+                  else [None, None])
+      body.append([f"baseline: {b['baseline']}"] + cells)
+  header = ['Model']
+  for t in tasks:
+    name = TASK_LABELS.get(t, t).split(' (')[0]
+    header += [f'{name} log-likelihood (nats/token)', f'{name} token accuracy (%)']
+  return markdown_table(header, [[r[0]] + ['-' if c is None else f'{c:.3f}' for c in r[1:]]
+                                 for r in body])
 
 
 def conversion_table(evaluate_rows: Sequence[Mapping], alpha: float) -> str:

@@ -38,6 +38,9 @@ def stage_report(ctx: Context) -> dict:
       '## Claims', '', claims_md, '',
       '## GQA Table 1: quality and time per sample (test split, greedy)', '',
       report.table1(evaluate, evaluate_stage.get('baselines', ())), '',
+      *(['## Teacher-forced likelihood of the test references (what claims 1a-3b are decided on)',
+         '', report.likelihood_table(evaluate, evaluate_stage.get('baselines', ())), '']
+        if any('likelihood' in r for r in evaluate) else []),
       f'## GQA Figure 4: conversion methods (alpha = {p.method_ablation_alpha:g})', '',
       report.conversion_table(evaluate, p.method_ablation_alpha), '',
       '## GQA Figure 5: uptraining proportion (mean pooling)', '',
@@ -74,7 +77,7 @@ def stage_report(ctx: Context) -> dict:
   atomic.write_text(os.path.join(ctx.out_dir, 'report.md'), '\n'.join(lines))
   return {'figures': figures, 'report': 'report.md', 'stage_wall_seconds': walls,
           'claims': [{'key': c.key, 'claim': c.claim, 'ours': c.ours, 'verdict': c.verdict,
-                      'why': c.why} for c in claim_rows],
+                      'why': c.why, 'text_metric': c.text_metric} for c in claim_rows],
           'stage_job_seconds': job_walls,
           'design': p.design()}
 
@@ -89,8 +92,9 @@ def _figures_and_claims(ctx: Context) -> Tuple[List[str], list, str]:
   names = figures.plot_all(ctx.out_dir, evaluate['rows'], timing['rows'], spec,
                            p.method_ablation_alpha, predicted)
   rows = claims.all_claims(evaluate, timing, spec, p.method_ablation_alpha, predicted)
+  notes = [claims.PROXY_NOTE] if claims.has_likelihood(evaluate) else []
   return names, rows, '\n\n'.join([claims.quality_bar(evaluate), claims.markdown(rows),
-                                     claims.NOTE])
+                                     claims.NOTE] + notes)
 
 
 def _smoke_note(ctx: Context) -> str:

@@ -34,12 +34,52 @@ def test_bleu_hand_computed():
                       ['the cat sat on the mat'])['bleu'] == pytest.approx(100.0)
 
 
-def test_trivia_qa_max_over_aliases_with_squad_normalisation():
+def test_trivia_qa_max_over_aliases():
   scores = metrics.trivia_qa([['The Beatles', 'Beatles'], ['Paris']], ['beatles!', 'paris france'])
   assert scores['em'] == pytest.approx(50.0)
   # F1: 1 for the first; 'paris france' vs 'paris': P=1/2, R=1, F1=2/3.
   assert scores['f1'] == pytest.approx(100 * (1 + 2 / 3) / 2)
   assert metrics.normalize_squad('The  Quick, brown fox!') == 'quick brown fox'
+
+
+# (raw answer, official TriviaQA normalisation, SQuAD normalisation). The TriviaQA column is what
+# triviaqa/evaluation/triviaqa_evaluation.py's normalize_answer and T5 0.9.4's
+# qa_utils.normalize_trivia_qa return (read from both sources; written out here by hand).
+_NORMALISATION_CASES = [
+    ('U.S.A.', 'u s', 'usa'),                        # punctuation becomes a space; 'a' is an article
+    ('Rock-and-Roll', 'rock and roll', 'rockandroll'),
+    ("Guns N' Roses", 'guns n roses', 'guns n roses'),
+    ('O\u2019Neill', 'o neill', 'o\u2019neill'),      # ’ is no ASCII punctuation: SQuAD keeps it
+    ('\u2018Hello\u2019', 'hello', '\u2018hello\u2019'),
+    ('caf\u00b4e', 'caf e', 'caf\u00b4e'),             # ´ (acute accent)
+    ('`quoted`', 'quoted', 'quoted'),
+    ('new_york_city', 'new york city', 'newyorkcity'),  # _ is a space in TriviaQA only
+    ('the-end', 'end', 'theend'),                  # the freed article is removed
+    ('  The   Who  ', 'who', 'who'),
+    ('A.C. Milan', 'c milan', 'ac milan'),
+    ('1,000', '1 000', '1000'),
+    ('St. Louis', 'st louis', 'st louis'),
+    ('!!!', '', ''),
+    ('', '', ''),
+    ('Théâtre', 'théâtre', 'théâtre'),            # non-ASCII letters are kept by both
+]
+
+
+@pytest.mark.parametrize('raw,trivia,squad', _NORMALISATION_CASES)
+def test_normalize_trivia_qa_matches_official_case_by_case(raw, trivia, squad):
+  assert metrics.normalize_trivia_qa(raw) == trivia
+  assert metrics.normalize_squad(raw) == squad
+
+
+def test_trivia_qa_scores_with_official_normalisation():
+  # 'u.s.' vs alias 'U.S.A.': TriviaQA gives 'u s' == 'u s' (EM 1); SQuAD would give 'us' vs 'usa'.
+  assert metrics.trivia_qa([['U.S.A.']], ['u.s.']) == {'em': 100.0, 'f1': 100.0}
+  # 'new_york' vs 'New York': one EM under TriviaQA (SQuAD: 'newyork' vs 'new york', F1 0).
+  assert metrics.trivia_qa([['New York']], ['new_york'])['em'] == 100.0
+  # Token F1 over the space-split tokens: 'rock and roll' vs 'rock': P=1, R=1/3, F1=1/2.
+  assert metrics.trivia_qa([['Rock-and-Roll']], ['rock'])['f1'] == pytest.approx(50.0)
+  # Empty after normalisation: EM counts equality, F1 is 0 with no common token (as the official).
+  assert metrics.trivia_qa([['The']], ['a']) == {'em': 100.0, 'f1': 0.0}
 
 
 def test_answers_postprocessor():

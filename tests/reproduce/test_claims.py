@@ -247,3 +247,109 @@ def test_terminal_summary_leads_with_what_holds():
   assert lines[4].endswith('does not hold')
   none = writeup.claims_summary(rows[:1]).splitlines()
   assert none[:2] == ['Holds at this scale (0 of 1 claims):', '  none']
+
+
+def _with_likelihood(ev, means, unigram=-4.0, seed=1):
+  """Adds teacher-forced likelihood entries (`likelihood.record`) to `_evaluate`'s rows: per
+  example 10 tokens at about `means[variant]` nats each (paired by a shared difficulty), and a
+  unigram LM baseline row at `unigram`."""
+  from gqa_spec.reproduce import likelihood  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  difficulty = rng.uniform(-0.5, 0.5, N)
+
+  def stats(mean):
+    tokens = np.full(N, 10.0)
+    logp = tokens * (mean + difficulty + rng.normal(0, 0.05, N))
+    return np.stack([logp, tokens, np.round(tokens / 2)], axis=1)
+
+  for r in ev['rows']:
+    if r['model'] == 'target':
+      r['likelihood'] = likelihood.record(stats(means[r['variant']]))
+  record = likelihood.record(stats(unigram))
+  ev['baselines'] = [{'task': SUM, 'baseline': 'unigram LM', 'label': 'unigram LM of the training '
+                      'targets', 'metric': 'loglik', 'score': record['loglik'],
+                      'likelihood': record}]
+  return ev
+
+
+def test_quality_claims_are_decided_on_the_likelihood_with_bleu_rouge_beside():
+  # ROUGE-1: every model at the first-sentence baseline (unresolved); the likelihood resolves.
+  ev = _evaluate(mha=50, mqa=44, gqa=49, mqa0=35, gqa0=45, first=41, random=30, baseline=60)
+  ev = _with_likelihood(ev, {'mha': -2.0, 'mqa': -2.2, 'gqa': -2.05, 'mqa0': -3.0, 'gqa0': -2.3,
+                             'first': -2.5, 'random': -2.9})
+  assert claims.has_likelihood(ev)
+  c = _by_key(claims.quality_claims(ev, 0.05))
+  for key in ('1a', '1b', '2a', '2b', '3a', '3b'):
+    assert c[key].verdict == claims.HOLDS, (key, c[key])
+    assert c[key].text_metric.endswith(claims.UNRESOLVED), (key, c[key].text_metric)
+    assert 'log-likelihood' in c[key].claim
+  assert float(c['1a'].ours) == pytest.approx(0.2, abs=0.03)  # nats per token, MHA - MQA
+  text = claims.markdown(list(c.values()))
+  assert 'BLEU / ROUGE-1 (95% CI): verdict' in text and '[+' in text
+
+
+def test_likelihood_gate_is_the_unigram_model_and_reversal_does_not_hold():
+  ev = _evaluate(mha=50, mqa=44, gqa=49, baseline=10)
+  gated = _with_likelihood(ev, {'mha': -2.0, 'mqa': -4.0, 'gqa': -2.1}, unigram=-3.9)
+  c = _by_key(claims.quality_claims(gated, 0.05))
+  assert c['1a'].verdict == claims.UNRESOLVED
+  assert 'does not clearly beat the unigram LM' in c['1a'].why
+  ev = _evaluate(mha=50, mqa=44, gqa=49, baseline=10)
+  reversed_ = _with_likelihood(ev, {'mha': -2.5, 'mqa': -2.0, 'gqa': -2.2})
+  c = _by_key(claims.quality_claims(reversed_, 0.05))
+  assert c['1a'].verdict == claims.DOES_NOT_HOLD  # MQA's references are likelier than MHA's
+  assert c['1a'].text_metric.endswith(claims.HOLDS)  # ROUGE-1 says the opposite: reported beside
+  # rows from before the likelihood: decided on ROUGE-1 as before, no column beside
+  for r in ev['rows']:
+    r.pop('likelihood', None)
+  c = _by_key(claims.quality_claims(ev, 0.05))
+  assert c['1a'].verdict == claims.HOLDS and c['1a'].text_metric == '-'
+
+
+def _costed(draft, temp, gamma, speedup, alpha, c, v, tokens_per_call=2.0, task=TR):
+  row = _spec_row(draft, temp, gamma, speedup, alpha=alpha, tokens_per_call=tokens_per_call,
+                  batch=1, task=task)
+  row.update(c=c, verify_ratio_v=v)
+  return row
+
+
+def test_premise_is_theorem_8_at_the_most_favourable_measured_costs():
+  from gqa_spec.decoding import theory  # pylint: disable=g-import-not-at-top
+  # The committed cpu study's translate rows: alpha 0.47, c 0.22, v(1) 1.17 -> at most 1.05x.
+  rows = [_costed('draft model', 0.0, 1, 0.6, 0.468, 0.22, 1.172),
+          _costed('draft model', 0.0, 3, 0.5, 0.435, 0.223, 1.565)]
+  met, words = claims.premise(rows)
+  assert not met
+  assert words.endswith('Theorem 8 predicts at most 1.05x (gamma 1)'), words
+  assert 'c 0.22' in words and 'v 1.17-1.56' in words and '(gamma 1-3)' in words
+  # A cheap draft of a weight-bound target (the papers' premise): c 0.05, v 1.1, alpha 0.7.
+  met, words = claims.premise([_costed('draft model', 0.0, 3, 2.0, 0.7, 0.05, 1.1)])
+  best = max(theory.speedup_measured_costs(0.7, g, 0.05, 1.0 if g < 3 else 1.1)
+             for g in range(1, 65))
+  assert met and f'at most {best:.2f}x' in words
+  # Below every measured gamma v is bounded by 1 step, not by the measured v(3) = 1.7.
+  _, words = claims.premise([_costed('draft model', 0.0, 3, 0.5, 0.46, 0.28, 1.7)])
+  assert 'at most 1.14x (gamma 1)' in words, words
+  assert claims.premise([_spec_row('draft model', 0.0, 3, 1.0)]) is None  # no measured costs
+
+
+def test_speed_claims_outside_the_premise_read_premise_not_met():
+  rows = [_costed('draft model', 0.0, 1, 0.6, 0.468, 0.22, 1.172, tokens_per_call=1.45),
+          _costed('draft model', 0.0, 3, 0.5, 0.435, 0.223, 1.565, tokens_per_call=1.66),
+          _costed('draft model', 1.0, 3, 0.5, 0.45, 0.22, 1.565),
+          _costed('chimera', 0.0, 3, 0.4, 0.35, 0.3, 1.6, tokens_per_call=1.4),
+          _costed('staged (bigram 3/call)', 0.0, 3, 0.45, 0.44, 0.3, 1.6)]
+  rows[0]['speedup_thm8_with_v'], rows[1]['speedup_thm8_with_v'] = 1.054, 0.764  # the study's
+  by = {x.key: x for x in claims.speculative_claims({'rows': rows, 'batch_size': 1})}
+  for key in ('5c', '6a', '6b'):
+    assert by[key].verdict == claims.PREMISE_NOT_MET, (key, by[key])
+    assert 'measured c 0.22' in by[key].why and 'v 1.17-1.56' in by[key].why, by[key].why
+  assert by['5c'].ours.startswith('translate: 0.60x')  # the measured figure is still shown
+  assert by['6b'].ours == 'translate: -0.26 tokens/call'
+  assert by['5d'].verdict == claims.DOES_NOT_HOLD  # 0.6 / 1.054: decided outside the premise too
+  # Where the premise holds the same rows are decided: a cheap draft, long acceptance.
+  good = [_costed('draft model', 0.0, 3, 2.2, 0.8, 0.05, 1.1, tokens_per_call=3.0),
+          _costed('chimera', 0.0, 3, 2.0, 0.8, 0.05, 1.1, tokens_per_call=3.3),
+          _costed('staged (bigram 3/call)', 0.0, 3, 2.6, 0.8, 0.05, 1.1)]
+  by = {x.key: x for x in claims.speculative_claims({'rows': good, 'batch_size': 1})}
+  assert (by['5c'].verdict, by['6a'].verdict, by['6b'].verdict) == (claims.HOLDS,) * 3

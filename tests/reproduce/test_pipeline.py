@@ -71,6 +71,13 @@ def test_evaluation_covers_every_variant_and_task(smoke_run):
         'translate_en_de_pairs' if 'translate' in r['task'] else 'summarize_examples']
     assert len(data) == min(SMOKE.test_examples, test_size) == r['examples']
     assert bootstrap.score(r['metric'], data) == pytest.approx(r['score'], abs=1e-3)
+    # the teacher-forced likelihood of the same examples' references (claims 1a-3b's metric)
+    lk = r['likelihood']
+    stats = bootstrap.decode('loglik', lk['per_example'])
+    assert len(stats) == r['examples'] and lk['tokens'] == stats[:, 1].sum() > 0
+    assert lk['loglik'] < 0 and 0 <= lk['token_acc'] <= 100
+    assert bootstrap.score('loglik', stats) == pytest.approx(lk['loglik'], abs=1e-4)
+    assert bootstrap.score('token_acc', stats) == pytest.approx(lk['token_acc'])
 
 
 def test_timing_covers_every_group_count(smoke_run):
@@ -187,6 +194,19 @@ def test_trees_staged_and_trained_drafts_rows_are_exact_at_temperature_zero(smok
   assert f'chimera tree {SMOKE.chimera_tree}' in report and staged in report
 
 
+def test_smoke_runs_every_claim(smoke_run):
+  """Every claim of the table has its inputs in smoke (MQA, GQA, the ablation, batch-1
+  speculative rows, trained drafts): none reads 'not run'; the quality claims are decided on the
+  likelihood with BLEU / ROUGE-1 beside them."""
+  out_dir, _ = smoke_run
+  claims_ = _stage(out_dir, 'report')['claims']
+  assert len(claims_) == 14 and all(c['verdict'] != 'not run' for c in claims_), [
+      (c['key'], c['why']) for c in claims_ if c['verdict'] == 'not run']
+  for c in claims_:
+    if c['key'][0] in '123':
+      assert 'log-likelihood' in c['claim'] and c['text_metric'] != '-', c
+
+
 def test_second_run_skips_finished_stages_and_rerun_of_one_job_resumes(smoke_run, tmp_path):
   out_dir, work_dir = smoke_run
   mtimes = {s: os.path.getmtime(os.path.join(out_dir, f'{s}.json')) for s in stages.STAGES}
@@ -265,9 +285,19 @@ def test_table1_shows_the_baselines_and_the_report_says_smoke(smoke_run):
   out_dir, _ = smoke_run
   baselines = _stage(out_dir, 'evaluate')['baselines']
   assert {(b['task'], b['baseline'].split(' ')[0]) for b in baselines} == {
-      (presets.TRANSLATE, 'copy'), (presets.SUMMARIZE, 'first')}
-  assert all(b['score'] > 0 and b['examples'] > 0 for b in baselines)
+      (presets.TRANSLATE, 'copy'), (presets.SUMMARIZE, 'first'), (presets.TRANSLATE, 'unigram'),
+      (presets.SUMMARIZE, 'unigram')}
+  text = [b for b in baselines if 'likelihood' not in b]
+  assert all(b['score'] > 0 and b['examples'] > 0 for b in text)
+  models = {(r['task'], r['variant']): r for r in _stage(out_dir, 'evaluate')['rows']}
+  for b in baselines:
+    if 'likelihood' in b:  # the unigram LM, on the models' test references
+      assert b['metric'] == 'loglik' and b['score'] == b['likelihood']['loglik'] < 0
+      mha = models[(b['task'], SMOKE.variants()[0].name)]['likelihood']
+      assert b['likelihood']['tokens'] == mha['tokens'] and b['examples'] == (
+          models[(b['task'], SMOKE.variants()[0].name)]['examples'])
   report = open(os.path.join(out_dir, 'report.md')).read()
   assert 'pipeline check on a tiny excerpt, not findings' in report
   for b in baselines:
     assert f"| baseline: {b['baseline']} |" in report
+  assert 'Teacher-forced likelihood of the test references' in report

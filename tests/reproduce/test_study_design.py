@@ -17,7 +17,7 @@ MEAN = 'mean_bleu_rouge1'
 OVERRIDES = ['pretrain_task=ddtp_mixture', 'finetune_multitask=true', 'pretrain_steps=4',
              'warmup_steps=2', 'pretrain_batch=8', 'alphas=0.25', 'method_ablation_alpha=0',
              'finetune_steps=6', 'finetune_batch=8', 'eval_period=2', 'validation_examples=8',
-             'test_examples=8', 'eval_batch=8']
+             'test_examples=8', 'eval_batch=8', 'kv_heads=2', 'method_ablation_kv_heads=2']
 # Models this small score 0 at every evaluation (measured), so the run's validation scores are
 # shifted by these offsets per step: the mean of the two is highest at step 4, BLEU alone at step
 # 2 and ROUGE-1 alone at step 6, so only selection by the mean keeps step 4.
