@@ -5,12 +5,9 @@ import os
 import pytest
 
 # Most of the suite's time is XLA compiling tiny models, not running them: compile cheaply (LLVM's
-# expensive passes off). Measured on tests/decoding/test_speculative_t5.py: 164 s of CPU against
-# 268 s with XLA's defaults, the same 36 passes. XLA:CPU's new fusion emitters off as well (jaxlib
-# 0.10): that file in 68.8 s against 81.8 s with the two flags above alone, and two cases of
-# test_tree_staged.py in 26 s against 36 s (2026-11-25, quiet machine). Set before JAX starts its
-# backend; subprocesses the tests start inherit it. XLA_FLAGS given by the caller come after these,
-# so they win (XLA keeps the last value of a flag).
+# expensive passes off, XLA:CPU's new fusion emitters off). Set before JAX starts its backend;
+# subprocesses the tests start inherit it. XLA_FLAGS given by the caller come after these, so they
+# win (XLA keeps the last value of a flag).
 CHEAP_XLA_FLAGS = ('--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true '
                    '--xla_cpu_use_fusion_emitters=false')
 os.environ['XLA_FLAGS'] = ' '.join(filter(None, [CHEAP_XLA_FLAGS, os.environ.get('XLA_FLAGS')]))
@@ -21,10 +18,14 @@ os.environ['XLA_FLAGS'] = ' '.join(filter(None, [CHEAP_XLA_FLAGS, os.environ.get
 SMOKE_FILES = ('tests/reproduce/test_pipeline.py', 'tests/test_notebooks.py')
 
 
-# The files that take longest (seconds on one worker of `.ci/run`'s suite, 2026-11-25), longest
-# first: xdist hands out whole files in collection order, so these start first and the last
-# minutes are many short files spread over both workers, not one worker finishing a long file
-# alone (xdist's default order, by test count, put these single-test files last).
+# The files that take longest, longest first (seconds on one worker of `.ci/run`'s suite beside
+# each: upper bounds, measured on a shared 2-core machine). They are the `slow` tier: every test in
+# them is marked `slow`, so `python -m pytest -m "not slow"` (the fast tier, the edit-test loop)
+# leaves them out; the whole suite (`python -m pytest -q`, what `.ci/run` runs) runs them first.
+# xdist hands out whole files in collection order, so these start first and the last minutes are
+# many short files spread over both workers, not one worker finishing a long file alone. A file
+# that takes more than ~30 s belongs here; a single slow test in a fast file gets
+# `@pytest.mark.slow` instead.
 SLOW_FILES = (
     'tests/test_manual.py',  # 311-387 (222-227 s of CPU) at load average 5-7, 2026-11-26
     'tests/training/test_resume.py',  # ~145 (5 train processes since 2026-11-25)
@@ -49,10 +50,11 @@ SLOW_FILES = (
 )
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the marks added here
 def pytest_collection_modifyitems(config, items):
-  """Runs the smoke files first (the longest unit of work when the suite makes its own smoke
-  reproduction), then SLOW_FILES longest first, then the rest in file order; checks that
-  SMOKE_FILES names every file that uses `smoke_run`."""
+  """Marks every test of SMOKE_FILES and SLOW_FILES `slow`; runs the smoke files first (the longest
+  unit of work when the suite makes its own smoke reproduction), then SLOW_FILES longest first,
+  then the rest in file order; checks that SMOKE_FILES names every file that uses `smoke_run`."""
   rootpath = config.rootpath
   path = lambda item: item.path.relative_to(rootpath).as_posix()
   users = {path(item) for item in items if 'smoke_run' in item.fixturenames}
@@ -62,6 +64,9 @@ def pytest_collection_modifyitems(config, items):
   if missing:
     raise pytest.UsageError(f'tests/conftest.py: SLOW_FILES names missing files {missing}')
   rank = {f: i for i, f in enumerate(SMOKE_FILES + SLOW_FILES)}
+  for item in items:
+    if path(item) in rank:
+      item.add_marker(pytest.mark.slow)
   items.sort(key=lambda item: rank.get(path(item), len(rank)))  # stable: file order kept otherwise
 
 
