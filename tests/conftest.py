@@ -24,8 +24,8 @@ SMOKE_FILES = ('tests/reproduce/test_pipeline.py', 'tests/test_notebooks.py')
 # leaves them out; the whole suite (`python -m pytest -q`, what `.ci/run` runs) runs them first.
 # xdist hands out whole files in collection order, so these start first and the last minutes are
 # many short files spread over both workers, not one worker finishing a long file alone. A file
-# that takes more than ~30 s belongs here; a single slow test in a fast file gets
-# `@pytest.mark.slow` instead.
+# that takes more than ~15 s belongs here (the fast tier's budget is 5 minutes on 2 cores for all
+# the rest); a single slow test in a fast file gets `@pytest.mark.slow` instead.
 SLOW_FILES = (
     'tests/test_manual.py',  # 311-387 (222-227 s of CPU) at load average 5-7, 2026-11-26
     'tests/training/test_resume.py',  # ~145 (5 train processes since 2026-11-25)
@@ -47,6 +47,19 @@ SLOW_FILES = (
     'tests/reproduce/test_gpu_preset.py',  # 46
     'tests/training/test_sharding.py',  # ~42 (the suite's XLA flags)
     'tests/training/test_mesh_eval.py',  # ~32 (the suite's XLA flags)
+    # Below: CPU seconds of the file alone (its tests, not the process's imports), measured on a
+    # machine shared by many jobs; `(judged)`: not measured, slow by what it starts.
+    'tests/decoding/test_commands.py',  # ~59 (31 generate runs in process)
+    'tests/decoding/test_adaptive.py',  # (judged: 22 tests compiling the adaptive loops)
+    'tests/decoding/test_tree_adaptive.py',  # (judged: the adaptive tree loops)
+    'tests/test_signals.py',  # (judged: generate processes signalled at each stage)
+    'tests/multihost/test_faults.py',  # (judged: training processes, 2 of them ~25 s each)
+    'tests/checkpoints/test_hf.py',  # ~27 (torch's reference models)
+    'tests/checkpoints/test_checkpoint_commands.py',  # ~22 (CLI processes)
+    'tests/checkpoints/test_native.py',  # ~21
+    'tests/data/test_exported.py',  # ~17
+    'tests/data/test_paper_tasks.py',  # ~17 (seqio pipelines of 8 tasks)
+    'tests/data/test_tasks.py',  # ~16
 )
 
 
