@@ -42,7 +42,6 @@ SLOW_FILES = (
     'tests/training/test_draft_training.py',  # 70
     'tests/decoding/test_adaptive_hlo.py',  # ~70 alone (3 compiles of the adaptive loops)
     'tests/decoding/test_tree_t5.py',  # 61
-    'tests/test_convert.py',  # 57
     'tests/decoding/test_mesh.py',  # ~48 (shared states, the suite's XLA flags)
     'tests/reproduce/test_gpu_preset.py',  # 46
     'tests/training/test_sharding.py',  # ~42 (the suite's XLA flags)
