@@ -49,6 +49,7 @@ SLOW_FILES = (
     # Below: CPU seconds of the file alone (its tests, not the process's imports), measured on a
     # machine shared by many jobs; `(judged)`: not measured, slow by what it starts.
     'tests/decoding/test_commands.py',  # ~59 (31 generate runs in process)
+    'tests/decoding/test_tree_commands.py',  # ~58 (24 generate runs in process)
     'tests/decoding/test_autoregressive.py',  # ~49
     'tests/decoding/test_staged.py',  # ~17
     'tests/decoding/test_adaptive.py',  # (judged: 22 tests compiling the adaptive loops)
