@@ -51,8 +51,12 @@ SLOW_FILES = (
     'tests/decoding/test_commands.py',  # ~59 (31 generate runs in process)
     'tests/decoding/test_tree_commands.py',  # ~58 (24 generate runs in process)
     'tests/decoding/test_autoregressive.py',  # ~49
+    'tests/decoding/test_speculative_chimera.py',  # ~30
+    'tests/decoding/test_t5x_compat.py',  # ~20
     'tests/decoding/test_staged.py',  # ~17
-    'tests/decoding/test_adaptive.py',  # (judged: 22 tests compiling the adaptive loops)
+    'tests/decoding/test_tree.py',  # ~17
+    'tests/models/test_chimera.py',  # ~16
+    'tests/decoding/test_adaptive.py',  # ~150
     'tests/decoding/test_tree_adaptive.py',  # (judged: the adaptive tree loops)
     'tests/test_signals.py',  # (judged: generate processes signalled at each stage)
     'tests/multihost/test_faults.py',  # (judged: training processes, 2 of them ~25 s each)
