@@ -27,44 +27,45 @@ SMOKE_FILES = ('tests/reproduce/test_pipeline.py', 'tests/test_notebooks.py')
 # that takes more than ~15 s belongs here (the fast tier's budget is 5 minutes on 2 cores for all
 # the rest); a single slow test in a fast file gets `@pytest.mark.slow` instead.
 SLOW_FILES = (
+    # Seconds beside each, upper bounds from machines shared with other jobs: on one worker of
+    # `.ci/run`'s suite, or the file's CPU seconds alone (its tests, not the process's imports);
+    # `(judged)`: not measured, slow by the processes it starts.
     'tests/test_manual.py',  # 311-387 (222-227 s of CPU) at load average 5-7, 2026-11-26
+    'tests/decoding/test_adaptive.py',  # ~150
     'tests/training/test_resume.py',  # ~145 (5 train processes since 2026-11-25)
     'tests/reproduce/test_study_design.py',  # 145
     'tests/scripts/test_device_study.py',  # ~135 at load 6 (the gpu reproduction at nano size)
     'tests/scripts/test_t5x_scripts.py',  # 134
     'tests/reproduce/test_calibration.py',  # 123
+    'tests/multihost/test_scale_out_doc.py',  # ~110 (10 processes, up to 5 at a time; load 4)
     'tests/models/test_layout.py',  # 88
     'tests/models/test_t5.py',  # 88
-    'tests/decoding/test_speculative_t5.py',  # 78
-    'tests/multihost/test_scale_out_doc.py',  # ~110 (10 processes, up to 5 at a time; load 4)
     'tests/multihost/test_multihost.py',  # ~85 + ~50 before the decoding joined its processes (3 side by side, then 1, then 4)
+    'tests/decoding/test_speculative_t5.py',  # 78
     'tests/decoding/test_tree_staged.py',  # ~76 (147 compiles, was 771)
     'tests/training/test_draft_training.py',  # 70
     'tests/decoding/test_adaptive_hlo.py',  # ~70 alone (3 compiles of the adaptive loops)
     'tests/decoding/test_tree_t5.py',  # 61
+    'tests/decoding/test_commands.py',  # ~59 (31 generate runs in process)
+    'tests/decoding/test_tree_commands.py',  # ~58 (24 generate runs in process)
+    'tests/decoding/test_autoregressive.py',  # ~49
     'tests/decoding/test_mesh.py',  # ~48 (shared states, the suite's XLA flags)
     'tests/reproduce/test_gpu_preset.py',  # 46
     'tests/training/test_sharding.py',  # ~42 (the suite's XLA flags)
     'tests/training/test_mesh_eval.py',  # ~32 (the suite's XLA flags)
-    # Below: CPU seconds of the file alone (its tests, not the process's imports), measured on a
-    # machine shared by many jobs; `(judged)`: not measured, slow by what it starts.
-    'tests/decoding/test_commands.py',  # ~59 (31 generate runs in process)
-    'tests/decoding/test_tree_commands.py',  # ~58 (24 generate runs in process)
-    'tests/decoding/test_autoregressive.py',  # ~49
     'tests/decoding/test_speculative_chimera.py',  # ~30
-    'tests/decoding/test_t5x_compat.py',  # ~20
-    'tests/decoding/test_staged.py',  # ~17
-    'tests/decoding/test_tree.py',  # ~17
-    'tests/models/test_chimera.py',  # ~16
-    'tests/decoding/test_adaptive.py',  # ~150
+    'tests/checkpoints/test_hf.py',  # ~27 (torch's reference models)
     'tests/decoding/test_tree_adaptive.py',  # (judged: the adaptive tree loops)
     'tests/test_signals.py',  # (judged: generate processes signalled at each stage)
     'tests/multihost/test_faults.py',  # (judged: training processes, 2 of them ~25 s each)
-    'tests/checkpoints/test_hf.py',  # ~27 (torch's reference models)
     'tests/checkpoints/test_checkpoint_commands.py',  # ~22 (CLI processes)
     'tests/checkpoints/test_native.py',  # ~21
+    'tests/decoding/test_t5x_compat.py',  # ~20
+    'tests/decoding/test_staged.py',  # ~17
+    'tests/decoding/test_tree.py',  # ~17
     'tests/data/test_exported.py',  # ~17
     'tests/data/test_paper_tasks.py',  # ~17 (seqio pipelines of 8 tasks)
+    'tests/models/test_chimera.py',  # ~16
     'tests/data/test_tasks.py',  # ~16
 )
 
