@@ -53,7 +53,10 @@ SLOW_FILES = (
     'tests/reproduce/test_gpu_preset.py',  # 46
     'tests/training/test_sharding.py',  # ~42 (the suite's XLA flags)
     'tests/training/test_mesh_eval.py',  # ~32 (the suite's XLA flags)
-    'tests/decoding/test_speculative_chimera.py',  # ~30
+    'tests/decoding/test_tree_stub.py',  # ~33-42
+    'tests/decoding/test_speculative_chimera.py',  # ~23-30
+    'tests/models/test_config.py',  # ~22
+    'tests/models/test_decode_cache_tree.py',  # ~20 (one test)
     'tests/checkpoints/test_hf.py',  # ~27 (torch's reference models)
     'tests/decoding/test_tree_adaptive.py',  # (judged: the adaptive tree loops)
     'tests/test_signals.py',  # (judged: generate processes signalled at each stage)
