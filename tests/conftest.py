@@ -5,12 +5,9 @@ import os
 import pytest
 
 # Most of the suite's time is XLA compiling tiny models, not running them: compile cheaply (LLVM's
-# expensive passes off). Measured on tests/decoding/test_speculative_t5.py: 164 s of CPU against
-# 268 s with XLA's defaults, the same 36 passes. XLA:CPU's new fusion emitters off as well (jaxlib
-# 0.10): that file in 68.8 s against 81.8 s with the two flags above alone, and two cases of
-# test_tree_staged.py in 26 s against 36 s (2026-11-25, quiet machine). Set before JAX starts its
-# backend; subprocesses the tests start inherit it. XLA_FLAGS given by the caller come after these,
-# so they win (XLA keeps the last value of a flag).
+# expensive passes off, XLA:CPU's new fusion emitters off). Set before JAX starts its backend;
+# subprocesses the tests start inherit it. XLA_FLAGS given by the caller come after these, so they
+# win (XLA keeps the last value of a flag).
 CHEAP_XLA_FLAGS = ('--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true '
                    '--xla_cpu_use_fusion_emitters=false')
 os.environ['XLA_FLAGS'] = ' '.join(filter(None, [CHEAP_XLA_FLAGS, os.environ.get('XLA_FLAGS')]))
@@ -21,39 +18,67 @@ os.environ['XLA_FLAGS'] = ' '.join(filter(None, [CHEAP_XLA_FLAGS, os.environ.get
 SMOKE_FILES = ('tests/reproduce/test_pipeline.py', 'tests/test_notebooks.py')
 
 
-# The files that take longest (seconds on one worker of `.ci/run`'s suite, 2026-11-25), longest
-# first: xdist hands out whole files in collection order, so these start first and the last
-# minutes are many short files spread over both workers, not one worker finishing a long file
-# alone (xdist's default order, by test count, put these single-test files last).
+# The files that take longest, longest first (seconds on one worker of `.ci/run`'s suite beside
+# each: upper bounds, measured on a shared 2-core machine). They are the `slow` tier: every test in
+# them is marked `slow`, so `python -m pytest -m "not slow"` (the fast tier, the edit-test loop)
+# leaves them out; the whole suite (`python -m pytest -q`, what `.ci/run` runs) runs them first.
+# xdist hands out whole files in collection order, so these start first and the last minutes are
+# many short files spread over both workers, not one worker finishing a long file alone. A file
+# that takes more than ~15 s belongs here (the fast tier's budget is 5 minutes on 2 cores for all
+# the rest); a single slow test in a fast file gets `@pytest.mark.slow` instead.
 SLOW_FILES = (
+    # Seconds beside each, upper bounds from machines shared with other jobs: on one worker of
+    # `.ci/run`'s suite, or the file's CPU seconds alone (its tests, not the process's imports);
+    # `(judged)`: not measured, slow by the processes it starts.
     'tests/test_manual.py',  # 311-387 (222-227 s of CPU) at load average 5-7, 2026-11-26
+    'tests/decoding/test_adaptive.py',  # ~150
     'tests/training/test_resume.py',  # ~145 (5 train processes since 2026-11-25)
     'tests/reproduce/test_study_design.py',  # 145
     'tests/scripts/test_device_study.py',  # ~135 at load 6 (the gpu reproduction at nano size)
     'tests/scripts/test_t5x_scripts.py',  # 134
     'tests/reproduce/test_calibration.py',  # 123
+    'tests/multihost/test_scale_out_doc.py',  # ~110 (10 processes, up to 5 at a time; load 4)
     'tests/models/test_layout.py',  # 88
     'tests/models/test_t5.py',  # 88
-    'tests/decoding/test_speculative_t5.py',  # 78
-    'tests/multihost/test_scale_out_doc.py',  # ~110 (10 processes, up to 5 at a time; load 4)
     'tests/multihost/test_multihost.py',  # ~85 + ~50 before the decoding joined its processes (3 side by side, then 1, then 4)
+    'tests/decoding/test_speculative_t5.py',  # 78
     'tests/decoding/test_tree_staged.py',  # ~76 (147 compiles, was 771)
     'tests/training/test_draft_training.py',  # 70
     'tests/decoding/test_adaptive_hlo.py',  # ~70 alone (3 compiles of the adaptive loops)
     'tests/decoding/test_tree_t5.py',  # 61
     'tests/training/test_chaos.py',  # 6 training processes, 4 of them killed (not yet timed in CI)
-    'tests/test_convert.py',  # 57
+    'tests/decoding/test_commands.py',  # ~59 (31 generate runs in process)
+    'tests/decoding/test_tree_commands.py',  # ~58 (24 generate runs in process)
+    'tests/decoding/test_autoregressive.py',  # ~49
     'tests/decoding/test_mesh.py',  # ~48 (shared states, the suite's XLA flags)
     'tests/reproduce/test_gpu_preset.py',  # 46
     'tests/training/test_sharding.py',  # ~42 (the suite's XLA flags)
     'tests/training/test_mesh_eval.py',  # ~32 (the suite's XLA flags)
+    'tests/decoding/test_tree_stub.py',  # ~33-42
+    'tests/decoding/test_speculative_chimera.py',  # ~23-30
+    'tests/models/test_config.py',  # ~22
+    'tests/models/test_decode_cache_tree.py',  # ~20 (one test)
+    'tests/checkpoints/test_hf.py',  # ~27 (torch's reference models)
+    'tests/decoding/test_tree_adaptive.py',  # (judged: the adaptive tree loops)
+    'tests/test_signals.py',  # (judged: generate processes signalled at each stage)
+    'tests/multihost/test_faults.py',  # (judged: training processes, 2 of them ~25 s each)
+    'tests/checkpoints/test_checkpoint_commands.py',  # ~22 (CLI processes)
+    'tests/checkpoints/test_native.py',  # ~21
+    'tests/decoding/test_t5x_compat.py',  # ~20
+    'tests/decoding/test_staged.py',  # ~17
+    'tests/decoding/test_tree.py',  # ~17
+    'tests/data/test_exported.py',  # ~17
+    'tests/data/test_paper_tasks.py',  # ~17 (seqio pipelines of 8 tasks)
+    'tests/models/test_chimera.py',  # ~16
+    'tests/data/test_tasks.py',  # ~16
 )
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the marks added here
 def pytest_collection_modifyitems(config, items):
-  """Runs the smoke files first (the longest unit of work when the suite makes its own smoke
-  reproduction), then SLOW_FILES longest first, then the rest in file order; checks that
-  SMOKE_FILES names every file that uses `smoke_run`."""
+  """Marks every test of SMOKE_FILES and SLOW_FILES `slow`; runs the smoke files first (the longest
+  unit of work when the suite makes its own smoke reproduction), then SLOW_FILES longest first,
+  then the rest in file order; checks that SMOKE_FILES names every file that uses `smoke_run`."""
   rootpath = config.rootpath
   path = lambda item: item.path.relative_to(rootpath).as_posix()
   users = {path(item) for item in items if 'smoke_run' in item.fixturenames}
@@ -63,6 +88,9 @@ def pytest_collection_modifyitems(config, items):
   if missing:
     raise pytest.UsageError(f'tests/conftest.py: SLOW_FILES names missing files {missing}')
   rank = {f: i for i, f in enumerate(SMOKE_FILES + SLOW_FILES)}
+  for item in items:
+    if path(item) in rank:
+      item.add_marker(pytest.mark.slow)
   items.sort(key=lambda item: rank.get(path(item), len(rank)))  # stable: file order kept otherwise
 
 

@@ -1,5 +1,7 @@
 """MHA -> GQA/MQA conversion: mean / first / random semantics, identity, and bad head counts."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,7 +19,10 @@ KV = [('decoder', f'layers_{i}', a, p, 'kernel') for i in range(2)
       for a in ('self_attention', 'encoder_decoder_attention') for p in ('key', 'value')]
 
 
+@functools.lru_cache(maxsize=None)
 def _init(config, seed=0):
+  """The parameters of `config` (the same arrays for the same arguments: JAX arrays are immutable,
+  and every test builds new trees around them)."""
   tokens = jnp.ones((1, 3), jnp.int32)
   # Jitted: one compilation instead of one per eager op keeps the suite fast on CPU.
   return jax.jit(lambda: Transformer(config).init(jax.random.PRNGKey(seed), tokens, tokens, tokens,
@@ -30,13 +35,18 @@ def _get(params, path):
   return np.asarray(params)
 
 
-def _logits(config, params):
+@functools.lru_cache(maxsize=None)
+def _apply(config):
+  """`config`'s forward pass on a fixed padded batch, compiled once per config."""
   rng = np.random.default_rng(0)
   enc = jnp.asarray(rng.integers(2, 50, (2, 7)), jnp.int32).at[1, 4:].set(0)
   dec = jnp.asarray(rng.integers(2, 50, (2, 5)), jnp.int32).at[:, 0].set(0)
-  apply = jax.jit(lambda p: Transformer(config).apply({'params': p}, enc, dec, jnp.ones_like(dec),
+  return jax.jit(lambda p: Transformer(config).apply({'params': p}, enc, dec, jnp.ones_like(dec),
                                                      enable_dropout=False))
-  return np.asarray(apply(params))
+
+
+def _logits(config, params):
+  return np.asarray(_apply(config)(params))
 
 
 def _non_kv_leaves(params):

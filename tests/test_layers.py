@@ -18,7 +18,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / 'gqa_spec'
 
 LAYERS = (
     ('gqa_spec.errors', 'gqa_spec.progress', 'gqa_spec.rundir', 'gqa_spec.rundir_lock',
-     'gqa_spec.atomic', 'gqa_spec.console', 'gqa_spec.arguments'),
+     'gqa_spec.atomic', 'gqa_spec.console', 'gqa_spec.arguments', 'gqa_spec.pids'),
     ('gqa_spec.models',),
     ('gqa_spec.partitioning', 'gqa_spec.distributed', 'gqa_spec.checkpoints', 'gqa_spec.convert'),
     ('gqa_spec.data',),

@@ -28,7 +28,8 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # In the order a reader follows them (README.md first: its blocks beyond the quickstart).
-PAGES = ('README.md', 'docs/training.md', 'docs/decoding.md', 'docs/checkpoints.md',
+PAGES = ('README.md', 'docs/training.md', 'docs/decoding.md', 'docs/adaptive.md',
+         'docs/checkpoints.md',
          'docs/drafts.md', 'docs/trees.md', 'docs/rundir.md', 'docs/t5x.md', 'docs/data.md',
          'docs/reproduce.md', 'docs/index.md')
 SHELL = ('bash', 'sh', 'shell')
@@ -188,6 +189,10 @@ def check_outputs(runs, stdout: str) -> None:
     assert [r['output_ids'] for r in _jsonl(runs / f'{name}.jsonl')] == [translation[0]['output_ids']]
   with open(runs / 'stats_draft.json', encoding='utf-8') as f:
     assert json.load(f)['acceptance_rate'] is not None
+  # docs/adaptive.md: --gamma auto with a given cost ratio (no calibration), greedy decoding's tokens.
+  assert [r['output_ids'] for r in _jsonl(runs / 'out_auto_c.jsonl')] == [translation[0]['output_ids']]
+  with open(runs / 'stats_auto_c.json', encoding='utf-8') as f:
+    assert json.load(f)['cost_ratio_measured'] is False
   assert (runs / 'bigram.npz').exists()
   predictions = _jsonl(runs / 'infer_gqa2' / 'ddtp_translate_en_de-predict.jsonl-00000-of-00001')
   assert len(predictions) == 8 and all(isinstance(p['prediction'], str) for p in predictions)

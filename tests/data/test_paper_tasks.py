@@ -67,6 +67,8 @@ def test_task_preprocessing_and_feature_conversion(name):
       assert ex['inputs_pretokenized'].decode().startswith(PREFIXES[name])
       assert ex['inputs'][-1] == 1 and len(ex['inputs']) <= LENGTHS['inputs']
       assert ex['targets'][-1] == 1 and len(ex['targets']) <= LENGTHS['targets']
+    if name not in ('cnn_dailymail', 'wmt14_en_de', 'trivia_qa'):
+      return  # the feature converter is the same for every task: one of each preprocessing kind
     batch = next(pipeline.get_dataset(name, 'validation', LENGTHS, batch_size=1, pack=False)
                  .as_numpy_iterator())
     assert batch['encoder_input_tokens'].shape == (1, LENGTHS['inputs'])

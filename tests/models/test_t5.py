@@ -118,7 +118,9 @@ def test_cache_bytes_scale_with_kv_heads():
   assert sizes['mha'] == 2 * sizes['gqa2'] == 4 * sizes['mqa']
 
 
-@pytest.mark.parametrize('chunks', [[1] * 7, [3, 4], [2, 1, 4], [7]])
+# One token at a time, and multi-token calls from an empty and a filled cache ([3, 4] and [7]
+# assert nothing these two do not).
+@pytest.mark.parametrize('chunks', [[1] * 7, [2, 1, 4]])
 def test_incremental_decoding_matches_teacher_forcing(model_and_params, chunks):
   model, params = model_and_params
   enc, dec = _batch()
