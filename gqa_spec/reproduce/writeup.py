@@ -84,7 +84,7 @@ def stage_report(ctx: Context) -> dict:
 
 def _figures_and_claims(ctx: Context) -> Tuple[List[str], list, str]:
   """Writes the PNG figures; returns their names, the claims and the claims section of report.md."""
-  from gqa_spec.reproduce import claims, decode_bytes, figures  # pylint: disable=g-import-not-at-top
+  from gqa_spec.reproduce import claims, decode_bytes, figures, quality_claims  # pylint: disable=g-import-not-at-top
   p = ctx.preset
   evaluate, timing, spec = (ctx.read_stage(s) for s in ('evaluate', 'timing', 'speculative'))
   predicted = decode_bytes.predicted_times(
@@ -92,8 +92,8 @@ def _figures_and_claims(ctx: Context) -> Tuple[List[str], list, str]:
   names = figures.plot_all(ctx.out_dir, evaluate['rows'], timing['rows'], spec,
                            p.method_ablation_alpha, predicted)
   rows = claims.all_claims(evaluate, timing, spec, p.method_ablation_alpha, predicted)
-  notes = [claims.PROXY_NOTE] if claims.has_likelihood(evaluate) else []
-  return names, rows, '\n\n'.join([claims.quality_bar(evaluate), claims.markdown(rows),
+  notes = [claims.PROXY_NOTE] if quality_claims.has_likelihood(evaluate) else []
+  return names, rows, '\n\n'.join([quality_claims.quality_bar(evaluate), claims.markdown(rows),
                                      claims.NOTE] + notes)
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from gqa_spec.reproduce import bootstrap, claims, writeup
+from gqa_spec.reproduce import bootstrap, claims, quality_claims, verdicts, writeup
 
 SUM, TR = 'ddtp_summarize', 'ddtp_translate_en_de'
 N = 60
@@ -47,9 +47,9 @@ def _by_key(cs):
 
 def test_paper_orderings_hold_when_the_data_has_them():
   ev = _evaluate(mha=50, mqa=44, gqa=49, mqa0=35, gqa0=45, first=41, random=30)
-  c = _by_key(claims.quality_claims(ev, 0.05))
+  c = _by_key(quality_claims.quality_claims(ev, 0.05))
   for key in ('1a', '1b', '2a', '2b', '3a', '3b'):
-    assert c[key].verdict == claims.HOLDS, (key, c[key])
+    assert c[key].verdict == verdicts.HOLDS, (key, c[key])
   assert abs(float(c['1a'].ours) - 6) < 1.5
   low, high = (float(x) for x in c['1a'].interval.strip('[]').split(','))
   assert 0 < low < float(c['1a'].ours) < high
@@ -57,38 +57,38 @@ def test_paper_orderings_hold_when_the_data_has_them():
 
 def test_reversed_ordering_does_not_hold():
   ev = _evaluate(mha=44, mqa=50, gqa=47, first=50, random=30)  # MQA clearly better than MHA
-  c = _by_key(claims.quality_claims(ev, 0.05))
-  assert c['1a'].verdict == claims.DOES_NOT_HOLD
+  c = _by_key(quality_claims.quality_claims(ev, 0.05))
+  assert c['1a'].verdict == verdicts.DOES_NOT_HOLD
   assert float(c['1a'].interval.strip('[]').split(',')[1]) < 0
-  assert c['3a'].verdict == claims.UNRESOLVED  # mean == first: the interval spans 0
+  assert c['3a'].verdict == verdicts.UNRESOLVED  # mean == first: the interval spans 0
   assert c['3a'].why == 'interval spans 0'
 
 
 def test_models_at_the_baseline_leave_every_quality_claim_unresolved():
   ev = _evaluate(mha=50, mqa=44, gqa=49, baseline=48)  # MQA does not beat the baseline
-  c = _by_key(claims.quality_claims(ev, 0.05))
-  assert c['1a'].verdict == claims.UNRESOLVED
+  c = _by_key(quality_claims.quality_claims(ev, 0.05))
+  assert c['1a'].verdict == verdicts.UNRESOLVED
   assert 'does not clearly beat the first sentence baseline' in c['1a'].why
   assert c['1a'].interval.startswith('[+')  # the interval is still reported
 
 
 def test_no_baseline_no_per_example_scores_and_missing_models():
   ev = _evaluate(mha=50, mqa=44, gqa=49, baseline=None)
-  c = _by_key(claims.quality_claims(ev, 0.05))
-  assert (c['1a'].verdict, c['1a'].why) == (claims.UNRESOLVED, 'no baseline')
-  assert c['3a'].verdict == claims.NOT_RUN and 'first' in c['3a'].why
-  assert c['2a'].verdict == claims.NOT_RUN  # no alpha = 0 rows
+  c = _by_key(quality_claims.quality_claims(ev, 0.05))
+  assert (c['1a'].verdict, c['1a'].why) == (verdicts.UNRESOLVED, 'no baseline')
+  assert c['3a'].verdict == verdicts.NOT_RUN and 'first' in c['3a'].why
+  assert c['2a'].verdict == verdicts.NOT_RUN  # no alpha = 0 rows
   for r in ev['rows']:
     del r['per_example']
-  c = _by_key(claims.quality_claims(ev, 0.05))
-  assert c['1a'].verdict == claims.UNRESOLVED and 'per-example' in c['1a'].why
+  c = _by_key(quality_claims.quality_claims(ev, 0.05))
+  assert c['1a'].verdict == verdicts.UNRESOLVED and 'per-example' in c['1a'].why
   assert c['1a'].interval == '-' and abs(float(c['1a'].ours) - 6) < 1.5
 
 
 def test_uptraining_claim_needs_a_loss_at_alpha_zero():
   ev = _evaluate(mha=50, mqa=49, gqa=49, mqa0=50, gqa0=49)  # MQA_0 already at MHA
-  c = _by_key(claims.quality_claims(ev, 0.05))
-  assert c['2a'].verdict == claims.UNRESOLVED
+  c = _by_key(quality_claims.quality_claims(ev, 0.05))
+  assert c['2a'].verdict == verdicts.UNRESOLVED
   assert 'no clear MQA loss at alpha=0' in c['2a'].why
 
 
@@ -108,8 +108,8 @@ def test_bleu_tasks_are_resampled_from_their_statistics():
   base.update(metric='bleu', per_example=bootstrap.encode('bleu', targets, [' '.join(t.split()[:5]) for t in targets]))
   base['score'] = bootstrap.score('bleu', bootstrap.decode('bleu', base['per_example']))
   ev['rows'].append(base)
-  c = _by_key(claims.quality_claims(ev, 0.05))
-  assert c['1a'].verdict == claims.UNRESOLVED  # MQA's BLEU is below the copy baseline's
+  c = _by_key(quality_claims.quality_claims(ev, 0.05))
+  assert c['1a'].verdict == verdicts.UNRESOLVED  # MQA's BLEU is below the copy baseline's
   assert 'on ddtp_translate_en_de' in c['1a'].why
 
 
@@ -119,16 +119,16 @@ def _timing(times, setting='long'):
 
 
 @pytest.mark.parametrize('times, verdict', [
-    ({1: 1.0, 2: 1.2, 4: 1.6, 8: 3.0}, claims.HOLDS),
-    ({1: 1.0, 2: 1.1, 4: 1.0, 8: 0.9}, claims.DOES_NOT_HOLD),  # inverted
-    ({1: 1.0, 2: 2.5, 4: 2.8, 8: 3.0}, claims.DOES_NOT_HOLD),  # GQA nearer MHA
-    ({1: 1.0, 2: 1.0, 4: 1.0, 8: 1.05}, claims.UNRESOLVED),
-    ({1: 1.0, 2: 1.1, 4: 1.0, 8: 0.98}, claims.UNRESOLVED),  # inverted within the noise margin
+    ({1: 1.0, 2: 1.2, 4: 1.6, 8: 3.0}, verdicts.HOLDS),
+    ({1: 1.0, 2: 1.1, 4: 1.0, 8: 0.9}, verdicts.DOES_NOT_HOLD),  # inverted
+    ({1: 1.0, 2: 2.5, 4: 2.8, 8: 3.0}, verdicts.DOES_NOT_HOLD),  # GQA nearer MHA
+    ({1: 1.0, 2: 1.0, 4: 1.0, 8: 1.05}, verdicts.UNRESOLVED),
+    ({1: 1.0, 2: 1.1, 4: 1.0, 8: 0.98}, verdicts.UNRESOLVED),  # inverted within the noise margin
 ])
 def test_speed_claim(times, verdict):
   c = claims.speed_claim(_timing(times), {}, 2)
   assert c.verdict == verdict, c
-  assert claims.speed_claim(_timing(times, 'short'), {}, 2).verdict == claims.NOT_RUN
+  assert claims.speed_claim(_timing(times, 'short'), {}, 2).verdict == verdicts.NOT_RUN
 
 
 # Seconds per round of a fresh-clone smoke run's long setting (2026-11-26): the medians give
@@ -138,12 +138,12 @@ SMOKE_MHA = [9.98, 8.49, 7.16, 6.11, 6.13, 5.95, 5.91]
 
 
 @pytest.mark.parametrize('mqa, gqa, mha, verdict', [
-    (SMOKE_MQA, SMOKE_MQA, SMOKE_MHA, claims.UNRESOLVED),  # the rounds disagree
+    (SMOKE_MQA, SMOKE_MQA, SMOKE_MHA, verdicts.UNRESOLVED),  # the rounds disagree
     ([5.0, 5.2, 5.1, 5.3, 5.0, 5.1, 5.2], [5.0] * 7, [4.0, 4.1, 4.0, 4.2, 4.1, 4.0, 4.1],
-     claims.DOES_NOT_HOLD),  # MHA faster in every round
+     verdicts.DOES_NOT_HOLD),  # MHA faster in every round
     ([1.0, 1.1, 1.0, 0.9, 1.0, 1.0, 1.1], [1.2] * 7, [3.0, 2.9, 3.1, 3.0, 2.8, 3.0, 3.2],
-     claims.HOLDS),
-    ([1.0, 3.0, 1.0, 3.0, 1.0, 3.0, 1.0], [1.2] * 7, [2.0] * 7, claims.UNRESOLVED),  # 2x median,
+     verdicts.HOLDS),
+    ([1.0, 3.0, 1.0, 3.0, 1.0, 3.0, 1.0], [1.2] * 7, [2.0] * 7, verdicts.UNRESOLVED),  # 2x median,
 ])                                                                  # but 2/3 in 3 rounds of 7
 def test_speed_claim_asks_the_interleaved_rounds_to_agree(mqa, gqa, mha, verdict):
   rows = [{'setting': 'long', 'kv_heads': g, 'time_per_sample_s': sorted(t)[3], 'rounds_s': t}
@@ -183,12 +183,12 @@ def test_speculative_claims_at_batch_one():
           _spec_row('draft model', 0.0, 3, 0.8, batch=8, equal=False)]
   cs = claims.speculative_claims({'rows': rows, 'batch_size': 8})
   by = {x.key: x for x in cs}
-  assert by['5a'].verdict == claims.DOES_NOT_HOLD and by['5a'].ours == '2/3 rows identical'
+  assert by['5a'].verdict == verdicts.DOES_NOT_HOLD and by['5a'].ours == '2/3 rows identical'
   t0, t1 = [x for x in cs if x.key == '5b']
-  assert (t0.verdict, t1.verdict) == (claims.HOLDS, claims.DOES_NOT_HOLD)
-  assert by['5c'].verdict == claims.HOLDS and '1.80x (draft model, gamma 3)' in by['5c'].ours
-  assert by['5d'].verdict == claims.HOLDS and by['5d'].ours == 'translate: 0.95 (draft model, gamma 3)'
-  assert by['6a'].verdict == by['6b'].verdict == claims.NOT_RUN
+  assert (t0.verdict, t1.verdict) == (verdicts.HOLDS, verdicts.DOES_NOT_HOLD)
+  assert by['5c'].verdict == verdicts.HOLDS and '1.80x (draft model, gamma 3)' in by['5c'].ours
+  assert by['5d'].verdict == verdicts.HOLDS and by['5d'].ours == 'translate: 0.95 (draft model, gamma 3)'
+  assert by['6a'].verdict == by['6b'].verdict == verdicts.NOT_RUN
 
 
 def test_speculative_claims_without_batch_one_rows_and_with_staged_and_chimera_rows():
@@ -196,12 +196,12 @@ def test_speculative_claims_without_batch_one_rows_and_with_staged_and_chimera_r
           _spec_row('staged (draft model + bigram)', 0.0, 3, 1.2),
           _spec_row('chimera', 0.0, 3, 1.0, tokens_per_call=2.6)]
   by = {x.key: x for x in claims.speculative_claims({'rows': rows, 'batch_size': 8})}
-  assert by['5c'].verdict == claims.NOT_RUN and 'no batch-1 rows (batch [8])' in by['5c'].why
-  assert by['6a'].verdict == claims.HOLDS and by['6a'].ours.startswith('1.33x')
-  assert by['6b'].verdict == claims.HOLDS and '+0.60' in by['6b'].ours
+  assert by['5c'].verdict == verdicts.NOT_RUN and 'no batch-1 rows (batch [8])' in by['5c'].why
+  assert by['6a'].verdict == verdicts.HOLDS and by['6a'].ours.startswith('1.33x')
+  assert by['6b'].verdict == verdicts.HOLDS and '+0.60' in by['6b'].ours
   slower = [_spec_row('draft model', 0.0, 3, 1.5), _spec_row('tree:topk', 0.0, 3, 1.0)]
   assert {x.key: x for x in claims.speculative_claims({'rows': slower})}['6a'].verdict == \
-      claims.DOES_NOT_HOLD
+      verdicts.DOES_NOT_HOLD
 
 
 def test_markdown_has_a_row_per_claim():
@@ -227,19 +227,19 @@ def test_drafts_job_rows_are_compared_within_their_job():
   by = {x.key: x for x in claims.speculative_claims(
       {'rows': grid, 'drafts_rows': chains, 'tree_rows': trees, 'batch_size': 1})}
   assert by['5a'].ours == '7/7 rows identical'
-  assert by['6a'].verdict == claims.HOLDS and by['6a'].ours.startswith('2.50x')  # tree / plain
-  assert by['6b'].verdict == claims.UNRESOLVED  # +0.02 tokens/call is within the margin
+  assert by['6a'].verdict == verdicts.HOLDS and by['6a'].ours.startswith('2.50x')  # tree / plain
+  assert by['6b'].verdict == verdicts.UNRESOLVED  # +0.02 tokens/call is within the margin
   assert 'draft model tree topk:4,2,2' in by['5c'].ours  # the best batch-1 row: a tree
   assert by['5d'].ours == 'translate: 1.00 (draft model, gamma 3)'  # trees have no Theorem 8
 
 
 def test_terminal_summary_leads_with_what_holds():
   rows = [{'key': '1a', 'claim': 'MQA loses quality', 'ours': '+3.66',
-           'verdict': claims.UNRESOLVED, 'why': 'baseline'},
+           'verdict': verdicts.UNRESOLVED, 'why': 'baseline'},
           {'key': '4', 'claim': 'GQA time near MQA', 'ours': 'MHA/MQA 1.37x',
-           'verdict': claims.HOLDS, 'why': ''},
+           'verdict': verdicts.HOLDS, 'why': ''},
           {'key': '5c', 'claim': 'speedup at batch 1', 'ours': '0.9x',
-           'verdict': claims.DOES_NOT_HOLD, 'why': 'slower'}]
+           'verdict': verdicts.DOES_NOT_HOLD, 'why': 'slower'}]
   lines = writeup.claims_summary(rows).splitlines()
   assert lines[0] == 'Holds at this scale (1 of 3 claims):'
   assert lines[1].split()[:2] == ['4', 'GQA'] and lines[1].endswith('MHA/MQA 1.37x')
@@ -277,11 +277,11 @@ def test_quality_claims_are_decided_on_the_likelihood_with_bleu_rouge_beside():
   ev = _evaluate(mha=50, mqa=44, gqa=49, mqa0=35, gqa0=45, first=41, random=30, baseline=60)
   ev = _with_likelihood(ev, {'mha': -2.0, 'mqa': -2.2, 'gqa': -2.05, 'mqa0': -3.0, 'gqa0': -2.3,
                              'first': -2.5, 'random': -2.9})
-  assert claims.has_likelihood(ev)
-  c = _by_key(claims.quality_claims(ev, 0.05))
+  assert quality_claims.has_likelihood(ev)
+  c = _by_key(quality_claims.quality_claims(ev, 0.05))
   for key in ('1a', '1b', '2a', '2b', '3a', '3b'):
-    assert c[key].verdict == claims.HOLDS, (key, c[key])
-    assert c[key].text_metric.endswith(claims.UNRESOLVED), (key, c[key].text_metric)
+    assert c[key].verdict == verdicts.HOLDS, (key, c[key])
+    assert c[key].text_metric.endswith(verdicts.UNRESOLVED), (key, c[key].text_metric)
     assert 'log-likelihood' in c[key].claim
   assert float(c['1a'].ours) == pytest.approx(0.2, abs=0.03)  # nats per token, MHA - MQA
   text = claims.markdown(list(c.values()))
@@ -291,19 +291,19 @@ def test_quality_claims_are_decided_on_the_likelihood_with_bleu_rouge_beside():
 def test_likelihood_gate_is_the_unigram_model_and_reversal_does_not_hold():
   ev = _evaluate(mha=50, mqa=44, gqa=49, baseline=10)
   gated = _with_likelihood(ev, {'mha': -2.0, 'mqa': -4.0, 'gqa': -2.1}, unigram=-3.9)
-  c = _by_key(claims.quality_claims(gated, 0.05))
-  assert c['1a'].verdict == claims.UNRESOLVED
+  c = _by_key(quality_claims.quality_claims(gated, 0.05))
+  assert c['1a'].verdict == verdicts.UNRESOLVED
   assert 'does not clearly beat the unigram LM' in c['1a'].why
   ev = _evaluate(mha=50, mqa=44, gqa=49, baseline=10)
   reversed_ = _with_likelihood(ev, {'mha': -2.5, 'mqa': -2.0, 'gqa': -2.2})
-  c = _by_key(claims.quality_claims(reversed_, 0.05))
-  assert c['1a'].verdict == claims.DOES_NOT_HOLD  # MQA's references are likelier than MHA's
-  assert c['1a'].text_metric.endswith(claims.HOLDS)  # ROUGE-1 says the opposite: reported beside
+  c = _by_key(quality_claims.quality_claims(reversed_, 0.05))
+  assert c['1a'].verdict == verdicts.DOES_NOT_HOLD  # MQA's references are likelier than MHA's
+  assert c['1a'].text_metric.endswith(verdicts.HOLDS)  # ROUGE-1 says the opposite: reported beside
   # rows from before the likelihood: decided on ROUGE-1 as before, no column beside
   for r in ev['rows']:
     r.pop('likelihood', None)
-  c = _by_key(claims.quality_claims(ev, 0.05))
-  assert c['1a'].verdict == claims.HOLDS and c['1a'].text_metric == '-'
+  c = _by_key(quality_claims.quality_claims(ev, 0.05))
+  assert c['1a'].verdict == verdicts.HOLDS and c['1a'].text_metric == '-'
 
 
 def _costed(draft, temp, gamma, speedup, alpha, c, v, tokens_per_call=2.0, task=TR):
@@ -342,14 +342,14 @@ def test_speed_claims_outside_the_premise_read_premise_not_met():
   rows[0]['speedup_thm8_with_v'], rows[1]['speedup_thm8_with_v'] = 1.054, 0.764  # the study's
   by = {x.key: x for x in claims.speculative_claims({'rows': rows, 'batch_size': 1})}
   for key in ('5c', '6a', '6b'):
-    assert by[key].verdict == claims.PREMISE_NOT_MET, (key, by[key])
+    assert by[key].verdict == verdicts.PREMISE_NOT_MET, (key, by[key])
     assert 'measured c 0.22' in by[key].why and 'v 1.17-1.56' in by[key].why, by[key].why
   assert by['5c'].ours.startswith('translate: 0.60x')  # the measured figure is still shown
   assert by['6b'].ours == 'translate: -0.26 tokens/call'
-  assert by['5d'].verdict == claims.DOES_NOT_HOLD  # 0.6 / 1.054: decided outside the premise too
+  assert by['5d'].verdict == verdicts.DOES_NOT_HOLD  # 0.6 / 1.054: decided outside the premise too
   # Where the premise holds the same rows are decided: a cheap draft, long acceptance.
   good = [_costed('draft model', 0.0, 3, 2.2, 0.8, 0.05, 1.1, tokens_per_call=3.0),
           _costed('chimera', 0.0, 3, 2.0, 0.8, 0.05, 1.1, tokens_per_call=3.3),
           _costed('staged (bigram 3/call)', 0.0, 3, 2.6, 0.8, 0.05, 1.1)]
   by = {x.key: x for x in claims.speculative_claims({'rows': good, 'batch_size': 1})}
-  assert (by['5c'].verdict, by['6a'].verdict, by['6b'].verdict) == (claims.HOLDS,) * 3
+  assert (by['5c'].verdict, by['6a'].verdict, by['6b'].verdict) == (verdicts.HOLDS,) * 3
