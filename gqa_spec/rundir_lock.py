@@ -184,6 +184,28 @@ def _link(tmp: str, path: str) -> None:
       f.write(src.read())
 
 
+def _held_error(directory: str, lock: dict) -> LockHeldError:
+  return LockHeldError(
+      f'{directory}: another process is writing this run directory ('
+      + (_holder(lock) if lock else 'its lock is being written')
+      + f'); wait for it to end, stop it (kill {lock.get("pid", "PID")}'
+      + (f' on host {lock["host"]}' if lock.get('host', socket.gethostname())
+         != socket.gethostname() else '')
+      + '), or write to another directory')
+
+
+def check_free(directory: str) -> None:
+  """Raises `LockHeldError` when another live writer holds `directory`'s lock; creates nothing.
+  For commands that check their inputs before they make the run directory (a refused run leaves
+  nothing behind): a held lock is still the first thing they report."""
+  if os.path.realpath(directory) in _held:
+    return  # this process holds it
+  path = os.path.join(directory, RUNNING_FILE)
+  lock = _read(path)
+  if lock is not None and _gone(path, lock) is None:
+    raise _held_error(directory, lock)
+
+
 def _acquire(directory: str, info: dict) -> None:
   key = os.path.realpath(directory)
   with _mutex:
@@ -212,13 +234,7 @@ def _acquire(directory: str, info: dict) -> None:
           continue  # released meanwhile
         reason = _gone(path, lock)
         if reason is None:
-          raise LockHeldError(
-              f'{directory}: another process is writing this run directory ('
-              + (_holder(lock) if lock else 'its lock is being written')
-              + f'); wait for it to end, stop it (kill {lock.get("pid", "PID")}'
-              + (f' on host {lock["host"]}' if lock.get('host', socket.gethostname())
-                 != socket.gethostname() else '')
-              + '), or write to another directory') from None
+          raise _held_error(directory, lock) from None
         if _take_over(path, lock):
           log.warning('%s: took over the lock of a writer that is gone (%s): %s', directory,
                       _holder(lock) if lock else 'unreadable lock', reason)

@@ -294,6 +294,8 @@ def train_draft(*, kind: str, target_checkpoint: str, model_dir: str, train_data
     raise UserError('draft training needs unpacked examples: set DatasetConfig.pack = False')
   arguments.check_outputs({'MODEL_DIR': model_dir}, {'TARGET_CHECKPOINT': target_checkpoint},
                           folders=True)  # not inside the target it reads
+  if jax.process_index() == 0:
+    rundir_lock.check_free(model_dir)  # another writer is named first, before any input is read
   # Everything that can refuse the run is checked before the run directory is made: a refused
   # run leaves nothing behind (no directory, no draft.json naming a draft never trained).
   if kind == 'chimera' and initial_checkpoint_path:

@@ -104,8 +104,9 @@ def test_no_flags_start_nothing():
 
 def _generate(tmp_path, *flags):
   (tmp_path / 'in.jsonl').write_text('{"input_ids": [5, 1]}\n')
+  (tmp_path / 'model').mkdir(exist_ok=True)  # never read: start-up ends first
   return subprocess.run(
-      [sys.executable, '-m', 'gqa_spec', 'generate', '--model', str(tmp_path), '--inputs',
+      [sys.executable, '-m', 'gqa_spec', 'generate', '--model', str(tmp_path / 'model'), '--inputs',
        str(tmp_path / 'in.jsonl'), '--out', str(tmp_path / 'out.jsonl'), *flags],
       capture_output=True, text=True, timeout=120)
 
