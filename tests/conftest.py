@@ -31,6 +31,8 @@ SLOW_FILES = (
     # `.ci/run`'s suite, or the file's CPU seconds alone (its tests, not the process's imports);
     # `(judged)`: not measured, slow by the processes it starts.
     'tests/test_manual.py',  # 311-387 (222-227 s of CPU) at load average 5-7, 2026-11-26
+    'tests/scripts/test_benchmarks.py',  # ~220 (tiny runs of every entry point)
+    'tests/checkpoints/test_batch_drift.py',  # ~35
     'tests/decoding/test_adaptive.py',  # ~150
     'tests/training/test_resume.py',  # ~145 (5 train processes since 2026-11-25)
     'tests/reproduce/test_study_design.py',  # 145
