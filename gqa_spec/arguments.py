@@ -91,9 +91,10 @@ def check_outputs(outputs: Mapping[str, Optional[str]],
         raise UserError(f'{name} {path} is a file; give a folder')
     elif not directories and os.path.isdir(path):
       raise UserError(f'{name} {path} is a folder; give a file path')
-    target = atomic.final_target(path)  # a link's target is what is replaced
-    parent = target if folders else os.path.dirname(os.path.abspath(target))
-    while (directories or folders) and not os.path.exists(parent):  # missing parents are made
+    target = os.path.abspath(atomic.final_target(path))  # a link's target is what is replaced
+    parent = target if folders else os.path.dirname(target)
+    while (directories or folders) and not os.path.exists(parent) and parent != os.path.dirname(
+        parent):  # missing parents are made (the root always exists)
       parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
       raise UserError(f'{name} {path}: folder {parent} does not exist')

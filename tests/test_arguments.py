@@ -79,3 +79,23 @@ def test_data_export_checks_its_output_before_reading_a_task(tmp_path, capsys):
     cli.main(['data', 'export', 'no_such_task', '--out', str(tmp_path / 'x'),
               '--max-examples', '0'])
   assert 'argument --max-examples: must be >= 1, got 0' in capsys.readouterr().err
+
+
+def test_a_relative_output_folder_that_does_not_exist_yet_is_checked(tmp_path, monkeypatch):
+  """`eval` run with OUTPUT_DIR=eval/run1 in a fresh working directory (as each process of a
+  multi-process run does): the missing folders are found writable at the working directory, and
+  the check ends (it once looked for an existing parent of '' forever)."""
+  import threading  # pylint: disable=g-import-not-at-top
+  from gqa_spec import arguments  # pylint: disable=g-import-not-at-top
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / 'ckpt').mkdir()
+  done = []
+  thread = threading.Thread(target=lambda: done.append(arguments.check_outputs(
+      {'OUTPUT_DIR': os.path.join('eval', 'run1')}, folders=True,
+      inputs={'CHECKPOINT_PATH': 'ckpt'})), daemon=True)
+  thread.start()
+  thread.join(30)
+  assert done == [None]
+  with pytest.raises(UserError, match=r'^OUTPUT_DIR ckpt/eval lies inside the input CHECKPOINT_PATH'):
+    arguments.check_outputs({'OUTPUT_DIR': os.path.join('ckpt', 'eval')}, folders=True,
+                            inputs={'CHECKPOINT_PATH': 'ckpt'})
