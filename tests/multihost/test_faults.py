@@ -175,7 +175,7 @@ def test_processes_given_other_inputs_stop_at_start(tmp_path):
   _hosts(tmp_path, 'in0.jsonl', ['{"input_ids": [5, 1]}\n'] * 2)
   (tmp_path / 'p1' / 'in1.jsonl').write_text('{"input_ids": [6, 1]}\n')
   codes, errs, seconds = _two(tmp_path, lambda i: [
-      'generate', '--model', str(tmp_path), '--inputs', f'in{i}.jsonl', '--out', 'o.jsonl'])
+      'generate', '--model', str(tmp_path / 'model'), '--inputs', f'in{i}.jsonl', '--out', 'o.jsonl'])
   assert codes == [2, 2] and seconds < 60, (codes, seconds, errs)
   for err in errs:
     assert err.strip().splitlines() == [
@@ -189,7 +189,7 @@ def test_processes_given_other_bytes_under_one_name_stop_at_start(tmp_path):
   differ, and every process names them."""
   _hosts(tmp_path, 'in.jsonl', ['{"input_ids": [5, 1]}\n', '{"input_ids": [6, 1]}\n'])
   codes, errs, _ = _two(tmp_path, lambda i: [
-      'generate', '--model', str(tmp_path), '--inputs', 'in.jsonl', '--out', 'o.jsonl'])
+      'generate', '--model', str(tmp_path / 'model'), '--inputs', 'in.jsonl', '--out', 'o.jsonl'])
   assert codes == [2, 2], errs
   for err in errs:
     [line] = err.strip().splitlines()
