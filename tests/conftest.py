@@ -37,7 +37,6 @@ SLOW_FILES = (
     'tests/training/test_resume.py',  # ~145 (5 train processes since 2026-11-25)
     'tests/reproduce/test_study_design.py',  # 145
     'tests/scripts/test_device_study.py',  # ~135 at load 6 (the gpu reproduction at nano size)
-    'tests/scripts/test_t5x_scripts.py',  # 134
     'tests/reproduce/test_calibration.py',  # 123
     'tests/multihost/test_scale_out_doc.py',  # ~110 (10 processes, up to 5 at a time; load 4)
     'tests/models/test_layout.py',  # 88

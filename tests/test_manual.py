@@ -154,6 +154,7 @@ def test_manual_runs_as_written(tmp_path):
   env['PATH'] = os.pathsep.join([os.path.dirname(sys.executable), env.get('PATH', '')])
   work = tmp_path / 'work'
   work.mkdir()
+  (work / 'scripts').symlink_to(os.path.join(REPO, 'scripts'))  # t5x.md: `python scripts/...` from the root
   start, cpu = time.monotonic(), _children_cpu_seconds()
   # The run took 577 s on the CI machine (2026-11-28; 324-432 s here) with four pages; with every
   # page it passed 1800 s at load 16-26 on 2 cores (2026-12-07): 2400 s stops a hung command, not
@@ -165,6 +166,7 @@ def test_manual_runs_as_written(tmp_path):
   print('\n'.join(line[:160] for line in result.stderr.splitlines() if line.startswith('+ [')))
   assert result.returncode == 0, (result.stdout[-3000:] + result.stderr[-6000:])
   check_outputs(runs, result.stdout)
+  assert 'read only' not in result.stderr  # orbax's absl warning, shown only with --verbose
 
 
 def check_outputs(runs, stdout: str) -> None:
@@ -223,3 +225,18 @@ def check_outputs(runs, stdout: str) -> None:
     with open(runs / 'ddtp_export' / task / 'manifest.json', encoding='utf-8') as f:
       assert list(json.load(f)['splits']) == ['validation'], task
   assert (runs / 'ddtp_export' / 'ddtp_translate_summarize' / 'mixture.json').is_file()
+  # t5x.md: uptraining through scripts/train.py; eval and infer with t5x's macros and file names,
+  # infer's greedy (t5x_compat.temperature_sample) giving eval's predictions (gqa-spec's own loop).
+  with open(runs / 't5x_mqa' / 'converted' / 'config.json', encoding='utf-8') as f:
+    assert json.load(f)['num_kv_heads'] == 1
+  assert (runs / 't5x_mqa' / 'converted' / 'vocab' / 'sentencepiece.model').is_file()
+  assert (runs / 't5x_mqa' / 'checkpoints' / '3').is_dir()  # 2 + ceil(0.05 * 2)
+  with open(runs / 't5x_eval' / 'metrics.json', encoding='utf-8') as f:
+    report = json.load(f)
+  with open(runs / 'nano_gqa2_translate' / 'best.json', encoding='utf-8') as f:
+    assert report['step'] == json.load(f)['step'] and 'bleu' in report['metrics']
+  inferred = _jsonl(runs / 't5x_infer' / 'ddtp_translate_en_de-predict_with_aux.jsonl-00000-of-00001')
+  assert inferred and all(set(r) == {'inputs', 'prediction', 'aux'} for r in inferred)
+  assert all(r['inputs']['inputs_pretokenized'] and r['aux']['scores'] < 0 for r in inferred)
+  evaluated = _jsonl(runs / 't5x_eval' / 'predictions-ddtp_translate_en_de.jsonl')
+  assert [r['prediction'] for r in evaluated] == [r['prediction'] for r in inferred[:len(evaluated)]]

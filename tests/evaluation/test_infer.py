@@ -75,3 +75,19 @@ def test_rerun_names_the_files_it_replaces_and_a_missing_checkpoint(setup, tmp_p
                                      f'{TASK}-predict.jsonl-00000-of-00001\n')
   with pytest.raises(UserError, match=r'^\S*/nope: checkpoint not found$'):
     infer.infer(str(tmp_path / 'nope'), TASK, out)
+
+
+def test_aux_scores_and_speculative_decoding_through_the_decode_fn(setup, tmp_path):
+  """`predict_with_aux`: greedy rows carry their log-probability; speculative decoding (a copy
+  draft through `t5x_compat.speculative_sample`, infer's DecodeFnCallable) gives the greedy
+  predictions with null scores (the loop computes none)."""
+  ckpt, _ = setup
+  run = lambda out, **kw: [json.loads(line) for line in open(infer.infer(
+      ckpt, TASK, str(tmp_path / out), task_feature_lengths=LENGTHS, batch_size=2, num_examples=3,
+      mode='predict_with_aux', **kw)[TASK])]
+  greedy = run('greedy')
+  assert len(greedy) == 3 and all(set(l) == {'inputs', 'prediction', 'aux'} for l in greedy)
+  assert all(l['aux']['scores'] < 0 for l in greedy)
+  speculative = run('speculative', decoding='speculative', draft='copy', gamma=2)
+  assert [l['prediction'] for l in speculative] == [l['prediction'] for l in greedy]
+  assert all(l['aux']['scores'] is None for l in speculative)
