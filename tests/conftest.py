@@ -30,11 +30,11 @@ SLOW_FILES = (
     # Seconds beside each, upper bounds from machines shared with other jobs: on one worker of
     # `.ci/run`'s suite, or the file's CPU seconds alone (its tests, not the process's imports);
     # `(judged)`: not measured, slow by the processes it starts.
-    'tests/test_manual.py',  # 311-387 (222-227 s of CPU) at load average 5-7, 2026-11-26
+    'tests/test_manual.py',  # ~600 (every page's commands, one after another)
     'tests/scripts/test_benchmarks.py',  # ~220 (tiny runs of every entry point)
     'tests/checkpoints/test_batch_drift.py',  # ~35
     'tests/decoding/test_adaptive.py',  # ~150
-    'tests/training/test_resume.py',  # ~145 (5 train processes since 2026-11-25)
+    'tests/training/test_resume.py',  # ~145 (5 train processes)
     'tests/reproduce/test_study_design.py',  # 145
     'tests/scripts/test_device_study.py',  # ~135 at load 6 (the gpu reproduction at nano size)
     'tests/reproduce/test_calibration.py',  # 123
@@ -72,6 +72,9 @@ SLOW_FILES = (
     'tests/data/test_paper_tasks.py',  # ~17 (seqio pipelines of 8 tasks)
     'tests/models/test_chimera.py',  # ~16
     'tests/data/test_tasks.py',  # ~16
+    'tests/test_console.py',  # ~30 (CLI and library start-ups in fresh processes)
+    'tests/training/test_evaluation_tree.py',  # ~25
+    'tests/decoding/test_xla_options.py',  # ~20
 )
 
 
