@@ -1,12 +1,9 @@
-"""What t5x's decoding functions share: the state given to `tokens_to_logits`, cache mapping, masks.
+"""What t5x's decoding functions share: `DecodingState`, cache mapping, top-k / top-p masks.
 
-The cache is t5x's: a (possibly frozen) mapping whose leaves are batch-major at axis `offset`
-(`cache_offset` = 1 for scanned layers). Leaves named `cached_bias` / `position_embedder_index` are
-never expanded (as in t5x); a leaf named `cache_index` is expanded only when it has a batch axis
-(`ndim > offset`): t5x's scalar index is left alone, and a per-row index (t5x with `initial_index`,
-or gqa-spec's own `decode_cache`, whose index is always `[b]`) is repeated with its rows.
+The cache is t5x's: a mapping whose leaves are batch-major at axis `offset` (1 for scanned
+layers). `cached_bias` / `position_embedder_index` leaves are never expanded; a `cache_index` leaf
+only when it has a batch axis (t5x's scalar index no, gqa-spec's per-row `[b]` index yes).
 """
-
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Protocol, Tuple
@@ -67,11 +64,6 @@ def cache_map(fn: Callable[[jax.Array], jax.Array], cache: PyTree, offset: int =
   return flax.core.freeze(out) if frozen else out
 
 
-def repeat_rows(x: jax.Array, n: int, offset: int = 0) -> jax.Array:
-  """`[.., b, ..]` -> `[.., b * n, ..]` (axis `offset`), each row n times in place (t5x's order)."""
-  return jnp.repeat(x, n, axis=offset)
-
-
 def topk_mask(logits: jax.Array, k: jax.Array) -> jax.Array:
   """Keeps the logits >= the k-th largest (ties kept, as t5x's `binary_search.topk_mask`).
 
@@ -92,9 +84,8 @@ def topk_mask(logits: jax.Array, k: jax.Array) -> jax.Array:
 def topp_mask(logits: jax.Array, p: jax.Array) -> jax.Array:
   """Keeps the smallest set of most likely tokens whose mass is >= p (ties at the edge kept).
 
-  Same set as t5x's `binary_search.topp_mask`: the probabilities >= the largest threshold whose
-  kept mass reaches p. One deliberate difference: p <= 0 keeps everything here (t5x's comment
-  says a traced p = 0 "will have no effect"; its binary search then actually masks every token).
+  The set of t5x's `binary_search.topp_mask`, except that p <= 0 keeps everything (t5x's binary
+  search masks every token for a traced p = 0).
 
   Args:
     logits: `[rows, V]`.
