@@ -19,6 +19,7 @@ Policies (`AdaptiveGamma.policy`):
 `confidence` > 0 (model drafts) ends a row's proposal after a token whose draft top probability is
 below it (HF's `assistant_confidence_threshold`).
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -6,6 +6,7 @@ or `max_decode_len`, and done rows keep computing with their index rolled back, 
 change. `loop_chunk` K > 1 runs K steps per while-loop iteration as a fixed-count `fori_loop`
 (the host checks the loop condition once per K tokens on XLA:GPU); the tokens are those of K = 1.
 """
+
 from __future__ import annotations
 
 import functools

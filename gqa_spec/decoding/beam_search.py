@@ -4,6 +4,7 @@
 evaluator's beam decoding) and returns beams best first; `t5x_compat.beam_search` is
 `t5x.decoding.beam_search`'s signature over the same loop.
 """
+
 from __future__ import annotations
 
 import functools

@@ -19,6 +19,7 @@ compiled loop with every row held at each width in turn, interleaved with the un
 Times are the fastest of a few runs read from `clock`; with several processes every process takes
 process 0's times (`distributed.from_process_zero`).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -77,18 +78,11 @@ def min_time(fn: Callable[[], Any], repeats: int, clock: Clock = time.perf_count
   return min(_timed_runs(fn, repeats, clock))
 
 
-def per_iteration(run: Callable[[], Any], repeats: int = 3,
-                  clock: Clock = time.perf_counter) -> float:
-  """Seconds per loop iteration of a decoding call `run()` (its result's `loop_iterations`), the
-  fastest of `repeats` runs after one untimed run."""
-  iterations = max(int(jax.block_until_ready(run()).loop_iterations), 1)
-  return min_time(run, repeats, clock) / iterations
-
-
 def interleaved_per_iteration(runs: Sequence[Callable[[], Any]], repeats: int = 3,
                               clock: Clock = time.perf_counter) -> List[float]:
-  """`per_iteration` of each of `runs`, timed in rounds that run every call once, the order
-  rotated each round (a slow spell of a shared machine falls on all alike)."""
+  """Seconds per loop iteration (`loop_iterations`) of each decoding call of `runs`, the fastest
+  of `repeats` rounds after one untimed run; each round runs every call once, the order rotated
+  (a slow spell of a shared machine falls on all alike)."""
   iterations = [max(int(jax.block_until_ready(run()).loop_iterations), 1) for run in runs]
   times = [[] for _ in runs]
   for r in range(repeats):
@@ -183,7 +177,7 @@ def _first_stage(target: Decoder, target_state: PyTree, max_decode_len: int, nex
   rng = jax.random.PRNGKey(0)
   greedy = lambda state, config=sampling.GREEDY: autoregressive.decode(
       target, state, rng, max_decode_len=max_decode_len, config=config)
-  t_step = per_iteration(lambda: greedy(target_state, config), clock=clock)
+  t_step = interleaved_per_iteration([lambda: greedy(target_state, config)], clock=clock)[0]
   read, lengths = [], []
 
   def output(state):  # [b, 1 + L + slack] greedy decoding's sequences, and lengths [b]

@@ -14,6 +14,7 @@ was timed yet, else stops speculation for the rest of the run; a probe that show
 paying resumes it. Each decision uses only calls already made, so every call stays exact
 speculative (or plain) decoding. With several processes every process reads process 0's seconds.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -6,6 +6,7 @@ occupy per device; activations, XLA temporaries and the loops' buffers are not c
 whose G heads the `model` axis does not divide is held whole on every model shard
 (`kv_replication_waste_bytes`, GQA paper sec. 2.2).
 """
+
 from __future__ import annotations
 
 import dataclasses

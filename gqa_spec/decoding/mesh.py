@@ -10,6 +10,7 @@ reassociation of model-sharded sums (`tests/decoding/test_mesh.py` checks token 
 several processes (`gqa_spec.distributed`) each process passes the same inputs; `shard_rows`
 builds the global arrays from each process's rows.
 """
+
 from __future__ import annotations
 
 import dataclasses

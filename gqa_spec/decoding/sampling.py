@@ -1,19 +1,13 @@
 """Logits -> adjusted distributions, and the modified rejection sampling of speculative decoding.
 
-Every sampling method is cast as standard sampling from an adjusted distribution (Leviathan et al.
-2023, sec. 2.2): temperature, then top-k, then top-p (nucleus); temperature 0 is argmax. The same
-adjustment is applied to the target's p and the draft's q before rejection sampling, which is what
-keeps speculative sampling exact for every method.
-
-Acceptance follows Algorithm 1 of Leviathan et al. / Algorithm 2 of Chen et al.: draft token x_i is
-accepted when r_i < p_i(x_i) / (l * q_i(x_i)) with r_i ~ U[0, 1) (l = lenience, 1 = exact; the
-strict `<` with r in [0, 1) never accepts a token with p(x) = 0 and always accepts when
-p >= l * q); on the first rejection the token is resampled from norm(max(0, p - q)); if all gamma are
-accepted the bonus token is sampled from p_{gamma+1}. With l < 1 no token can be emitted with
-probability above p(x) / l (Leviathan sec. A.5). At temperature 0 the draft token is accepted while
-it equals the target's argmax, or, with l < 1, while p(x) >= l * max p on the unstandardised (T=1)
-target distribution (sec. A.5; the paper's text prints the inequality reversed, which would accept
-every token at l = 1; we follow its stated intent and its reported alphas).
+Every sampling method is standard sampling from an adjusted distribution (Leviathan et al. 2023,
+sec. 2.2): temperature, then top-k, then top-p; temperature 0 is argmax. The same adjustment is
+applied to the target's p and the draft's q, which keeps speculative sampling exact for every
+method. `verify` accepts draft token x_i when r_i < p_i(x_i) / (l q_i(x_i)), r_i ~ U[0, 1)
+(lenience l = 1 is exact), resamples the first rejected position from norm(max(0, p - q)) and
+otherwise draws the bonus token from p_{gamma+1}. At temperature 0 a token is accepted while it is
+the target's argmax or, with l < 1, while p(x) >= l max p (sec. A.5, as its stated intent; the
+printed inequality is reversed).
 """
 
 from __future__ import annotations
@@ -113,14 +107,12 @@ def verify(rng: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array,
       unused at temperature 0).
     target_logits: `[b, gamma + 1, V]` target logits for p_1..p_{gamma+1}.
     config: sampling method and lenience.
-    limit: optional `[b]` in [0, gamma]: row r verifies only its first limit[r] draft tokens (a
-      shorter proposal, `adaptive.py`): positions >= limit are rejected and, if the whole prefix
-      is accepted, t is the bonus token from p_{limit+1} (q counted as 0 there).
+    limit: optional `[b]` in [0, gamma]: row r verifies only its first limit[r] draft tokens
+      (the bonus token then comes from p_{limit+1}).
 
   Returns:
     (`[b]` n, the number of accepted draft tokens; `[b]` the corrected / bonus token t;
-     `[b, gamma]` beta_i of each position, sum_x min(p_i / l, q_i) (Leviathan sec. A.5; the
-     acceptance probability of position i given its prefix, whose mean is alpha)).
+     `[b, gamma]` beta_i = sum_x min(p_i / l, q_i), position i's acceptance probability).
   """
   gamma = draft_tokens.shape[1]
   lenience = config.lenience

@@ -1,7 +1,7 @@
 """The decoder interface the decoding loops drive, its T5 binding, and a fixed-table stub.
 
 A decoder is a hashable, static object (a `jax.jit` static argument) whose methods act on an
-explicit state pytree (parameters + cache), so the loops never see a model:
+explicit state pytree (parameters + cache):
 
   tokens_to_logits(state, tokens [b, k], positions=None, mask=None) -> (logits [b, k, V], state)
       append k >= 1 tokens at each row's index, advance the index by k;
@@ -10,14 +10,11 @@ explicit state pytree (parameters + cache), so the loops never see a model:
   cache_length(state) -> int               slots (static);
   move_slots(state, start [b], source [b, P]) -> state
                                            copy slots source to start..start+P-1 (tree decoding);
-  reorder(state, rows [b]) -> state        gather rows (beam search only).
-  tokens_to_logits_and_hidden(...) -> (logits, hidden [b, k, D], state)
-      optional (T5Decoder): the same call also returning the final hidden states, for drafts that
-      read them (`drafts.chimera`).
+  reorder(state, rows [b]) -> state        gather rows (beam search only);
+  tokens_to_logits_and_hidden(...) -> (logits, hidden [b, k, D], state)   optional (Chimera).
 
-`T5Decoder` binds `gqa_spec.models.decode_cache` (cross-attention K/V computed once per input);
-`TableDecoder` reads next-token logits from a fixed `[T, V, V]` table indexed by (position, current
-token): t5x-style stubs that make exact-distribution tests cheap and every acceptance path reachable.
+`T5Decoder` binds `gqa_spec.models.decode_cache`; `TableDecoder` reads next-token logits from a
+fixed `[T, V, V]` table (position, current token), a stub for exact-distribution tests.
 """
 
 from __future__ import annotations

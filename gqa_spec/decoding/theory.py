@@ -1,7 +1,6 @@
-"""Leviathan et al. (2023) sec. 3: acceptance rate, expected tokens and the walltime factor.
+"""Leviathan et al. (2023) sec. 3: expected tokens, the walltime factor and the best gamma.
 
-  beta(p, q)  = sum_x min(p, q)                     (Theorem 5); with lenience l: sum_x min(p / l, q)
-  alpha       = E[beta] over prefixes from the target's own generations (Corollary 6)
+  alpha       = E[sum_x min(p, q)] over the target's own prefixes (Corollary 6; the loops measure it)
   E[tokens]   = (1 - alpha^(gamma+1)) / (1 - alpha)                     (Eq. 1)
   speedup     = (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + v(gamma)))  (Theorem 8 at v = 1)
 
@@ -9,48 +8,20 @@ v(gamma) is the verification call's cost in target steps (Theorem 8 assumes 1); 
 or a function of gamma. `batch_inflation` prices a batch's wait for its slowest row, which Eq. 1
 (one row's tokens per iteration) leaves out.
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional, Sequence, Tuple, Union
+from typing import Callable, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from scipy import special
 
-from gqa_spec.decoding import sampling
-from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.errors import UserError
 
 Cost = Union[float, Callable[[int], float]]
-
-
-def beta(p: jax.Array, q: jax.Array, lenience: float = 1.0) -> jax.Array:
-  """`[..., V]` x `[..., V]` -> `[...]` acceptance probability sum_x min(p / l, q)."""
-  return jnp.sum(jnp.minimum(p / lenience, q), axis=-1)
-
-
-def alpha(target_logits: jax.Array, draft_logits: jax.Array, mask: Optional[jax.Array] = None,
-          config: SamplingConfig = SamplingConfig(temperature=1.0)) -> float:
-  """Corollary 6: mean beta over positions, with `config`'s adjustment applied to p and q.
-
-  Args:
-    target_logits: `[b, T, V]` target logits on prefixes the target generated itself.
-    draft_logits: `[b, T, V]` draft logits on the same prefixes.
-    mask: `[b, T]` positions to average over (default all).
-    config: the sampling method (temperature 0: beta = 1 if the argmaxes agree, else 0).
-
-  Returns:
-    alpha, a Python float.
-  """
-  p = sampling.adjust_logits(target_logits, config)  # [b, T, V]
-  q = sampling.adjust_logits(draft_logits, config)  # [b, T, V]
-  b = beta(p, q, config.lenience)  # [b, T]
-  if mask is None:
-    return float(jnp.mean(b))
-  mask = mask.astype(jnp.float32)
-  return float(jnp.sum(b * mask) / jnp.maximum(jnp.sum(mask), 1.0))
 
 
 def expected_tokens(alpha_: float, gamma: int) -> float:

@@ -20,6 +20,7 @@ p - q_x)); when all are rejected (or a leaf is accepted) the next token is drawn
 is an ordinary speculative sample of the current p, so the emitted token is distributed exactly
 as p. At temperature 0 a child is accepted iff it is the target's argmax.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -14,6 +14,7 @@ tokens are each accepted with probability `alpha_init`. A row asks for
 with I(n) the batch's iterations over a row's (`theory.tree_batch_inflation`); ties go to the
 smaller tree. Where the prior pays for no tree, `decode` is greedy decoding from the start.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -1,18 +1,10 @@
 """A smaller T5 (same vocabulary) as the draft: its own encoder pass once per input, its own cache.
 
-Which tokens the draft's cache holds (the classic off-by-one): with `n = lengths` generated tokens,
-the sequence is s_0 = start, s_1..s_n. Before proposing, the cache holds s_0..s_{m-1} with
-m in {n - 1, n}: one or two tokens (s_m..s_n) are pending. The first call of `propose` feeds the
-pending tokens as one 2-token append (a row with one pending token appends a junk second token
-whose slot is rolled back at once and which its real token cannot see, the mask being causal) and
-reads q_1 at the last pending token; the next gamma - 1 calls feed x_1..x_{gamma-1} one at a time.
-The cache then holds s_0..s_n, x_1..x_{gamma-1}: index n + gamma. After verification accepts
-k tokens and appends t, the new sequence agrees with the cache on its first n + 1 + min(k, gamma-1)
-slots, which is `min(index, new_lengths)`: `commit` rolls back to that. Two tokens are pending
-exactly when all gamma were accepted (x_gamma was never fed to the draft), else one.
-
-On batched hardware every row is computed each step; done rows are rolled back by `commit` so they
-never change, but they do not save draft compute (the loop ends when all rows are done).
+With n = lengths, the sequence is s_0..s_n and the draft's cache holds s_0..s_{m-1}, m in
+{n - 1, n}. `propose` feeds the one or two pending tokens as one 2-token append (a junk second
+token rolled back at once), reads q_1 there, then feeds x_1..x_{gamma-1} one at a time. After
+verification the new sequence agrees with the cache on its first `min(index, new_lengths)` slots,
+where `commit` rolls back to; two tokens are pending exactly when all gamma were accepted.
 """
 
 from __future__ import annotations

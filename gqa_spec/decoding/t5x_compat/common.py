@@ -4,6 +4,7 @@ The cache is t5x's: a mapping whose leaves are batch-major at axis `offset` (1 f
 layers). `cached_bias` / `position_embedder_index` leaves are never expanded; a `cache_index` leaf
 only when it has a batch axis (t5x's scalar index no, gqa-spec's per-row `[b]` index yes).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Protocol, Tuple

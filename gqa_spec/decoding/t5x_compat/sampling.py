@@ -10,6 +10,7 @@ and top-p may be per example or traced, top-k traced; temperatures <= 1e-4 are g
 A loop of its own, not `autoregressive.decode`: t5x's interface gives an opaque cache with no
 per-row rollback, forces prompt tokens and parks ended rows on a garbage slot.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Optional, Tuple, Union

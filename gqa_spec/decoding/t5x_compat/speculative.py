@@ -10,6 +10,7 @@ in one call (`[rows, k, V]`), and the cache must carry a per-row `cache_index` (
 moved to roll rows back) with `targets.cache_length(L, gamma + 1)` slots; gqa-spec's
 `decode_cache` does both. Scores are NaN: the loop computes no sequence log-probabilities.
 """
+
 from __future__ import annotations
 
 import dataclasses
