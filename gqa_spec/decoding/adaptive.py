@@ -83,23 +83,13 @@ class AdaptiveGamma:
       raise UserError(f'gamma_max must be a positive integer, got {self.gamma_max}')
     if self.policy not in POLICIES:
       raise UserError(f'gamma policy must be one of {", ".join(POLICIES)}, got {self.policy!r}')
-    if not self.cost_ratio >= 0:
-      raise UserError(f'cost ratio must be >= 0, got {self.cost_ratio}')
-    v = self.verify_ratio
-    if isinstance(v, (tuple, list)):
-      if len(v) != self.gamma_max or not all(x > 0 for x in v):
-        raise UserError(f'per-gamma verify ratios must be {self.gamma_max} numbers > 0, got {v}')
-      object.__setattr__(self, 'verify_ratio', tuple(float(x) for x in v))  # hashable
-    elif not v > 0:
-      raise UserError(f'verify ratio must be > 0, got {v}')
+    object.__setattr__(self, 'verify_ratio', theory.checked_costs(
+        self.cost_ratio, self.verify_ratio, self.gamma_max, 'gamma', self.alpha_init, self.decay,
+        self.prior_weight))
     if not 0.0 <= self.confidence < 1.0:
       raise UserError(f'draft confidence must be in [0, 1), got {self.confidence}')
     if self.gamma_init is not None and not 0 <= self.gamma_init <= self.gamma_max:
       raise UserError(f'gamma_init must be in [0, {self.gamma_max}], got {self.gamma_init}')
-    if not 0.0 <= self.alpha_init <= 1.0 or not 0.0 <= self.decay < 1.0:
-      raise UserError('alpha_init must be in [0, 1] and decay in [0, 1)')
-    if not self.prior_weight >= 0:
-      raise UserError(f'prior_weight must be >= 0, got {self.prior_weight}')
     object.__setattr__(self, 'lengths', theory.checked_lengths(self.lengths))  # hashable
 
   def first_gamma(self) -> int:
@@ -108,8 +98,8 @@ class AdaptiveGamma:
       return self.gamma_init
     if self.policy == 'heuristic':
       return max(1, self.gamma_max // 2)
-    return _optimal_first_gamma(self.alpha_init, self.cost_ratio, self.gamma_max,
-                                self.verify_ratio, self.lengths)
+    return theory.step_gamma(self.alpha_init, self.cost_ratio, self.gamma_max, self.verify_ratio,
+                             self.lengths)
 
   def calibrated(self, calibration) -> 'AdaptiveGamma':
     """These settings with a `cost_calibration.Calibration`'s c, v, alpha (every row's lasting
@@ -147,13 +137,6 @@ class AdaptiveGamma:
       extra += f',lengths={theory.describe_lengths(self.lengths)}'
     conf = f',confidence={self.confidence:g}' if self.confidence else ''
     return f'auto({self.policy},max={self.gamma_max}{extra}{conf})'
-
-
-@functools.lru_cache(maxsize=256)
-def _optimal_first_gamma(alpha: float, c: float, gamma_max: int,
-                         v: Union[float, Tuple[float, ...]], lengths: theory.Lengths) -> int:
-  """Theorem 8's gamma at `alpha`, a Python int (on the host; cached per setting)."""
-  return theory.step_gamma(alpha, c, gamma_max, v, lengths)
 
 
 @flax.struct.dataclass

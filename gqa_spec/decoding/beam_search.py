@@ -16,9 +16,9 @@ import jax.numpy as jnp
 
 from gqa_spec.decoding.targets import Decoder
 from gqa_spec.decoding import xla_options
+from gqa_spec.decoding.sampling import NEG_INF
 
 PyTree = Any
-NEG_INF = -1.0e7
 DECODER_START = 0
 EOS = 1
 

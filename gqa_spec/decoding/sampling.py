@@ -53,6 +53,7 @@ class SamplingConfig:
 
 
 GREEDY = SamplingConfig()
+NEG_INF = -1.0e7  # t5x's "effective -inf": masked logits, dead beams
 
 
 def adjust_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
@@ -61,20 +62,55 @@ def adjust_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
   vocab = logits.shape[-1]
   if config.greedy:
     return jax.nn.one_hot(jnp.argmax(logits, axis=-1), vocab, dtype=jnp.float32)  # [..., V]
-  logits = logits / config.temperature
+  # Shifted to a maximum of 0: a masked logit (NEG_INF) then has no mass at any temperature.
+  logits = (logits - jnp.max(logits, axis=-1, keepdims=True)) / config.temperature
   if 0 < config.top_k < vocab:
-    kth = jax.lax.top_k(logits, config.top_k)[0][..., -1:]  # [..., 1]
-    logits = jnp.where(logits >= kth, logits, -jnp.inf)  # ties at the k-th value are kept
-  probs = jax.nn.softmax(logits, axis=-1)  # [..., V]
+    logits = topk_mask(logits, config.top_k)
   if config.top_p < 1.0:
-    order = jnp.argsort(-probs, axis=-1)  # [..., V] descending
-    sorted_probs = jnp.take_along_axis(probs, order, axis=-1)  # [..., V]
-    mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs  # [..., V]
-    keep_sorted = mass_before < config.top_p  # the first token always kept
-    keep = jnp.take_along_axis(keep_sorted, jnp.argsort(order, axis=-1), axis=-1)  # [..., V]
-    probs = jnp.where(keep, probs, 0.0)
-    probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
-  return probs
+    logits = topp_mask(logits, config.top_p)
+  return jax.nn.softmax(logits, axis=-1)  # [..., V]
+
+
+def topk_mask(logits: jax.Array, k: jax.Array) -> jax.Array:
+  """Keeps the logits >= the k-th largest (ties kept, as t5x's `binary_search.topk_mask`).
+
+  Args:
+    logits: `[..., V]`.
+    k: scalar, possibly traced; k >= V keeps everything.
+
+  Returns:
+    `[..., V]` with the others set to NEG_INF.
+  """
+  vocab = logits.shape[-1]
+  ascending = jnp.sort(logits, axis=-1)  # [..., V]
+  pos = jnp.clip(vocab - jnp.asarray(k, jnp.int32), 0, vocab - 1)
+  kth = jax.lax.dynamic_index_in_dim(ascending, pos, axis=-1, keepdims=True)  # [..., 1]
+  return jnp.where(logits >= kth, logits, jnp.asarray(NEG_INF, logits.dtype))
+
+
+def topp_mask(logits: jax.Array, p: jax.Array) -> jax.Array:
+  """Keeps the smallest set of most likely tokens whose mass is >= p (ties at the edge kept).
+
+  The set of t5x's `binary_search.topp_mask`, except that p <= 0 keeps everything (t5x's binary
+  search masks every token for a traced p = 0).
+
+  Args:
+    logits: `[..., V]`.
+    p: scalar or `[rows]` (for `[rows, V]` logits), possibly traced.
+
+  Returns:
+    `[..., V]` with the others set to NEG_INF.
+  """
+  p = jnp.asarray(p, jnp.float32)
+  p = p[..., None] if p.ndim else p  # [rows, 1] or []
+  probs = jax.nn.softmax(logits, axis=-1)  # [..., V]
+  descending = -jnp.sort(-probs, axis=-1)  # [..., V]
+  mass = jnp.cumsum(descending, axis=-1)  # [..., V]
+  # The first sorted position whose cumulative mass reaches p (the last one if none does).
+  edge = jnp.minimum(jnp.sum(mass < p, axis=-1, keepdims=True), probs.shape[-1] - 1)  # [..., 1]
+  threshold = jnp.take_along_axis(descending, edge, axis=-1)  # [..., 1]
+  keep = (probs >= threshold) | (p <= 0)
+  return jnp.where(keep, logits, jnp.asarray(NEG_INF, logits.dtype))
 
 
 def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:

@@ -75,6 +75,25 @@ def checked_lengths(lengths) -> Lengths:
   return out
 
 
+def checked_costs(cost_ratio: float, verify_ratio, count: int, per: str, alpha_init: float,
+                  decay: float, prior_weight: float) -> Union[float, Tuple[float, ...]]:
+  """An adaptive policy's costs and prior checked, a `UserError` naming the first bad one;
+  returns `verify_ratio` (one number > 0, or `count` numbers > 0, one per `per`) hashable."""
+  if not cost_ratio >= 0:
+    raise UserError(f'cost ratio must be >= 0, got {cost_ratio}')
+  if not 0.0 <= alpha_init <= 1.0 or not 0.0 <= decay < 1.0:
+    raise UserError(f'alpha_init must be in [0, 1] and decay in [0, 1), got {alpha_init}, {decay}')
+  if not prior_weight >= 0:
+    raise UserError(f'prior_weight must be >= 0, got {prior_weight}')
+  if isinstance(verify_ratio, (tuple, list)):
+    if len(verify_ratio) != count or not all(x > 0 for x in verify_ratio):
+      raise UserError(f'per-{per} verify ratios must be {count} numbers > 0, got {verify_ratio}')
+    return tuple(float(x) for x in verify_ratio)
+  if not verify_ratio > 0:
+    raise UserError(f'verify ratio must be > 0, got {verify_ratio}')
+  return verify_ratio
+
+
 def describe_lengths(lengths: Lengths) -> str:
   """E.g. '1x8 rows, longest 32': the batches, their rows and their longest rows' mean."""
   longest = sum(max(b) for b in lengths) / len(lengths)

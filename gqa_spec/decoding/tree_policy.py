@@ -78,21 +78,9 @@ class AdaptiveTree:
     if self.shape.budget is None:
       raise UserError(f'adaptive trees need a best-first tree ({SPEC}); got '
                       f'{self.shape.describe()}')
-    if not self.cost_ratio >= 0:
-      raise UserError(f'cost ratio must be >= 0, got {self.cost_ratio}')
-    v = self.verify_ratio
-    if isinstance(v, (tuple, list)):
-      if len(v) != len(self.widths) or not all(x > 0 for x in v):
-        raise UserError(f'per-width verify ratios must be {len(self.widths)} numbers > 0 (widths '
-                        f'{self.widths}), got {v}')
-      object.__setattr__(self, 'verify_ratio', tuple(float(x) for x in v))  # hashable
-    elif not v > 0:
-      raise UserError(f'verify ratio must be > 0, got {v}')
-    if not 0.0 <= self.alpha_init <= 1.0 or not 0.0 <= self.decay < 1.0:
-      raise UserError(f'alpha_init must be in [0, 1] and decay in [0, 1), got {self.alpha_init}, '
-                      f'{self.decay}')
-    if not self.prior_weight >= 0:
-      raise UserError(f'prior_weight must be >= 0, got {self.prior_weight}')
+    object.__setattr__(self, 'verify_ratio', theory.checked_costs(
+        self.cost_ratio, self.verify_ratio, len(self.widths), 'width',
+        self.alpha_init, self.decay, self.prior_weight))
     if self.accepted_init is not None:
       a = tuple(float(x) for x in self.accepted_init)
       if len(a) != len(self.widths) or not all(0.0 <= x <= self.shape.depth for x in a):

@@ -51,22 +51,9 @@ def decode(target: Decoder, target_state: PyTree, draft: TreeDraft, draft_state:
            rng: jax.Array, *, shape: TreeShape, max_decode_len: int,
            config: SamplingConfig = sampling.GREEDY, eos_id: int = EOS,
            skip: Optional[jax.Array] = None) -> SpeculativeResult:
-  """Tree speculative decoding of a batch.
-
-  Args:
-    target: static target decoder binding (with `move_slots`).
-    target_state: its state, index 0 per row, >= `targets.cache_length(max_decode_len, N + 1)` slots.
-    draft: static tree draft.
-    draft_state: its initial state.
-    rng: PRNG key.
-    shape: the static tree shape.
-    max_decode_len: most generated tokens per row (EOS included).
-    config: sampling method (lenience must be 1), applied to p and q alike.
-    eos_id: end-of-sequence token.
-    skip: optional `[b]` bools: rows that start done (batch padding).
-
-  Returns:
-    `SpeculativeResult` (see the module docstring for the tree reading of its statistics).
+  """Tree speculative decoding of a batch: arguments as `speculative.decode`'s, with a static
+  tree `shape` in place of gamma (lenience must be 1; the target needs `move_slots` and
+  `targets.cache_length(max_decode_len, N + 1)` slots).
   """
   if config.lenience != 1.0:
     raise ValueError('lenience < 1 is not supported with token trees')

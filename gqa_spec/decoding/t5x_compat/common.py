@@ -1,4 +1,4 @@
-"""What t5x's decoding functions share: `DecodingState`, cache mapping, top-k / top-p masks.
+"""What t5x's decoding functions share: `DecodingState` and cache mapping.
 
 The cache is t5x's: a mapping whose leaves are batch-major at axis `offset` (1 for scanned
 layers). `cached_bias` / `position_embedder_index` leaves are never expanded; a `cache_index` leaf
@@ -15,8 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
+from gqa_spec.decoding import sampling
+
 PyTree = Any
-NEG_INF = np.array(-1.0e7)  # t5x's "effective -inf" for masked logits and dead beams
+NEG_INF = np.array(sampling.NEG_INF)
 MIN_TEMPERATURE = np.array(1e-4)  # temperatures at or below it decode greedily (t5x)
 _NEVER_EXPANDED = ('cached_bias', 'position_embedder_index')
 
@@ -63,45 +65,3 @@ def cache_map(fn: Callable[[jax.Array], jax.Array], cache: PyTree, offset: int =
   flat = {k: fn(v) if batched(k, v) else v for k, v in flat.items()}
   out = traverse_util.unflatten_dict(flat)
   return flax.core.freeze(out) if frozen else out
-
-
-def topk_mask(logits: jax.Array, k: jax.Array) -> jax.Array:
-  """Keeps the logits >= the k-th largest (ties kept, as t5x's `binary_search.topk_mask`).
-
-  Args:
-    logits: `[..., V]`.
-    k: scalar, possibly traced; k >= V keeps everything.
-
-  Returns:
-    `[..., V]` with the others set to NEG_INF.
-  """
-  vocab = logits.shape[-1]
-  ascending = jnp.sort(logits, axis=-1)  # [..., V]
-  pos = jnp.clip(vocab - jnp.asarray(k, jnp.int32), 0, vocab - 1)
-  kth = jax.lax.dynamic_index_in_dim(ascending, pos, axis=-1, keepdims=True)  # [..., 1]
-  return jnp.where(logits >= kth, logits, NEG_INF.astype(logits.dtype))
-
-
-def topp_mask(logits: jax.Array, p: jax.Array) -> jax.Array:
-  """Keeps the smallest set of most likely tokens whose mass is >= p (ties at the edge kept).
-
-  The set of t5x's `binary_search.topp_mask`, except that p <= 0 keeps everything (t5x's binary
-  search masks every token for a traced p = 0).
-
-  Args:
-    logits: `[rows, V]`.
-    p: scalar or `[rows]`, possibly traced.
-
-  Returns:
-    `[rows, V]` with the others set to NEG_INF.
-  """
-  p = jnp.asarray(p, jnp.float32)
-  p = p[..., None] if p.ndim else p  # [rows, 1] or []
-  probs = jax.nn.softmax(logits, axis=-1)  # [rows, V]
-  descending = -jnp.sort(-probs, axis=-1)  # [rows, V]
-  mass = jnp.cumsum(descending, axis=-1)  # [rows, V]
-  # The first sorted position whose cumulative mass reaches p (the last one if none does).
-  edge = jnp.minimum(jnp.sum(mass < p, axis=-1, keepdims=True), probs.shape[-1] - 1)  # [rows, 1]
-  threshold = jnp.take_along_axis(descending, edge, axis=-1)  # [rows, 1]
-  keep = (probs >= threshold) | (p <= 0)
-  return jnp.where(keep, logits, NEG_INF.astype(logits.dtype))

@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gqa_spec.decoding.sampling import topk_mask, topp_mask
 from gqa_spec.decoding.t5x_compat.common import (MIN_TEMPERATURE, DecodingState,
-                                                 TokensIdsToLogitsCallable, cache_map, is_tracer,
-                                                 topk_mask, topp_mask)
+                                                 TokensIdsToLogitsCallable, cache_map, is_tracer)
 
 PyTree = Any
 _EXTRA = 2  # sequences carry [start slot, L outputs, a garbage slot for rows past their limit]
@@ -30,27 +30,16 @@ _EXTRA = 2  # sequences carry [start slot, L outputs, a garbage slot for rows pa
 
 @flax.struct.dataclass
 class SamplingLoopState:
-  """t5x's `SamplingLoopState`: what `state_callback_fn` / `logit_callback_fn` see.
+  """t5x's `SamplingLoopState`: what `state_callback_fn` / `logit_callback_fn` see."""
 
-  Attributes:
-    step: `[]` loop iterations so far.
-    cur_index: `[rows]` position of `cur_token` per row.
-    sequences: `[rows, L + 2]` start slot, prompt / generated tokens, garbage slot.
-    cache: the cache.
-    cur_token: `[rows, 1]`.
-    ended: `[rows, 1]` bools.
-    rng: the loop PRNG key.
-    log_prob: `[rows]` scores so far.
-  """
-
-  step: jax.Array
-  cur_index: jax.Array
-  sequences: jax.Array
+  step: jax.Array  # [] loop iterations so far
+  cur_index: jax.Array  # [rows] position of cur_token per row
+  sequences: jax.Array  # [rows, L + 2] start slot, prompt / generated tokens, garbage slot
   cache: PyTree
-  cur_token: jax.Array
-  ended: jax.Array
-  rng: jax.Array
-  log_prob: jax.Array
+  cur_token: jax.Array  # [rows, 1]
+  ended: jax.Array  # [rows, 1] bool
+  rng: jax.Array  # the loop PRNG key
+  log_prob: jax.Array  # [rows] scores so far
 
 
 StateCallbackFn = Callable[[SamplingLoopState], SamplingLoopState]
