@@ -125,10 +125,6 @@ class AdaptiveGamma:
     """Tokens of `decode`'s widest target call (`targets.cache_length`)."""
     return self.gamma_max + 1 if self.speculates else 1
 
-  def first(self, batch: int) -> jax.Array:
-    """`[b]` the first iteration's draft lengths."""
-    return jnp.full((batch,), self.first_gamma(), jnp.int32)
-
   def describe(self) -> str:
     v = self.verify_ratio
     v = f'{v[0]:.3g}..{v[-1]:.3g}' if isinstance(v, tuple) else f'{v:.3g}'

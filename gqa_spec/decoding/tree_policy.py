@@ -138,10 +138,12 @@ class AdaptiveTree:
     best = jnp.argmax(tokens / cost[None], axis=1)  # [b]; the first (smaller) on ties
     return jnp.asarray((0,) + widths, jnp.int32)[best]
 
+  @functools.lru_cache(maxsize=256)
   def inflation(self) -> Tuple[float, ...]:
     """The batch's iterations over a row's at each compiled width, from the prior's accepted
     tokens (`theory.tree_batch_inflation`; all 1 without lengths)."""
-    return _inflation(self)
+    return tuple(float(x) for x in theory.tree_batch_inflation(
+        _prior_tokens(self), self.shape.depth, self.lengths))
 
   def accepted(self, gain: jax.Array, weight: jax.Array) -> jax.Array:
     """`[b, K]` each row's accepted-length estimate per compiled width, from its bands' running
@@ -161,11 +163,18 @@ class AdaptiveTree:
     new_gain = jnp.where(observed, (kept * gain + added) / jnp.maximum(new_weight, 1e-6), gain)
     return new_gain, new_weight
 
+  @functools.lru_cache(maxsize=256)
   def first_nodes(self) -> int:
     """Every row's first node count, a Python int: `fixed_nodes`, else the measured prior's
     choice, else N_max where the chain prior's choice is a tree (observing every width at once);
     0: no row ever asks for a tree."""
-    return _first_nodes(self)
+    if self.fixed_nodes is not None:
+      return self.fixed_nodes
+    with jax.ensure_compile_time_eval():  # a Python int, also while tracing
+      choice = int(self.choose(self.prior()[None])[0])
+    if self.accepted_init is not None:  # measured at every width: nothing to observe first
+      return choice
+    return self.nodes_max if choice > 0 else 0
 
   @property
   def speculates(self) -> bool:
@@ -203,20 +212,3 @@ def _prior_tokens(adaptive: AdaptiveTree) -> np.ndarray:
   return np.asarray([sum(adaptive.alpha_init ** i for i in range(1, min(u, adaptive.shape.depth)
                                                                  + 1)) for u in adaptive.widths])
 
-
-@functools.lru_cache(maxsize=256)
-def _inflation(adaptive: AdaptiveTree) -> Tuple[float, ...]:
-  return tuple(float(x) for x in theory.tree_batch_inflation(
-      _prior_tokens(adaptive), adaptive.shape.depth, adaptive.lengths))
-
-
-@functools.lru_cache(maxsize=256)
-def _first_nodes(adaptive: AdaptiveTree) -> int:
-  """`AdaptiveTree.first_nodes`, computed once per setting."""
-  if adaptive.fixed_nodes is not None:
-    return adaptive.fixed_nodes
-  with jax.ensure_compile_time_eval():  # a Python int, also while tracing
-    choice = int(adaptive.choose(adaptive.prior()[None])[0])
-  if adaptive.accepted_init is not None:  # measured at every width: nothing to observe first
-    return choice
-  return adaptive.nodes_max if choice > 0 else 0

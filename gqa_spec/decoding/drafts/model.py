@@ -63,14 +63,11 @@ class ModelDraft:
     return tokens, q, state
 
   def propose_upto(self, state, sequences, lengths, rng, gamma_max, config, want, confidence):
-    """Up to `want[r]` tokens per row, in as many calls as the longest row needs (adaptive.py).
+    """Up to `want[r]` tokens per row, in as many calls as the longest row needs (`adaptive.py`).
 
-    Row r stops after x_i when i == want[r] or (confidence > 0) when the top probability of the
-    draft's softmax at x_i (temperature 1, before top-k/p) is below `confidence` (x_i is kept, as
-    HF's `assistant_confidence_threshold`). The caller asks for a token in some row (`adaptive.py`
-    proposes only while an active row speculates): the first call, which feeds the pending
-    tokens, is always made. At `gamma_max` 1 that call is all (no loop: the adaptive loop's
-    width-1 iterations).
+    Row r stops after x_i when i == want[r] or (confidence > 0) when the draft's top probability
+    at x_i (temperature 1) is below `confidence`, x_i kept (HF's `assistant_confidence_threshold`).
+    The first call, feeding the pending tokens, is always made; at `gamma_max` 1 it is all.
 
     Returns:
       (`[b, gamma_max]` tokens, `[b, gamma_max, V]` q (zeros past a row's proposal), `[b]` tokens
