@@ -248,12 +248,20 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
         draft_steps=r.draft_steps + step.steps))
     return AdaptiveState(loop=s, want=jnp.where(active, nxt, a.want), alpha=alpha, weight=weight)
 
-  # Speculative iterations while some active row wants a proposal; then plain target steps.
-  speculating = lambda a: jnp.any(~a.loop.done & (a.want > 0))
-  final = loops_per_width(widths, lambda a: ~jnp.all(a.loop.done) & speculating(a),
-                          lambda a: jnp.max(jnp.where(a.loop.done, 0, a.want)), body, init)
+  return run_widths(target, init, widths, body, max_decode_len, config, eos_id,
+                    'gamma_histogram', 'gamma_trace')
+
+
+def run_widths(target: Decoder, init: Any, widths: Tuple[int, ...], body, max_decode_len: int,
+               config: SamplingConfig, eos_id: int, *fields: str) -> SpeculativeResult:
+  """An adaptive loop's call: `body(state, w)` at the narrowest width holding the largest ask
+  (`state.want` of the active rows) while some row asks for more than 0 (`loops_per_width`),
+  then plain target steps, counted at size 0 in the result's `fields` (`plain_steps.mark_plain`)."""
+  asks = lambda a: jnp.where(a.loop.done, 0, a.want)  # [b]
+  final = loops_per_width(widths, lambda a: jnp.any(asks(a) > 0), lambda a: jnp.max(asks(a)),
+                          body, init)
   loop = plain_loop(target, final.loop, max_decode_len, config, eos_id)
-  return with_draft_calls(mark_plain(loop, final.loop.result, 'gamma_histogram', 'gamma_trace'))
+  return with_draft_calls(mark_plain(loop, final.loop.result, *fields))
 
 
 def batch_gamma(alpha: jax.Array, weight: jax.Array, active: jax.Array,

@@ -5,7 +5,7 @@ row's running acceptance (`tree_policy.AdaptiveTree.choose`; 0 = no tree). The d
 largest tree every iteration, its nodes in rank order (`tree.by_rank`), so the first n nodes are
 the best-first tree of budget n; the target verifies the first w nodes of every row, w the
 narrowest compiled width holding the largest ask, each width its own while loop
-(`adaptive.loops_per_width`). Once no active row asks for a tree the rest are plain target steps.
+(`adaptive.run_widths`). Once no active row asks for a tree the rest are plain target steps.
 
 The output stays exact: w depends only on the batch's past, so it is a stopping rule, and the
 top-w tree is verified by the lossless multi-candidate rule (`tree.py`).
@@ -22,12 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from gqa_spec.decoding import sampling, xla_options
-from gqa_spec.decoding.adaptive import loops_per_width
+from gqa_spec.decoding.adaptive import run_widths
 from gqa_spec.decoding.autoregressive import EOS
-from gqa_spec.decoding.plain_steps import as_adaptive_result, mark_plain, plain_decode, plain_loop
+from gqa_spec.decoding.plain_steps import as_adaptive_result, plain_decode
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.speculative import (LoopState, SpeculativeResult, init_loop,
-                                           with_draft_calls)
+from gqa_spec.decoding.speculative import LoopState, SpeculativeResult, init_loop
 from gqa_spec.decoding.targets import Decoder
 from gqa_spec.decoding.tree_policy import AdaptiveTree
 from gqa_spec.decoding.tree_speculative import tree_step
@@ -123,10 +122,5 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
       want = jnp.where(held, a.want, want)
     return TreeLoopState(loop=s, want=want, gain=gain, weight=weight)
 
-  # Tree iterations while some active row asks for a tree; then plain target steps to the end.
-  final = loops_per_width(
-      widths, lambda a: ~jnp.all(a.loop.done) & jnp.any(~a.loop.done & (a.want > 0)),
-      lambda a: jnp.max(jnp.where(a.loop.done, 0, a.want)), body, init)
-  loop = plain_loop(target, final.loop, max_decode_len, config, eos_id)
-  return with_draft_calls(mark_plain(loop, final.loop.result, 'tree_nodes_histogram',
-                                    'tree_nodes_trace', 'tree_width_trace'))
+  return run_widths(target, init, widths, body, max_decode_len, config, eos_id,
+                    'tree_nodes_histogram', 'tree_nodes_trace', 'tree_width_trace')

@@ -44,12 +44,9 @@ def plain_decode(target: Decoder, target_state: PyTree, rng: jax.Array, *, gamma
 
 def plain_loop(target: Decoder, loop: LoopState, max_decode_len: int, config: SamplingConfig,
                eos_id: int) -> LoopState:
-  """`loop` run to the end with plain one-token target steps (no draft), each token appended for
-  the active rows; target calls and loop iterations are counted, the caller adds the draft sizes
-  of these calls (0) to its own statistics. Also the tree loop's (`adaptive_tree.py`).
-
-  The draft's state (its parameters and cache) stays out of the loop's carry: XLA copies a carried
-  input buffer into the loop once per call."""
+  """`loop` run to the end with plain one-token target steps, counting target calls and loop
+  iterations (`mark_plain` counts their draft sizes). The draft's state stays out of the loop's
+  carry: XLA would copy a carried input buffer into the loop once per call."""
   batch = loop.done.shape[0]
 
   def plain_step(s: LoopState) -> LoopState:

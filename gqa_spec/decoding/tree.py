@@ -277,13 +277,9 @@ def grow(shape: TreeShape, rng: jax.Array, root_logits: jax.Array, feed: FeedFn,
 
 def by_rank(tree: Tree) -> Tuple[Tree, jax.Array]:
   """A best-first tree's nodes reordered by path score (`Tree.rank`), and `order [b, N]`, each
-  new node's index in `tree` (to map an accepted path back for the draft's `commit_tree`).
-
-  A child's score is its parent's plus a log probability (<= 0), and `lax.top_k` puts the lower
-  candidate index (the parent, the earlier-drawn sibling) first among equal scores: in rank order
-  parents come before their children and siblings stay in their drawing order, which is all
-  `verify` needs. So the first n nodes are a tree on their own, exactly the one `grow` keeps with
-  budget n (the same candidates, q and draws), and verifying them alone is lossless.
+  new node's index in `tree` (to map an accepted path back for `commit_tree`). Parents come before
+  their children and siblings keep their drawing order (a child scores at most its parent, ties go
+  to the lower candidate index), so the first n nodes are the tree `grow` keeps with budget n.
   """
   if tree.rank is None:
     raise ValueError('by_rank needs a tree with ranks (a best-first tree from `grow`)')
