@@ -1,40 +1,23 @@
 """Speculative decoding that tunes its own draft length (`generate --gamma auto`).
 
-The loop of `speculative.py` (its `chain_step`) with the draft length chosen inside the jitted
-loop, every iteration, from what the rows have seen: by the batch's slowest row (policy
-'optimal') or per row (HF's heuristic schedule), in [0, gamma_max], a confidence stop optionally
-ending a row's proposal sooner. Shapes stay static: an iteration runs at one of a few compiled
-widths w (`verify_gammas`: 1, 2, 3, 4, 6, 8, 12, ... up to gamma_max), the narrowest that holds
-the longest proposal an active row asked for; each row verifies only its own prefix
-(`sampling.verify(limit=gamma_r)`), and the causal mask keeps the positions past gamma_r from
-changing p at the ones before. Each width has its own while loop, run while the batch's longest
-proposal needs that width (`loops_per_width`). Once no active row speculates (gamma 0 is final),
-the rest runs as plain one-token target steps without the draft (`plain_steps.plain_loop`). Where
-the costs say that not even the starting `alpha_init` pays for a proposal
-(`AdaptiveGamma.speculates` is False), `decode` is greedy decoding's loop on a cache of one slot
-per token (`plain_steps.plain_decode`).
+The chain loop (`speculative.chain_step`) with the draft length chosen inside the jitted loop
+every iteration, in [0, gamma_max]. Shapes stay static: an iteration runs at the narrowest
+compiled width (`verify_gammas`) holding the longest active proposal, each width its own while
+loop (`loops_per_width`), and each row verifies only its own prefix (`sampling.verify`'s limit).
+Once no active row speculates (gamma 0 is final) the rest are plain target steps
+(`plain_steps.plain_loop`); where not even the first iteration would speculate, `decode` is
+greedy decoding (`plain_steps.plain_decode`).
 
-Exactness: gamma_r depends only on the past (earlier iterations, and with a confidence stop the
-draft's distributions at the positions already proposed), never on this iteration's draws, so it
-is a stopping rule; the correctness argument (Leviathan et al. App. A.1; Chen et al. Theorem 1)
-holds for each iteration whatever gamma it used, and greedy output is token-identical to greedy
-decoding.
+The output stays exact: a row's gamma depends only on the past, never on this iteration's draws,
+so it is a stopping rule (Leviathan et al. App. A.1; Chen et al. Theorem 1).
 
 Policies (`AdaptiveGamma.policy`):
-  'optimal'   (default) every row keeps alpha_r, its acceptance (Corollary 6) as a discounted
-              ratio of the betas of the positions it tried (`running_alpha`), starting from
-              `alpha_init`; a calibrated alpha also counts as `prior_weight` positions that
-              never fade (`with_prior`). The batch's next draft length is Theorem 8's gamma
-              over [0, gamma_max] at the lowest row's acceptance, each row shrunk toward the
-              rows' pooled alpha (`batch_alpha`, `batch_gamma`), a gamma >= 1 costing
-              gamma c + v(gamma) plain steps (`cost_calibration.measure_costs`) and its expected
-              tokens priced over the iterations the batch's slowest row takes
-              (`theory.batch_inflation`, at `AdaptiveGamma.lengths`). Gamma 0 is final, so it is
-              taken only when it also wins at alpha + one standard error.
-  'heuristic' HF's `num_assistant_tokens_schedule="heuristic"`: +2 after a proposal accepted whole,
-              else -1, within [1, gamma_max].
-`confidence` > 0 (`--draft-confidence`, model drafts only) also ends a row's proposal after the
-first token whose draft top probability is below it (HF's `assistant_confidence_threshold`).
+  'optimal'   (default) the batch's next length is Theorem 8's gamma at its lowest row's
+              running acceptance (`batch_gamma`), priced with the measured costs c and v(gamma)
+              (`cost_calibration.measure_costs`) and the batch's wait for its slowest row.
+  'heuristic' HF's schedule: +2 after a proposal accepted whole, else -1, within [1, gamma_max].
+`confidence` > 0 (model drafts) ends a row's proposal after a token whose draft top probability is
+below it (HF's `assistant_confidence_threshold`).
 """
 
 from __future__ import annotations
@@ -60,7 +43,7 @@ from gqa_spec.errors import UserError
 
 PyTree = Any
 POLICIES = ('optimal', 'heuristic')
-CALIBRATED_PRIOR_WEIGHT = 16.0  # positions the calibration's alpha counts for (`prior_weight`)
+CALIBRATED_PRIOR_WEIGHT = 16.0  # positions a calibrated alpha counts for (`prior_weight`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,23 +55,16 @@ class AdaptiveGamma:
     policy: 'optimal' (Theorem 8 from a running alpha and the costs) or 'heuristic' (HF's).
     cost_ratio: c, one draft token's time over one greedy step's (policy 'optimal').
     verify_ratio: v, the rest of an iteration over a greedy step (policy 'optimal'): one number
-      for every gamma (1 = Theorem 8 as printed) or gamma_max numbers v(1)..v(gamma_max), as
-      `cost_calibration.measure_costs` gives.
+      (1 = Theorem 8 as printed) or v(1)..v(gamma_max).
     confidence: stop a row's proposal after a token whose draft top probability is below this
       (0 = off).
     gamma_init: every row's first draft length (None: the policy's choice at `alpha_init`, or
-      gamma_max // 2 for 'heuristic'); 0 under 'optimal': no row speculates, `decode` is greedy
-      decoding (the plain calls of `guard`).
-    alpha_init: the running alpha's starting value (policy 'optimal'): by default an optimistic
-      0.9; `calibrated` sets the measured acceptance.
-    decay: the factor the running alpha's weight is multiplied by for each position a call tries
-      (`running_alpha`).
-    prior_weight: how many positions `alpha_init` counts for in every row's estimate for the whole
-      run, never discounted (0: the starting value fades with the data; `calibrated` sets
-      `CALIBRATED_PRIOR_WEIGHT`).
-    lengths: the tokens each row of a few batches needs (`theory.Lengths`); with them a gamma's
-      expected tokens are priced over the iterations such a batch takes
-      (`theory.batch_inflation`); (): Theorem 8 as printed.
+      gamma_max // 2 for 'heuristic'); 0: `decode` is greedy decoding (`guard`'s plain calls).
+    alpha_init: the running alpha's starting value (optimistic by default).
+    decay: what the running alpha's weight is multiplied by per position tried.
+    prior_weight: positions `alpha_init` counts for in every row's estimate, never discounted.
+    lengths: the tokens each row of a few batches needs (`theory.Lengths`), pricing the batch's
+      wait for its slowest row; (): Theorem 8 as printed.
   """
 
   gamma_max: int = 8
@@ -107,23 +83,13 @@ class AdaptiveGamma:
       raise UserError(f'gamma_max must be a positive integer, got {self.gamma_max}')
     if self.policy not in POLICIES:
       raise UserError(f'gamma policy must be one of {", ".join(POLICIES)}, got {self.policy!r}')
-    if not self.cost_ratio >= 0:
-      raise UserError(f'cost ratio must be >= 0, got {self.cost_ratio}')
-    v = self.verify_ratio
-    if isinstance(v, (tuple, list)):
-      if len(v) != self.gamma_max or not all(x > 0 for x in v):
-        raise UserError(f'per-gamma verify ratios must be {self.gamma_max} numbers > 0, got {v}')
-      object.__setattr__(self, 'verify_ratio', tuple(float(x) for x in v))  # hashable
-    elif not v > 0:
-      raise UserError(f'verify ratio must be > 0, got {v}')
+    object.__setattr__(self, 'verify_ratio', theory.checked_costs(
+        self.cost_ratio, self.verify_ratio, self.gamma_max, 'gamma', self.alpha_init, self.decay,
+        self.prior_weight))
     if not 0.0 <= self.confidence < 1.0:
       raise UserError(f'draft confidence must be in [0, 1), got {self.confidence}')
     if self.gamma_init is not None and not 0 <= self.gamma_init <= self.gamma_max:
       raise UserError(f'gamma_init must be in [0, {self.gamma_max}], got {self.gamma_init}')
-    if not 0.0 <= self.alpha_init <= 1.0 or not 0.0 <= self.decay < 1.0:
-      raise UserError('alpha_init must be in [0, 1] and decay in [0, 1)')
-    if not self.prior_weight >= 0:
-      raise UserError(f'prior_weight must be >= 0, got {self.prior_weight}')
     object.__setattr__(self, 'lengths', theory.checked_lengths(self.lengths))  # hashable
 
   def first_gamma(self) -> int:
@@ -132,12 +98,12 @@ class AdaptiveGamma:
       return self.gamma_init
     if self.policy == 'heuristic':
       return max(1, self.gamma_max // 2)
-    return _optimal_first_gamma(self.alpha_init, self.cost_ratio, self.gamma_max,
-                                self.verify_ratio, self.lengths)
+    return theory.step_gamma(self.alpha_init, self.cost_ratio, self.gamma_max, self.verify_ratio,
+                             self.lengths)
 
   def calibrated(self, calibration) -> 'AdaptiveGamma':
-    """These settings with a `cost_calibration.Calibration`'s c, v and alpha, the alpha kept as
-    every row's prior (`CALIBRATED_PRIOR_WEIGHT` positions), and its output lengths."""
+    """These settings with a `cost_calibration.Calibration`'s c, v, alpha (every row's lasting
+    prior) and output lengths."""
     return dataclasses.replace(self, cost_ratio=calibration.cost_ratio,
                                verify_ratio=calibration.verify_ratio,
                                alpha_init=min(max(calibration.alpha, 0.0), 1.0),
@@ -151,19 +117,13 @@ class AdaptiveGamma:
 
   @property
   def speculates(self) -> bool:
-    """Whether any row ever proposes: False when the first gamma is 0 (final for every row);
-    `decode` is then greedy decoding on a cache of `max_decode_len + 1` slots."""
+    """Whether any row ever proposes (the first gamma is not 0)."""
     return self.first_gamma() > 0
 
   @property
   def call_tokens(self) -> int:
-    """Tokens of `decode`'s widest target call (`targets.cache_length`): a gamma_max + 1 token
-    verification, or 1 when no row will speculate."""
+    """Tokens of `decode`'s widest target call (`targets.cache_length`)."""
     return self.gamma_max + 1 if self.speculates else 1
-
-  def first(self, batch: int) -> jax.Array:
-    """`[b]` the first iteration's draft lengths."""
-    return jnp.full((batch,), self.first_gamma(), jnp.int32)
 
   def describe(self) -> str:
     v = self.verify_ratio
@@ -173,13 +133,6 @@ class AdaptiveGamma:
       extra += f',lengths={theory.describe_lengths(self.lengths)}'
     conf = f',confidence={self.confidence:g}' if self.confidence else ''
     return f'auto({self.policy},max={self.gamma_max}{extra}{conf})'
-
-
-@functools.lru_cache(maxsize=256)
-def _optimal_first_gamma(alpha: float, c: float, gamma_max: int,
-                         v: Union[float, Tuple[float, ...]], lengths: theory.Lengths) -> int:
-  """Theorem 8's gamma at `alpha`, a Python int (on the host; cached per setting)."""
-  return theory.step_gamma(alpha, c, gamma_max, v, lengths)
 
 
 @flax.struct.dataclass
@@ -202,16 +155,14 @@ def verify_gammas(gamma_max: int) -> Tuple[int, ...]:
 
 def width_index(widths: Tuple[int, ...], longest: jax.Array) -> jax.Array:
   """`[]` int32: the index of the first of the sorted `widths` >= `longest` (len(widths) if none),
-  `jnp.searchsorted`'s answer as one comparison and a sum (no loop nested in the decoding loop)."""
+  as a comparison and a sum (no loop nested in the decoding loop)."""
   return jnp.sum(jnp.asarray(widths, jnp.int32) < longest, dtype=jnp.int32)
 
 
 def loops_per_width(widths: Tuple[int, ...], going, longest, body, init):
   """`lax.while_loop(going, ...)` over `body(state, w)` at the narrowest of the sorted `widths`
-  holding `longest(state)` (`[]`, the batch's largest ask), w static: each width's while loop in
-  turn, each running while `going` and the ask needs its width, inside an outer loop while
-  `going`. Each width's body is compiled once and writes the cache in place (a `lax.switch` over
-  widths whose branches write the cache would copy it on every entry)."""
+  holding `longest(state)`, w static: one while loop per width inside an outer loop, so each
+  width's body writes the cache in place (a `lax.switch` over widths would copy it)."""
   index = lambda a: width_index(widths, longest(a))  # []
 
   def each_width(a):
@@ -233,18 +184,12 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
            config: SamplingConfig = sampling.GREEDY, eos_id: int = EOS,
            skip: Optional[jax.Array] = None) -> SpeculativeResult:
   """Speculative decoding with adaptive draft lengths (arguments as `speculative.decode`; the
-  target's cache has `targets.cache_length(max_decode_len, adaptive.call_tokens)` slots).
-
-  `draft_state` may be None where `adaptive.speculates` is False: the call is then greedy
-  decoding's loop on the target alone (`plain_steps.plain_decode`), its result in this function's
-  form (`sequences` then `[b, 1 + max_decode_len]`).
+  target's cache has `targets.cache_length(max_decode_len, adaptive.call_tokens)` slots;
+  `draft_state` may be None where `adaptive.speculates` is False).
 
   Returns:
-    `SpeculativeResult` with depth gamma_max, plus `gamma_histogram` `[b, gamma_max + 1]` (how
-    often each row verified a proposal of each length), `gamma_trace` `[b, max_decode_len]` (the
-    length of each of the row's target calls, -1 after its last) and `draft_steps` `[]` (draft
-    decode calls made, all rows together; the iteration's compiled width for drafts that cannot
-    stop early).
+    `SpeculativeResult` of depth gamma_max with `gamma_histogram` `[b, gamma_max + 1]`,
+    `gamma_trace` `[b, max_decode_len]` (-1 after the row's last call) and `draft_steps` `[]`.
   """
   if adaptive.confidence and getattr(draft, 'propose_upto', None) is None:
     raise UserError(f'--draft-confidence needs a model draft (one with draft probabilities); '
@@ -266,10 +211,9 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
                  config: SamplingConfig, eos_id: int, skip: Optional[jax.Array],
                  first_gammas: Optional[jax.Array] = None,
                  held: Optional[jax.Array] = None) -> SpeculativeResult:
-  """`decode` where rows speculate. For the calibration (`cost_calibration.measure_costs`), which
-  times this very program at every width with one compile: `first_gammas [b]` (traced) each row's
-  first draft length in place of the policy's, and where `held []` (traced bool) is True every
-  row keeps it, the policy's choice still made every iteration but not taken."""
+  """`decode` where rows speculate. For the calibration, which times this program at every
+  width with one compile: `first_gammas [b]` (traced) replaces the first draft lengths, and where
+  `held []` (traced bool) is True every row keeps it (the policy's choice made, not taken)."""
   gmax = adaptive.gamma_max
   loop = init_loop(target, target_state, draft_state, rng, max_decode_len, gmax, skip)
   batch = loop.done.shape[0]
@@ -304,28 +248,29 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
         draft_steps=r.draft_steps + step.steps))
     return AdaptiveState(loop=s, want=jnp.where(active, nxt, a.want), alpha=alpha, weight=weight)
 
-  # Speculative iterations while some active row wants a proposal; then plain target steps.
-  speculating = lambda a: jnp.any(~a.loop.done & (a.want > 0))
-  final = loops_per_width(widths, lambda a: ~jnp.all(a.loop.done) & speculating(a),
-                          lambda a: jnp.max(jnp.where(a.loop.done, 0, a.want)), body, init)
+  return run_widths(target, init, widths, body, max_decode_len, config, eos_id,
+                    'gamma_histogram', 'gamma_trace')
+
+
+def run_widths(target: Decoder, init: Any, widths: Tuple[int, ...], body, max_decode_len: int,
+               config: SamplingConfig, eos_id: int, *fields: str) -> SpeculativeResult:
+  """An adaptive loop's call: `body(state, w)` at the narrowest width holding the largest ask
+  (`state.want` of the active rows) while some row asks for more than 0 (`loops_per_width`),
+  then plain target steps, counted at size 0 in the result's `fields` (`plain_steps.mark_plain`)."""
+  asks = lambda a: jnp.where(a.loop.done, 0, a.want)  # [b]
+  final = loops_per_width(widths, lambda a: jnp.any(asks(a) > 0), lambda a: jnp.max(asks(a)),
+                          body, init)
   loop = plain_loop(target, final.loop, max_decode_len, config, eos_id)
-  return with_draft_calls(mark_plain(loop, final.loop.result, 'gamma_histogram', 'gamma_trace'))
+  return with_draft_calls(mark_plain(loop, final.loop.result, *fields))
 
 
 def batch_gamma(alpha: jax.Array, weight: jax.Array, active: jax.Array,
                 adaptive: AdaptiveGamma) -> jax.Array:
-  """`[]` int32: the draft length of the batch's next iteration (policy 'optimal'): Theorem 8's
-  gamma (`theory.optimal_gammas`, over [0, gamma_max]) at the batch's acceptance (`batch_alpha`
-  of the `active [b]` rows' running alphas `alpha [b]` over `weight [b]` positions, with the
-  lasting prior, `with_prior`).
-
-  One length for the batch, not one per row: an iteration costs what its longest proposal costs,
-  so a row proposing less saves nothing and accepts less; and the batch takes as many iterations
-  as its slowest row needs, so the length that pays is the one that pays for the row accepting
-  least, over the iterations such a batch takes (`AdaptiveGamma.lengths`). At batch 1 the two
-  are the same. Gamma 0 is final (the loop leaves the draft behind), so the batch leaves
-  speculation only when gamma 0 also wins at its acceptance plus one standard error; where only
-  the estimate itself says 0, it proposes Theorem 8's gamma at that upper value."""
+  """`[]` int32: the batch's next draft length (policy 'optimal'): Theorem 8's gamma
+  (`theory.optimal_gammas`) at `batch_alpha` of the `active [b]` rows' running `alpha [b]` over
+  `weight [b]` positions (with the lasting prior). One length for the batch: an iteration costs
+  what its longest proposal costs, and the batch waits for its slowest row. Gamma 0 is final, so
+  it is taken only when it also wins at the estimate plus one standard error."""
   estimate, se = batch_alpha(*with_prior(alpha, weight, adaptive), active)  # [], []
   both = jnp.stack([estimate, jnp.minimum(estimate + se, 1.0)])  # [2]
   gamma, upper = theory.optimal_gammas(both, adaptive.cost_ratio, adaptive.gamma_max,
@@ -336,15 +281,10 @@ def batch_gamma(alpha: jax.Array, weight: jax.Array, active: jax.Array,
 def batch_alpha(alpha: jax.Array, weight: jax.Array, active: jax.Array
                 ) -> Tuple[jax.Array, jax.Array]:
   """The acceptance the batch's draft length is chosen for, `[]`, and its standard error `[]`:
-  the lowest of the `active [b]` rows' running alphas `alpha [b]` (each the ratio over `weight
-  [b]` discounted positions, `running_alpha`), after shrinking each toward the active rows' pooled
-  alpha (an empirical-Bayes posterior mean): the plain minimum of a few noisy ratios reads the
-  slowest row low. A row's estimate is the pooled p plus k_r (alpha_r - p),
-  k_r = tau^2 / (tau^2 + p (1 - p) / weight_r), tau^2 the rows' spread beyond their sampling
-  noise (the active rows' variance about p less the mean of p (1 - p) / weight_r, at least 0);
-  rows that truly differ keep their own estimates, rows whose differences are what noise gives
-  fall to p. At batch 1 it is the row's own alpha. The standard error is that of the lowest row's
-  posterior, sqrt(k_r p (1 - p) / weight_r + (1 - k_r)^2 p (1 - p) / sum(weight))."""
+  the lowest of the `active [b]` rows' `alpha [b]` (ratios over `weight [b]` positions), each
+  first shrunk toward the pooled p (empirical Bayes, so that noise does not read the slowest row
+  low): p + k_r (alpha_r - p), k_r = tau^2 / (tau^2 + p (1 - p) / weight_r), tau^2 the rows'
+  spread beyond their sampling noise. The standard error is the lowest row's posterior's."""
   on = active.astype(jnp.float32)  # [b]
   n = jnp.maximum(jnp.sum(on), 1.0)  # []
   w = weight * on  # [b]
@@ -362,12 +302,9 @@ def batch_alpha(alpha: jax.Array, weight: jax.Array, active: jax.Array
 
 def with_prior(alpha: jax.Array, weight: jax.Array, adaptive: AdaptiveGamma
                ) -> Tuple[jax.Array, jax.Array]:
-  """Each row's estimate with `adaptive`'s lasting prior (W = `AdaptiveGamma.prior_weight`
-  positions at `alpha_init`): `(alpha [b], weight [b])` -> (estimate [b], its weight [b]), the
-  estimate (W alpha_init + weight alpha) / (W + weight). Its weight is what `batch_alpha` reads
-  the estimate's sampling noise from (p (1 - p) / weight): the prior is the same for every row and
-  does not vary, so the estimate varies as weight / (W + weight) times a ratio over `weight`
-  positions, which is a plain ratio's noise over (W + weight)^2 / weight positions."""
+  """Each row's estimate with the lasting prior (W = `prior_weight` positions at `alpha_init`):
+  `(alpha [b], weight [b])` -> ((W alpha_init + weight alpha) / (W + weight), (W + weight)^2 /
+  weight), the second the positions of a plain ratio with the estimate's sampling noise."""
   w0 = adaptive.prior_weight
   if not w0:
     return alpha, weight
@@ -377,13 +314,10 @@ def with_prior(alpha: jax.Array, weight: jax.Array, adaptive: AdaptiveGamma
 
 def running_alpha(alpha: jax.Array, weight: jax.Array, beta: jax.Array, tried: jax.Array,
                   decay: float) -> Tuple[jax.Array, jax.Array]:
-  """One call's update of each row's acceptance estimate (`AdaptiveGamma.decay`): `alpha [b]`
-  over `weight [b]` discounted positions, `beta [b, g]` at the positions `tried [b, g]` (bool);
-  the call's n tried positions count 1 each, and the weight before them is multiplied by
-  decay^n (the weight settles at n / (1 - decay^n)). Within a call the positions weigh alike: a
-  proposal is tried up to its first rejection, so a weight that grew toward the call's last
-  position would favour the rejection and read alpha low. Rows that tried none keep theirs.
-  Returns the new `(alpha [b], weight [b])`."""
+  """One call's update of each row's acceptance estimate: `alpha [b]` over `weight [b]`
+  discounted positions, `beta [b, g]` at the positions `tried [b, g]`. The call's n tried
+  positions count 1 each (alike: a weight growing toward the rejection would read alpha low) and
+  the weight before them decays by decay^n. Returns the new `(alpha [b], weight [b])`."""
   n = jnp.sum(tried, axis=1).astype(jnp.float32)  # [b]
   kept = jnp.power(decay, n) * weight  # [b]
   new_weight = kept + n  # [b]

@@ -1,21 +1,14 @@
 """Token trees that size themselves per row (`generate --tree best:auto[:N],depth:D[,width:W]`).
 
-The tree loop of `tree_speculative.py` (its `tree_step`) with best-first trees (EAGLE-2's) whose
-node count follows each row's running acceptance, inside the jitted loop, shapes static. The draft
-grows the largest tree, N_max nodes, every iteration; its nodes are put in rank order
-(`tree.by_rank`: a child scores at most its parent, ties go to the lower candidate index), so the
-first n nodes are exactly the best-first tree of budget n. Each active row asks for N_r nodes
-(`tree_policy.AdaptiveTree.choose`; 0 = no tree) and the target verifies the first w nodes of
-every row in one call, w the narrowest compiled width (`tree_policy.node_widths`: 1, 2, 4, ...,
-N_max) holding the largest N_r; each width has its own while loop (`adaptive.loops_per_width`).
-Every row verifies all w nodes of the call: the extra nodes cost nothing in that call and can only
-add accepted tokens. Once no active row asks for a tree, the rest runs as plain one-token target
-steps without the draft (`plain_steps.plain_loop`).
+The tree loop (`tree_speculative.tree_step`) with best-first trees whose node count follows each
+row's running acceptance (`tree_policy.AdaptiveTree.choose`; 0 = no tree). The draft grows the
+largest tree every iteration, its nodes in rank order (`tree.by_rank`), so the first n nodes are
+the best-first tree of budget n; the target verifies the first w nodes of every row, w the
+narrowest compiled width holding the largest ask, each width its own while loop
+(`adaptive.run_widths`). Once no active row asks for a tree the rest are plain target steps.
 
-Exactness: w depends only on the batch's past, never on the current iteration's draws, so it is a
-stopping rule, and the top-w tree is a best-first tree of budget w, verified by the lossless
-multi-candidate rule (`tree.py`): greedy output is token-identical to greedy decoding and sampled
-output has the target's distribution whatever sizes were used.
+The output stays exact: w depends only on the batch's past, so it is a stopping rule, and the
+top-w tree is verified by the lossless multi-candidate rule (`tree.py`).
 """
 
 from __future__ import annotations
@@ -29,12 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from gqa_spec.decoding import sampling, xla_options
-from gqa_spec.decoding.adaptive import loops_per_width
+from gqa_spec.decoding.adaptive import run_widths
 from gqa_spec.decoding.autoregressive import EOS
-from gqa_spec.decoding.plain_steps import as_adaptive_result, mark_plain, plain_decode, plain_loop
+from gqa_spec.decoding.plain_steps import as_adaptive_result, plain_decode
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.speculative import (LoopState, SpeculativeResult, init_loop,
-                                           with_draft_calls)
+from gqa_spec.decoding.speculative import LoopState, SpeculativeResult, init_loop
 from gqa_spec.decoding.targets import Decoder
 from gqa_spec.decoding.tree_policy import AdaptiveTree
 from gqa_spec.decoding.tree_speculative import tree_step
@@ -51,19 +43,14 @@ class TreeLoopState:
   weight: jax.Array  # [b, K] float32 the discounted calls behind each gain
 
 
-
-
 def decode(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTree,
            rng: jax.Array, *, adaptive: AdaptiveTree, max_decode_len: int,
            config: SamplingConfig = sampling.GREEDY, eos_id: int = EOS,
            skip: Optional[jax.Array] = None) -> SpeculativeResult:
   """Tree speculative decoding with per-row adaptive node counts (arguments as
-  `tree_speculative.decode`, with `adaptive` in place of `shape`; the draft is a tree draft grown
-  for `adaptive.shape`, and the target's cache has `targets.cache_length(max_decode_len, adaptive.call_tokens)` slots).
-
-  `draft_state` may be None where `adaptive.speculates` is False: the call is then greedy decoding
-  of the target alone (`plain_steps.plain_decode`, as `--gamma auto` where no row speculates), with
-  `sequences` `[b, 1 + max_decode_len]`.
+  `tree_speculative.decode`, `adaptive` in place of `shape`; the target's cache has
+  `targets.cache_length(max_decode_len, adaptive.call_tokens)` slots; `draft_state` may be None
+  where `adaptive.speculates` is False, the call then being greedy decoding).
 
   Returns:
     `SpeculativeResult` as `tree_speculative.decode`'s (`proposed` counts the valid nodes each
@@ -91,12 +78,9 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
                  skip: Optional[jax.Array] = None,
                  first_nodes: Optional[jax.Array] = None,
                  held: Optional[jax.Array] = None) -> SpeculativeResult:
-  """`decode` where some row asks for a tree: the loop of the module docstring. `first_nodes`
-  `[b]` int32 (optional, traced): each row's first node count in place of the policy's; with
-  `fixed_nodes` a row keeps it. `held` `[]` bool (optional, traced): where True a row keeps it
-  too, the policy's choice made every iteration and not taken, so that the program is the one a
-  run compiles (`measure_costs` times every width so, through one compiled loop; as
-  `adaptive.decode`'s `held`)."""
+  """`decode` where some row asks for a tree. For the calibration, as `adaptive._speculative`:
+  `first_nodes [b]` (traced) replaces the first node counts, and where `held []` is True every
+  row keeps it (the policy's choice made, not taken)."""
   shape = adaptive.shape
   depth, nmax, widths = shape.depth, adaptive.nodes_max, adaptive.widths
   loop = init_loop(target, target_state, draft_state, rng, max_decode_len, depth, skip)
@@ -138,10 +122,5 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
       want = jnp.where(held, a.want, want)
     return TreeLoopState(loop=s, want=want, gain=gain, weight=weight)
 
-  # Tree iterations while some active row asks for a tree; then plain target steps to the end.
-  final = loops_per_width(
-      widths, lambda a: ~jnp.all(a.loop.done) & jnp.any(~a.loop.done & (a.want > 0)),
-      lambda a: jnp.max(jnp.where(a.loop.done, 0, a.want)), body, init)
-  loop = plain_loop(target, final.loop, max_decode_len, config, eos_id)
-  return with_draft_calls(mark_plain(loop, final.loop.result, 'tree_nodes_histogram',
-                                    'tree_nodes_trace', 'tree_width_trace'))
+  return run_widths(target, init, widths, body, max_decode_len, config, eos_id,
+                    'tree_nodes_histogram', 'tree_nodes_trace', 'tree_width_trace')

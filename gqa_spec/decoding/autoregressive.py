@@ -1,26 +1,16 @@
 """Autoregressive decoding as one `jax.jit` over a `lax.while_loop`: greedy, temperature, top-k, top-p.
 
-The loop feeds each row's last token to a `Decoder` (the T5 binding keeps cross-attention K/V
-computed once per input), picks the next token with `sampling.choose`, writes it at the row's
-offset of a `[b, 1 + max_decode_len]` sequence buffer (slot 0 = decoder start token) and marks a
-row done at EOS or at `max_decode_len`. Done rows keep feeding a token (batched hardware computes
-them anyway) but their index is rolled back, so they never change. The loop ends when every row
-is done.
-
-`loop_chunk` K > 1 runs K steps per while-loop iteration as a `lax.fori_loop` of static trip
-count (rows done mid-chunk are masked as above, so the extra steps change nothing): XLA:GPU
-evaluates a data-dependent loop condition on the host once per iteration, a static trip count
-needs no such round trip, so the host synchronises once per K tokens instead of once per token.
-Tokens (greedy and seeded sampling alike: the keys are split in the same order) are those of
-K = 1; `loop_iterations` still counts steps with an active row. Beam search lives in
-`beam_search.py`; the t5x-compatible `temperature_sample` in
-`t5x_compat/` (a package).
+Each step feeds every row's last token to a `Decoder`, picks the next with `sampling.choose` and
+writes it into a `[b, 1 + max_decode_len]` buffer (slot 0 the start token); a row is done at EOS
+or `max_decode_len`, and done rows keep computing with their index rolled back, so they never
+change. `loop_chunk` K > 1 runs K steps per while-loop iteration as a fixed-count `fori_loop`
+(the host checks the loop condition once per K tokens on XLA:GPU); the tokens are those of K = 1.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
 import flax
 import jax
@@ -144,11 +134,3 @@ def strip(sequences, lengths, eos_id: int = EOS) -> list:
     out.append(ids)
   return out
 
-
-def decode_to_lists(decoder: Decoder, decoder_state: PyTree, rng: jax.Array, *,
-                    max_decode_len: int, config: SamplingConfig = sampling.GREEDY,
-                    eos_id: int = EOS) -> Tuple[list, DecodeResult]:
-  """`decode`, then `strip`."""
-  result = decode(decoder, decoder_state, rng, max_decode_len=max_decode_len, config=config,
-                  eos_id=eos_id)
-  return strip(result.sequences, result.lengths, eos_id), result

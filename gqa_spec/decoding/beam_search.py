@@ -1,16 +1,8 @@
-"""Beam search (t5x's: length penalty ((5 + len) / 6)^alpha): one loop, two faces.
+"""Beam search with t5x's length penalty ((5 + len) / 6)^alpha: one loop, two faces.
 
-`search` is the loop. Every step scores the k x V continuations of the live beams, keeps the 2k
-best (inside a forced prompt only the best candidate survives, continuing with the prompt token
-at log-prob +0), sends those ending in EOS to the finished set (scored log p / penalty) and keeps
-the best k others alive, gathering the rows of the state they came from. It stops after
-`max_decode_len` tokens or when no live beam (bounded by the penalty at the maximal length) can
-beat the worst finished one. Beams are kept in ascending score order (best last), as t5x keeps
-them, so that ties break as in t5x.
-
-`beam_search` drives gqa-spec's `Decoder` protocol (the evaluator's beam decoding; its state holds
-`batch * beam_size` rows, the encoder inputs repeated `beam_size` times) and returns beams best
-first; `t5x_compat.beam_search` is `t5x.decoding.beam_search`'s signature over the same loop.
+`search` is the loop (its docstring). `beam_search` drives gqa-spec's `Decoder` protocol (the
+evaluator's beam decoding) and returns beams best first; `t5x_compat.beam_search` is
+`t5x.decoding.beam_search`'s signature over the same loop.
 """
 
 from __future__ import annotations
@@ -24,9 +16,9 @@ import jax.numpy as jnp
 
 from gqa_spec.decoding.targets import Decoder
 from gqa_spec.decoding import xla_options
+from gqa_spec.decoding.sampling import NEG_INF
 
 PyTree = Any
-NEG_INF = -1.0e7
 DECODER_START = 0
 EOS = 1
 
@@ -60,7 +52,13 @@ def search(logits_fn: Callable[[PyTree, jax.Array, jax.Array], Tuple[jax.Array, 
            reorder: Callable[[PyTree, jax.Array], PyTree], state: PyTree, *, batch: int,
            beam_size: int, max_decode_len: int, alpha: float, eos_id: int,
            prompt: Optional[jax.Array] = None) -> BeamState:
-  """The beam search loop (module docstring); traceable, jit it around.
+  """The beam search loop; traceable, jit it around.
+
+  Every step scores the k x V continuations of the live beams and keeps the 2k best (inside a
+  forced prompt only the best, continuing with the prompt token at log-prob 0); those ending in
+  EOS join the finished set (scored log p / penalty), the best k others stay alive, their state
+  rows gathered. It stops after `max_decode_len` tokens or when no live beam can beat the worst
+  finished one. Beams are kept in ascending score order (best last), so ties break as in t5x.
 
   Args:
     logits_fn: `(state, sequences [b * k, W], cur_index []) -> ([b * k, V] logits, state)`: the

@@ -11,33 +11,12 @@
       [--param-dtype {float32,bfloat16}] [--loop-chunk K]
   gqa-spec ngram fit --task TASK --order {1,2} --out PATH [--split train] [--max-examples N]
 
-Input lines hold `input_ids` (ints) or `inputs` (text: the checkpoint's vocabulary, `--vocab`'s
-where it carries none, or with `--task` that seqio task's own preprocessing and tokenizer). Output
-lines hold `output_ids` (no decoder start token, cut at and excluding EOS) and `output` text when
-a vocabulary is known. All inputs are padded to one length and the last batch is filled with dummy
-rows, so decoding compiles once; `--stats` `seconds` is the decode wall time after that compile
-(`compile_seconds` apart). `--model-parallel N` decodes on a mesh of all devices with a model
-axis of N (`gqa_spec.decoding.mesh`; a model draft gets its own placement); `--stats` always
-reports `memory_per_device`, the target's parameter and cache bytes per device on the mesh used
-(`gqa_spec.decoding.memory`). `--param-dtype bfloat16` casts the floating parameters of the target
-and of a model draft once, at load (`gqa_spec.checkpoints.param_dtype`), so the decode loop
-converts no weight per step. `--loop-chunk K` (autoregressive decoding) runs K decode steps per
-while-loop iteration with a static trip count (`autoregressive.decode`'s `loop_chunk`): the same
-tokens, one host round trip per K steps on XLA:GPU. `--gamma auto`: the draft length is chosen in
-the loop at every iteration (`gqa_spec.decoding.adaptive`); without `--cost-ratio`, c and the
-iteration's cost v are measured once on the first batch before the timed runs, at the run's
-temperature (`cost_calibration.measure_costs`).
-`--tree best:auto[:N],depth:D[,width:W]`: best-first trees of at most N nodes whose size each row
-chooses in the loop (`gqa_spec.decoding.adaptive_tree`); c, v and the starting alpha are measured
-the same way (`cost_calibration.measure_costs`) unless `--cost-ratio` gives c (v = 1 and alpha 0.9
-then). With measured costs both then time every call and stop speculating once the speculative
-calls measure below 0.97x greedy decoding (`guard.SpeculationGuard`; `--no-guard`: off).
-Each method is a plan (`gqa_spec.decoding.plan`): the flags choose it and are checked before
-anything loads (a flag of another method is an error, not ignored), and it sizes the target's
-cache, builds the draft, calibrates, runs each batch and gives its `--stats` fields.
-With the multi-process flags (`gqa_spec.distributed`) every process reads the same inputs and
-decodes on one mesh of all processes' devices (model axis `--model-parallel`, default 1); process 0
-writes `--out` and `--stats`.
+Input lines hold `input_ids` or `inputs` (text); output lines hold `output_ids` (cut before EOS)
+and `output` text where a vocabulary is known. Inputs are padded to one length and the last batch
+filled with dummy rows, so decoding compiles once. Each method is a plan (`decoding.plan`) that
+checks its flags before anything loads. With the multi-process flags every process reads the same
+inputs and process 0 writes `--out` and `--stats`. The flags and `--stats` fields:
+docs/decoding.md, docs/adaptive.md, docs/trees.md.
 """
 
 from __future__ import annotations

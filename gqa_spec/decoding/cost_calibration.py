@@ -1,38 +1,23 @@
 """Cost calibration: what `--gamma auto` and `--tree best:auto` decide with, measured on this
-machine and batch before decoding (`measure_costs`), and the timing it is built from.
+machine and batch before decoding (`measure_costs`), in units of one greedy step:
 
-`measure_costs` returns a `Calibration`, every cost in units of one step of autoregressive
-decoding at the run's sampling config:
-
-  c        one draft token (chains; 0 for a draft without `propose_upto`, whose proposal is
-           then part of every iteration), or one of the D draft calls that grow a tree;
-  v        per gamma (chains) or per compiled width (trees): the rest of an iteration of the
-           adaptive loop: the target call, verification, appending, rollbacks, statistics and
-           the policy's own work;
+  c        one draft token (chains; 0 for a draft without `propose_upto`), or one of the D draft
+           calls that grow a tree;
+  v        per gamma (chains) or per compiled width (trees): the rest of an adaptive iteration;
   alpha    the draft's acceptance, every row's starting estimate;
-  accepted (trees, where the second stage ran) draft tokens accepted per call at each width;
+  accepted (trees) draft tokens accepted per call at each width;
   lengths  the greedy output length of every row of the batches read (`theory.Lengths`).
 
-In two stages. The first times a greedy step (the unit), the draft's teacher-forced pass over
-greedy decoding's output (`teacher_forced`: c, and alpha as the one-token agreement at
-temperature 0) and the target's 1- and 2-token calls. v_floor = 1 + (2-token call - 1-token
-call) in steps is a lower bound of every v: if the policy pays for no speculation even at that
-bound, v is the bound, nothing else is compiled, and decoding is greedy. A draft that reads the
-target's hidden states (Chimera) proposes from the loop's own verification calls, which the
-teacher-forced pass does not make: the first stage does not stop it.
-
-The second stage times the policy's own compiled loop with every row held at each width in turn
-(its choice made every iteration and not taken; one compiled loop, the first width traced), the
-widths and the unit in interleaved rounds (`interleaved_per_iteration`), and measures alpha (and,
-for trees, the accepted tokens per width) in that loop. v(width) is its seconds per iteration over
-the unit, at least that of every narrower width, less the width's draft tokens, never below the
-floor. Alpha is counted over at least `CALIBRATION_POSITIONS` output positions: batches of `more`
-(`(target state, draft state)` of the same shapes, read lazily) are read, untimed, up to
-`CALIBRATION_MAX_BATCHES` in all.
-
-Each time is the fastest of a few runs read from `clock` (default `time.perf_counter`). With
-several processes every time is process 0's on every process (`distributed.from_process_zero`),
-so that every process takes the same branches.
+The first stage times a greedy step, the draft's teacher-forced pass over greedy decoding's output
+(`teacher_forced`: c, and alpha as its agreement) and the target's 1- and 2-token calls, whose
+difference bounds every v from below. If the policy pays for no speculation even at that bound,
+decoding is greedy and nothing else is compiled (except for a draft that reads the target's
+hidden states, which the teacher-forced pass cannot run). The second stage times the policy's own
+compiled loop with every row held at each width in turn, interleaved with the unit
+(`interleaved_per_iteration`), and measures alpha there. Alpha is counted over at least
+`CALIBRATION_POSITIONS` positions, reading up to `CALIBRATION_MAX_BATCHES` batches of `more`.
+Times are the fastest of a few runs read from `clock`; with several processes every process takes
+process 0's times (`distributed.from_process_zero`).
 """
 
 from __future__ import annotations
@@ -93,18 +78,11 @@ def min_time(fn: Callable[[], Any], repeats: int, clock: Clock = time.perf_count
   return min(_timed_runs(fn, repeats, clock))
 
 
-def per_iteration(run: Callable[[], Any], repeats: int = 3,
-                  clock: Clock = time.perf_counter) -> float:
-  """Seconds per loop iteration of a decoding call `run()` (its result's `loop_iterations`), the
-  fastest of `repeats` runs after one untimed run."""
-  iterations = max(int(jax.block_until_ready(run()).loop_iterations), 1)
-  return min_time(run, repeats, clock) / iterations
-
-
 def interleaved_per_iteration(runs: Sequence[Callable[[], Any]], repeats: int = 3,
                               clock: Clock = time.perf_counter) -> List[float]:
-  """`per_iteration` of each of `runs`, timed in rounds that run every call once, the order
-  rotated each round, so that a slow spell of a shared machine falls on all of them alike."""
+  """Seconds per loop iteration (`loop_iterations`) of each decoding call of `runs`, the fastest
+  of `repeats` rounds after one untimed run; each round runs every call once, the order rotated
+  (a slow spell of a shared machine falls on all alike)."""
   iterations = [max(int(jax.block_until_ready(run()).loop_iterations), 1) for run in runs]
   times = [[] for _ in runs]
   for r in range(repeats):
@@ -140,16 +118,12 @@ def teacher_forced(next_token: Callable[..., Any], commit: Callable[..., Any], s
   """A draft fed the true prefix at every position of greedy decoding's output: the seconds of
   one position and the agreement.
 
-  `sequences [b, T]` (slot 0 the start token) and `lengths [b]` are greedy decoding's output, T at
-  least max(lengths) + 2. At each position i < n = max(lengths), `next_token(state, sequences,
-  at)` gives `[b]` the draft's token after the first i + 1 slots (`at` `[b]`, all i) and its
-  state, and `commit(state, sequences, at + 1)` advances it by the true token. The agreement is
-  the fraction of the rows' positions (i < the row's length) where the draft's token is greedy
-  decoding's: at temperature 0, the acceptance rate of a one-token proposal. The timed call makes
-  at least `min_calls` proposals (passes over the n positions, a `commit` to 0 between them).
-
-  While fewer than `min_positions` positions are counted, the agreement reads further batches
-  from `more` (`(state, sequences, lengths)` of the same shapes, read lazily), untimed."""
+  `sequences [b, T]` (T >= max(lengths) + 2) and `lengths [b]` are greedy decoding's output. At
+  each position i, `next_token(state, sequences, at)` gives `[b]` the draft's next token and
+  `commit(state, sequences, at + 1)` advances it by the true one. The agreement (the acceptance
+  of a one-token greedy proposal) is over the rows' positions, reading further batches of `more`
+  (`(state, sequences, lengths)`, untimed) while fewer than `min_positions` are counted; the
+  timed call makes at least `min_calls` proposals."""
   sequences, lengths = jnp.asarray(sequences), jnp.asarray(lengths)
   batch = lengths.shape[0]
 
@@ -203,7 +177,7 @@ def _first_stage(target: Decoder, target_state: PyTree, max_decode_len: int, nex
   rng = jax.random.PRNGKey(0)
   greedy = lambda state, config=sampling.GREEDY: autoregressive.decode(
       target, state, rng, max_decode_len=max_decode_len, config=config)
-  t_step = per_iteration(lambda: greedy(target_state, config), clock=clock)
+  t_step = interleaved_per_iteration([lambda: greedy(target_state, config)], clock=clock)[0]
   read, lengths = [], []
 
   def output(state):  # [b, 1 + L + slack] greedy decoding's sequences, and lengths [b]
@@ -233,10 +207,9 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
                   more: Iterable[Tuple[PyTree, PyTree]] = (),
                   config: SamplingConfig = sampling.GREEDY,
                   clock: Clock = time.perf_counter) -> Calibration:
-  """The `Calibration` of `draft` for the adaptive loop `settings` gives (module docstring): an
-  `AdaptiveGamma` (or its gamma_max) for `adaptive.decode`, an `AdaptiveTree` for
-  `adaptive_tree.decode`; measured on this batch (`target_state`, `draft_state`) at `config`,
-  reading batches of `more` for alpha as far as it needs."""
+  """The `Calibration` of `draft` for `settings`' loop: an `AdaptiveGamma` (or its gamma_max) for
+  `adaptive.decode`, an `AdaptiveTree` for `adaptive_tree.decode`; measured on this batch at
+  `config`, reading batches of `more` for alpha as far as it needs."""
   tree = isinstance(settings, AdaptiveTree)
   if not tree and not isinstance(settings, AdaptiveGamma):
     settings = AdaptiveGamma(gamma_max=int(settings))

@@ -1,31 +1,18 @@
 """A run of many batches that stops speculating once its own calls measure slower than greedy
 decoding (`generate --gamma auto` and `--tree best:auto`, `--guard`).
 
-The calibration (`cost_calibration.measure_costs`) prices an iteration before the run, and the
-policy speculates only where that price says it pays. A price can be wrong for the whole run (the
-run's calls can cost more than the calibration's timed ones). The guard checks the price against
-the run's own calls:
+The calibration prices an iteration before the run; the guard checks that price against the
+run's own calls:
 
   speed = (unit * steps + call * calls) / seconds  over the speculative calls so far,
 
-steps being the greedy decoding steps each call replaced (the longest output of its batch: greedy
-decoding's loop runs until its slowest row ends), unit the seconds of a greedy step and call the
-seconds a greedy call spends besides its steps. Once plain calls have run, unit is their own
-(seconds over their loop iterations, what each call spends besides its steps included) and call
-0; before that unit is the calibration's, timed on an encoded batch, and call the target's
-encoder pass and cache set-up on one batch (`call_seconds`), which every call of the run also
-makes. After `min_calls` speculative calls, a speed below `floor`:
-  - with no plain call timed yet, makes the next call a plain one (a probe: greedy decoding's loop
-    with its length statistics, `plain_steps.plain_decode`), whose time becomes the unit;
-  - otherwise stops speculation for the rest of the run (final, as gamma 0 is within a call).
-A probe whose unit shows speculation paying after all resumes it.
-
-Every decision uses only calls already made, so each call is exact speculative (or plain)
-decoding whatever the guard chose: greedy output is token for token greedy decoding's, sampled
-output has the target's distribution. Like the calibration, it reads the clock: at temperature
-> 0 which calls speculate, and so the draws, can differ between runs with the same seed.
-With several processes `decode_batches` gives every process process 0's seconds
-(`distributed.from_process_zero`), so that all of them decide alike.
+steps being the greedy steps each call replaced (its batch's longest output), unit the seconds of
+a greedy step (the plain calls' own once any ran, else the calibration's) and call what a greedy
+call spends besides its steps (`call_seconds`; 0 once plain calls give the unit). After
+`min_calls` speculative calls, a speed below `floor` makes the next call a plain probe when none
+was timed yet, else stops speculation for the rest of the run; a probe that shows speculation
+paying resumes it. Each decision uses only calls already made, so every call stays exact
+speculative (or plain) decoding. With several processes every process reads process 0's seconds.
 """
 
 from __future__ import annotations
@@ -40,11 +27,8 @@ import numpy as np
 from gqa_spec import distributed
 from gqa_spec.decoding import cost_calibration
 
-# The speed below which speculation stops, as a fraction of greedy decoding's.
-DEFAULT_FLOOR = 0.97
-# Speculative calls before the first decision: one call's time on a shared machine moves by more
-# than the 3% the floor allows.
-DEFAULT_MIN_CALLS = 2
+DEFAULT_FLOOR = 0.97  # the speed below which speculation stops, over greedy decoding's
+DEFAULT_MIN_CALLS = 2  # speculative calls before the first decision
 
 
 @dataclasses.dataclass
@@ -53,10 +37,8 @@ class SpeculationGuard:
   batch, `record` takes each timed call.
 
   Attributes:
-    step_seconds: the calibration's seconds per greedy decoding step at this batch size
-      (`Calibration.step_seconds`), the unit until a plain call is timed.
-    call_seconds: what a greedy call spends besides its steps (`call_seconds`), counted until a
-      plain call is timed (whose unit holds it).
+    step_seconds: the calibration's seconds per greedy step, the unit until a plain call is timed.
+    call_seconds: what a greedy call spends besides its steps (`call_seconds`).
     floor: stop below this speed.
     min_calls: speculative calls before deciding.
   """
@@ -132,9 +114,8 @@ class SpeculationGuard:
 
 
 def call_seconds(init: Callable[[], Any], repeats: int = 3) -> float:
-  """`SpeculationGuard.call_seconds`: seconds of `init()`, the target's encoder pass and cache
-  set-up on one batch (compiled already), the fastest of `repeats` runs; process 0's on every
-  process, as every second the guard reads."""
+  """`SpeculationGuard.call_seconds`: the fastest of `repeats` runs of `init()` (the target's
+  encoder pass and cache set-up on one batch, compiled), process 0's on every process."""
   return distributed.from_process_zero([cost_calibration.min_time(init, repeats)])[0]
 
 
@@ -143,12 +124,10 @@ def decode_batches(run: Callable[[Any, int, jax.Array, bool], Any], batches: Ite
                    clock: Callable[[], float] = time.perf_counter
                    ) -> Tuple[List[Tuple[Any, int]], float, float]:
   """Each `(inputs, real rows n)` of `batches` decoded in turn by `run(inputs, n, rng, plain)`
-  (the result on the host, ready: `lengths [b]`, `loop_iterations`), each with its own key split
-  from `rng`, `plain` as `guard.next_plain` says, each call timed and given to the guard (process
-  0's seconds on every process). Greedy decoding's program, the first time the guard turns to
-  it, is compiled by a first, untimed call on that batch, as the caller's first call compiles
-  the speculative one. Returns `([(result, n)], seconds of the timed calls, seconds of that
-  compiling call)`."""
+  (a host result with `lengths [b]` and `loop_iterations`), each with its own key, `plain` as
+  `guard.next_plain` says, each call timed and given to the guard. Greedy decoding's program is
+  compiled by an untimed call the first time the guard turns to it. Returns `([(result, n)],
+  seconds of the timed calls, seconds of that compiling call)`."""
   results, seconds, compile_seconds, plain_compiled = [], 0.0, 0.0, False
   for inputs, n in batches:
     rng, step_rng = jax.random.split(rng)

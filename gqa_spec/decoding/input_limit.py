@@ -1,12 +1,9 @@
 """Inputs checked before compile: the longest encoder input one device can take.
 
-XLA allocates a batch's encoder attention whole: `[rows, heads, S, S]` scores and probabilities
-(float32), quadratic in the input length S, beside the parameters and the decode caches
-(`memory.memory_per_device`, linear in S). A row too long fails inside XLA after compiling;
-`longest_input` finds, before anything compiles, the longest S whose estimate fits the device's
-memory (an accelerator's `bytes_limit`, or the host's physical memory on CPU), so a longer row is
-refused in one line or truncated (`--truncate-inputs`).
-The estimate leaves out XLA's own temporaries: a row just under the limit may still not fit.
+XLA allocates a batch's encoder attention whole (quadratic in the input length S) beside the
+parameters and decode caches (linear in S). A row too long would fail inside XLA after compiling;
+`longest_input` finds the longest S whose estimate fits the device's memory, so a longer row is
+refused in one line or truncated (`--truncate-inputs`). XLA's own temporaries are not counted.
 """
 
 from __future__ import annotations
@@ -33,23 +30,18 @@ def device_bytes() -> int:
   return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
 
 
-def encoder_bytes(config: T5Config, rows: int, heads: int, length: int) -> int:
-  """The encoder's attention at input length S on one device: scores and probabilities
-  `[rows, heads, S, S]` and the relative position bias `[1, heads, S, S]`, float32."""
-  return _F32 * heads * length * length * (2 * rows + 1)
-
-
 def estimator(config: T5Config, *, batch: int, cache_length: int, data: int = 1,
               model: int = 1) -> Callable[[int], int]:
-  """Input length -> bytes of parameters, decode caches and encoder attention on one device (the
-  first two are linear in the length: measured at 8 and 16 tokens, `memory.memory_per_device`)."""
+  """Input length -> bytes of parameters, decode caches (linear in the length: measured at 8 and
+  16 tokens) and encoder attention (float32 scores and probabilities `[rows, heads, S, S]` and the
+  position bias `[1, heads, S, S]`) on one device."""
   at = lambda n: memory.memory_per_device(config, batch=batch, input_length=n,
                                           cache_length=cache_length, data=data, model=model)
   short, longer = at(_STEP), at(2 * _STEP)
   per_token = (longer.total_bytes - short.total_bytes) // _STEP
   heads = config.num_heads // model if config.num_heads % model == 0 else config.num_heads
   return lambda n: (short.total_bytes + per_token * (n - _STEP) +
-                    encoder_bytes(config, short.rows_per_device, heads, n))
+                    _F32 * heads * n * n * (2 * short.rows_per_device + 1))
 
 
 def longest_input(estimate: Callable[[int], int], available: int) -> int:

@@ -1,17 +1,10 @@
 """Per-device memory of partitioned decoding: parameters and decode caches on a `data x model` mesh.
 
-Answers "does XXL with MHA / GQA-8 / MQA fit this slice?" before anything is launched. Shapes come
-from the model itself (`jax.eval_shape` of its init and of `init_decode_cache`, so nothing is
-allocated and nothing is re-derived by hand), placements from `partitioning` (the same logical
-axis rules and `fit_spec` the mesh uses when it decodes), so the figures are the bytes the arrays
-occupy per device. Not counted: activations and XLA's temporaries of one decode step (a few
-`[batch, k, emb]` and `[batch, k, vocab]` arrays), the sequence buffers of the loops and the
-runtime's own reserve.
-
-Replication waste (GQA paper, Sec. 2.2): a K/V cache whose G heads are not divisible by the
-`model` axis is held whole on every model shard. `kv_replication_waste_bytes` is what each
-device holds beyond an even split of the global K/V bytes over all devices: MQA on a model axis
-of m wastes (m - 1) / m of its per-device K/V; GQA-G with m | G wastes nothing.
+Shapes come from the model (`jax.eval_shape` of its init and of `init_decode_cache`), placements
+from `partitioning` (the rules the mesh decodes with), so the figures are the bytes the arrays
+occupy per device; activations, XLA temporaries and the loops' buffers are not counted. A K/V cache
+whose G heads the `model` axis does not divide is held whole on every model shard
+(`kv_replication_waste_bytes`, GQA paper sec. 2.2).
 """
 
 from __future__ import annotations
@@ -19,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +23,6 @@ from gqa_spec.models import decode_cache
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
 from gqa_spec import partitioning
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,22 +67,16 @@ class MemoryReport:
     return dataclasses.asdict(self)
 
 
-def abstract_cache(config: T5Config, batch: int, input_length: int, cache_length: int,
-                   params: Optional[Any] = None) -> Any:
-  """Shapes and dtypes of the decode cache `targets.T5Decoder.init` creates."""
-  params = native.abstract_params(config) if params is None else params
+@functools.lru_cache(maxsize=64)
+def _abstract_cache(config: T5Config, batch: int, input_length: int, cache_length: int) -> Any:
+  """Shapes and dtypes of the decode cache `targets.T5Decoder.init` creates (traced once per
+  argument set: every eval / infer / generate's input-length check asks)."""
+  params = native.abstract_params(config)
   encoded = jax.ShapeDtypeStruct((batch, input_length, config.emb_dim), config.activation_dtype)
   tokens = jax.ShapeDtypeStruct((batch, input_length), jnp.int32)
   return jax.eval_shape(
       lambda p, e, t: decode_cache.init_decode_cache(Transformer(config), p, e, t, cache_length),
       params, encoded, tokens)
-
-
-@functools.lru_cache(maxsize=64)
-def _abstract_cache(config: T5Config, batch: int, input_length: int, cache_length: int) -> Any:
-  """`abstract_cache` of the config's own parameter shapes, traced once per argument set (the
-  input-length check of every eval / infer / generate asks for it; tracing takes seconds)."""
-  return abstract_cache(config, batch, input_length, cache_length)
 
 
 def _device_bytes(x: Any, spec: PartitionSpec, mesh_shape: Dict[str, int]) -> int:

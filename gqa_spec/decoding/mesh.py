@@ -1,30 +1,14 @@
 """Partitioned inference: the decoding loops on a `data x model` mesh with explicit shardings.
 
-The placement is the training's (`training.partitioning.Partitioner`, one set of logical-axis
-rules): parameters as in training; the decode cache with rows on `data` and K/V heads on `model`
-when G divides by the model axis, else replicated (cross-attention K/V likewise; see
-`Partitioner.cache_shardings`). `MeshT5Decoder` is `targets.T5Decoder` with a partitioner: its
-`init` is jitted with the parameter and input shardings in and the state's shardings out, and
-every state it returns inside a loop is constrained to those shardings, so XLA keeps the cache
-sharded through the `lax.while_loop` instead of choosing a layout of its own. A model draft (chain, staged
-or tree) gets its own `MeshT5Decoder` (`draft_decoder`: its own config's rules on the same mesh).
-
-`autoregressive`, `beam`, `speculative` and `tree_speculative` (token trees; staged speculation is
-a chain or tree draft with a second stage) run the existing jitted loops (one implementation of
-each algorithm) inside one `jax.jit` with explicit `in_shardings`/`out_shardings`: the whole loop
-is one device program, nothing goes to the host before it ends. Per-row outputs come back with
-rows on `data`; `partitioning.to_host` gathers them after the loop.
-
-Results equal single-device decoding up to float reassociation: a model-sharded contraction
-(attention output, MLP, logits) sums partial products across devices in another order, which can
-move logits by ~1e-6 relative; greedy, beam and seeded sampling then pick the same tokens unless
-two candidates tie to that precision (`tests/decoding/test_mesh.py` checks token identity).
-Random draws are sharding-invariant: `jax.random` values depend on key and shape, not placement.
-
-Multi-process (`gqa_spec.distributed` started first, as training does; `tests/multihost`): every
-process runs the same program on the same inputs; `shard_rows` builds the global input array from
-each process's addressable rows (`jax.make_array_from_callback`) and `partitioning.to_host`
-all-gathers results.
+The placement is the training's (`partitioning.Partitioner`): parameters as in training, the
+decode cache with rows on `data` and K/V heads on `model` where G divides by it, else replicated.
+`MeshT5Decoder` is `targets.T5Decoder` whose states are constrained to those shardings inside the
+loops; a model draft gets its own (`draft_decoder`). `autoregressive`, `beam`, `speculative` and
+`tree_speculative` run the library's jitted loops inside one `jax.jit` with explicit in / out
+shardings, per-row outputs with rows on `data`. Results equal single-device decoding up to float
+reassociation of model-sharded sums (`tests/decoding/test_mesh.py` checks token identity). With
+several processes (`gqa_spec.distributed`) each process passes the same inputs; `shard_rows`
+builds the global arrays from each process's rows.
 """
 
 from __future__ import annotations
@@ -182,9 +166,8 @@ def _skip(decoder: MeshT5Decoder, state: T5State, skip) -> jax.Array:
 
 def _run(key, fn, in_shardings, out_fn, args):
   """`fn(*args)` jitted once per `key` and argument signature: the inputs placed by
-  `in_shardings`, the outputs by `out_fn(outputs)` (of their shapes), a sharding constraint inside
-  the trace. The loop is traced once: `out_shardings=out_fn(jax.eval_shape(fn, *args))` traced it
-  twice (eval_shape's trace, then jit's; tests/decoding/test_mesh.py counts)."""
+  `in_shardings`, the outputs constrained to `out_fn(outputs)` inside the trace (so the loop is
+  traced once, not again by an `eval_shape` for `out_shardings`)."""
 
   def placed(*inputs):
     outputs = fn(*inputs)
@@ -218,12 +201,8 @@ def _ar(decoder, max_decode_len, config, eos_id, loop_chunk, state, rng, skip):
 
 def beam(decoder: MeshT5Decoder, state: T5State, *, beam_size: int, max_decode_len: int,
          alpha: float = 0.6, eos_id: int = beam_lib.EOS):
-  """`beam_search.beam_search` on the mesh: `([b, k, 1 + L] beams, [b, k] scores)`, b on `data`.
-
-  The state holds `b * k` rows (inputs repeated per beam), so each data shard holds whole beams
-  when `data` divides b; the per-step beam reorder then gathers within the shard's rows, but XLA
-  sees a general gather over a data-sharded axis and may move rows between devices.
-  """
+  """`beam_search.beam_search` on the mesh: `([b, k, 1 + L] beams, [b, k] scores)`, b on `data`
+  (the state's `b * k` rows, whole beams per shard where `data` divides b)."""
   part = decoder.partitioner
   fn = functools.partial(_beam, decoder, beam_size, max_decode_len, alpha, eos_id)
   return _run(('beam', decoder, beam_size, max_decode_len, alpha, eos_id), fn,

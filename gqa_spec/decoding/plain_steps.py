@@ -1,11 +1,8 @@
-"""Plain target steps inside the adaptive loops: where no row speculates (`--gamma auto` at gamma
-0 for every active row, `--tree best:auto` at 0 nodes).
+"""Plain target steps in the adaptive loops, where no row speculates.
 
-`plain_decode` is a whole call that never speculates (the calibration found that not even the
-starting alpha pays): greedy decoding's loop, `autoregressive.decode`, with the adaptive result's
-length statistics, in one compiled program. `plain_loop` finishes an adaptive loop's call once
-every active row is at 0: one-token target steps without the draft. `as_adaptive_result` puts
-`plain_decode`'s outputs in `adaptive.decode`'s result form.
+`plain_decode` is a whole call that never speculates (greedy decoding's loop with the adaptive
+result's statistics); `plain_loop` finishes an adaptive call once every active row asks for 0;
+`as_adaptive_result` puts `plain_decode`'s outputs in `adaptive.decode`'s result form.
 """
 
 from __future__ import annotations
@@ -31,42 +28,25 @@ def plain_decode(target: Decoder, target_state: PyTree, rng: jax.Array, *, gamma
                  max_decode_len: int, config: SamplingConfig, eos_id: int,
                  skip: Optional[jax.Array], iteration_trace: bool = False) -> Tuple[jax.Array, ...]:
   """`adaptive.decode` where no row speculates (also `adaptive_tree.decode`'s, gamma_max = N_max
-  there): autoregressive decoding, and its `gamma_histogram` `[b, gamma_max + 1]` and `gamma_trace`
-  `[b, max_decode_len]` (every call at draft length 0), and with `iteration_trace` the trees'
-  `tree_width_trace` `[max_decode_len]` (0 for each loop iteration, -1 after the last).
-
-  One compiled program, `autoregressive.decode`'s loop and the statistics after it, so that a call
-  costs one dispatch as greedy decoding's does. The statistics that are constants are made on the
-  host (`as_adaptive_result`)."""
+  there), as one compiled program: autoregressive decoding, its `gamma_histogram`
+  `[b, gamma_max + 1]` and `gamma_trace` `[b, max_decode_len]` (every call at draft length 0), and
+  with `iteration_trace` the trees' `tree_width_trace` `[max_decode_len]` (-1 after the last)."""
   r = autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len,
                             config=config, eos_id=eos_id, skip=skip)
-  return (r, *length_statistics(r.target_calls, r.loop_iterations, gamma_max, max_decode_len,
-                                iteration_trace))
-
-
-def length_statistics(target_calls: jax.Array, loop_iterations: jax.Array, gamma_max: int,
-                      max_decode_len: int, iteration_trace: bool = False
-                      ) -> Tuple[jax.Array, ...]:
-  """`plain_decode`'s statistics from `target_calls [b]` and `loop_iterations []`:
-  `gamma_histogram` `[b, gamma_max + 1]`, `gamma_trace` `[b, max_decode_len]` and with
-  `iteration_trace` the width trace `[max_decode_len]`."""
-  batch = target_calls.shape[0]
+  batch = r.target_calls.shape[0]
   calls = jnp.arange(max_decode_len)[None]  # [1, max_decode_len]
-  histogram = jnp.zeros((batch, gamma_max + 1), jnp.int32).at[:, 0].set(target_calls)
-  trace = jnp.where(calls < target_calls[:, None], 0, -1).astype(jnp.int32)
+  histogram = jnp.zeros((batch, gamma_max + 1), jnp.int32).at[:, 0].set(r.target_calls)
+  trace = jnp.where(calls < r.target_calls[:, None], 0, -1).astype(jnp.int32)  # [b, L]
   if iteration_trace:
-    return histogram, trace, jnp.where(calls[0] < loop_iterations, 0, -1).astype(jnp.int32)
-  return histogram, trace
+    return r, histogram, trace, jnp.where(calls[0] < r.loop_iterations, 0, -1).astype(jnp.int32)
+  return r, histogram, trace
 
 
 def plain_loop(target: Decoder, loop: LoopState, max_decode_len: int, config: SamplingConfig,
                eos_id: int) -> LoopState:
-  """`loop` run to the end with plain one-token target steps (no draft), each token appended for
-  the active rows; target calls and loop iterations are counted, the caller adds the draft sizes
-  of these calls (0) to its own statistics. Also the tree loop's (`adaptive_tree.py`).
-
-  The draft's state (its parameters and cache) stays out of the loop's carry: XLA copies a carried
-  input buffer into the loop once per call."""
+  """`loop` run to the end with plain one-token target steps, counting target calls and loop
+  iterations (`mark_plain` counts their draft sizes). The draft's state stays out of the loop's
+  carry: XLA would copy a carried input buffer into the loop once per call."""
   batch = loop.done.shape[0]
 
   def plain_step(s: LoopState) -> LoopState:

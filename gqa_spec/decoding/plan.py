@@ -7,16 +7,9 @@
   result = plan.run(decoding, inputs, n, rng, plain)   # one batch
   stats = plan.stats()                      # the method's `--stats` fields
 
-`PLANS` lists the methods, the first whose `chosen(args)` holds wins: adaptive trees (`--tree
-best:auto...`), token trees (`--tree`, staged with `--stage2`), staged chains (`--stage2`),
-adaptive chains (`--gamma auto`), speculative chains (`--draft`; n-gram, copy, model and Chimera
-drafts alike) and autoregressive decoding (greedy or sampled). A new method is a `Plan` subclass
-and one line in `PLANS`.
-
-Every flag that parameterises a method (`METHOD_FLAGS`) is an error with any other method, in one
-line: `--gamma-max needs --gamma auto`, or, for a flag that picks a method of its own,
-`--gamma auto is not supported with --tree`. Numbers are finite, counts >= 1, and a tree no deeper
-than `--max-decode-len`, all checked before anything loads.
+`PLANS` lists the methods; the first whose `chosen(args)` holds wins, and a new method is a `Plan`
+subclass and one line there. A flag of another method is an error in one line (`--gamma-max needs
+--gamma auto`, `--gamma auto is not supported with --tree`), checked before anything loads.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """Logits -> adjusted distributions, and the modified rejection sampling of speculative decoding.
 
-Every sampling method is cast as standard sampling from an adjusted distribution (Leviathan et al.
-2023, sec. 2.2): temperature, then top-k, then top-p (nucleus); temperature 0 is argmax. The same
-adjustment is applied to the target's p and the draft's q before rejection sampling, which is what
-keeps speculative sampling exact for every method.
-
-Acceptance follows Algorithm 1 of Leviathan et al. / Algorithm 2 of Chen et al.: draft token x_i is
-accepted when r_i < p_i(x_i) / (l * q_i(x_i)) with r_i ~ U[0, 1) (l = lenience, 1 = exact; the
-strict `<` with r in [0, 1) never accepts a token with p(x) = 0 and always accepts when
-p >= l * q); on the first rejection the token is resampled from norm(max(0, p - q)); if all gamma are
-accepted the bonus token is sampled from p_{gamma+1}. With l < 1 no token can be emitted with
-probability above p(x) / l (Leviathan sec. A.5). At temperature 0 the draft token is accepted while
-it equals the target's argmax, or, with l < 1, while p(x) >= l * max p on the unstandardised (T=1)
-target distribution (sec. A.5; the paper's text prints the inequality reversed, which would accept
-every token at l = 1; we follow its stated intent and its reported alphas).
+Every sampling method is standard sampling from an adjusted distribution (Leviathan et al. 2023,
+sec. 2.2): temperature, then top-k, then top-p; temperature 0 is argmax. The same adjustment is
+applied to the target's p and the draft's q, which keeps speculative sampling exact for every
+method. `verify` accepts draft token x_i when r_i < p_i(x_i) / (l q_i(x_i)), r_i ~ U[0, 1)
+(lenience l = 1 is exact), resamples the first rejected position from norm(max(0, p - q)) and
+otherwise draws the bonus token from p_{gamma+1}. At temperature 0 a token is accepted while it is
+the target's argmax or, with l < 1, while p(x) >= l max p (sec. A.5, as its stated intent; the
+printed inequality is reversed).
 """
 
 from __future__ import annotations
@@ -59,6 +53,7 @@ class SamplingConfig:
 
 
 GREEDY = SamplingConfig()
+NEG_INF = -1.0e7  # t5x's "effective -inf": masked logits, dead beams
 
 
 def adjust_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
@@ -67,20 +62,55 @@ def adjust_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
   vocab = logits.shape[-1]
   if config.greedy:
     return jax.nn.one_hot(jnp.argmax(logits, axis=-1), vocab, dtype=jnp.float32)  # [..., V]
-  logits = logits / config.temperature
+  # Shifted to a maximum of 0: a masked logit (NEG_INF) then has no mass at any temperature.
+  logits = (logits - jnp.max(logits, axis=-1, keepdims=True)) / config.temperature
   if 0 < config.top_k < vocab:
-    kth = jax.lax.top_k(logits, config.top_k)[0][..., -1:]  # [..., 1]
-    logits = jnp.where(logits >= kth, logits, -jnp.inf)  # ties at the k-th value are kept
-  probs = jax.nn.softmax(logits, axis=-1)  # [..., V]
+    logits = topk_mask(logits, config.top_k)
   if config.top_p < 1.0:
-    order = jnp.argsort(-probs, axis=-1)  # [..., V] descending
-    sorted_probs = jnp.take_along_axis(probs, order, axis=-1)  # [..., V]
-    mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs  # [..., V]
-    keep_sorted = mass_before < config.top_p  # the first token always kept
-    keep = jnp.take_along_axis(keep_sorted, jnp.argsort(order, axis=-1), axis=-1)  # [..., V]
-    probs = jnp.where(keep, probs, 0.0)
-    probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
-  return probs
+    logits = topp_mask(logits, config.top_p)
+  return jax.nn.softmax(logits, axis=-1)  # [..., V]
+
+
+def topk_mask(logits: jax.Array, k: jax.Array) -> jax.Array:
+  """Keeps the logits >= the k-th largest (ties kept, as t5x's `binary_search.topk_mask`).
+
+  Args:
+    logits: `[..., V]`.
+    k: scalar, possibly traced; k >= V keeps everything.
+
+  Returns:
+    `[..., V]` with the others set to NEG_INF.
+  """
+  vocab = logits.shape[-1]
+  ascending = jnp.sort(logits, axis=-1)  # [..., V]
+  pos = jnp.clip(vocab - jnp.asarray(k, jnp.int32), 0, vocab - 1)
+  kth = jax.lax.dynamic_index_in_dim(ascending, pos, axis=-1, keepdims=True)  # [..., 1]
+  return jnp.where(logits >= kth, logits, jnp.asarray(NEG_INF, logits.dtype))
+
+
+def topp_mask(logits: jax.Array, p: jax.Array) -> jax.Array:
+  """Keeps the smallest set of most likely tokens whose mass is >= p (ties at the edge kept).
+
+  The set of t5x's `binary_search.topp_mask`, except that p <= 0 keeps everything (t5x's binary
+  search masks every token for a traced p = 0).
+
+  Args:
+    logits: `[..., V]`.
+    p: scalar or `[rows]` (for `[rows, V]` logits), possibly traced.
+
+  Returns:
+    `[..., V]` with the others set to NEG_INF.
+  """
+  p = jnp.asarray(p, jnp.float32)
+  p = p[..., None] if p.ndim else p  # [rows, 1] or []
+  probs = jax.nn.softmax(logits, axis=-1)  # [..., V]
+  descending = -jnp.sort(-probs, axis=-1)  # [..., V]
+  mass = jnp.cumsum(descending, axis=-1)  # [..., V]
+  # The first sorted position whose cumulative mass reaches p (the last one if none does).
+  edge = jnp.minimum(jnp.sum(mass < p, axis=-1, keepdims=True), probs.shape[-1] - 1)  # [..., 1]
+  threshold = jnp.take_along_axis(descending, edge, axis=-1)  # [..., 1]
+  keep = (probs >= threshold) | (p <= 0)
+  return jnp.where(keep, logits, jnp.asarray(NEG_INF, logits.dtype))
 
 
 def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
@@ -113,14 +143,12 @@ def verify(rng: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array,
       unused at temperature 0).
     target_logits: `[b, gamma + 1, V]` target logits for p_1..p_{gamma+1}.
     config: sampling method and lenience.
-    limit: optional `[b]` in [0, gamma]: row r verifies only its first limit[r] draft tokens (a
-      shorter proposal, `adaptive.py`): positions >= limit are rejected and, if the whole prefix
-      is accepted, t is the bonus token from p_{limit+1} (q counted as 0 there).
+    limit: optional `[b]` in [0, gamma]: row r verifies only its first limit[r] draft tokens
+      (the bonus token then comes from p_{limit+1}).
 
   Returns:
     (`[b]` n, the number of accepted draft tokens; `[b]` the corrected / bonus token t;
-     `[b, gamma]` beta_i of each position, sum_x min(p_i / l, q_i) (Leviathan sec. A.5; the
-     acceptance probability of position i given its prefix, whose mean is alpha)).
+     `[b, gamma]` beta_i = sum_x min(p_i / l, q_i), position i's acceptance probability).
   """
   gamma = draft_tokens.shape[1]
   lenience = config.lenience

@@ -1,22 +1,11 @@
 """Speculative decoding (Leviathan et al. 2023, Alg. 1; Chen et al. 2023, Alg. 2) as one jitted loop.
 
-One `lax.while_loop` whose state holds the target's and the draft's states. Each iteration:
-  1. the draft proposes gamma tokens x_1..x_gamma with their adjusted distributions q_1..q_gamma;
-  2. the target appends [s_n, x_1..x_gamma] (gamma + 1 tokens, s_n = each row's last token) in ONE
-     decode call, giving p_1..p_{gamma+1};
-  3. `sampling.verify` accepts a prefix of k tokens and samples t (the correction from
-     norm(max(0, p - q)) or the bonus token from p_{gamma+1});
-  4. each row appends x_1..x_k, t at its own offset (ragged: never synchronised to the batch
-     minimum) and both states roll back by index: the target's to the new length (it then holds
-     s_0..s_{n+k}; t is the next iteration's first input), the draft's via `Draft.commit`.
-A row is done at EOS or `max_decode_len` tokens (tokens after an accepted EOS are discarded); done
-rows keep being computed (batched hardware runs all rows) but are rolled back, so they never
-change; the loop ends when every row is done.
-
-Statistics (all counted over active rows only): target calls, tokens, proposed and accepted
-draft tokens per row, accepted-per-position counts, a histogram of k, and the alpha estimate of
-Corollary 6: the mean of beta_i = sum_x min(p_i / l, q_i) over the positions each iteration
-actually tried (1..min(k + 1, gamma)), whose prefixes are the target's own generations.
+One `lax.while_loop` holds the target's and the draft's states. Each iteration (`chain_step`) the
+draft proposes gamma tokens with their adjusted q, the target scores [s_n, x_1..x_gamma] in one
+call, `sampling.verify` accepts k tokens and draws t, and each row appends x_1..x_k, t at its own
+offset, both states rolling back by index. A row is done at EOS or `max_decode_len`; done rows
+are still computed but rolled back. Statistics count active rows only; alpha (Corollary 6) is the
+mean beta over the positions each iteration tried.
 """
 
 from __future__ import annotations
@@ -53,14 +42,11 @@ class SpeculativeResult:
     accept_histogram: `[gamma + 1]` how often k = 0..gamma tokens were accepted.
     beta_sum, beta_count: `[]` sum and number of tried positions' beta (alpha = sum / count).
     loop_iterations: `[]`.
-    draft_calls: `[]` decode calls of a draft that counts them (`StagedDraft`, `TreeModelDraft`),
-      all rows together; None for other drafts.
-    gamma_histogram, gamma_trace, draft_steps: adaptive draft lengths only (`adaptive.decode`).
-    tree_nodes_histogram, tree_nodes_trace, tree_width_trace: adaptive trees only
-      (`adaptive_tree.decode`): `[b, N_max + 1]` how often each row chose each node count,
-      `[b, max_decode_len]` its choice at each of its target calls (-1 after its last) and
-      `[max_decode_len]` the nodes each loop iteration's call verified (0: a plain target step; -1
-      after the last iteration).
+    draft_calls: `[]` decode calls of a draft that counts them (staged and tree model drafts).
+    gamma_histogram, gamma_trace, draft_steps: `adaptive.decode` only.
+    tree_nodes_histogram `[b, N_max + 1]`, tree_nodes_trace `[b, max_decode_len]` (each row's
+      choice per call), tree_width_trace `[max_decode_len]` (the nodes each iteration verified):
+      `adaptive_tree.decode` only; -1 past the last call.
   """
 
   sequences: jax.Array
@@ -84,7 +70,7 @@ class SpeculativeResult:
 
 @flax.struct.dataclass
 class LoopState:
-  """The while_loop state of the chain loop here and of the tree loop (`tree_speculative.py`)."""
+  """The while_loop state of the chain and tree loops."""
   target_state: PyTree
   draft_state: PyTree
   done: jax.Array  # [b] bool
@@ -94,11 +80,8 @@ class LoopState:
 
 def init_loop(target: Decoder, target_state: PyTree, draft_state: PyTree, rng: jax.Array,
               max_decode_len: int, depth: int, skip: Optional[Any]) -> LoopState:
-  """The loop's first state: empty sequences (start token at slot 0) and zeroed statistics.
-
-  `depth` is the most draft tokens one target call can accept (gamma, or a tree's depth): a row
-  done at max length still writes depth + 1 slots, so the buffer is `2 + max_decode_len + depth`.
-  """
+  """The loop's first state: empty sequences and zeroed statistics; `depth` (gamma, or a tree's
+  depth) is the most draft tokens one call can accept, hence `2 + max_decode_len + depth` slots."""
   batch = target.index(target_state).shape[0]
   width = 2 + max_decode_len + depth
   zeros_b = jnp.zeros((batch,), jnp.int32)
@@ -117,9 +100,9 @@ def init_loop(target: Decoder, target_state: PyTree, draft_state: PyTree, rng: j
 def record_call(r: SpeculativeResult, sequences: jax.Array, lengths: jax.Array,
                 active: jax.Array, proposed: Any, k: jax.Array, acc: jax.Array, tried: jax.Array,
                 beta: jax.Array, gamma_max: int) -> SpeculativeResult:
-  """`r` after one verification call: the new `sequences [b, L]` / `lengths [b]`, and the
-  statistics of the `active [b]` rows that proposed `proposed` tokens each ([b] or a scalar),
-  accepted `k [b]` (`acc [b, gamma_max]`), with `beta [b, gamma_max]` over the `tried` positions."""
+  """`r` after one verification call: new `sequences` / `lengths`, and the statistics of the
+  `active [b]` rows that proposed `proposed` tokens and accepted `k [b]` (`acc [b, gamma_max]`),
+  with `beta [b, gamma_max]` at the `tried` positions."""
   act = active.astype(jnp.int32)  # [b]
   return r.replace(
       sequences=sequences, lengths=lengths, target_calls=r.target_calls + act,
@@ -134,19 +117,9 @@ def record_call(r: SpeculativeResult, sequences: jax.Array, lengths: jax.Array,
 
 def append_accepted(r: SpeculativeResult, new: jax.Array, k: jax.Array, active: jax.Array,
                     max_decode_len: int, eos_id: int) -> Tuple[jax.Array, jax.Array, jax.Array]:
-  """Writes each row's accepted tokens and its corrected/bonus token after its prefix.
-
-  Args:
-    r: the loop's result so far.
-    new: `[b, depth + 1]` the accepted draft tokens, the target's token at position k, then junk.
-    k: `[b]` draft tokens accepted.
-    active: `[b]` rows not done before this call.
-    max_decode_len, eos_id: as `decode`'s.
-
-  Returns:
-    (`[b, width]` sequences, `[b]` new lengths, `[b]` whether the row ended with EOS); a row keeps
-    tokens through its first EOS and up to max_decode_len; slots past its length are junk.
-  """
+  """Writes each `active [b]` row's `new [b, depth + 1]` tokens (its k [b] accepted ones, the
+  target's token, junk) after its prefix, through its first EOS and up to max_decode_len.
+  Returns (`[b, width]` sequences, `[b]` new lengths, `[b]` whether the row ended with EOS)."""
   positions = jnp.arange(new.shape[1])  # [depth + 1]
   keep = k + 1  # [b]
   is_eos = (new == eos_id) & (positions[None] < keep[:, None])  # [b, depth + 1]
@@ -205,13 +178,11 @@ def chain_step(target: Decoder, draft: Draft, s: LoopState, width: int, config: 
                max_decode_len: int, eos_id: int, depth: Optional[int] = None,
                want: Optional[jax.Array] = None, confidence: float = 0.0
                ) -> Tuple[LoopState, ChainStep]:
-  """One iteration of the chain loop (module docstring), proposing `width` tokens (static).
+  """One iteration of the chain loop, proposing `width` tokens (static).
 
-  `want [b]` (optional, each <= width): row r proposes and verifies only its first want[r]
-  tokens (`sampling.verify`'s limit; a model draft stops calling its decoder once every row has
-  its tokens, `ModelDraft.propose_upto`, which may also stop a row's proposal early at draft
-  probability `confidence`). The statistics are kept `depth` (>= width, default width) positions
-  wide, so that loops of several widths share one result."""
+  `want [b]` (optional, each <= width): row r proposes and verifies only its first want[r] tokens
+  (`ModelDraft.propose_upto`, which may stop a proposal early at draft probability `confidence`).
+  The statistics are `depth` (default width) positions wide, shared by loops of several widths."""
   depth = width if depth is None else depth
   r = s.result
   rng, draft_rng, verify_rng = jax.random.split(s.rng, 3)
@@ -255,7 +226,7 @@ def chain_step(target: Decoder, draft: Draft, s: LoopState, width: int, config: 
 
 
 def with_draft_calls(final: LoopState) -> SpeculativeResult:
-  """The loop's result, sequences finished, with the draft's call count where it keeps one."""
+  """The loop's result, sequences PAD-ed, with the draft's call count where it keeps one."""
   r = final.result
   return r.replace(sequences=finish(r.sequences, r.lengths),
                    draft_calls=getattr(final.draft_state, 'draft_calls', None))

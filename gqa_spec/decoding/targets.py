@@ -1,7 +1,7 @@
-"""The decoder interface the decoding loops drive, its T5 binding, and a fixed-table stub.
+"""The decoder interface the decoding loops drive, and its T5 binding.
 
 A decoder is a hashable, static object (a `jax.jit` static argument) whose methods act on an
-explicit state pytree (parameters + cache), so the loops never see a model:
+explicit state pytree (parameters + cache):
 
   tokens_to_logits(state, tokens [b, k], positions=None, mask=None) -> (logits [b, k, V], state)
       append k >= 1 tokens at each row's index, advance the index by k;
@@ -10,14 +10,11 @@ explicit state pytree (parameters + cache), so the loops never see a model:
   cache_length(state) -> int               slots (static);
   move_slots(state, start [b], source [b, P]) -> state
                                            copy slots source to start..start+P-1 (tree decoding);
-  reorder(state, rows [b]) -> state        gather rows (beam search only).
-  tokens_to_logits_and_hidden(...) -> (logits, hidden [b, k, D], state)
-      optional (T5Decoder): the same call also returning the final hidden states, for drafts that
-      read them (`drafts.chimera`).
+  reorder(state, rows [b]) -> state        gather rows (beam search only);
+  tokens_to_logits_and_hidden(...) -> (logits, hidden [b, k, D], state)   optional (Chimera).
 
-`T5Decoder` binds `gqa_spec.models.decode_cache` (cross-attention K/V computed once per input);
-`TableDecoder` reads next-token logits from a fixed `[T, V, V]` table indexed by (position, current
-token): t5x-style stubs that make exact-distribution tests cheap and every acceptance path reachable.
+`T5Decoder` binds `gqa_spec.models.decode_cache`; the tests drive the loops with a stub of fixed
+next-token tables (`tests/decoding/conftest.py`).
 """
 
 from __future__ import annotations
@@ -115,47 +112,3 @@ def t5_cache(model: Transformer, params: PyTree, encoder_input_tokens: jax.Array
   encoded = model.apply({'params': params}, encoder_input_tokens,
                         method=Transformer.encode)  # [b, S, emb]
   return decode_cache.init_decode_cache(model, params, encoded, encoder_input_tokens, cache_length)
-
-
-@flax.struct.dataclass
-class TableState:
-  table: jax.Array  # [T, V, V] next-token logits by (position, current token)
-  tokens: jax.Array  # [b, L] tokens fed so far (slot = position)
-  cache_index: jax.Array  # [b]
-
-
-@dataclasses.dataclass(frozen=True)
-class TableDecoder:
-  """Stub decoder: logits of the token at position t are `table[min(t, T-1), token]`."""
-
-  def init(self, table: jax.Array, batch: int, cache_length: int) -> TableState:
-    return TableState(table=jnp.asarray(table, jnp.float32),
-                      tokens=jnp.zeros((batch, cache_length), jnp.int32),
-                      cache_index=jnp.zeros((batch,), jnp.int32))
-
-  def tokens_to_logits(self, state: TableState, tokens: jax.Array, positions=None, mask=None):
-    del mask  # the table conditions on the current token only
-    if positions is None:
-      positions = state.cache_index[:, None] + jnp.arange(tokens.shape[1], dtype=jnp.int32)
-    pos = jnp.minimum(positions, state.table.shape[0] - 1)  # [b, k]
-    written = jax.vmap(lambda row, new, i: jax.lax.dynamic_update_slice(row, new, (i,)))(
-        state.tokens, tokens.astype(jnp.int32), state.cache_index)  # [b, L]
-    return state.table[pos, tokens], state.replace(  # [b, k, V]
-        tokens=written, cache_index=state.cache_index + tokens.shape[1])
-
-  def rollback(self, state: TableState, index: jax.Array) -> TableState:
-    return state.replace(cache_index=jnp.asarray(index, jnp.int32))
-
-  def index(self, state: TableState) -> jax.Array:
-    return state.cache_index
-
-  def cache_length(self, state: TableState) -> int:
-    return state.tokens.shape[1]
-
-  def move_slots(self, state: TableState, start: jax.Array, source: jax.Array) -> TableState:
-    moved = jnp.take_along_axis(state.tokens, source, axis=1)  # [b, P]
-    return state.replace(tokens=jax.vmap(lambda row, upd, i: jax.lax.dynamic_update_slice(
-        row, upd, (i,)))(state.tokens, moved, start))
-
-  def reorder(self, state: TableState, rows: jax.Array) -> TableState:
-    return state.replace(tokens=state.tokens[rows], cache_index=state.cache_index[rows])

@@ -1,71 +1,27 @@
-"""Leviathan et al. (2023) sec. 3: acceptance rate, expected tokens, walltime and operations factors.
+"""Leviathan et al. (2023) sec. 3: expected tokens, the walltime factor and the best gamma.
 
-  beta(p, q)  = sum_x min(p, q)                     (Theorem 5); with lenience l: sum_x min(p / l, q)
-  D_LK(p, q)  = sum_x |p - M| = 1 - sum_x min(p, q) (Definition 2, Lemma 3)
-  alpha       = E[beta] over prefixes from the target's own generations (Corollary 6)
+  alpha       = E[sum_x min(p, q)] over the target's own prefixes (Corollary 6; the loops measure it)
   E[tokens]   = (1 - alpha^(gamma+1)) / (1 - alpha)                     (Eq. 1)
-  speedup     = (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))       (Theorem 8)
-  ops factor  = (1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1))   (Theorem 10)
-  best gamma  = argmax_gamma of Theorem 8 (sec. 3.5), numerically.
+  speedup     = (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + v(gamma)))  (Theorem 8 at v = 1)
 
-Theorem 8 assumes the target scores gamma + 1 positions in the time of one. On real hardware
-verification grows with gamma, so `speedup_measured_costs` also takes v(gamma) = T_target(gamma + 1
-tokens) / T_target(1 token): per iteration the cost is gamma c + v(gamma) target steps (Theorem 8
-is v = 1). `c` may be a number or a function of gamma.
-
-Eq. 1 counts one row's tokens per iteration; a batch iterates until its slowest row is done.
-`batch_inflation` prices that: the expected iterations of batches whose rows need the given
-numbers of tokens (`Lengths`) over the longest row's length / E[tokens], what Theorem 8 assumes
-(greedy decoding, one token an iteration, runs until its longest row is done).
+v(gamma) is the verification call's cost in target steps (Theorem 8 assumes 1); c may be a number
+or a function of gamma. `batch_inflation` prices a batch's wait for its slowest row, which Eq. 1
+(one row's tokens per iteration) leaves out.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional, Sequence, Tuple, Union
+from typing import Callable, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from scipy import special
 
-from gqa_spec.decoding import sampling
-from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.errors import UserError
 
 Cost = Union[float, Callable[[int], float]]
-
-
-def beta(p: jax.Array, q: jax.Array, lenience: float = 1.0) -> jax.Array:
-  """`[..., V]` x `[..., V]` -> `[...]` acceptance probability sum_x min(p / l, q)."""
-  return jnp.sum(jnp.minimum(p / lenience, q), axis=-1)
-
-
-def d_lk(p: jax.Array, q: jax.Array) -> jax.Array:
-  """`[..., V]` x `[..., V]` -> `[...]` D_LK = sum_x |p - (p + q) / 2| = 1 - sum_x min(p, q)."""
-  return jnp.sum(jnp.abs(p - (p + q) / 2), axis=-1)
-
-
-def alpha(target_logits: jax.Array, draft_logits: jax.Array, mask: Optional[jax.Array] = None,
-          config: SamplingConfig = SamplingConfig(temperature=1.0)) -> float:
-  """Corollary 6: mean beta over positions, with `config`'s adjustment applied to p and q.
-
-  Args:
-    target_logits: `[b, T, V]` target logits on prefixes the target generated itself.
-    draft_logits: `[b, T, V]` draft logits on the same prefixes.
-    mask: `[b, T]` positions to average over (default all).
-    config: the sampling method (temperature 0: beta = 1 if the argmaxes agree, else 0).
-
-  Returns:
-    alpha, a Python float.
-  """
-  p = sampling.adjust_logits(target_logits, config)  # [b, T, V]
-  q = sampling.adjust_logits(draft_logits, config)  # [b, T, V]
-  b = beta(p, q, config.lenience)  # [b, T]
-  if mask is None:
-    return float(jnp.mean(b))
-  mask = mask.astype(jnp.float32)
-  return float(jnp.sum(b * mask) / jnp.maximum(jnp.sum(mask), 1.0))
 
 
 def expected_tokens(alpha_: float, gamma: int) -> float:
@@ -89,11 +45,6 @@ def speedup_measured_costs(alpha_: float, gamma: int, c: Cost, verify_ratio: Cos
   return expected_tokens(alpha_, gamma) / (gamma * _cost(c, gamma) + _cost(verify_ratio, gamma))
 
 
-def operations_factor(alpha_: float, gamma: int, c_hat: float) -> float:
-  """Theorem 10: expected factor of increase in total arithmetic operations."""
-  return (gamma * c_hat + gamma + 1) / expected_tokens(alpha_, gamma)
-
-
 def optimal_gamma(alpha_: float, c: Cost, max_gamma: int = 64, verify_ratio: Cost = 1.0) -> int:
   """The gamma in [1, max_gamma] maximising the (generalised) Theorem 8 improvement."""
   gammas = np.arange(1, max_gamma + 1)
@@ -112,9 +63,8 @@ def batch_lengths(rows: int, length: float) -> Lengths:
 
 
 def checked_lengths(lengths) -> Lengths:
-  """`lengths` (batches of row lengths) as hashable `Lengths`, each batch's rows sorted (one cache
-  key per setting: `optimal_gamma_steps`, `_wait_curve`); a `UserError` naming the problem where a
-  batch is empty or a length is not a number > 0."""
+  """`lengths` as hashable `Lengths`, each batch's rows sorted (one cache key per setting); a
+  `UserError` where a batch is empty or a length is not a number > 0."""
   try:
     out = tuple(tuple(sorted(float(x) for x in batch)) for batch in lengths)
   except (TypeError, ValueError):
@@ -123,6 +73,25 @@ def checked_lengths(lengths) -> Lengths:
   if not all(batch and all(x > 0 for x in batch) for batch in out):
     raise UserError(f'lengths must be non-empty batches of row lengths > 0, got {lengths!r}')
   return out
+
+
+def checked_costs(cost_ratio: float, verify_ratio, count: int, per: str, alpha_init: float,
+                  decay: float, prior_weight: float) -> Union[float, Tuple[float, ...]]:
+  """An adaptive policy's costs and prior checked, a `UserError` naming the first bad one;
+  returns `verify_ratio` (one number > 0, or `count` numbers > 0, one per `per`) hashable."""
+  if not cost_ratio >= 0:
+    raise UserError(f'cost ratio must be >= 0, got {cost_ratio}')
+  if not 0.0 <= alpha_init <= 1.0 or not 0.0 <= decay < 1.0:
+    raise UserError(f'alpha_init must be in [0, 1] and decay in [0, 1), got {alpha_init}, {decay}')
+  if not prior_weight >= 0:
+    raise UserError(f'prior_weight must be >= 0, got {prior_weight}')
+  if isinstance(verify_ratio, (tuple, list)):
+    if len(verify_ratio) != count or not all(x > 0 for x in verify_ratio):
+      raise UserError(f'per-{per} verify ratios must be {count} numbers > 0, got {verify_ratio}')
+    return tuple(float(x) for x in verify_ratio)
+  if not verify_ratio > 0:
+    raise UserError(f'verify ratio must be > 0, got {verify_ratio}')
+  return verify_ratio
 
 
 def describe_lengths(lengths: Lengths) -> str:
@@ -137,12 +106,8 @@ _T_GRID = np.geomspace(1e-2, 1e4, 241)  # [T] the t = sqrt(mu / var) `_wait_curv
 @functools.lru_cache(maxsize=256)
 def _wait_curve(lengths: Tuple[float, ...]) -> np.ndarray:
   """`[len(_T_GRID)]` h(t) = E[max_r (t (l_r - l_max) + sqrt(l_r) Z_r)] for one batch's row
-  lengths l_r (Z_r independent standard normals), by quadrature on each t of `_T_GRID`: a row's
-  iterations K_r, in units of sigma' = sqrt(var / mu^3) and less the longest row's mean, are
-  t (l_r - l_max) + sqrt(l_r) Z_r with t = sqrt(mu / var) (`batch_inflation`). 0 for one row;
-  sqrt(l) E[max of n standard normals] for n rows of one length l. Rows of one length enter
-  once, as a power: the work grows with the distinct lengths (at most the output length), not
-  with the batch."""
+  lengths l_r (Z_r independent standard normals), by quadrature on each t of `_T_GRID`; 0 for
+  one row. Rows of one length enter once, as a power."""
   l = np.maximum(np.asarray(lengths, np.float64), 1.0)  # [R]
   if l.size == 1:
     return np.zeros_like(_T_GRID)
@@ -170,9 +135,7 @@ def batch_inflation(alphas: np.ndarray, max_gamma: int, lengths: Lengths) -> np.
 
     E[max_r K_r] = (l_max + o) / mu + sqrt(var / mu^3) h(sqrt(mu / var)),
 
-  and for rows of one length h = sqrt(l) E[max of n normals]: 1 + o / l + 1.42 sqrt(var / (mu l))
-  for 8 rows (tests/decoding/test_theory.py compares it with simulated batches). Rows of unequal
-  length wait less for each other: the shorter rows rarely decide the batch."""
+  with h from `_wait_curve`."""
   a = np.clip(np.asarray(alphas, np.float64), 0.0, 1.0)[:, None]  # [n, 1]
   if not lengths:
     return np.ones((a.shape[0], max_gamma + 1))
@@ -189,11 +152,9 @@ def batch_inflation(alphas: np.ndarray, max_gamma: int, lengths: Lengths) -> np.
 
 
 def tree_batch_inflation(accepted: Sequence[float], depth: int, lengths: Lengths) -> np.ndarray:
-  """`[K]` accepted draft tokens a call of trees of depth `depth` (one per tree size) -> `[K]`
-  the batch's iterations over length / (1 + accepted) (`batch_inflation`), each tree's tokens a
-  call read as a chain of `depth` tokens with the per-token alpha that accepts as many on average
-  (sum_{i=1..depth} alpha^i = accepted, by bisection): a tree's count of accepted tokens has no
-  closed form, the chain's spread stands for it. 1 where `lengths` is ()."""
+  """`[K]` accepted draft tokens a call of trees of depth `depth` -> `[K]` `batch_inflation` of
+  the chain of `depth` tokens whose per-token alpha accepts as many on average (found by
+  bisection; a tree's accepted count has no closed form). 1 where `lengths` is ()."""
   accepted = np.clip(np.asarray(accepted, np.float64), 0.0, float(depth))  # [K]
   if not lengths:
     return np.ones(accepted.shape)
@@ -208,9 +169,8 @@ def tree_batch_inflation(accepted: Sequence[float], depth: int, lengths: Lengths
 
 def _theorem8_gammas(alphas: np.ndarray, c: float, max_gamma: int,
                      verify_ratio: Tuple[float, ...], lengths: Lengths = ()) -> np.ndarray:
-  """`[n]` alphas -> `[n]`: the gamma in [0, max_gamma] maximising Theorem 8, in NumPy float64
-  (`optimal_gammas`' definition; `optimal_gamma_steps` samples it); with `lengths`, the
-  expected tokens per iteration divided by the batch's iterations' inflation (`batch_inflation`)."""
+  """`[n]` alphas -> `[n]`: the gamma in [0, max_gamma] maximising Theorem 8 (the expected tokens
+  over `batch_inflation` where `lengths` are given), in NumPy float64."""
   gammas = np.arange(max_gamma + 1, dtype=np.float64)  # [G + 1]
   a = np.clip(alphas, 0.0, 1.0)[:, None]  # [n, 1]
   tokens = np.cumsum(a ** gammas[None], axis=-1)  # [n, G + 1]
@@ -225,13 +185,8 @@ def optimal_gamma_steps(c: float, max_gamma: int, verify_ratio: Union[float, Tup
   """Theorem 8's gamma (`_theorem8_gammas`) as a step function of alpha: `(edges [m] float32
   ascending, gammas [m + 1] int32)`, the gamma at alpha being `gammas[sum(alpha > edges)]` (at an
   edge, where two gammas tie, the one before it: the smaller where gamma grows with alpha).
-  Found on `grid` + 1 evenly spaced alphas in [0, 1], each change then bisected to float32
-  resolution: a change of gamma and back within one 1/`grid` interval would be missed (the tests
-  compare the steps with the formula on dense grids).
-
-  One definition serves both places that choose gamma: the host (`adaptive.AdaptiveGamma`'s first
-  gamma, before any device op) and the jitted loops (`optimal_gammas`: a comparison and a sum
-  where the formula is a power, a cumulative sum, a division and an argmax every iteration)."""
+  Found on `grid` + 1 evenly spaced alphas in [0, 1], each change bisected to float32
+  resolution. Both the host (`step_gamma`) and the jitted loops (`optimal_gammas`) read it."""
   v = tuple(np.broadcast_to(np.asarray(verify_ratio, np.float64), (max_gamma,)).tolist())
   alphas = np.linspace(0.0, 1.0, grid + 1)
   gammas = _theorem8_gammas(alphas, c, max_gamma, v, lengths)
@@ -268,14 +223,10 @@ def optimal_gammas(alpha_: jax.Array, c: float, max_gamma: int,
                    lengths: Lengths = ()) -> jax.Array:
   """`[b]` alphas -> `[b]` int32: the gamma in [0, max_gamma] maximising Theorem 8, in jitted code.
 
-  With `verify_ratio` v != 1 a gamma >= 1 costs gamma c + v target steps (as
-  `speedup_measured_costs`); v may be one number or `max_gamma` numbers, v(1)..v(max_gamma), the
-  verification call's cost at each gamma. gamma = 0 (plain target steps, improvement 1) wins when
-  no gamma >= 1 pays. Ties go to the smaller gamma (fewer draft calls for the same expected speed).
-  With `lengths` (the tokens each row of some batches needs) the expected tokens are over the
-  iterations such batches take (`batch_inflation`), not one row's.
-  Read from `optimal_gamma_steps` (made once per setting on the host, in float64): a comparison
-  and a sum here."""
+  A gamma >= 1 costs gamma c + v(gamma) target steps (`verify_ratio`: one number or
+  v(1)..v(max_gamma)); gamma 0 (plain steps) wins when no gamma pays; ties go to the smaller.
+  With `lengths` the expected tokens are over the batch's iterations (`batch_inflation`). Read
+  from `optimal_gamma_steps`: a comparison and a sum here."""
   edges, gammas = optimal_gamma_steps(float(c), int(max_gamma), _verify_key(verify_ratio),
                                       checked_lengths(lengths))
   a = jnp.clip(alpha_.astype(jnp.float32), 0.0, 1.0)  # [b]

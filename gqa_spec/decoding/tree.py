@@ -1,41 +1,24 @@
 """Token trees of static shape: their growth by a draft, attention mask, positions and verification.
 
-A tree hangs under each row's last generated token s_n (the root, not a node). Its N nodes are
-listed parents first and siblings in the order they were drawn; node i has a parent
-(`-1` = the root), a depth (1..D), a token, a validity flag and q, the distribution it was drawn
-from given its earlier siblings (verification needs exactly that one). Two shapes, both jit-static:
+A tree hangs under each row's last token (the root). Its N nodes are listed parents first, siblings
+in draw order; each has a parent (-1 = the root), a depth, a token, a validity flag and q, the
+distribution it was drawn from given its earlier siblings. Two jit-static shapes:
 
-  topk:k_1,...,k_D      every node of depth d-1 gets its k_d most likely children (Medusa /
-                        Sequoia's fixed trees); N = k_1 + k_1 k_2 + ...
-  best:N,depth:D[,width:W]
-                        best-first (EAGLE-2's dynamic tree): each level expands the W frontier
-                        nodes of highest cumulative draft probability with W children each, and the
-                        tree keeps the N candidates of highest cumulative probability (W = 4).
+  topk:k_1,...,k_D           every node of depth d-1 gets its k_d most likely children (Medusa,
+                             Sequoia); N = k_1 + k_1 k_2 + ...
+  best:N,depth:D[,width:W]   best-first (EAGLE-2): each level expands the W frontier nodes of
+                             highest cumulative draft probability, keeping the best N (W = 4).
 
-Either spec may end in `,replace` (SpecInfer's variant): under sampling, children are drawn i.i.d.
-WITH replacement from q (siblings may repeat) and every child's q is its parent's q unchanged. At
-temperature 0 (and for deterministic drafts) children are the top-k tokens either way: the option
-only changes sampling.
+`,replace` (SpecInfer) draws children i.i.d. from q under sampling; otherwise they are a Gumbel
+top-k draw without replacement (the top-k tokens at temperature 0). The draft runs once per level
+on the whole frontier (`grow`). Best-first ranks a node by its parent's sorted q at its rank, so a
+node's existence never depends on its own draw, which the lossless rejection below needs.
 
-The draft runs once per level on all the frontier nodes of that level (the point of Spector &
-Re's batching), `grow` below, never on the last level. Children of a node are the top-k tokens of
-the draft's logits at temperature 0 and a Gumbel top-k draw (k draws without replacement) from the
-adjusted q otherwise (k i.i.d. draws with `,replace`).
-
-Best-first under sampling ranks a node by the *sorted* q of its parent at its rank (the probability
-of the rank-th most likely token), not by q of the token it drew: a node's existence then never
-depends on its own draw or its later siblings', which multi-candidate rejection needs to stay
-lossless; at temperature 0 the two coincide with EAGLE-2's ranking.
-
-Verification (`verify`) walks each row down its tree with Sequoia's multi-candidate rule: at the
-current node, its children are tried in order; child x (drawn from q_x) is accepted with probability
-min(1, p(x) / q_x(x)); on rejection p <- norm(max(0, p - q_x)); when all children are rejected (or
-a leaf is accepted) the next token is drawn from the current p. Given its earlier siblings, each
-child is an ordinary speculative sample of the current p, so by induction the emitted token is
-distributed exactly as p. With replacement (SpecInfer's multi-step speculative sampling) the same
-rule runs with q_x = q for every sibling: each child is an independent draw from q, so given the
-earlier rejections it is again an ordinary speculative sample of the current residual p. At
-temperature 0 a child is accepted iff it is the target's argmax.
+`verify` walks each row down its tree with Sequoia's multi-candidate rule: children are tried in
+order, child x accepted with probability min(1, p(x) / q_x(x)), on rejection p <- norm(max(0,
+p - q_x)); when all are rejected (or a leaf is accepted) the next token is drawn from p. Each child
+is an ordinary speculative sample of the current p, so the emitted token is distributed exactly
+as p. At temperature 0 a child is accepted iff it is the target's argmax.
 """
 
 from __future__ import annotations
@@ -294,13 +277,9 @@ def grow(shape: TreeShape, rng: jax.Array, root_logits: jax.Array, feed: FeedFn,
 
 def by_rank(tree: Tree) -> Tuple[Tree, jax.Array]:
   """A best-first tree's nodes reordered by path score (`Tree.rank`), and `order [b, N]`, each
-  new node's index in `tree` (to map an accepted path back for the draft's `commit_tree`).
-
-  A child's score is its parent's plus a log probability (<= 0), and `lax.top_k` puts the lower
-  candidate index (the parent, the earlier-drawn sibling) first among equal scores: in rank order
-  parents come before their children and siblings stay in their drawing order, which is all
-  `verify` needs. So the first n nodes are a tree on their own, exactly the one `grow` keeps with
-  budget n (the same candidates, q and draws), and verifying them alone is lossless.
+  new node's index in `tree` (to map an accepted path back for `commit_tree`). Parents come before
+  their children and siblings keep their drawing order (a child scores at most its parent, ties go
+  to the lower candidate index), so the first n nodes are the tree `grow` keeps with budget n.
   """
   if tree.rank is None:
     raise ValueError('by_rank needs a tree with ranks (a best-first tree from `grow`)')

@@ -1,32 +1,18 @@
-"""How each row of `--tree best:auto` chooses its tree size (`adaptive_tree.py`'s loop asks
-`AdaptiveTree.choose` every iteration).
+"""How each row of `--tree best:auto` chooses its tree size (`AdaptiveTree.choose`, asked by
+`adaptive_tree.py`'s loop every iteration).
 
-With verification in rank order, whether node j is accepted depends only on nodes ranked before
-it, so one call at width w shows, for every compiled width u <= w, how many tokens a top-u tree
-would have accepted: the accepted path's nodes ranked below u. Each row keeps `gain [b, K]`, a
-discounted mean per compiled width u_j of the tokens the nodes ranked in [u_{j-1}, u_j) added over
-the calls that held u_j, and `weight [b, K]`, its discounted count of calls: each call multiplies
-every weight by `decay`, held or not, and adds 1 where it held the width. Gains, not counts: a
-width the call did not hold stays in step with the smaller ones. The gains start from a prior
-counted as 1 / (1 - decay) calls that fade: where the calibration's second stage ran
-(`cost_calibration.measure_costs`, `calibrated`), the tokens this loop accepted per call at each
-width there (`accepted_init`), which then also counts as `prior_weight` calls that never fade
-(`CALIBRATED_PRIOR_CALLS`), a band's estimate (W0 prior_j + weight_j gain_j) / (W0 + weight_j);
-otherwise the counts of a chain of min(u, D) tokens each accepted with probability `alpha_init`
-(sum_i alpha^i). Where the prior itself pays for no tree, no row ever asks for one and `decode`
-is greedy decoding from the start. A row asks for
+With verification in rank order, one call at width w shows how many tokens a top-u tree would
+have accepted for every compiled width u <= w. Each row keeps per width band a discounted mean of
+the tokens the band's nodes added (`gain [b, K]`) and its discounted count of calls
+(`weight [b, K]`), starting from a prior: the calibration's measured tokens per width
+(`accepted_init`, also counted as `prior_weight` calls that never fade), else a chain whose
+tokens are each accepted with probability `alpha_init`. A row asks for
 
     N_r = argmax over n in {0} + widths of  (1 + accepted_r(n)) / (I(n) cost(n)),
-    accepted_r(u_j) = est_r(u_1) + ... + est_r(u_j),  est_r the bands' estimates above,
     cost(0) = 1 (a plain step),  cost(n) = D c + v(n),
 
-tokens per greedy-step equivalent: D draft calls of c each and v(n) the rest of an iteration at
-width n, both over a greedy step, and I(n) the batch's iterations over a row's
-(`theory.tree_batch_inflation` at the prior's accepted tokens and the calibration batches' output
-lengths; 1 at I(0) and without them): a batch runs until its slowest row ends. Ties go to the
-smaller tree. With the chain prior, unless no row speculates, the first iteration verifies N_max
-for every row, so every width is observed at once; with a measured prior every row starts at the
-prior's own choice.
+with I(n) the batch's iterations over a row's (`theory.tree_batch_inflation`); ties go to the
+smaller tree. Where the prior pays for no tree, `decode` is greedy decoding from the start.
 """
 
 from __future__ import annotations
@@ -44,9 +30,7 @@ from gqa_spec.decoding import theory
 from gqa_spec.decoding.tree import TreeShape
 from gqa_spec.errors import UserError
 
-# Calls the calibration's measured prior counts for in every row's estimate, never discounted
-# (`AdaptiveTree.prior_weight`): about as much as the running evidence, 1 / (1 - decay) calls.
-CALIBRATED_PRIOR_CALLS = 4.0
+CALIBRATED_PRIOR_CALLS = 4.0  # `prior_weight` of a measured prior: about 1 / (1 - decay) calls
 DEFAULT_MAX_NODES = 64  # `best:auto` without :N: every candidate, at most this many
 SPEC = 'best:auto[:N],depth:D[,width:W][,replace]'
 
@@ -70,24 +54,14 @@ class AdaptiveTree:
       takes D of them).
     verify_ratio: v, the verification call over a one-token target call: one number for every width,
       or one per compiled width (`node_widths(N_max)`), as `cost_calibration.measure_costs` gives.
-    alpha_init: the prior's per-token acceptance (module docstring): by default an optimistic 0.9,
-      so that a row keeps trying trees for a few calls before its own statistics decide;
-      `calibrated` sets the draft's top-node acceptance the calibration measured.
-    accepted_init: the prior itself, draft tokens accepted per call at each compiled width (one
-      number per `widths`, in [0, D]), in place of the chain from `alpha_init`: `calibrated` sets
-      the ones `cost_calibration.measure_costs` measured in this loop (`Calibration.accepted`)
-      where its second stage ran; None: the chain.
-    decay: what each call multiplies the evidence behind a width's estimate by (module
-      docstring).
-    prior_weight: calls the prior counts for in every row's estimate for the whole run, never
-      discounted (0: the prior fades with the evidence). `calibrated` sets
-      `CALIBRATED_PRIOR_CALLS` where the calibration measured the prior (`accepted_init`).
-    lengths: the tokens each row of a few batches needs (`theory.Lengths`), which price the
-      batch's iterations (`inflation`; (): not priced); `calibrated` sets the calibration's, the
-      greedy output lengths of the batches it read.
-    fixed_nodes: every row asks for this many nodes at every call, whatever its statistics (None:
-      the choice above); 0: no row asks for a tree, `adaptive_tree.decode` is greedy decoding (the
-      plain calls of `guard`).
+    alpha_init: the chain prior's per-token acceptance (optimistic by default).
+    accepted_init: the measured prior, draft tokens accepted per call at each compiled width (in
+      [0, D]); None: the chain from `alpha_init`.
+    decay: what each call multiplies a width's evidence by.
+    prior_weight: calls the prior counts for in every row's estimate, never discounted.
+    lengths: the tokens each row of a few batches needs (`theory.Lengths`; (): not priced).
+    fixed_nodes: every row asks for this many nodes at every call (None: the choice above); 0:
+      `adaptive_tree.decode` is greedy decoding (`guard`'s plain calls).
   """
 
   shape: TreeShape
@@ -104,21 +78,9 @@ class AdaptiveTree:
     if self.shape.budget is None:
       raise UserError(f'adaptive trees need a best-first tree ({SPEC}); got '
                       f'{self.shape.describe()}')
-    if not self.cost_ratio >= 0:
-      raise UserError(f'cost ratio must be >= 0, got {self.cost_ratio}')
-    v = self.verify_ratio
-    if isinstance(v, (tuple, list)):
-      if len(v) != len(self.widths) or not all(x > 0 for x in v):
-        raise UserError(f'per-width verify ratios must be {len(self.widths)} numbers > 0 (widths '
-                        f'{self.widths}), got {v}')
-      object.__setattr__(self, 'verify_ratio', tuple(float(x) for x in v))  # hashable
-    elif not v > 0:
-      raise UserError(f'verify ratio must be > 0, got {v}')
-    if not 0.0 <= self.alpha_init <= 1.0 or not 0.0 <= self.decay < 1.0:
-      raise UserError(f'alpha_init must be in [0, 1] and decay in [0, 1), got {self.alpha_init}, '
-                      f'{self.decay}')
-    if not self.prior_weight >= 0:
-      raise UserError(f'prior_weight must be >= 0, got {self.prior_weight}')
+    object.__setattr__(self, 'verify_ratio', theory.checked_costs(
+        self.cost_ratio, self.verify_ratio, len(self.widths), 'width',
+        self.alpha_init, self.decay, self.prior_weight))
     if self.accepted_init is not None:
       a = tuple(float(x) for x in self.accepted_init)
       if len(a) != len(self.widths) or not all(0.0 <= x <= self.shape.depth for x in a):
@@ -157,9 +119,8 @@ class AdaptiveTree:
     return node_widths(self.nodes_max)
 
   def prior(self) -> jax.Array:
-    """`[K]` the starting accepted-length estimate per compiled width: `accepted_init`, made
-    non-decreasing (a wider tree holds the narrower one's nodes; each width was measured on its
-    own run), else sum_{i <= min(u, D)} alpha_init^i."""
+    """`[K]` the starting accepted-length estimate per compiled width: `accepted_init` made
+    non-decreasing (a wider tree holds the narrower's nodes), else sum_{i <= min(u, D)} alpha^i."""
     return jnp.asarray(_prior_tokens(self), jnp.float32)
 
   def choose(self, accepted: jax.Array) -> jax.Array:
@@ -177,15 +138,16 @@ class AdaptiveTree:
     best = jnp.argmax(tokens / cost[None], axis=1)  # [b]; the first (smaller) on ties
     return jnp.asarray((0,) + widths, jnp.int32)[best]
 
+  @functools.lru_cache(maxsize=256)
   def inflation(self) -> Tuple[float, ...]:
     """The batch's iterations over a row's at each compiled width, from the prior's accepted
     tokens (`theory.tree_batch_inflation`; all 1 without lengths)."""
-    return _inflation(self)
+    return tuple(float(x) for x in theory.tree_batch_inflation(
+        _prior_tokens(self), self.shape.depth, self.lengths))
 
   def accepted(self, gain: jax.Array, weight: jax.Array) -> jax.Array:
     """`[b, K]` each row's accepted-length estimate per compiled width, from its bands' running
-    means `gain [b, K]` over `weight [b, K]` discounted calls and the lasting prior (module
-    docstring)."""
+    means `gain [b, K]` over `weight [b, K]` calls and the lasting prior."""
     w0 = self.prior_weight
     if w0:
       bands = jnp.diff(self.prior(), prepend=0.0)  # [K]
@@ -194,21 +156,25 @@ class AdaptiveTree:
 
   def observe(self, gain: jax.Array, weight: jax.Array, added: jax.Array, observed: jax.Array,
               active: jax.Array) -> Tuple[jax.Array, jax.Array]:
-    """One call's update of the bands' running means `gain [b, K]` over `weight [b, K]`
-    discounted calls (module docstring): `added [b, K]` the tokens each band added where the
-    call held it (`observed [b, K]` bool), rows not `active [b]` unchanged."""
+    """One call's update of `gain [b, K]` and `weight [b, K]`: `added [b, K]` the tokens each band
+    added where the call held it (`observed [b, K]`); rows not `active [b]` unchanged."""
     kept = self.decay * weight  # [b, K] every band's evidence fades, held or not
     new_weight = jnp.where(active[:, None], kept + observed.astype(jnp.float32), weight)
     new_gain = jnp.where(observed, (kept * gain + added) / jnp.maximum(new_weight, 1e-6), gain)
     return new_gain, new_weight
 
+  @functools.lru_cache(maxsize=256)
   def first_nodes(self) -> int:
-    """Every row's first node count, a Python int: `fixed_nodes`; with a measured prior
-    (`accepted_init`) the prior's own choice (every width is measured already); with the chain
-    from `alpha_init`, N_max where the prior's own choice is a tree (the first call then observes
-    every width). 0: the prior pays for no tree, no row ever asks for one, and `decode` is
-    greedy decoding from the start."""
-    return _first_nodes(self)
+    """Every row's first node count, a Python int: `fixed_nodes`, else the measured prior's
+    choice, else N_max where the chain prior's choice is a tree (observing every width at once);
+    0: no row ever asks for a tree."""
+    if self.fixed_nodes is not None:
+      return self.fixed_nodes
+    with jax.ensure_compile_time_eval():  # a Python int, also while tracing
+      choice = int(self.choose(self.prior()[None])[0])
+    if self.accepted_init is not None:  # measured at every width: nothing to observe first
+      return choice
+    return self.nodes_max if choice > 0 else 0
 
   @property
   def speculates(self) -> bool:
@@ -216,14 +182,12 @@ class AdaptiveTree:
 
   @property
   def call_tokens(self) -> int:
-    """Tokens of `adaptive_tree.decode`'s widest target call (`targets.cache_length`): an
-    N_max-node verification, or 1 when no row will ask for a tree."""
+    """Tokens of `adaptive_tree.decode`'s widest target call (`targets.cache_length`)."""
     return self.nodes_max + 1 if self.speculates else 1
 
   def calibrated(self, calibration) -> 'AdaptiveTree':
-    """These settings with a `cost_calibration.Calibration`'s c, v, starting alpha, output lengths
-    and, where measured, accepted tokens per width (the prior, kept as `CALIBRATED_PRIOR_CALLS`
-    calls that never fade)."""
+    """These settings with a `cost_calibration.Calibration`'s c, v, alpha, lengths and, where
+    measured, accepted tokens per width (the prior, `CALIBRATED_PRIOR_CALLS` calls)."""
     depth = self.shape.depth
     accepted = getattr(calibration, 'accepted', ())
     return dataclasses.replace(
@@ -248,21 +212,3 @@ def _prior_tokens(adaptive: AdaptiveTree) -> np.ndarray:
   return np.asarray([sum(adaptive.alpha_init ** i for i in range(1, min(u, adaptive.shape.depth)
                                                                  + 1)) for u in adaptive.widths])
 
-
-@functools.lru_cache(maxsize=256)
-def _inflation(adaptive: AdaptiveTree) -> Tuple[float, ...]:
-  return tuple(float(x) for x in theory.tree_batch_inflation(
-      _prior_tokens(adaptive), adaptive.shape.depth, adaptive.lengths))
-
-
-@functools.lru_cache(maxsize=256)
-def _first_nodes(adaptive: AdaptiveTree) -> int:
-  """`AdaptiveTree.first_nodes`, computed once per setting (a few eager device ops; callers ask
-  per batch)."""
-  if adaptive.fixed_nodes is not None:
-    return adaptive.fixed_nodes
-  with jax.ensure_compile_time_eval():  # a Python int, also while tracing
-    choice = int(adaptive.choose(adaptive.prior()[None])[0])
-  if adaptive.accepted_init is not None:  # measured at every width: nothing to observe first
-    return choice
-  return adaptive.nodes_max if choice > 0 else 0

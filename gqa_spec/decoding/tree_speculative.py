@@ -1,29 +1,13 @@
 """Tree speculative decoding (Spector & Re 2023; Sequoia's verification) as one jitted loop.
 
-The loop of `speculative.py` with a token tree in place of the chain. Each iteration:
-  1. the draft grows a tree of N nodes under each row's last token s_n (`tree.grow`, one draft
-     call per level);
-  2. the target appends [s_n, node_1..node_N] in ONE decode call with depth-based positions
-     (n + depth, which T5's relative position bias sees) and the ancestors-and-self mask;
-  3. `tree.verify` walks each row down its tree: a accepted nodes, then t;
-  4. each row appends its path and t at its own offset (ragged), the target's cache moves the
-     path's slots to n + 1..n + a (`move_slots`) and rolls back to the new length; the draft commits
-     the path the same way. Rejected nodes leave no trace: their slots lie past the index.
-Chain speculation is the special case `TreeShape.chain(gamma)`.
+The loop of `speculative.py` with a token tree in place of the chain. Each iteration the draft
+grows a tree under each row's last token (`tree.grow`), the target scores root and nodes in one
+call (positions by depth, the ancestors-and-self mask), `tree.verify` accepts a path and a next
+token, the target's cache moves the path's slots into place (`move_slots`) and rolls back, and
+the draft commits the path (`TreeDraft`). `TreeShape.chain(gamma)` is chain speculation.
 
-A tree draft (`drafts/tree_model.py`, `drafts/ngram_tree.py`, `drafts/chimera.py`):
-
-  propose_tree(state, sequences, lengths, rng, shape, config) -> (tree.Tree [b, N], state)
-  commit_tree(state, sequences, lengths, path [b, D]) -> state
-      path: the accepted nodes by depth (-1 past the accepted length); lengths as in `Draft.commit`.
-  observe(state, hidden [b, D + 1, E], start [b]) -> state
-      only drafts with `reads_target_hidden` (Chimera): the target's final hidden states of the
-      root and the accepted path (junk past it) of the verification call, at positions start + j.
-
-Statistics reuse `SpeculativeResult`: `proposed` counts valid tree nodes, `accepted_per_position`
-is per depth, `accept_histogram` counts accepted path lengths 0..D, the alpha fields stay 0
-(alpha is a chain quantity), and `draft_calls` is the draft's batched decode calls where it counts
-them (`TreeModelDraft`: D per tree, fewer with a second stage).
+Statistics reuse `SpeculativeResult`: `proposed` counts valid nodes, `accepted_per_position` is
+per depth, `accept_histogram` counts path lengths 0..D, and the alpha fields stay 0.
 """
 
 from __future__ import annotations
@@ -38,7 +22,7 @@ from gqa_spec.decoding import sampling, tree as tree_lib
 from gqa_spec.decoding.autoregressive import EOS
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.speculative import (LoopState, SpeculativeResult, append_accepted, init_loop,
-                                           with_draft_calls)
+                                           record_call, with_draft_calls)
 from gqa_spec.decoding.targets import Decoder
 from gqa_spec.decoding.tree import TreeShape
 from gqa_spec.decoding import xla_options
@@ -47,7 +31,10 @@ PyTree = Any
 
 
 class TreeDraft(Protocol):
-  """Proposes a token tree per row; commits the accepted path (module docstring)."""
+  """Proposes a token tree per row and commits the accepted path (`path [b, D]`: the accepted
+  nodes by depth, -1 past them). Drafts with `reads_target_hidden` (Chimera) also have
+  `observe(state, hidden [b, D + 1, E], start [b])`: the target's hidden states of the root and
+  the path from the verification call."""
 
   def propose_tree(self, state: PyTree, sequences: jax.Array, lengths: jax.Array, rng: jax.Array,
                    shape: TreeShape, config: SamplingConfig) -> Tuple[tree_lib.Tree, PyTree]:
@@ -64,22 +51,9 @@ def decode(target: Decoder, target_state: PyTree, draft: TreeDraft, draft_state:
            rng: jax.Array, *, shape: TreeShape, max_decode_len: int,
            config: SamplingConfig = sampling.GREEDY, eos_id: int = EOS,
            skip: Optional[jax.Array] = None) -> SpeculativeResult:
-  """Tree speculative decoding of a batch.
-
-  Args:
-    target: static target decoder binding (with `move_slots`).
-    target_state: its state, index 0 per row, >= `targets.cache_length(max_decode_len, N + 1)` slots.
-    draft: static tree draft.
-    draft_state: its initial state.
-    rng: PRNG key.
-    shape: the static tree shape.
-    max_decode_len: most generated tokens per row (EOS included).
-    config: sampling method (lenience must be 1), applied to p and q alike.
-    eos_id: end-of-sequence token.
-    skip: optional `[b]` bools: rows that start done (batch padding).
-
-  Returns:
-    `SpeculativeResult` (see the module docstring for the tree reading of its statistics).
+  """Tree speculative decoding of a batch: arguments as `speculative.decode`'s, with a static
+  tree `shape` in place of gamma (lenience must be 1; the target needs `move_slots` and
+  `targets.cache_length(max_decode_len, N + 1)` slots).
   """
   if config.lenience != 1.0:
     raise ValueError('lenience < 1 is not supported with token trees')
@@ -91,9 +65,8 @@ def decode(target: Decoder, target_state: PyTree, draft: TreeDraft, draft_state:
 def tree_step(target: Decoder, draft: TreeDraft, s: LoopState, shape: TreeShape,
               config: SamplingConfig, max_decode_len: int, eos_id: int,
               width: Optional[int] = None) -> Tuple[LoopState, jax.Array, jax.Array]:
-  """One iteration of the tree loop (module docstring). With `width` (static) the grown tree is
-  put in rank order (`tree.by_rank`) and only its first `width` nodes, the best-first tree of that
-  budget, are verified (`adaptive_tree.py`). Returns the new state, the accepted path `[b, D]`
+  """One iteration of the tree loop. With `width` (static) only the first `width` nodes in rank
+  order (`tree.by_rank`), the best-first tree of that budget, are verified. Returns the new state, the accepted path `[b, D]`
   (node indices in the verified order, -1 past it) and `k [b]`."""
   r = s.result
   depth, batch = shape.depth, r.lengths.shape[0]
@@ -131,16 +104,11 @@ def tree_step(target: Decoder, draft: TreeDraft, s: LoopState, shape: TreeShape,
   dstate = draft.commit_tree(dstate, sequences, lengths, draft_path)
   done = s.done | ended | (lengths >= max_decode_len)
 
-  act = active.astype(jnp.int32)  # [b]
   acc = (jnp.arange(depth)[None] < k[:, None]) & active[:, None]  # [b, D]
-  result = r.replace(
-      sequences=sequences, lengths=lengths, target_calls=r.target_calls + act,
-      proposed=r.proposed + jnp.sum(nodes.valid, axis=1, dtype=jnp.int32) * act,
-      accepted=r.accepted + k * act,
-      accepted_per_position=r.accepted_per_position + jnp.sum(acc, axis=0, dtype=jnp.int32),
-      accept_histogram=r.accept_histogram + jnp.sum(
-          jax.nn.one_hot(k, depth + 1, dtype=jnp.int32) * act[:, None], axis=0),
-      loop_iterations=r.loop_iterations + 1)
+  untried = jnp.zeros_like(acc)  # alpha is a chain quantity
+  result = record_call(r, sequences, lengths, active,
+                       jnp.sum(nodes.valid, axis=1, dtype=jnp.int32), k, acc, untried,
+                       untried.astype(jnp.float32), depth)
   loop = LoopState(target_state=tstate, draft_state=dstate, done=done, result=result, rng=rng)
   return loop, path, k
 
@@ -149,10 +117,9 @@ def accept_path(target: Decoder, tstate: PyTree, r: SpeculativeResult, tokens: j
                 path: jax.Array, k: jax.Array, t: jax.Array, active: jax.Array,
                 max_decode_len: int, eos_id: int):
   """Appends each row's accepted path (`path [b, D]` node indices into `tokens [b, N]`, -1 past
-  its `k [b]` nodes) and the target's token `t [b]`, and moves the path's cache slots after the
-  row's tokens: the target holds s_0..s_n and the tree at slots n + 1 + node, the path goes to
-  n + 1, ... and the cache rolls back to the new length. Returns (sequences, lengths, ended,
-  target state), as `append_accepted` and the tree loops (here and `adaptive_tree.py`) use them."""
+  its `k [b]` nodes) and the target's token `t [b]`, moves the path's cache slots (n + 1 + node)
+  to n + 1, ... and rolls the cache back to the new length. Returns (sequences, lengths, ended,
+  target state)."""
   depth = path.shape[1]
   positions = jnp.arange(depth + 1)  # [D + 1]
   path_tokens = jnp.take_along_axis(tokens, jnp.maximum(path, 0), axis=1)  # [b, D]

@@ -1,17 +1,12 @@
 """XLA compiler options for the decoding loops: `fast_compile()` trades run time for compile time.
 
-On XLA:CPU a tiny model's loop compiles for longer than it runs, so a grid of loops that each run
-a few times (the smoke reproduction's speculative stage) spends most of its time compiling.
-Inside `fast_compile()` the decoding loops (and the encoder/cache init) are compiled with LLVM's
-optimisation off and XLA:CPU's simpler emitters, the options of the test suite's
-`CHEAP_XLA_FLAGS`: faster to compile, slower to run. The tokens do not change; timings taken
-inside are of that slower code.
+Inside `fast_compile()` the decoding loops (and the encoder/cache init) compile with LLVM's
+optimisation off and XLA:CPU's simpler emitters (the test suite's `CHEAP_XLA_FLAGS`): the same
+tokens, slower code. Functions decorated with `xla_options.jit` (as `jax.jit`) keep one compiled
+version per set of options; `decoding.mesh` keys its loops by them too.
 
   with xla_options.fast_compile():
-    result = speculative.decode(...)      # compiled (once) with FAST_COMPILE
-
-Functions decorated with `xla_options.jit` (as `jax.jit`) keep one compiled version per set of
-options; `gqa_spec.decoding.mesh` keys its loops by the options too.
+    result = speculative.decode(...)
 """
 
 from __future__ import annotations

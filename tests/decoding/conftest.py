@@ -1,7 +1,10 @@
-"""Tiny random-init T5 models shared by the decoding tests (module-level caches keep compiles few)."""
+"""Tiny random-init T5 models shared by the decoding tests (module-level caches keep compiles few),
+and `TableDecoder`, a stub target / draft of fixed next-token tables."""
 
+import dataclasses
 import functools
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -60,3 +63,47 @@ class FakeClock:
   def __call__(self) -> float:
     self.now += 1.0
     return self.now
+
+
+@flax.struct.dataclass
+class TableState:
+  table: jax.Array  # [T, V, V] next-token logits by (position, current token)
+  tokens: jax.Array  # [b, L] tokens fed so far (slot = position)
+  cache_index: jax.Array  # [b]
+
+
+@dataclasses.dataclass(frozen=True)
+class TableDecoder:
+  """Stub decoder: logits of the token at position t are `table[min(t, T-1), token]`."""
+
+  def init(self, table: jax.Array, batch: int, cache_length: int) -> TableState:
+    return TableState(table=jnp.asarray(table, jnp.float32),
+                      tokens=jnp.zeros((batch, cache_length), jnp.int32),
+                      cache_index=jnp.zeros((batch,), jnp.int32))
+
+  def tokens_to_logits(self, state: TableState, tokens: jax.Array, positions=None, mask=None):
+    del mask  # the table conditions on the current token only
+    if positions is None:
+      positions = state.cache_index[:, None] + jnp.arange(tokens.shape[1], dtype=jnp.int32)
+    pos = jnp.minimum(positions, state.table.shape[0] - 1)  # [b, k]
+    written = jax.vmap(lambda row, new, i: jax.lax.dynamic_update_slice(row, new, (i,)))(
+        state.tokens, tokens.astype(jnp.int32), state.cache_index)  # [b, L]
+    return state.table[pos, tokens], state.replace(  # [b, k, V]
+        tokens=written, cache_index=state.cache_index + tokens.shape[1])
+
+  def rollback(self, state: TableState, index: jax.Array) -> TableState:
+    return state.replace(cache_index=jnp.asarray(index, jnp.int32))
+
+  def index(self, state: TableState) -> jax.Array:
+    return state.cache_index
+
+  def cache_length(self, state: TableState) -> int:
+    return state.tokens.shape[1]
+
+  def move_slots(self, state: TableState, start: jax.Array, source: jax.Array) -> TableState:
+    moved = jnp.take_along_axis(state.tokens, source, axis=1)  # [b, P]
+    return state.replace(tokens=jax.vmap(lambda row, upd, i: jax.lax.dynamic_update_slice(
+        row, upd, (i,)))(state.tokens, moved, start))
+
+  def reorder(self, state: TableState, rows: jax.Array) -> TableState:
+    return state.replace(tokens=state.tokens[rows], cache_index=state.cache_index[rows])

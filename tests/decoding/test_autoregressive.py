@@ -11,9 +11,9 @@ from scipy import stats
 from gqa_spec.decoding import autoregressive, sampling, t5x_compat
 from gqa_spec.decoding.beam_search import beam_search, brevity_penalty
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.targets import T5Decoder, TableDecoder
+from gqa_spec.decoding.targets import T5Decoder
 from gqa_spec.models import decode_cache
-from tests.decoding.conftest import INPUTS, MAX_LEN, model_and_params
+from tests.decoding.conftest import INPUTS, MAX_LEN, model_and_params, TableDecoder
 
 
 def test_greedy_equals_teacher_forced_argmax():

@@ -15,7 +15,8 @@ from scipy import stats
 from gqa_spec.decoding import sampling, speculative
 from gqa_spec.decoding.drafts import ModelDraft
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.targets import TableDecoder, cache_length
+from gqa_spec.decoding.targets import cache_length
+from tests.decoding.conftest import TableDecoder
 
 V = 6
 NO_EOS = 99  # never generated: every row runs to max_decode_len

@@ -17,8 +17,8 @@ from gqa_spec.decoding import autoregressive, sampling, speculative
 from gqa_spec.decoding.drafts import ModelDraft
 from gqa_spec.decoding.drafts.staged import StagedDraft
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.targets import T5Decoder, TableDecoder, cache_length
-from tests.decoding.conftest import INPUTS, MAX_LEN, model_and_params, perturbed
+from gqa_spec.decoding.targets import T5Decoder, cache_length
+from tests.decoding.conftest import INPUTS, MAX_LEN, model_and_params, perturbed, TableDecoder
 from tests.decoding.test_speculative_stub import (N, NO_EOS, P_VALUE_THRESHOLD, V, _chisquare,
                                                   _empirical, _exact_first_three, _tables)
 

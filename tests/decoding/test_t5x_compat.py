@@ -321,7 +321,7 @@ def test_per_example_topp():
 
 def test_topp_mask_of_the_scaled_logits():
   """t5x's `test_topp_log_probs`: what categorical sees at temperature 1.4, topp 0.7."""
-  from gqa_spec.decoding.t5x_compat.common import topp_mask
+  from gqa_spec.decoding.sampling import topp_mask
   scaled = jnp.asarray([[-1.2, NEG_INF, -2.3, -0.51]], jnp.float32) / 1.4
   np.testing.assert_allclose(topp_mask(scaled, 0.7),
                              [[-0.85714293, NEG_INF, NEG_INF, -0.36428571]], rtol=1e-6)
@@ -332,7 +332,7 @@ def test_topp_mask_of_the_scaled_logits():
 
 def test_masks_keep_ties_as_t5x_binary_search():
   """t5x's masks keep every value tied with the k-th largest / the nucleus edge."""
-  from gqa_spec.decoding.t5x_compat.common import topk_mask, topp_mask
+  from gqa_spec.decoding.sampling import topk_mask, topp_mask
   logits = jnp.asarray([[2.0, 1.0, 1.0, 0.0]])
   np.testing.assert_array_equal(topk_mask(logits, 2), [[2.0, 1.0, 1.0, NEG_INF]])
   np.testing.assert_array_equal(topk_mask(logits, 9), logits)  # k >= V: everything

@@ -28,10 +28,10 @@ from gqa_spec.decoding import autoregressive, sampling, speculative, tree_specul
 from gqa_spec.decoding.drafts import fit_ngram
 from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.targets import T5Decoder, TableDecoder, cache_length
+from gqa_spec.decoding.targets import T5Decoder, cache_length
 from gqa_spec.decoding.tree import TreeShape
 from gqa_spec.errors import UserError
-from tests.decoding.conftest import INPUTS, MAX_LEN, VOCAB, model_and_params
+from tests.decoding.conftest import INPUTS, MAX_LEN, model_and_params, TableDecoder, VOCAB
 from tests.decoding.test_speculative_stub import (N, NO_EOS, P_VALUE_THRESHOLD, V, _chisquare,
                                                   _empirical, _exact_first_three, _tables)
 from tests.decoding.test_speculative_t5 import KV_HEADS, greedy_reference, perturbed_params

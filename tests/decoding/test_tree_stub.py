@@ -14,7 +14,8 @@ from gqa_spec.decoding import sampling, speculative, tree_speculative
 from gqa_spec.decoding.drafts import NgramTreeDraft, fit_ngram
 from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.targets import TableDecoder, cache_length
+from gqa_spec.decoding.targets import cache_length
+from tests.decoding.conftest import TableDecoder
 from gqa_spec.decoding.tree import TreeShape
 from tests.decoding.test_speculative_stub import (N, NO_EOS, P_VALUE_THRESHOLD, _chain_table,
                                                   _chisquare, _empirical, _exact_first_three,

@@ -1,28 +1,18 @@
 """The `Draft` protocol: what the speculative loop needs from any proposer.
 
-A draft is a hashable, static object (a `jax.jit` static argument) plus an explicit state pytree
-it creates itself (`init` differs per draft: parameters, tables, encoder tokens). Inside the loop
-it sees the generated sequences only through the loop's buffer:
-
-  sequences [b, T]: slot 0 the decoder start token, slots 1..lengths the tokens generated so far;
-  lengths [b]:      generated tokens per row.
+A draft is a hashable, static object (a `jax.jit` static argument) with an explicit state pytree
+it creates itself (`init`). It sees the generated tokens only through the loop's buffer
+(`sequences [b, T]`, slot 0 the start token, and `lengths [b]`):
 
   propose(state, sequences, lengths, rng, gamma, config) -> (tokens [b, gamma], q [b, gamma, V], state)
-      gamma continuation tokens of each row and the adjusted distributions they were drawn from
-      (`sampling.adjust_logits` with the same `config` as the target; one-hot for deterministic
-      drafts). At temperature 0 the tokens must be the argmax of q.
+      each row's gamma next tokens and the adjusted distributions they were drawn from (one-hot
+      for deterministic drafts); at temperature 0 the tokens are the argmax of q.
   commit(state, sequences, lengths) -> state
-      called after verification with the updated buffer and lengths: roll back (or advance) to the
-      accepted prefix. Rows that are done arrive with unchanged lengths.
+      after verification: roll back (or advance) to the accepted prefix.
 
-Staged (tree) and Chimera drafts implement the same two methods. A draft that reads the target's
-final hidden states (Chimera) also sets `reads_target_hidden = True` and defines
-  observe(state, hidden [b, gamma + 1, D], start [b]) -> state
-      the hidden states of the verification call's gamma + 1 inputs, fed at positions start..;
-the loop then verifies with `target.tokens_to_logits_and_hidden` (the same single pass).
-The staged draft (`staged.py`) implements the same two methods. Tree drafts implement
-`propose_tree` / `commit_tree` instead (`decoding/tree_speculative.py`: a `tree.Tree` of tokens,
-parents, depths, validity and each node's q; `tree.grow` builds one from any per-level scorer).
+A draft that reads the target's hidden states (Chimera) sets `reads_target_hidden = True` and has
+`observe(state, hidden [b, gamma + 1, D], start [b]) -> state`. Tree drafts implement
+`propose_tree` / `commit_tree` instead (`tree_speculative.TreeDraft`).
 """
 
 from __future__ import annotations

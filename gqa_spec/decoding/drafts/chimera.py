@@ -1,26 +1,13 @@
 """Chimera as a draft: heads 1..gamma of one draft forward propose the next gamma tokens (a chain),
-or the top-k tokens of head d the children of every depth d - 1 node (a token tree).
+or head d's top-k tokens the children of every depth d - 1 node (a token tree, `ChimeraTreeDraft`).
 
-The draft reads the target's final hidden states, which the speculative loop hands it from each
-verification call (`reads_target_hidden`: the loop calls `target.tokens_to_logits_and_hidden` and
-then `observe`; no second target pass). With n = lengths before a verification, that call fed
-s_n, x_1..x_gamma at positions n..n+gamma; `observe` writes their hidden states to slots
-n..n+gamma of the draft's buffer. After acceptance the row holds N = n + k + 1 tokens and slots
-< N hold hidden states of its real prefix (slot n + k's predicted the correction / bonus token
-s_N); slots >= N hold rejected junk, which the network never reads (a query at position N sees
-h_i for i < N only, `models.chimera`). So `commit` has nothing to roll back.
-
-Proposal at position N: head i gives q_i over s_{N+i} (i = 1..gamma), the tokens are drawn from
-the q_i independently (argmax at temperature 0): each q_i is conditioned on the accepted prefix
-only, which the verification rule allows. The first iteration has no target hidden state yet
-(N = 0): h_{-1} = 0, as in training.
-
-Tree proposer (`ChimeraTreeDraft`, Medusa's tree over Chimera's heads): one draft forward at N gives
-q_1..q_H; the children of every node at depth d - 1 are drawn from q_d (top-k at temperature 0, a
-Gumbel top-k draw without replacement otherwise, `tree.grow`), the same q_d for every parent. A
-node's q depends on the accepted prefix only, so `tree.verify`'s multi-candidate rule stays
-lossless. The tree loop hands `observe` the hidden states of the root and of the accepted path's
-nodes (`tree_speculative.decode`), which land at slots n..n + a as in the chain.
+The draft reads the target's final hidden states from each verification call
+(`reads_target_hidden`: no second target pass). `observe` writes the hidden states of the call's
+inputs (chain: s_n, x_1..x_gamma; tree: the root and the accepted path) to slots n.. of the
+draft's buffer; slots past the accepted prefix hold junk the network never reads (a query at
+position N sees h_i, i < N), so `commit` has nothing to roll back. Each q_i is conditioned on the
+accepted prefix only, which chain and tree verification both allow. The first iteration has no
+hidden state yet: h_{-1} = 0, as in training.
 """
 
 from __future__ import annotations

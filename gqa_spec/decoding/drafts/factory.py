@@ -63,11 +63,10 @@ def make_draft(spec: str, target_config, gamma: int, max_decode_len: int,
     return draft, draft.init, 'copy (prompt lookup over the encoder input)'
   if spec.startswith(('unigram:', 'bigram:')):
     kind, path = spec.split(':', 1)
-    model = load_ngram(path).for_model(vocab_size, path)
-    order = 1 if kind == 'unigram' else 2
-    if order > model.order:
-      raise UserError(f'{path} holds order-{model.order} counts; a bigram draft needs order 2')
-    model = type(model)(order=order, unigram=model.unigram, bigram=model.bigram)
+    model = _ngram(path, vocab_size, 'a bigram draft') if kind == 'bigram' else load_ngram(
+        path).for_model(vocab_size, path)
+    model = type(model)(order=1 if kind == 'unigram' else 2, unigram=model.unigram,
+                        bigram=model.bigram)
     draft = NgramDraft(vocab_size)
     table = draft.init(model)
     return draft, lambda enc: table, f'{kind} ({path})'
@@ -76,6 +75,15 @@ def make_draft(spec: str, target_config, gamma: int, max_decode_len: int,
   decoder, params = _model_decoder(spec, target_config, mesh, param_dtype)
   draft = ModelDraft(decoder)
   return draft, lambda enc: draft.init(params, enc, max_decode_len, gamma), f'model ({spec})'
+
+
+def _ngram(path: str, vocab_size: int, what: str):
+  """The order-2 n-gram file at `path` over a model's `vocab_size` ids (`what` needs it)."""
+  from gqa_spec.decoding.drafts.ngram import load_ngram  # pylint: disable=g-import-not-at-top
+  model = load_ngram(path)
+  if model.order < 2:
+    raise UserError(f'{path} holds order-{model.order} counts; {what} needs order 2')
+  return model.for_model(vocab_size, path)
 
 
 def _model_decoder(spec: str, target_config, mesh: Any, param_dtype: Optional[str]):
@@ -137,13 +145,9 @@ def make_tree_draft(spec: str, target_config, shape, max_decode_len: int, mesh: 
                                          max_decode_len, tree=True)
     return draft, init, f'{description}, tree {shape.describe()}'
   if spec.startswith('bigram:'):
-    from gqa_spec.decoding.drafts.ngram import load_ngram  # pylint: disable=g-import-not-at-top
     from gqa_spec.decoding.drafts.ngram_tree import NgramTreeDraft  # pylint: disable=g-import-not-at-top
     path = spec.split(':', 1)[1]
-    model = load_ngram(path)
-    if model.order < 2:
-      raise UserError(f'{path}: a bigram tree draft needs order-2 counts; got order {model.order}')
-    model = model.for_model(target_config.vocab_size, path)
+    model = _ngram(path, target_config.vocab_size, 'a bigram tree draft')
     draft = NgramTreeDraft(target_config.vocab_size)
     state = draft.init(model, shape)
     return draft, lambda enc: state, f'bigram tree ({path}, {shape.describe()})'
@@ -165,7 +169,6 @@ def make_staged_draft(spec: str, stage2: str, target_config, gamma: int, inner_g
   `StagedDraft` of gamma tokens or, with `shape` (a `tree.TreeShape`), a `TreeModelDraft` growing
   that tree with `inner_gamma` chain tokens after each expanded node. `mesh` and `param_dtype` as
   in `make_draft`."""
-  from gqa_spec.decoding.drafts.ngram import load_ngram  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.drafts.staged import StagedDraft  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.drafts.tree_model import TreeModelDraft  # pylint: disable=g-import-not-at-top
   check_spec(spec)
@@ -177,10 +180,7 @@ def make_staged_draft(spec: str, stage2: str, target_config, gamma: int, inner_g
   if inner_gamma < 1:
     raise UserError(f'--stage2-gamma must be >= 1, got {inner_gamma}')
   path = stage2.split(':', 1)[1]
-  ngram = load_ngram(path)
-  if ngram.order < 2:
-    raise UserError(f'{path} holds order-{ngram.order} counts; the second stage needs order 2')
-  ngram = ngram.for_model(target_config.vocab_size, path)
+  ngram = _ngram(path, target_config.vocab_size, 'the second stage')
   decoder, params = _model_decoder(spec, target_config, mesh, param_dtype)
   successor = ngram.successor()
   if shape is not None:

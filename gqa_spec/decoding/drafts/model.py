@@ -1,18 +1,10 @@
 """A smaller T5 (same vocabulary) as the draft: its own encoder pass once per input, its own cache.
 
-Which tokens the draft's cache holds (the classic off-by-one): with `n = lengths` generated tokens,
-the sequence is s_0 = start, s_1..s_n. Before proposing, the cache holds s_0..s_{m-1} with
-m in {n - 1, n}: one or two tokens (s_m..s_n) are pending. The first call of `propose` feeds the
-pending tokens as one 2-token append (a row with one pending token appends a junk second token
-whose slot is rolled back at once and which its real token cannot see, the mask being causal) and
-reads q_1 at the last pending token; the next gamma - 1 calls feed x_1..x_{gamma-1} one at a time.
-The cache then holds s_0..s_n, x_1..x_{gamma-1}: index n + gamma. After verification accepts
-k tokens and appends t, the new sequence agrees with the cache on its first n + 1 + min(k, gamma-1)
-slots, which is `min(index, new_lengths)`: `commit` rolls back to that. Two tokens are pending
-exactly when all gamma were accepted (x_gamma was never fed to the draft), else one.
-
-On batched hardware every row is computed each step; done rows are rolled back by `commit` so they
-never change, but they do not save draft compute (the loop ends when all rows are done).
+With n = lengths, the sequence is s_0..s_n and the draft's cache holds s_0..s_{m-1}, m in
+{n - 1, n}. `propose` feeds the one or two pending tokens as one 2-token append (a junk second
+token rolled back at once), reads q_1 there, then feeds x_1..x_{gamma-1} one at a time. After
+verification the new sequence agrees with the cache on its first `min(index, new_lengths)` slots,
+where `commit` rolls back to; two tokens are pending exactly when all gamma were accepted.
 """
 
 from __future__ import annotations
@@ -71,14 +63,11 @@ class ModelDraft:
     return tokens, q, state
 
   def propose_upto(self, state, sequences, lengths, rng, gamma_max, config, want, confidence):
-    """Up to `want[r]` tokens per row, in as many calls as the longest row needs (adaptive.py).
+    """Up to `want[r]` tokens per row, in as many calls as the longest row needs (`adaptive.py`).
 
-    Row r stops after x_i when i == want[r] or (confidence > 0) when the top probability of the
-    draft's softmax at x_i (temperature 1, before top-k/p) is below `confidence` (x_i is kept, as
-    HF's `assistant_confidence_threshold`). The caller asks for a token in some row (`adaptive.py`
-    proposes only while an active row speculates): the first call, which feeds the pending
-    tokens, is always made. At `gamma_max` 1 that call is all (no loop: the adaptive loop's
-    width-1 iterations).
+    Row r stops after x_i when i == want[r] or (confidence > 0) when the draft's top probability
+    at x_i (temperature 1) is below `confidence`, x_i kept (HF's `assistant_confidence_threshold`).
+    The first call, feeding the pending tokens, is always made; at `gamma_max` 1 it is all.
 
     Returns:
       (`[b, gamma_max]` tokens, `[b, gamma_max, V]` q (zeros past a row's proposal), `[b]` tokens

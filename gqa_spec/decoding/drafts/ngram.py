@@ -38,13 +38,8 @@ class NgramModel:
     return int(self.unigram.shape[0])
 
   def for_model(self, vocab_size: int, path: str) -> 'NgramModel':
-    """These counts over a model's vocabulary of `vocab_size` ids.
-
-    A model's embedding is often larger than the vocabulary it was trained on (T5's 32128 rows
-    for 32100 pieces; nano's 8192 for a 400-id DDTP vocabulary): the ids past the n-gram's are
-    never seen, so its counts are padded with zeros. A larger n-gram vocabulary cannot be the
-    model's and is refused in one line naming `path`.
-    """
+    """These counts over a model's `vocab_size` ids (an embedding is often larger than the
+    vocabulary: the counts are padded with zeros); a larger n-gram vocabulary is refused."""
     if self.vocab_size > vocab_size:
       raise UserError(f'{path}: n-gram vocabulary {self.vocab_size} > model vocabulary {vocab_size}'
                       ' (fitted on another vocabulary?)')

@@ -1,21 +1,12 @@
 """Staged speculation (Spector & Re 2023, sec. 3.2): a model draft whose own generation is itself
 speculated by an n-gram draft-of-draft.
 
-`StagedDraft` implements the chain `Draft` protocol and proposes what `ModelDraft` proposes: the
-gamma tokens x_1..x_gamma and the draft's adjusted distributions q_1..q_gamma. Instead of gamma
-one-token calls, it runs an inner speculative loop in which the bigram proposes g2 tokens after the
-draft's last token and the draft scores them in ONE call of g2 + 1 tokens, accepting a prefix and
-adding its own next token (greedy: while the bigram's token is the draft's argmax; sampling:
-speculative sampling of the draft's q against the bigram's one-hot proposal, accept y w.p. q(y),
-on rejection draw from norm(max(0, q - onehot(y)))). Each call yields 1..g2 + 1 draft tokens, so
-the draft runs fewer, wider calls; the proposals are exactly the draft's (greedy: the same tokens;
-sampling: the same distribution, each token drawn from the draft's q given its prefix), and the q
-handed to the outer verification is the draft's full q at each position, as in `ModelDraft`.
-
-Cache: as `ModelDraft` (one or two tokens pending before a proposal); a proposal first appends the
-token before s_n if it is pending, so the cache holds s_0..s_{n-1} and s_n leads the first inner
-call. After the inner loop the cache is rolled back to hold at most s_0..s_n, x_1..x_{gamma - 1}
-(it may have run past gamma), which keeps `ModelDraft.commit`'s rule `min(index, lengths)` valid.
+`StagedDraft` proposes what `ModelDraft` proposes (the tokens and the draft's full q at each
+position), but by an inner speculative loop: the bigram proposes g2 tokens after the draft's last
+token and the draft scores them in one call, accepting a prefix (greedy: while they are its argmax;
+sampling: speculative sampling of q against the bigram's one-hot proposal) and adding its own next
+token. The cache follows `ModelDraft`'s rule, rolled back after the inner loop to hold at most
+s_0..s_n, x_1..x_{gamma - 1}, so `ModelDraft.commit` applies.
 """
 
 from __future__ import annotations

@@ -1,28 +1,17 @@
 """A model draft that grows token trees: one decode call per tree level for all of its nodes,
 optionally with an n-gram second stage that lets it skip levels (staged trees, Spector & Re 2023).
 
-Cache bookkeeping extends `model.py`'s: before proposing, the cache holds s_0..s_{m-1}, m in
-{n - 1, n}; the pending tokens go in as one 2-token append whose last real token gives the root's
-logits, and the cache is rolled back to `base = n + 1` slots. Level d's expanded nodes are then
-appended at the next slots with positions n + d and a `[b, W, L]` slot mask (the prefix, their
-ancestors' slots, themselves), so a level never sees its cousins. Each expanded node records its
-cache SLOT; `commit_tree` moves the accepted path's slots (a prefix of the path: a node with
-children was expanded) to slots base, base + 1, ... and rolls back to
-`min(base + moved, new length)`, leaving one or two tokens pending as before.
+Cache: as `model.py`'s, the pending tokens go in as one 2-token append giving the root's logits,
+and the cache rolls back to `base = n + 1` slots. Level d's expanded nodes are appended at the
+next slots with positions n + d and a slot mask (prefix, ancestors, self). `commit_tree` moves the
+accepted path's slots to base, base + 1, ... and rolls back to `min(base + moved, new length)`.
 
-Second stage (`inner_gamma` = g2 > 0, a bigram successor table in the state): every expanded node
-x of level d is fed together with the bigram's chain of g2 tokens after it (x -> succ[x] -> ...),
-in the SAME call: chain token j sits at position n + d + j and sees the prefix, x's ancestors, x
-and the chain tokens before it, so the call has F (1 + g2) tokens and its logits at chain token j
-are exactly the draft's logits at that token as a descendant of x. At level d + 1 an expanded node
-is *covered* when its token equals the first remaining chain token of its parent: its logits and
-its cache slot already exist, and its own remaining chain is the parent's shifted by one. If every
-expanded node of the level, in every row, is covered, the level's draft call is skipped
-(`lax.cond`) and the cached logits are used; otherwise the level is fed as usual (all its nodes
-with fresh chains). Children are drawn from the same logits by the same draws, so the proposals
-are exactly those without the second stage (greedy and sampling alike): the bigram only decides
-which logits are already computed (memoisation by speculation), and `draft_calls` counts what it
-saves. The root's call (the pending pair) carries no chain, so level 1 is always fed.
+Second stage (`inner_gamma` g2 > 0, a bigram successor table): each expanded node is fed with the
+bigram's chain of g2 tokens after it in the same call, so the call also computes the draft's
+logits at those tokens as x's descendants. A node of the next level whose token is its parent's
+next chain token is covered (logits and slot exist); a level whose nodes are all covered skips its
+draft call (`lax.cond`). The proposals are exactly those without the second stage; `draft_calls`
+counts the calls made.
 """
 
 from __future__ import annotations

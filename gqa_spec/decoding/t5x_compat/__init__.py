@@ -1,15 +1,10 @@
-"""t5x-compatible decoding: `t5x.decoding`'s functions with its signatures and semantics.
+"""t5x's decoding functions (`t5x.decoding`'s signatures and semantics) over gqa-spec's loops.
 
-  from gqa_spec.decoding import t5x_compat
   decodes, scores = t5x_compat.temperature_sample(inputs, cache, tokens_to_logits, eos_id, ...)
   beams, scores = t5x_compat.beam_search(inputs, cache, tokens_to_logits, eos_id, num_decodes=4)
-  decode_fn = functools.partial(t5x_compat.speculative_sample, draft=..., draft_state=...,
-                                gamma=4)  # a t5x DecodeFnCallable on gqa-spec's speculative loop
+  decode_fn = functools.partial(t5x_compat.speculative_sample, draft=..., draft_state=..., gamma=4)
 
-Both take t5x's `tokens_to_logits(DecodingState) -> ([rows, V], cache)` and a t5x-style cache
-mapping; both return t5x's shapes in t5x's ascending score order. `sampling.py` and `beam.py` say
-what is the same as t5x and the few places that are not; `speculative.py` what the speculative
-decode_fn needs and does not support.
+What matches t5x and what does not: docs/t5x.md.
 """
 
 from gqa_spec.decoding.t5x_compat.beam import BeamState, beam_search

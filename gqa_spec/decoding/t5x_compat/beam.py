@@ -1,23 +1,8 @@
-"""`beam_search` with `t5x.decoding.beam_search`'s signature, defaults and semantics.
+"""`beam_search` with `t5x.decoding.beam_search`'s signature, over `beam_search.search`.
 
-Reference: t5x's `t5x/decoding.py` (`beam_search`, `beam_init`, `gather_topk_beams`) and the
-scenarios of its `decoding_test.py`. Every step scores the k x V continuations of the live beams,
-keeps the 2k best (prompt positions are forced: the best candidate continues with the prompt token
-at log-prob +0, the others get NEG_INF), sends those ending in EOS to the finished set (scored
-log p / ((5 + len) / 6) ** alpha) and keeps the best k others alive, gathering their cache rows.
-It stops after `max_decode_len` tokens or when no live beam (bounded by the penalty at the
-maximal length) can beat the worst finished one. Returns `[b, k, max_decode_len]` sequences and
-`[b, k]` scores, both in ascending score order (best last, as t5x); batch entries without a
-finished beam return their live beams with raw log-probs.
-
-One difference, outside t5x's documented behaviour: t5x reads the forced token at
-`inputs[:, cur_index + 1]` and so, at the last step, clamps that read to `inputs[:, L - 1]`; here
-the prompt is zero-padded, so a position past the prompt is always free.
-
-The loop is `gqa_spec.decoding.beam_search.search` (the one gqa-spec's own beam search runs);
-this module adapts t5x's arguments, cache and return order to it. Its `BeamState.cache` holds the
-cache with the beams flattened into the batch axis (`[.., b * k, ...]`), as `tokens_to_logits`
-sees it.
+The adapter gives the loop t5x's `tokens_to_logits` and cache (beams flattened into the batch
+axis, `[.., b * k, ...]`) and returns t5x's order (ascending, best last). The prompt is
+zero-padded, so the last step's forced-token read never clamps to `inputs[:, L - 1]` as t5x's does.
 """
 
 from __future__ import annotations
@@ -39,7 +24,7 @@ def beam_search(inputs: jax.Array, cache: PyTree, tokens_to_logits: TokensIdsToL
                 max_decode_len: Optional[int] = None, decode_rng: Optional[jax.Array] = None,
                 cache_offset: int = 0, initial_index: Optional[jax.Array] = None,
                 min_log_prob: Optional[float] = None) -> Tuple[jax.Array, jax.Array]:
-  """Beam search, t5x's semantics (see the module docstring).
+  """Beam search, t5x's semantics.
 
   Args:
     inputs: `[b, L]` decoder prompt, shifted right (slot 0 = start), 0 = free position.
@@ -51,11 +36,12 @@ def beam_search(inputs: jax.Array, cache: PyTree, tokens_to_logits: TokensIdsToL
     max_decode_len: tokens per beam (default L).
     decode_rng: unused (as in t5x).
     cache_offset: axis of the batch in the cache leaves.
-    initial_index, min_log_prob: arguments of later t5x versions whose semantics this port has
-      not been checked against: anything but None raises NotImplementedError.
+    initial_index, min_log_prob: later t5x versions' arguments; anything but None raises
+      NotImplementedError.
 
   Returns:
-    (`[b, k, max_decode_len]` beams, `[b, k]` scores), ascending.
+    (`[b, k, max_decode_len]` beams, `[b, k]` scores), ascending; a batch entry without a
+    finished beam returns its live beams with raw log-probs.
   """
   del decode_rng
   for name, value in (('initial_index', initial_index), ('min_log_prob', min_log_prob)):
@@ -69,9 +55,8 @@ def beam_search(inputs: jax.Array, cache: PyTree, tokens_to_logits: TokensIdsToL
   batch, length = inputs.shape
   max_decode_len = length if max_decode_len is None else int(max_decode_len)
   width = max_decode_len + 1  # the start slot first
-  # [b, W + 1]: zero-padded so that the prompt read at cur_index + 1 never clamps.
   prompt = jnp.zeros((batch, width + 1), jnp.int32).at[:, :min(length, width + 1)].set(
-      jnp.asarray(inputs, jnp.int32)[:, :width + 1])
+      jnp.asarray(inputs, jnp.int32)[:, :width + 1])  # [b, W + 1]
   off = cache_offset
 
   def logits_fn(state, seqs, cur):

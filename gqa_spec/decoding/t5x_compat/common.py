@@ -1,10 +1,8 @@
-"""What t5x's decoding functions share: the state given to `tokens_to_logits`, cache mapping, masks.
+"""What t5x's decoding functions share: `DecodingState` and cache mapping.
 
-The cache is t5x's: a (possibly frozen) mapping whose leaves are batch-major at axis `offset`
-(`cache_offset` = 1 for scanned layers). Leaves named `cached_bias` / `position_embedder_index` are
-never expanded (as in t5x); a leaf named `cache_index` is expanded only when it has a batch axis
-(`ndim > offset`): t5x's scalar index is left alone, and a per-row index (t5x with `initial_index`,
-or gqa-spec's own `decode_cache`, whose index is always `[b]`) is repeated with its rows.
+The cache is t5x's: a mapping whose leaves are batch-major at axis `offset` (1 for scanned
+layers). `cached_bias` / `position_embedder_index` leaves are never expanded; a `cache_index` leaf
+only when it has a batch axis (t5x's scalar index no, gqa-spec's per-row `[b]` index yes).
 """
 
 from __future__ import annotations
@@ -17,8 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
+from gqa_spec.decoding import sampling
+
 PyTree = Any
-NEG_INF = np.array(-1.0e7)  # t5x's "effective -inf" for masked logits and dead beams
+NEG_INF = np.array(sampling.NEG_INF)
 MIN_TEMPERATURE = np.array(1e-4)  # temperatures at or below it decode greedily (t5x)
 _NEVER_EXPANDED = ('cached_bias', 'position_embedder_index')
 
@@ -65,51 +65,3 @@ def cache_map(fn: Callable[[jax.Array], jax.Array], cache: PyTree, offset: int =
   flat = {k: fn(v) if batched(k, v) else v for k, v in flat.items()}
   out = traverse_util.unflatten_dict(flat)
   return flax.core.freeze(out) if frozen else out
-
-
-def repeat_rows(x: jax.Array, n: int, offset: int = 0) -> jax.Array:
-  """`[.., b, ..]` -> `[.., b * n, ..]` (axis `offset`), each row n times in place (t5x's order)."""
-  return jnp.repeat(x, n, axis=offset)
-
-
-def topk_mask(logits: jax.Array, k: jax.Array) -> jax.Array:
-  """Keeps the logits >= the k-th largest (ties kept, as t5x's `binary_search.topk_mask`).
-
-  Args:
-    logits: `[..., V]`.
-    k: scalar, possibly traced; k >= V keeps everything.
-
-  Returns:
-    `[..., V]` with the others set to NEG_INF.
-  """
-  vocab = logits.shape[-1]
-  ascending = jnp.sort(logits, axis=-1)  # [..., V]
-  pos = jnp.clip(vocab - jnp.asarray(k, jnp.int32), 0, vocab - 1)
-  kth = jax.lax.dynamic_index_in_dim(ascending, pos, axis=-1, keepdims=True)  # [..., 1]
-  return jnp.where(logits >= kth, logits, NEG_INF.astype(logits.dtype))
-
-
-def topp_mask(logits: jax.Array, p: jax.Array) -> jax.Array:
-  """Keeps the smallest set of most likely tokens whose mass is >= p (ties at the edge kept).
-
-  Same set as t5x's `binary_search.topp_mask`: the probabilities >= the largest threshold whose
-  kept mass reaches p. One deliberate difference: p <= 0 keeps everything here (t5x's comment
-  says a traced p = 0 "will have no effect"; its binary search then actually masks every token).
-
-  Args:
-    logits: `[rows, V]`.
-    p: scalar or `[rows]`, possibly traced.
-
-  Returns:
-    `[rows, V]` with the others set to NEG_INF.
-  """
-  p = jnp.asarray(p, jnp.float32)
-  p = p[..., None] if p.ndim else p  # [rows, 1] or []
-  probs = jax.nn.softmax(logits, axis=-1)  # [rows, V]
-  descending = -jnp.sort(-probs, axis=-1)  # [rows, V]
-  mass = jnp.cumsum(descending, axis=-1)  # [rows, V]
-  # The first sorted position whose cumulative mass reaches p (the last one if none does).
-  edge = jnp.minimum(jnp.sum(mass < p, axis=-1, keepdims=True), probs.shape[-1] - 1)  # [rows, 1]
-  threshold = jnp.take_along_axis(descending, edge, axis=-1)  # [rows, 1]
-  keep = (probs >= threshold) | (p <= 0)
-  return jnp.where(keep, logits, NEG_INF.astype(logits.dtype))

@@ -1,35 +1,14 @@
 """`temperature_sample` with `t5x.decoding.temperature_sample`'s signature, defaults and semantics.
 
-Reference: t5x's `t5x/decoding.py` (`temperature_sample`, `_temperature_sample_single_trial`) and
-the scenarios of its `decoding_test.py`, which `tests/decoding/test_t5x_compat.py` ports. In short:
+The scenarios of t5x's `decoding_test.py` are ported in `tests/decoding/test_t5x_compat.py`:
+`inputs [b, L]` is the decoder prompt shifted right (slot 0 the start; non-zero `inputs[:, j + 1]`
+forces output j); a row ends when it generates an EOS (prompt EOS tokens do not count) or reaches
+`min(L, prompt tokens + max_decode_steps)`, PAD after; scores sum the generated tokens'
+log-probabilities; each step splits the key into (sample key, next key) as t5x does. Temperature
+and top-p may be per example or traced, top-k traced; temperatures <= 1e-4 are greedy.
 
-* `inputs [b, L]` is the decoder prompt shifted right: `inputs[:, 0]` is the start slot (fed as
-  the first token, 0, unless `initial_index` says where each row starts), non-zero
-  `inputs[:, j + 1]` forces output position j (teacher forcing); outputs are
-  `sequences[:, 1:L + 1]`.
-* A row ends when it *generates* an EOS (EOS tokens already in the prompt are counted first and do
-  not end it) or reaches its length limit; later tokens are PAD. The loop ends when all rows end.
-* `max_decode_steps` counts from each row's prompt end: the limit is
-  `min(L, non-zero prompt tokens + max_decode_steps)`, scalar or per row (`[b]`), possibly traced.
-* Scores sum the log-probabilities of generated tokens only (prompt positions add 0), under the
-  temperature / top-k / top-p adjusted distribution when `rescale_log_probs` (0 for greedy),
-  else under the raw logits. Results are sorted by score, ascending.
-* `decode_rng` (default `PRNGKey(0)`) is used as t5x uses it: each step splits the loop key into
-  (sample key, next loop key) and draws `jax.random.categorical(sample key, masked logits)`, so a
-  given key draws the same tokens as t5x given the same logits (top-k / top-p masks are computed
-  by sorting rather than t5x's float binary search; the kept sets are the same, ties included, up
-  to float rounding of the top-p mass at the nucleus edge).
-* temperature: scalar or per example (`[b]`), possibly traced; <= 1e-4 is greedy. As in t5x, the
-  per-example path draws every row's sample with the same key (t5x vmaps one unbatched key), so
-  rows with equal logits and temperature (e.g. the `num_decodes` copies of one example) draw the
-  same token there; pass a scalar temperature for independent samples.
-* topk: scalar (possibly traced; 0 = off), topp: scalar or per example `[b]` (possibly traced;
-  0 = off). Both non-zero (when concrete) raise t5x's ValueError.
-
-This is a separate loop from `gqa_spec.decoding.autoregressive`: t5x's interface hands the loop a
-`tokens_to_logits(DecodingState)` over an opaque cache with no per-row rollback, forces prompt
-tokens, clamps finished rows onto a garbage slot and counts prompt EOS tokens; gqa-spec's loop is
-built on the `Decoder` protocol (per-row index, rollback) and stays free of those rules.
+A loop of its own, not `autoregressive.decode`: t5x's interface gives an opaque cache with no
+per-row rollback, forces prompt tokens and parks ended rows on a garbage slot.
 """
 
 from __future__ import annotations
@@ -41,9 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gqa_spec.decoding.sampling import topk_mask, topp_mask
 from gqa_spec.decoding.t5x_compat.common import (MIN_TEMPERATURE, DecodingState,
-                                                 TokensIdsToLogitsCallable, cache_map, is_tracer,
-                                                 repeat_rows, topk_mask, topp_mask)
+                                                 TokensIdsToLogitsCallable, cache_map, is_tracer)
 
 PyTree = Any
 _EXTRA = 2  # sequences carry [start slot, L outputs, a garbage slot for rows past their limit]
@@ -51,27 +30,16 @@ _EXTRA = 2  # sequences carry [start slot, L outputs, a garbage slot for rows pa
 
 @flax.struct.dataclass
 class SamplingLoopState:
-  """t5x's `SamplingLoopState`: what `state_callback_fn` / `logit_callback_fn` see.
+  """t5x's `SamplingLoopState`: what `state_callback_fn` / `logit_callback_fn` see."""
 
-  Attributes:
-    step: `[]` loop iterations so far.
-    cur_index: `[rows]` position of `cur_token` per row.
-    sequences: `[rows, L + 2]` start slot, prompt / generated tokens, garbage slot.
-    cache: the cache.
-    cur_token: `[rows, 1]`.
-    ended: `[rows, 1]` bools.
-    rng: the loop PRNG key.
-    log_prob: `[rows]` scores so far.
-  """
-
-  step: jax.Array
-  cur_index: jax.Array
-  sequences: jax.Array
+  step: jax.Array  # [] loop iterations so far
+  cur_index: jax.Array  # [rows] position of cur_token per row
+  sequences: jax.Array  # [rows, L + 2] start slot, prompt / generated tokens, garbage slot
   cache: PyTree
-  cur_token: jax.Array
-  ended: jax.Array
-  rng: jax.Array
-  log_prob: jax.Array
+  cur_token: jax.Array  # [rows, 1]
+  ended: jax.Array  # [rows, 1] bool
+  rng: jax.Array  # the loop PRNG key
+  log_prob: jax.Array  # [rows] scores so far
 
 
 StateCallbackFn = Callable[[SamplingLoopState], SamplingLoopState]
@@ -152,10 +120,11 @@ def temperature_sample(
     max_decode_steps = jnp.minimum(max_decode_steps, max_decode_steps_hard_limit)
   max_decode_steps = _per_example('max_decode_steps', max_decode_steps, batch, num_decodes)
   if num_decodes > 1:
-    inputs = repeat_rows(inputs, num_decodes)  # [b * n, L]
-    cache = cache_map(lambda x: repeat_rows(x, num_decodes, cache_offset), cache, cache_offset)
+    inputs = jnp.repeat(inputs, num_decodes, axis=0)  # [b * n, L]
+    cache = cache_map(lambda x: jnp.repeat(x, num_decodes, axis=cache_offset), cache,
+                      cache_offset)
     if initial_index is not None:
-      initial_index = repeat_rows(initial_index, num_decodes)  # [b * n]
+      initial_index = jnp.repeat(initial_index, num_decodes)  # [b * n]
   decodes, log_prob = _single_trial(
       inputs, cache, tokens_to_logits, eos_id, decode_rng, temperature=temperature, topk=topk,
       topp=topp, initial_index=initial_index, max_decode_steps=max_decode_steps,

@@ -1,31 +1,14 @@
-"""A t5x `DecodeFnCallable` that decodes with gqa-spec's speculative loop.
+"""`speculative_sample`: a t5x `DecodeFnCallable` over `speculative.decode` / `adaptive.decode`.
 
-t5x's `EncoderDecoderModel(decode_fn=...)` calls
-`decode_fn(inputs=, cache=, tokens_to_logits=, eos_id=, num_decodes=, decode_rng=, cache_offset=,
-**decoder_params)`. `speculative_sample` has that signature; the draft (and its state for this
-batch) and gamma are given by partial application:
+The draft, its state and gamma come by partial application:
 
   decode_fn = functools.partial(t5x_compat.speculative_sample, draft=CopyDraft(vocab_size=V),
                                 draft_state=CopyDraft(V).init(encoder_input_tokens), gamma=4)
-  decodes, scores = decode_fn(inputs=jnp.zeros((b, L), jnp.int32), cache=cache,
-                              tokens_to_logits=tokens_to_logits, eos_id=1, num_decodes=1,
-                              decode_rng=rng, cache_offset=0, temperature=0.0)
 
-`tokens_to_logits` becomes the target of `gqa_spec.decoding.speculative.decode` through
-`CallableDecoder`, which needs two things t5x's own model does not give: it must accept
-`cur_token [rows, k]` for k > 1 and return `[rows, k, V]` (the target scores gamma + 1 tokens in one
-call; gqa-spec's `decode_cache.decode_tokens` does, t5x's `_compute_logits_from_slice` squeezes to
-one token), and the cache must carry a per-row `cache_index` (`[rows]` leaves; rows accept
-different numbers of tokens and are rolled back by moving it). The cache needs
-`targets.cache_length(L, gamma + 1)` slots. `DecodingState.sequences` is None here (the
-loop keeps its own buffer).
-
-Decodes are `[b, 1, L]` (PAD after EOS); scores are NaN (`[b, 1]`): the loop does not compute
-sequence log-probabilities, and a made-up number would be silently wrong. Not supported (each
-raises NotImplementedError naming it): num_decodes > 1, a decoder prompt (non-zero inputs; under
-jit checked at run time by a host callback, whose error JAX re-raises as a runtime error),
-initial_index, cache_offset != 0, traced or per-example temperature / topk / topp, and any other
-t5x sampling argument (callbacks, rescale_log_probs, max_decode_steps_hard_limit).
+`CallableDecoder` makes `tokens_to_logits` the loop's target. It must score `cur_token [rows, k]`
+in one call (`[rows, k, V]`), and the cache must carry a per-row `cache_index` (`[rows]` leaves,
+moved to roll rows back) with `targets.cache_length(L, gamma + 1)` slots; gqa-spec's
+`decode_cache` does both. Scores are NaN: the loop computes no sequence log-probabilities.
 """
 
 from __future__ import annotations
