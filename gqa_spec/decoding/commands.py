@@ -241,7 +241,7 @@ def generate(args: argparse.Namespace) -> int:
 
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding import autoregressive, guard as guard_lib, memory, mesh, run_stats, speculative, tree_speculative  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding import autoregressive, guard as guard_lib, memory, mesh, speculative, tree_speculative  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
   from gqa_spec.partitioning import to_host  # pylint: disable=g-import-not-at-top
@@ -295,8 +295,9 @@ def generate(args: argparse.Namespace) -> int:
         line['output'] = vocab.decode(ids)
       f.write(json.dumps(line) + '\n')
   if args.stats:
-    stats = run_stats.summarize(results, plan.draft is not None, seconds, compile_seconds)
-    stats.update(plan.stats())
+    stats = speculative.summarize(results)
+    stats.update(seconds=seconds, compile_seconds=compile_seconds,
+                 tokens_per_second=stats['tokens'] / seconds if seconds else None, **plan.stats())
     stats.update(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                  lenience=args.lenience, batch_size=batch, max_decode_len=max_len,
                  param_dtype=target_config.param_dtype, scan_layers=target_config.scan_layers,

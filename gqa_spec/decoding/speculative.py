@@ -11,7 +11,7 @@ mean beta over the positions each iteration tried.
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple, Union
 
 import flax
 import jax
@@ -232,71 +232,55 @@ def with_draft_calls(final: LoopState) -> SpeculativeResult:
                    draft_calls=getattr(final.draft_state, 'draft_calls', None))
 
 
-def summarize(result: SpeculativeResult) -> Dict[str, Any]:
-  """Host-side statistics of one call (JSON-ready)."""
-  r = jax.device_get(result)
-  tokens = int(np.sum(r.lengths))
-  calls = int(np.sum(r.target_calls))
-  proposed = np.asarray(r.proposed)
-  accepted = np.asarray(r.accepted)
-  per_row = np.where(proposed > 0, accepted / np.maximum(proposed, 1), np.nan)
-  return {
-      'tokens': tokens,
-      'target_calls': calls,
-      'loop_iterations': int(r.loop_iterations),
-      'mean_tokens_per_call': tokens / calls if calls else 0.0,
-      'mean_tokens_per_call_note': 'generated tokens / target calls, the corrected or bonus token '
-                                   'counted (so >= 1); tokens after EOS / max length are not',
-      'proposed': int(proposed.sum()),
-      'accepted': int(accepted.sum()),
-      'acceptance_rate': float(accepted.sum() / max(proposed.sum(), 1)),
-      'acceptance_rate_per_row': [None if np.isnan(x) else float(x) for x in per_row],
-      'accepted_per_position': [int(x) for x in r.accepted_per_position],
-      'accept_histogram': [int(x) for x in r.accept_histogram],
-      'alpha': float(r.beta_sum / r.beta_count) if r.beta_count else None,
-      'draft_calls': None if r.draft_calls is None else int(r.draft_calls),
-      **({} if r.gamma_histogram is None else adaptive_summary(r)),
-      **({} if r.tree_nodes_histogram is None else tree_nodes_summary(r)),
-  }
-
-
-def adaptive_summary(r: SpeculativeResult, rows: Optional[int] = None) -> Dict[str, Any]:
-  """The draft lengths of an adaptive run (`adaptive.decode`), host-side, of its first `rows`."""
-  histogram = np.asarray(r.gamma_histogram)[:rows]  # [b, gamma_max + 1]
-  trace = np.asarray(r.gamma_trace)[:rows]  # [b, max_decode_len]
-  gamma_max = histogram.shape[1] - 1
-  iterations = int(r.loop_iterations)
-  return {
-      'gamma_histogram': [int(x) for x in histogram.sum(axis=0)],
-      'gamma_histogram_per_row': histogram.tolist(),
-      'gamma_per_call_per_row': [[int(g) for g in row if g >= 0] for row in trace],
-      'draft_steps': int(r.draft_steps),
-      'draft_steps_saved': gamma_max * iterations - int(r.draft_steps),
-      'draft_steps_note': 'draft decode calls (all rows together); saved: against gamma_max '
-                          'per loop iteration',
-  }
-
-
-def tree_nodes_summary(r: SpeculativeResult, rows: Optional[int] = None) -> Dict[str, Any]:
-  """The node counts of an adaptive tree run (`adaptive_tree.decode`), host-side, of its first
-  `rows`: what each row chose from its own statistics, and what its calls verified (the call's
-  width: the narrowest compiled one holding every active row's choice; 0 = a plain target step)."""
-  histogram = np.asarray(r.tree_nodes_histogram)[:rows]  # [b, N_max + 1]
-  chosen = np.asarray(r.tree_nodes_trace)[:rows]  # [b, max_decode_len]
-  width = np.asarray(r.tree_width_trace)  # [max_decode_len]
-  calls = np.asarray(r.target_calls)[:rows]  # [b]: row r's call i is loop iteration i
-  verified = [[int(w) for w in width[:n]] for n in calls]
-  size = histogram.shape[1]
-  return {
-      'tree_nodes_histogram': [int(x) for x in histogram.sum(axis=0)],
-      'tree_nodes_histogram_per_row': histogram.tolist(),
-      'tree_nodes_per_call_per_row': [[int(n) for n in row if n >= 0] for row in chosen],
-      'tree_nodes_verified_histogram_per_row': [
-          np.bincount(v, minlength=size).astype(int).tolist() if v else [0] * size
-          for v in verified],
-      'tree_nodes_verified_per_call_per_row': verified,
-      'tree_nodes_note': 'tree_nodes_*: the node count N_r each row chose per target call (0 = '
-                         'plain steps); *_verified_*: the nodes its call verified (the batch\'s '
-                         'narrowest compiled width holding every active row\'s N_r: a row '
-                         'verifies all of them, free in that call)',
-  }
+def summarize(results: Union[Any, Sequence[Tuple[Any, Optional[int]]]]) -> Dict[str, Any]:
+  """Host-side statistics (JSON-ready) of one decoding call's result, or pooled over a run's
+  `[(result, real rows)]` batches, the dummy rows after the real ones left out: tokens, target
+  calls and loop iterations; for a `SpeculativeResult` also acceptance, alpha and the draft's
+  calls, and an adaptive run's draft lengths (`adaptive.decode`) or node counts
+  (`adaptive_tree.decode`) per row and call."""
+  if not isinstance(results, (list, tuple)):
+    results = [(results, None)]
+  results = [(jax.device_get(r), n) for r, n in results]
+  rows = lambda name: np.concatenate([np.asarray(getattr(r, name))[:n] for r, n in results])
+  total = lambda name: sum(np.asarray(getattr(r, name)) for r, _ in results)
+  tokens, calls = int(rows('lengths').sum()), int(rows('target_calls').sum())
+  iterations = int(total('loop_iterations'))
+  out = {'tokens': tokens, 'target_calls': calls, 'loop_iterations': iterations,
+         'mean_tokens_per_call': tokens / calls if calls else 0.0}
+  first = results[0][0]
+  if not isinstance(first, SpeculativeResult):
+    return out
+  proposed, accepted = rows('proposed'), rows('accepted')  # [rows]
+  beta_count = float(total('beta_count'))
+  draft_calls = [int(r.draft_calls) for r, _ in results if r.draft_calls is not None]
+  out.update(
+      proposed=int(proposed.sum()), accepted=int(accepted.sum()),
+      acceptance_rate=float(accepted.sum() / proposed.sum()) if proposed.sum() else None,
+      acceptance_rate_per_row=[float(a / p) if p else None for a, p in zip(accepted, proposed)],
+      accepted_per_position=[int(x) for x in total('accepted_per_position')],
+      accept_histogram=[int(x) for x in total('accept_histogram')],
+      alpha=float(total('beta_sum')) / beta_count if beta_count else None,
+      draft_calls=sum(draft_calls) if draft_calls else None)
+  if first.gamma_histogram is not None:
+    histogram = rows('gamma_histogram')  # [rows, gamma_max + 1]
+    steps = int(total('draft_steps'))
+    out.update(gamma_histogram=[int(x) for x in histogram.sum(axis=0)],
+               gamma_histogram_per_row=histogram.tolist(),
+               gamma_per_call_per_row=[[int(g) for g in row if g >= 0]
+                                       for row in rows('gamma_trace')],
+               draft_steps=steps,  # saved: against gamma_max every loop iteration
+               draft_steps_saved=(histogram.shape[1] - 1) * iterations - steps)
+  if first.tree_nodes_histogram is not None:
+    histogram = rows('tree_nodes_histogram')  # [rows, N_max + 1]
+    # A row's call i is its batch's loop iteration i, which verified that iteration's width.
+    verified = [[int(w) for w in np.asarray(r.tree_width_trace)[:c]]
+                for r, n in results for c in np.asarray(r.target_calls)[:n]]
+    out.update(tree_nodes_histogram=[int(x) for x in histogram.sum(axis=0)],
+               tree_nodes_histogram_per_row=histogram.tolist(),
+               tree_nodes_per_call_per_row=[[int(x) for x in row if x >= 0]
+                                            for row in rows('tree_nodes_trace')],
+               tree_nodes_verified_histogram_per_row=[
+                   np.bincount(np.asarray(v, int), minlength=histogram.shape[1]).tolist()
+                   for v in verified],
+               tree_nodes_verified_per_call_per_row=verified)
+  return out
