@@ -120,14 +120,7 @@ def shard_rows(partitioner: Partitioner, rows: Any) -> jax.Array:
   return jax.make_array_from_callback(rows.shape, sharding, lambda index: rows[index])
 
 
-_JITTED = {}
-
-
-def _jit_cached(key, build):
-  """One jitted function per (loop, statics, argument signature): compiled once, like `jax.jit`."""
-  if key not in _JITTED:
-    _JITTED[key] = build()
-  return _JITTED[key]
+_JITTED = {}  # one jitted function per (loop, statics, argument signature, compiler options)
 
 
 def _signature(tree: PyTree):
@@ -173,9 +166,11 @@ def _run(key, fn, in_shardings, out_fn, args):
     outputs = fn(*inputs)
     return jax.lax.with_sharding_constraint(outputs, out_fn(outputs))
 
-  jitted = _jit_cached(key + (_signature(args), xla_options.key()), lambda: jax.jit(
-      placed, in_shardings=in_shardings, compiler_options=xla_options.current()))
-  outputs = jitted(*put(args, in_shardings))
+  key = key + (_signature(args), xla_options.key())
+  if key not in _JITTED:  # compiled once per key, like `jax.jit`
+    _JITTED[key] = jax.jit(placed, in_shardings=in_shardings,
+                           compiler_options=xla_options.current())
+  outputs = _JITTED[key](*put(args, in_shardings))
   # XLA reports the constrained placement in its own words (size-1 axes and trailing Nones
   # dropped); labelled with the rules' specs again, the same buffers (no copy).
   return jax.device_put(outputs, out_fn(outputs))
@@ -186,17 +181,8 @@ def autoregressive(decoder: MeshT5Decoder, state: T5State, rng: jax.Array, *,
                    eos_id: int = ar_lib.EOS, skip=None,
                    loop_chunk: int = 1) -> ar_lib.DecodeResult:
   """`autoregressive.decode` on the mesh (same arguments); rows of the result on `data`."""
-  part, rows = decoder.partitioner, decoder.index(state).shape[0]
-  fn = functools.partial(_ar, decoder, max_decode_len, config, eos_id, loop_chunk)
-  args = (state, rng, _skip(decoder, state, skip))
-  return _run(('ar', decoder, max_decode_len, config, eos_id, loop_chunk), fn,
-              (decoder.state_shardings(state), part.replicated, part.rows_sharding(rows)),
-              lambda out: _result_shardings(part, out, rows), args)
-
-
-def _ar(decoder, max_decode_len, config, eos_id, loop_chunk, state, rng, skip):
-  return ar_lib.decode(decoder, state, rng, max_decode_len=max_decode_len, config=config,
-                       eos_id=eos_id, skip=skip, loop_chunk=loop_chunk)
+  return _loop(ar_lib.decode, decoder, state, None, None, rng, skip, max_decode_len=max_decode_len,
+               config=config, eos_id=eos_id, loop_chunk=loop_chunk)
 
 
 def beam(decoder: MeshT5Decoder, state: T5State, *, beam_size: int, max_decode_len: int,
@@ -204,16 +190,13 @@ def beam(decoder: MeshT5Decoder, state: T5State, *, beam_size: int, max_decode_l
   """`beam_search.beam_search` on the mesh: `([b, k, 1 + L] beams, [b, k] scores)`, b on `data`
   (the state's `b * k` rows, whole beams per shard where `data` divides b)."""
   part = decoder.partitioner
-  fn = functools.partial(_beam, decoder, beam_size, max_decode_len, alpha, eos_id)
-  return _run(('beam', decoder, beam_size, max_decode_len, alpha, eos_id), fn,
+  return _run(('beam', decoder, beam_size, max_decode_len, alpha, eos_id),
+              lambda state: beam_lib.beam_search(decoder, state, beam_size=beam_size,
+                                                 max_decode_len=max_decode_len, alpha=alpha,
+                                                 eos_id=eos_id),
               (decoder.state_shardings(state),),
               lambda out: jax.tree_util.tree_map(
                   lambda x: part.rows_sharding(x.shape[0], x.ndim), out), (state,))
-
-
-def _beam(decoder, beam_size, max_decode_len, alpha, eos_id, state):
-  return beam_lib.beam_search(decoder, state, beam_size=beam_size, max_decode_len=max_decode_len,
-                              alpha=alpha, eos_id=eos_id)
 
 
 def speculative(target: MeshT5Decoder, target_state: T5State, draft: Any, draft_state: PyTree,
@@ -222,8 +205,8 @@ def speculative(target: MeshT5Decoder, target_state: T5State, draft: Any, draft_
                 skip=None) -> spec_lib.SpeculativeResult:
   """`speculative.decode` on the mesh; a model draft (`ModelDraft(MeshT5Decoder(...))`) keeps its
   own placement, other drafts' states are replicated."""
-  return _draft_loop(spec_lib.decode, target, target_state, draft, draft_state, rng, skip,
-                     gamma=gamma, max_decode_len=max_decode_len, config=config, eos_id=eos_id)
+  return _loop(spec_lib.decode, target, target_state, draft, draft_state, rng, skip,
+               gamma=gamma, max_decode_len=max_decode_len, config=config, eos_id=eos_id)
 
 
 def tree_speculative(target: MeshT5Decoder, target_state: T5State, draft: Any,
@@ -232,15 +215,16 @@ def tree_speculative(target: MeshT5Decoder, target_state: T5State, draft: Any,
                      skip=None) -> spec_lib.SpeculativeResult:
   """`tree_speculative.decode` on the mesh (`shape` a `tree.TreeShape`); placements as in
   `speculative` (a model tree draft, staged or not, keeps its own)."""
-  return _draft_loop(tree_lib.decode, target, target_state, draft, draft_state, rng, skip,
-                     shape=shape, max_decode_len=max_decode_len, config=config, eos_id=eos_id)
+  return _loop(tree_lib.decode, target, target_state, draft, draft_state, rng, skip,
+               shape=shape, max_decode_len=max_decode_len, config=config, eos_id=eos_id)
 
 
-def _draft_loop(decode, target, target_state, draft, draft_state, rng, skip, **static):
-  """Runs `decode` (a chain or tree loop) jitted on the target's mesh; `static` its keywords."""
+def _loop(decode, target, target_state, draft, draft_state, rng, skip, **static):
+  """Runs `decode` (greedy decoding's loop where `draft` is None, else a chain or tree loop)
+  jitted on the target's mesh; `static` its keywords."""
   part, rows = target.partitioner, target.index(target_state).shape[0]
   static = tuple(sorted(static.items()))
-  fn = functools.partial(_call_draft_loop, decode, target, draft, static)
+  fn = functools.partial(_call, decode, target, draft, static)
   args = (target_state, draft_state, rng, _skip(target, target_state, skip))
   return _run((decode, target, draft) + static, fn,
               (target.state_shardings(target_state), _draft_shardings(part, draft, draft_state),
@@ -248,5 +232,7 @@ def _draft_loop(decode, target, target_state, draft, draft_state, rng, skip, **s
               lambda out: _result_shardings(part, out, rows), args)
 
 
-def _call_draft_loop(decode, target, draft, static, target_state, draft_state, rng, skip):
+def _call(decode, target, draft, static, target_state, draft_state, rng, skip):
+  if draft is None:
+    return decode(target, target_state, rng, skip=skip, **dict(static))
   return decode(target, target_state, draft, draft_state, rng, skip=skip, **dict(static))

@@ -68,10 +68,10 @@ def make_params(config, seed):
 
 def collectives(decoder, state):
   """`[(op, elements of its result)]` of the compiled greedy loop's cross-device collectives."""
-  key = next(k for k in mesh._JITTED if k[0] == 'ar' and k[1] == decoder)  # pylint: disable=protected-access
+  key = next(k for k in mesh._JITTED if k[0] is autoregressive.decode and k[1] == decoder)  # pylint: disable=protected-access
   skip = jax.device_put(SKIP, decoder.partitioner.rows_sharding(BATCH))
   _COUNTING[0] = False  # this lowering traces the loop again
-  text = mesh._JITTED[key].lower(state, jax.random.PRNGKey(3), skip).compile().as_text()  # pylint: disable=protected-access
+  text = mesh._JITTED[key].lower(state, None, jax.random.PRNGKey(3), skip).compile().as_text()  # pylint: disable=protected-access
   _COUNTING[0] = True
   found = re.findall(r'= \w+\[([\d,]*)\][^=]*? (all-gather|all-reduce|all-to-all|collective-permute)'
                      r'(?:-start)?\(', text)
@@ -148,19 +148,18 @@ def count_traces():
   """Counts the traces of the mesh's greedy and draft loops (`_TRACES`, while `_COUNTING`), to
   compare with the functions compiled (`mesh._JITTED`): one trace each."""
 
-  def counted(name, function):
-    def traced(*args, **kwargs):
-      _TRACES[name] += _COUNTING[0]
-      return function(*args, **kwargs)
-    return traced
+  call = mesh._call  # pylint: disable=protected-access
 
-  mesh._ar = counted('ar', mesh._ar)  # pylint: disable=protected-access
-  mesh._call_draft_loop = counted('draft_loop', mesh._call_draft_loop)  # pylint: disable=protected-access
+  def traced(decode, *args, **kwargs):
+    _TRACES['ar' if decode is autoregressive.decode else 'draft_loop'] += _COUNTING[0]
+    return call(decode, *args, **kwargs)
+
+  mesh._call = traced  # pylint: disable=protected-access
 
 
 def traces_and_compiled():
   keys = list(mesh._JITTED)  # pylint: disable=protected-access
-  compiled = {'ar': sum(k[0] == 'ar' for k in keys),
+  compiled = {'ar': sum(k[0] is autoregressive.decode for k in keys),
               'draft_loop': sum(k[0] in (speculative.decode, tree_speculative.decode) for k in keys)}
   return {'traces': dict(_TRACES), 'compiled': compiled}
 
