@@ -76,6 +76,7 @@ class StagedDraft:
     dec = self.decoder.rollback(dec, lengths)  # holds s_0..s_{n-1}
     batch, vocab = lengths.shape[0], state.successor.shape[0]
     steps = jnp.arange(g2 + 1)  # [g2 + 1]
+    exact = dataclasses.replace(config, lenience=1.0)  # the inner loop: lenience is the target's
     width = gamma + g2 + 1  # produced tokens never exceed gamma - 1 + g2 + 1
 
     def body(carry):
@@ -90,25 +91,9 @@ class StagedDraft:
       logits, dec = self.decoder.tokens_to_logits(
           dec, jnp.concatenate([z[:, None], y], axis=1))  # [b, g2 + 1, V]
       q = sampling.adjust_logits(logits, config)  # [b, g2 + 1, V]
-      if config.greedy:
-        best = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [b, g2 + 1]
-        accept = y == best[:, :g2]  # [b, g2]
-        j = jnp.sum(jnp.cumprod(accept.astype(jnp.int32), axis=1), axis=1)  # [b]
-        t = jnp.take_along_axis(best, j[:, None], axis=1)[:, 0]  # [b]
-      else:
-        r_rng, t_rng = jax.random.split(accept_rng)
-        q_y = jnp.take_along_axis(q[:, :g2], y[..., None], axis=-1)[..., 0]  # [b, g2]
-        accept = jax.random.uniform(r_rng, q_y.shape) < q_y  # one-hot proposal: min(1, q / 1)
-        j = jnp.sum(jnp.cumprod(accept.astype(jnp.int32), axis=1), axis=1)  # [b]
-        q_j = jnp.take_along_axis(q, j[:, None, None], axis=1)[:, 0]  # [b, V]
-        y_pad = jnp.concatenate([y, jnp.zeros_like(y[:, :1])], axis=1)  # [b, g2 + 1]
-        y_j = jnp.take_along_axis(y_pad, j[:, None], axis=1)[:, 0]  # [b]
-        rejected = j < g2  # [b]
-        residual = jnp.where(rejected[:, None] & (jnp.arange(q.shape[-1]) == y_j[:, None]), 0.0,
-                             q_j)  # max(0, q - onehot(y)) on rejection, q_j (bonus) otherwise
-        mass = jnp.sum(residual, axis=-1, keepdims=True)
-        residual = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), q_j)
-        t = sampling.sample(t_rng, residual)  # [b]
+      # The draft verifies the bigram's one-hot proposal exactly: y_1..y_j accepted, then t.
+      j, t, _ = sampling.verify(accept_rng, y, jax.nn.one_hot(y, vocab, dtype=jnp.float32), logits,
+                                exact)  # [b], [b]
       live = count < gamma  # [b] rows still producing
       new = jnp.where(steps[None] < j[:, None], jnp.pad(y, ((0, 0), (0, 1))), t[:, None])  # [b, g2+1]
       put = lambda buf, upd: jax.vmap(lambda row, u, i: jax.lax.dynamic_update_slice(
