@@ -22,6 +22,17 @@ from gqa_spec.models.t5 import Transformer
 PyTree = Any
 
 
+def feed_pending(decoder: Any, state: PyTree, sequences: jax.Array, lengths: jax.Array):
+  """A proposal's first call: the 1 or 2 pending tokens fed as one 2-token append (module
+  docstring). Returns the `[b, V]` logits after s_n and the state holding s_0..s_n."""
+  m = decoder.index(state)  # [b]
+  pending = lengths + 1 - m  # [b] in {1, 2}
+  feed = jnp.take_along_axis(sequences, m[:, None] + jnp.arange(2), axis=1)  # [b, 2]
+  logits, state = decoder.tokens_to_logits(state, feed)  # [b, 2, V]
+  logits = jnp.take_along_axis(logits, (pending - 1)[:, None, None], axis=1)[:, 0]  # [b, V]
+  return logits, decoder.rollback(state, lengths + 1)  # forget the junk slot
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelDraft:
   """Autoregressive model draft over any `T5Decoder`-like decoder binding."""
@@ -37,17 +48,8 @@ class ModelDraft:
     """Encodes once; cache of `max_decode_len + gamma + 2` slots so no write ever clamps."""
     return self.decoder.init(params, encoder_input_tokens, max_decode_len + gamma + 2)
 
-  def _feed_pending(self, state, sequences, lengths):
-    """The first call: feeds the 1 or 2 pending tokens; `[b, V]` logits of x_1 and the state."""
-    m = self.decoder.index(state)  # [b]
-    pending = lengths + 1 - m  # [b] in {1, 2}
-    feed = jnp.take_along_axis(sequences, m[:, None] + jnp.arange(2), axis=1)  # [b, 2]
-    logits, state = self.decoder.tokens_to_logits(state, feed)  # [b, 2, V]
-    logits = jnp.take_along_axis(logits, (pending - 1)[:, None, None], axis=1)[:, 0]  # [b, V]
-    return logits, self.decoder.rollback(state, m + pending)  # forget the junk slot
-
   def propose(self, state, sequences, lengths, rng, gamma, config):
-    logits, state = self._feed_pending(state, sequences, lengths)  # [b, V]
+    logits, state = feed_pending(self.decoder, state, sequences, lengths)  # [b, V]
     rngs = jax.random.split(rng, gamma)
     token, q = sampling.choose(rngs[0], logits, config)  # [b], [b, V]
 
@@ -87,7 +89,7 @@ class ModelDraft:
         live &= jnp.max(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), axis=-1) >= confidence
       return tok, tokens, q, live, count
 
-    logits, state = self._feed_pending(state, sequences, lengths)  # [b, V]
+    logits, state = feed_pending(self.decoder, state, sequences, lengths)  # [b, V]
     vocab = logits.shape[-1]
     tokens = jnp.zeros((batch, gamma_max), jnp.int32)
     q = jnp.zeros((batch, gamma_max, vocab), jnp.float32)

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from gqa_spec.decoding import tree as tree_lib
+from gqa_spec.decoding.drafts.model import feed_pending
 from gqa_spec.decoding.targets import T5Decoder
 from gqa_spec.errors import UserError
 from gqa_spec.models.t5 import Transformer
@@ -96,14 +97,8 @@ class TreeModelDraft:
 
   def propose_tree(self, state: TreeDraftState, sequences, lengths, rng, shape, config):
     g2 = self.inner_gamma
-    dec = state.decoder_state
-    m = self.decoder.index(dec)  # [b]
-    pending = lengths + 1 - m  # [b] in {1, 2}
-    feed = jnp.take_along_axis(sequences, m[:, None] + jnp.arange(2), axis=1)  # [b, 2]
-    logits, dec = self.decoder.tokens_to_logits(dec, feed)  # [b, 2, V]
-    root = jnp.take_along_axis(logits, (pending - 1)[:, None, None], axis=1)[:, 0]  # [b, V]
+    root, dec = feed_pending(self.decoder, state.decoder_state, sequences, lengths)  # [b, V]
     base = lengths + 1
-    dec = self.decoder.rollback(dec, base)  # forget the junk slot
     slots = jnp.arange(self.decoder.cache_length(dec), dtype=jnp.int32)  # [L]
     batch = lengths.shape[0]
     group = jnp.arange(1 + g2, dtype=jnp.int32)  # [1 + g2]: the node, then its chain
