@@ -129,8 +129,9 @@ class AdaptiveGamma:
     v = self.verify_ratio
     v = f'{v[0]:.3g}..{v[-1]:.3g}' if isinstance(v, tuple) else f'{v:.3g}'
     extra = f',c={self.cost_ratio:.3g},v={v}' if self.policy == 'optimal' else ''
-    if self.policy == 'optimal' and self.lengths:
-      extra += f',lengths={theory.describe_lengths(self.lengths)}'
+    if self.policy == 'optimal' and self.lengths:  # e.g. '1x8 rows, longest 32' (rows' mean)
+      longest = sum(max(b) for b in self.lengths) / len(self.lengths)
+      extra += f',lengths={len(self.lengths)}x{len(self.lengths[0])} rows, longest {longest:.3g}'
     conf = f',confidence={self.confidence:g}' if self.confidence else ''
     return f'auto({self.policy},max={self.gamma_max}{extra}{conf})'
 

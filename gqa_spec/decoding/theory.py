@@ -35,31 +35,22 @@ def _cost(c: Cost, gamma: int) -> float:
   return float(c(gamma)) if callable(c) else float(c)
 
 
-def walltime_improvement(alpha_: float, gamma: int, c: Cost) -> float:
-  """Theorem 8: expected walltime improvement factor."""
-  return expected_tokens(alpha_, gamma) / (gamma * _cost(c, gamma) + 1)
-
-
-def speedup_measured_costs(alpha_: float, gamma: int, c: Cost, verify_ratio: Cost = 1.0) -> float:
-  """Theorem 8 with the verification call costing `verify_ratio(gamma)` single target steps."""
+def walltime_improvement(alpha_: float, gamma: int, c: Cost, verify_ratio: Cost = 1.0) -> float:
+  """Theorem 8: expected walltime improvement factor, the verification call costing
+  `verify_ratio(gamma)` single target steps (1 in the paper)."""
   return expected_tokens(alpha_, gamma) / (gamma * _cost(c, gamma) + _cost(verify_ratio, gamma))
 
 
 def optimal_gamma(alpha_: float, c: Cost, max_gamma: int = 64, verify_ratio: Cost = 1.0) -> int:
   """The gamma in [1, max_gamma] maximising the (generalised) Theorem 8 improvement."""
   gammas = np.arange(1, max_gamma + 1)
-  values = [speedup_measured_costs(alpha_, int(g), c, verify_ratio) for g in gammas]
+  values = [walltime_improvement(alpha_, int(g), c, verify_ratio) for g in gammas]
   return int(gammas[int(np.argmax(values))])
 
 
 # Each batch's rows' output lengths in tokens (greedy decoding's, `calibration.first_stage`): what
 # a batch's wait for its slowest row is priced at. (): not priced (Theorem 8 as printed).
 Lengths = Tuple[Tuple[float, ...], ...]
-
-
-def batch_lengths(rows: int, length: float) -> Lengths:
-  """One batch of `rows` rows that each need `length` tokens (() where `length` is 0)."""
-  return ((float(length),) * int(rows),) if length > 0 else ()
 
 
 def checked_lengths(lengths) -> Lengths:
@@ -92,12 +83,6 @@ def checked_costs(cost_ratio: float, verify_ratio, count: int, per: str, alpha_i
   if not verify_ratio > 0:
     raise UserError(f'verify ratio must be > 0, got {verify_ratio}')
   return verify_ratio
-
-
-def describe_lengths(lengths: Lengths) -> str:
-  """E.g. '1x8 rows, longest 32': the batches, their rows and their longest rows' mean."""
-  longest = sum(max(b) for b in lengths) / len(lengths)
-  return f'{len(lengths)}x{len(lengths[0])} rows, longest {longest:.3g}'
 
 
 _T_GRID = np.geomspace(1e-2, 1e4, 241)  # [T] the t = sqrt(mu / var) `_wait_curve` is made on
@@ -204,17 +189,17 @@ def optimal_gamma_steps(c: float, max_gamma: int, verify_ratio: Union[float, Tup
   return np.asarray(edges, np.float32), np.asarray(values, np.int32)
 
 
-def _verify_key(verify_ratio) -> Union[float, Tuple[float, ...]]:
-  """`verify_ratio` as `optimal_gamma_steps`' hashable key."""
-  return (float(verify_ratio) if np.ndim(verify_ratio) == 0 else
-          tuple(float(x) for x in np.asarray(verify_ratio).reshape(-1)))
+def _steps(c: float, max_gamma: int, verify_ratio, lengths: Lengths):
+  """`optimal_gamma_steps` of these settings, made hashable."""
+  v = (float(verify_ratio) if np.ndim(verify_ratio) == 0 else
+       tuple(float(x) for x in np.asarray(verify_ratio).reshape(-1)))
+  return optimal_gamma_steps(float(c), int(max_gamma), v, checked_lengths(lengths))
 
 
 def step_gamma(alpha_: float, c: float, max_gamma: int,
                verify_ratio: Union[float, Sequence[float]] = 1.0, lengths: Lengths = ()) -> int:
   """`optimal_gammas` at one alpha, on the host (no device op): a Python int."""
-  edges, gammas = optimal_gamma_steps(float(c), int(max_gamma), _verify_key(verify_ratio),
-                                      checked_lengths(lengths))
+  edges, gammas = _steps(c, max_gamma, verify_ratio, lengths)
   return int(gammas[int(np.sum(np.float32(min(max(alpha_, 0.0), 1.0)) > edges))])
 
 
@@ -227,8 +212,7 @@ def optimal_gammas(alpha_: jax.Array, c: float, max_gamma: int,
   v(1)..v(max_gamma)); gamma 0 (plain steps) wins when no gamma pays; ties go to the smaller.
   With `lengths` the expected tokens are over the batch's iterations (`batch_inflation`). Read
   from `optimal_gamma_steps`: a comparison and a sum here."""
-  edges, gammas = optimal_gamma_steps(float(c), int(max_gamma), _verify_key(verify_ratio),
-                                      checked_lengths(lengths))
+  edges, gammas = _steps(c, max_gamma, verify_ratio, lengths)
   a = jnp.clip(alpha_.astype(jnp.float32), 0.0, 1.0)  # [b]
   index = jnp.sum(a[:, None] > jnp.asarray(edges)[None], axis=1)  # [b]
   return jnp.asarray(gammas)[index]  # [b]

@@ -243,7 +243,7 @@ def premise(rows: Sequence[Mapping]) -> Optional[Tuple[bool, str]]:
   """Whether speculation can pay in one setting, from its independent-draft chain rows' measured
   costs: `(met, the numbers in words)`, None when no row has c and v.
 
-  Theorem 8 with the verify call's cost (`theory.speedup_measured_costs`) at the most favourable
+  Theorem 8 with the verify call's cost (`theory.walltime_improvement`) at the most favourable
   of the measured numbers, the highest alpha and the lowest c, at every gamma 1..PREMISE_MAX_GAMMA
   with v(gamma) bounded from below: a (gamma + 1)-token call costs no less than a call for fewer
   tokens, so v(gamma) >= the least v measured at a gamma <= it, and >= 1 (one target step) below
@@ -260,7 +260,7 @@ def premise(rows: Sequence[Mapping]) -> Optional[Tuple[bool, str]]:
   def v_low(g):
     below = [r['verify_ratio_v'] for r in costed if r.get('gamma', 1) <= g]
     return max(1.0, min(below)) if below else 1.0
-  bound, gamma = max((theory.speedup_measured_costs(alpha, g, min(cs), v_low(g)), g)
+  bound, gamma = max((theory.walltime_improvement(alpha, g, min(cs), v_low(g)), g)
                      for g in range(1, PREMISE_MAX_GAMMA + 1))
   span = lambda xs: f'{min(xs):.2f}' if min(xs) == max(xs) else f'{min(xs):.2f}-{max(xs):.2f}'
   measured_at = f' (gamma {span(gammas).replace(".00", "")})' if gammas else ''

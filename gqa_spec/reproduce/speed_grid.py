@@ -197,7 +197,7 @@ def measure_grid(target: T5Decoder, params: Any, drafts: Drafts, batches: Sequen
                'ar_tokens': ar_tokens,
                'speedup_measured': (ar_secs / ar_tokens) / (secs / tokens),
                'speedup_thm8': theory.walltime_improvement(alpha, gamma, c),
-               'speedup_thm8_with_v': theory.speedup_measured_costs(alpha, gamma, c, v),
+               'speedup_thm8_with_v': theory.walltime_improvement(alpha, gamma, c, v),
                'optimal_gamma_thm8': theory.optimal_gamma(min(alpha, 0.999), c),
                'tokens_equal_autoregressive': (spec_lists == ar_lists) if temp == 0 else None}
         row['measured_over_thm8'] = row['speedup_measured'] / row['speedup_thm8']

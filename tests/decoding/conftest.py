@@ -53,6 +53,11 @@ def perturbed(params, scale, seed=1):
   return jax.tree_util.tree_unflatten(treedef, noisy)
 
 
+def batch_lengths(rows, length):
+  """`theory.Lengths` of one batch of `rows` rows that each need `length` tokens."""
+  return ((float(length),) * rows,)
+
+
 class FakeClock:
   """Each reading one second after the one before: every timed run reads as exactly 1 s, so the
   calibration's times are functions of its programs' iteration counts, not of this machine."""

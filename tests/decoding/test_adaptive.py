@@ -21,7 +21,8 @@ from gqa_spec.decoding.drafts.ngram import fit_ngram
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.targets import T5Decoder, cache_length
 from gqa_spec.errors import UserError
-from tests.decoding.conftest import FakeClock, INPUTS, MAX_LEN, model_and_params, TableDecoder
+from tests.decoding.conftest import (FakeClock, INPUTS, MAX_LEN, TableDecoder, batch_lengths,
+                                     model_and_params)
 from tests.decoding.test_speculative_stub import (N, NO_EOS, P_VALUE_THRESHOLD, TARGET, _chisquare,
                                                   _empirical, _exact_first_three, _tables)
 from tests.decoding.test_speculative_t5 import greedy_reference, perturbed_params
@@ -230,7 +231,7 @@ def test_optimal_gammas_follow_theorem_8():
   # A verification call costing v = 3 steps (Theorem 8 generalised): speculation pays later.
   got = np.asarray(theory.optimal_gammas(jnp.asarray(alphas), 0.05, 8, verify_ratio=3.0))
   for a, g in zip(alphas, got):
-    values = [1.0] + [theory.speedup_measured_costs(float(a), gamma, 0.05, 3.0)
+    values = [1.0] + [theory.walltime_improvement(float(a), gamma, 0.05, 3.0)
                       for gamma in range(1, 9)]
     assert values[g] >= max(values) - 1e-5, (a, g)
   assert got[2] == 0 < got[4]  # alpha 0.6 does not pay for v = 3; alpha 0.95 does
@@ -238,7 +239,7 @@ def test_optimal_gammas_follow_theorem_8():
   v = (1.1, 1.3, 1.6, 2.0, 2.6, 3.2, 3.9, 4.6)
   got = np.asarray(theory.optimal_gammas(jnp.asarray(alphas), 0.05, 8, verify_ratio=v))
   for a, g in zip(alphas, got):
-    values = [1.0] + [theory.speedup_measured_costs(float(a), gamma, 0.05, v[gamma - 1])
+    values = [1.0] + [theory.walltime_improvement(float(a), gamma, 0.05, v[gamma - 1])
                       for gamma in range(1, 9)]
     assert values[g] >= max(values) - 1e-5, (a, g)
   assert got[0] == 0 < got[1] < got[5] < 8  # a growing v keeps even alpha = 1 below gamma_max
@@ -265,8 +266,8 @@ def test_optimal_gammas_read_from_steps_equal_the_formula():
     assert np.all((got == want) | near), (c, gmax, v)
     assert np.mean(near) < 0.01
   # ... and where the batch's wait for its slowest row is priced (its rows' output lengths)
-  for lengths in [theory.batch_lengths(8, 30.0), theory.batch_lengths(4, 12.0),
-                  theory.batch_lengths(1, 40.0), ((18.0, 22.0, 25.0, 29.0, 32.0, 32.0),),
+  for lengths in [batch_lengths(8, 30.0), batch_lengths(4, 12.0),
+                  batch_lengths(1, 40.0), ((18.0, 22.0, 25.0, 29.0, 32.0, 32.0),),
                   ((12.0,), (30.0,), (25.0,))]:
     edges, gammas = theory.optimal_gamma_steps(0.02, 8, v_measured, lengths)
     want = theory._theorem8_gammas(alphas.astype(np.float64), 0.02, 8, v_measured, lengths)
@@ -276,9 +277,9 @@ def test_optimal_gammas_read_from_steps_equal_the_formula():
   # the first gamma (a Python int, on the host) is the same function
   ad = AdaptiveGamma(gamma_max=8, cost_ratio=0.05, verify_ratio=v_growing, alpha_init=0.7)
   assert ad.first_gamma() == int(theory.optimal_gammas(jnp.asarray([0.7]), 0.05, 8, v_growing)[0])
-  ad = dataclasses.replace(ad, lengths=theory.batch_lengths(8, 20.0))
+  ad = dataclasses.replace(ad, lengths=batch_lengths(8, 20.0))
   assert ad.first_gamma() == int(theory.optimal_gammas(jnp.asarray([0.7]), 0.05, 8, v_growing,
-                                                       theory.batch_lengths(8, 20.0))[0])
+                                                       batch_lengths(8, 20.0))[0])
 
 
 def test_the_policy_prices_the_batchs_wait_for_its_slowest_row():
@@ -291,14 +292,14 @@ def test_the_policy_prices_the_batchs_wait_for_its_slowest_row():
   v = (1.54, 2.03, 2.55, 2.89, 4.36, 4.36, 4.98, 4.98)
   per_row = AdaptiveGamma(gamma_max=8, cost_ratio=0.022, verify_ratio=v, alpha_init=0.62)
   assert per_row.first_gamma() == 1 and per_row.speculates
-  assert not dataclasses.replace(per_row, lengths=theory.batch_lengths(8, 30.0)).speculates
-  assert dataclasses.replace(per_row, lengths=theory.batch_lengths(1, 30.0)).first_gamma() == 1
+  assert not dataclasses.replace(per_row, lengths=batch_lengths(8, 30.0)).speculates
+  assert dataclasses.replace(per_row, lengths=batch_lengths(1, 30.0)).first_gamma() == 1
   # The 0.1-noise draft there (alpha 0.85): gamma 2 by each row's Theorem 8, gamma 1 for the
   # batch (measured: gamma 1 1.09x, gamma 2 1.06x greedy decoding).
   v = (1.60, 2.10, 2.73, 3.19, 4.66, 4.66, 5.36, 5.36)
   per_row = AdaptiveGamma(gamma_max=8, cost_ratio=0.030, verify_ratio=v, alpha_init=0.85)
   assert per_row.first_gamma() == 2
-  assert dataclasses.replace(per_row, lengths=theory.batch_lengths(8, 30.0)).first_gamma() == 1
+  assert dataclasses.replace(per_row, lengths=batch_lengths(8, 30.0)).first_gamma() == 1
   for bad in [((),), ((30.0, 0.0),), (('x',),), 30.0]:
     with pytest.raises(UserError, match='lengths'):
       AdaptiveGamma(lengths=bad)
@@ -315,8 +316,8 @@ def test_the_batchs_wait_is_priced_from_each_rows_length():
   row_lengths = ((18.0, 22.0, 24.0, 24.0, 25.0, 29.0, 32.0, 32.0),)
   alphas = np.array([0.6, 0.8])
   per_row = theory.batch_inflation(alphas, 4, row_lengths)
-  longest = theory.batch_inflation(alphas, 4, theory.batch_lengths(8, 32.0))
-  alone = theory.batch_inflation(alphas, 4, theory.batch_lengths(1, 32.0))
+  longest = theory.batch_inflation(alphas, 4, batch_lengths(8, 32.0))
+  alone = theory.batch_inflation(alphas, 4, batch_lengths(1, 32.0))
   assert np.all(alone[:, 1:] < per_row[:, 1:]) and np.all(per_row[:, 1:] < longest[:, 1:])
   assert np.all(per_row[:, 0] == 1.0)
   # so where gamma 1 pays per row but not for 8 rows of the longest length, it pays for this
@@ -325,10 +326,10 @@ def test_the_batchs_wait_is_priced_from_each_rows_length():
   v = (1.60, 2.10, 2.73, 3.19, 4.66, 4.66, 5.36, 5.36)
   ad = AdaptiveGamma(gamma_max=8, cost_ratio=0.030, verify_ratio=v, alpha_init=0.75)
   assert ad.first_gamma() == 1
-  assert not dataclasses.replace(ad, lengths=theory.batch_lengths(8, 32.0)).speculates
+  assert not dataclasses.replace(ad, lengths=batch_lengths(8, 32.0)).speculates
   assert dataclasses.replace(ad, lengths=row_lengths).first_gamma() == 1
   ad = dataclasses.replace(ad, alpha_init=0.85)
-  assert dataclasses.replace(ad, lengths=theory.batch_lengths(8, 32.0)).first_gamma() == 1
+  assert dataclasses.replace(ad, lengths=batch_lengths(8, 32.0)).first_gamma() == 1
   assert dataclasses.replace(ad, lengths=row_lengths).first_gamma() == 2
 
 

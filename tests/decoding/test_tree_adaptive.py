@@ -27,7 +27,8 @@ from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.targets import T5Decoder, cache_length
 from gqa_spec.decoding.tree import TreeShape
 from gqa_spec.errors import UserError
-from tests.decoding.conftest import FakeClock, INPUTS, MAX_LEN, model_and_params, TableDecoder
+from tests.decoding.conftest import (FakeClock, INPUTS, MAX_LEN, TableDecoder, batch_lengths,
+                                     model_and_params)
 from tests.decoding.test_speculative_stub import (N, NO_EOS, P_VALUE_THRESHOLD, _chisquare,
                                                   _empirical, _exact_first_three, _tables)
 from tests.decoding.test_speculative_t5 import KV_HEADS, greedy_reference, perturbed_params
@@ -276,15 +277,15 @@ def test_a_batch_is_priced_by_its_slowest_row():
                           verify_ratio=(1.67, 2.06, 2.99, 4.98, 7.93),
                           accepted_init=(0.79, 1.36, 2.15, 2.79, 3.57))
   assert ad.inflation() == (1.0,) * 5 and ad.first_nodes() == 2
-  one = dataclasses.replace(ad, lengths=theory.batch_lengths(1, 32.0))  # the last call's overshoot
+  one = dataclasses.replace(ad, lengths=batch_lengths(1, 32.0))  # the last call's overshoot
   assert all(1.0 < x < 1.07 for x in one.inflation()) and one.first_nodes() == 2
-  batch = dataclasses.replace(ad, lengths=theory.batch_lengths(8, 32.0))
+  batch = dataclasses.replace(ad, lengths=batch_lengths(8, 32.0))
   assert all(1.1 < x < 1.5 for x in batch.inflation()), batch.inflation()
   assert batch.first_nodes() == 0 and not batch.speculates
   # A tree's tokens read as a chain of D tokens at the alpha that accepts as many: for a chain's
   # own count that is the chain's inflation (`theory.batch_inflation`).
   chain = sum(0.7 ** i for i in range(1, 5))
-  eight = theory.batch_lengths(8, 32.0)
+  eight = batch_lengths(8, 32.0)
   np.testing.assert_allclose(theory.tree_batch_inflation([chain, 4.0], 4, eight),
                              [theory.batch_inflation(np.array([0.7]), 4, eight)[0, 4],
                               theory.batch_inflation(np.array([1.0]), 4, eight)[0, 4]],
