@@ -34,7 +34,7 @@ import numpy as np
 from gqa_spec.decoding import sampling, theory, xla_options
 from gqa_spec.decoding.autoregressive import EOS
 from gqa_spec.decoding.drafts.base import Draft
-from gqa_spec.decoding.plain_steps import as_adaptive_result, mark_plain, plain_decode, plain_loop
+from gqa_spec.decoding.plain_steps import adaptive_fields, mark_plain, plain_decode, plain_loop
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.speculative import (LoopState, SpeculativeResult, chain_step, init_loop,
                                            with_draft_calls)
@@ -196,11 +196,10 @@ def decode(target: Decoder, target_state: PyTree, draft: Draft, draft_state: PyT
     raise UserError(f'--draft-confidence needs a model draft (one with draft probabilities); '
                     f'{type(draft).__name__} has none')
   if not adaptive.speculates:
-    r, histogram, trace = plain_decode(target, target_state, rng, gamma_max=adaptive.gamma_max,
-                                       max_decode_len=max_decode_len, config=config,
-                                       eos_id=eos_id, skip=skip)
-    return as_adaptive_result(r, adaptive.gamma_max, gamma_histogram=histogram, gamma_trace=trace,
-                              draft_steps=np.zeros((), np.int32))
+    return plain_decode(target, target_state, rng, depth=adaptive.gamma_max,
+                        size=adaptive.gamma_max + 1, fields=('gamma_histogram', 'gamma_trace'),
+                        max_decode_len=max_decode_len, config=config, eos_id=eos_id,
+                        skip=skip).replace(draft_steps=np.zeros((), np.int32))
   return _speculative(target, target_state, draft, draft_state, rng, adaptive=adaptive,
                       max_decode_len=max_decode_len, config=config, eos_id=eos_id, skip=skip)
 
@@ -219,9 +218,8 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Draft, draft_stat
   loop = init_loop(target, target_state, draft_state, rng, max_decode_len, gmax, skip)
   batch = loop.done.shape[0]
   loop = loop.replace(result=loop.result.replace(
-      gamma_histogram=jnp.zeros((batch, gmax + 1), jnp.int32),
-      gamma_trace=jnp.full((batch, max_decode_len), -1, jnp.int32),
-      draft_steps=jnp.zeros((), jnp.int32)))
+      draft_steps=jnp.zeros((), jnp.int32),
+      **adaptive_fields(batch, gmax + 1, max_decode_len, 'gamma_histogram', 'gamma_trace')))
   want = (jnp.full((batch,), adaptive.first_gamma(), jnp.int32) if first_gammas is None
           else first_gammas.astype(jnp.int32))
   init = AdaptiveState(loop=loop, want=want,
@@ -262,7 +260,7 @@ def run_widths(target: Decoder, init: Any, widths: Tuple[int, ...], body, max_de
   final = loops_per_width(widths, lambda a: jnp.any(asks(a) > 0), lambda a: jnp.max(asks(a)),
                           body, init)
   loop = plain_loop(target, final.loop, max_decode_len, config, eos_id)
-  return with_draft_calls(mark_plain(loop, final.loop.result, *fields))
+  return with_draft_calls(loop.replace(result=mark_plain(loop.result, final.loop.result, *fields)))
 
 
 def batch_gamma(alpha: jax.Array, weight: jax.Array, active: jax.Array,

@@ -24,7 +24,7 @@ import numpy as np
 from gqa_spec.decoding import sampling, xla_options
 from gqa_spec.decoding.adaptive import run_widths
 from gqa_spec.decoding.autoregressive import EOS
-from gqa_spec.decoding.plain_steps import as_adaptive_result, plain_decode
+from gqa_spec.decoding.plain_steps import adaptive_fields, plain_decode
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.speculative import LoopState, SpeculativeResult, init_loop
 from gqa_spec.decoding.targets import Decoder
@@ -33,6 +33,7 @@ from gqa_spec.decoding.tree_speculative import tree_step
 from gqa_spec.errors import UserError
 
 PyTree = Any
+FIELDS = ('tree_nodes_histogram', 'tree_nodes_trace', 'tree_width_trace')  # `adaptive_fields`
 
 
 @flax.struct.dataclass
@@ -62,12 +63,10 @@ def decode(target: Decoder, target_state: PyTree, draft: Any, draft_state: PyTre
   if adaptive.speculates:
     return _speculative(target, target_state, draft, draft_state, rng, adaptive=adaptive,
                         max_decode_len=max_decode_len, config=config, eos_id=eos_id, skip=skip)
-  r, histogram, trace, widths = plain_decode(
-      target, target_state, rng, gamma_max=adaptive.nodes_max, max_decode_len=max_decode_len,
-      config=config, eos_id=eos_id, skip=skip, iteration_trace=True)
-  return as_adaptive_result(r, adaptive.shape.depth, draft_calls=np.zeros((), np.int32),
-                            tree_nodes_histogram=histogram, tree_nodes_trace=trace,
-                            tree_width_trace=widths)
+  return plain_decode(target, target_state, rng, depth=adaptive.shape.depth,
+                      size=adaptive.nodes_max + 1, fields=FIELDS, max_decode_len=max_decode_len,
+                      config=config, eos_id=eos_id, skip=skip).replace(
+                          draft_calls=np.zeros((), np.int32))
 
 
 @functools.partial(xla_options.jit, static_argnames=('target', 'draft', 'adaptive',
@@ -86,9 +85,7 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
   loop = init_loop(target, target_state, draft_state, rng, max_decode_len, depth, skip)
   batch = loop.done.shape[0]
   loop = loop.replace(result=loop.result.replace(
-      tree_nodes_histogram=jnp.zeros((batch, nmax + 1), jnp.int32),
-      tree_nodes_trace=jnp.full((batch, max_decode_len), -1, jnp.int32),
-      tree_width_trace=jnp.full((max_decode_len,), -1, jnp.int32)))
+      **adaptive_fields(batch, nmax + 1, max_decode_len, *FIELDS)))
   want = (jnp.full((batch,), adaptive.first_nodes(), jnp.int32) if first_nodes is None
           else jnp.asarray(first_nodes, jnp.int32))  # [b]
   init = TreeLoopState(loop=loop, want=want,
@@ -122,5 +119,4 @@ def _speculative(target: Decoder, target_state: PyTree, draft: Any, draft_state:
       want = jnp.where(held, a.want, want)
     return TreeLoopState(loop=s, want=want, gain=gain, weight=weight)
 
-  return run_widths(target, init, widths, body, max_decode_len, config, eos_id,
-                    'tree_nodes_histogram', 'tree_nodes_trace', 'tree_width_trace')
+  return run_widths(target, init, widths, body, max_decode_len, config, eos_id, *FIELDS)

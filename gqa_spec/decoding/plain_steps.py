@@ -1,45 +1,54 @@
 """Plain target steps in the adaptive loops, where no row speculates.
 
-`plain_decode` is a whole call that never speculates (greedy decoding's loop with the adaptive
-result's statistics); `plain_loop` finishes an adaptive call once every active row asks for 0;
-`as_adaptive_result` puts `plain_decode`'s outputs in `adaptive.decode`'s result form.
+`plain_decode` is a whole call that never speculates (greedy decoding's loop, as an adaptive
+result); `plain_loop` finishes an adaptive call once every active row asks for 0; `mark_plain`
+counts either's calls at draft size 0 in the result's per-row statistics (`adaptive_fields`).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from gqa_spec.decoding import autoregressive, sampling, xla_options
 from gqa_spec.decoding.sampling import SamplingConfig
-from gqa_spec.decoding.speculative import LoopState, SpeculativeResult
+from gqa_spec.decoding.speculative import LoopState, SpeculativeResult, init_loop
 from gqa_spec.decoding.targets import Decoder
 
 PyTree = Any
 
 
-@functools.partial(xla_options.jit, static_argnames=('target', 'gamma_max', 'max_decode_len',
-                                                     'config', 'eos_id', 'iteration_trace'))
-def plain_decode(target: Decoder, target_state: PyTree, rng: jax.Array, *, gamma_max: int,
-                 max_decode_len: int, config: SamplingConfig, eos_id: int,
-                 skip: Optional[jax.Array], iteration_trace: bool = False) -> Tuple[jax.Array, ...]:
-  """`adaptive.decode` where no row speculates (also `adaptive_tree.decode`'s, gamma_max = N_max
-  there), as one compiled program: autoregressive decoding, its `gamma_histogram`
-  `[b, gamma_max + 1]` and `gamma_trace` `[b, max_decode_len]` (every call at draft length 0), and
-  with `iteration_trace` the trees' `tree_width_trace` `[max_decode_len]` (-1 after the last)."""
+def adaptive_fields(batch: int, size: int, max_decode_len: int, histogram: str, trace: str,
+                    width_trace: Optional[str] = None) -> Dict[str, jax.Array]:
+  """An adaptive result's statistics before its first call, by name: `histogram [b, size]` zeros,
+  `trace [b, max_decode_len]` (per row call) and `width_trace [max_decode_len]` (per iteration)
+  -1."""
+  fields = {histogram: jnp.zeros((batch, size), jnp.int32),
+            trace: jnp.full((batch, max_decode_len), -1, jnp.int32)}
+  if width_trace is not None:
+    fields[width_trace] = jnp.full((max_decode_len,), -1, jnp.int32)
+  return fields
+
+
+@functools.partial(xla_options.jit, static_argnames=('target', 'depth', 'size', 'fields',
+                                                     'max_decode_len', 'config', 'eos_id'))
+def plain_decode(target: Decoder, target_state: PyTree, rng: jax.Array, *, depth: int, size: int,
+                 fields: Tuple[str, ...], max_decode_len: int, config: SamplingConfig,
+                 eos_id: int, skip: Optional[jax.Array]) -> SpeculativeResult:
+  """`adaptive.decode` (and `adaptive_tree.decode`) where no row speculates, as one compiled
+  program: autoregressive decoding as an adaptive result of `depth` draft positions, every call
+  counted at size 0 in its `fields` (`adaptive_fields`, the histogram `size` wide). `sequences`
+  stay `[b, 1 + max_decode_len]` (no draft slack)."""
   r = autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len,
                             config=config, eos_id=eos_id, skip=skip)
-  batch = r.target_calls.shape[0]
-  calls = jnp.arange(max_decode_len)[None]  # [1, max_decode_len]
-  histogram = jnp.zeros((batch, gamma_max + 1), jnp.int32).at[:, 0].set(r.target_calls)
-  trace = jnp.where(calls < r.target_calls[:, None], 0, -1).astype(jnp.int32)  # [b, L]
-  if iteration_trace:
-    return r, histogram, trace, jnp.where(calls[0] < r.loop_iterations, 0, -1).astype(jnp.int32)
-  return r, histogram, trace
+  before = init_loop(target, target_state, None, rng, max_decode_len, depth, skip).result.replace(
+      sequences=r.sequences, lengths=r.lengths,
+      **adaptive_fields(r.lengths.shape[0], size, max_decode_len, *fields))
+  return mark_plain(before.replace(target_calls=r.target_calls, loop_iterations=r.loop_iterations),
+                    before, *fields)
 
 
 def plain_loop(target: Decoder, loop: LoopState, max_decode_len: int, config: SamplingConfig,
@@ -71,12 +80,10 @@ def plain_loop(target: Decoder, loop: LoopState, max_decode_len: int, config: Sa
   return out.replace(draft_state=loop.draft_state)
 
 
-def mark_plain(s: LoopState, before: SpeculativeResult, histogram: str, trace: str,
-               width_trace: Optional[str] = None) -> LoopState:
-  """`s` after `plain_loop`, its plain steps (those past `before`, the result when they began)
-  counted at size 0 in the result's fields named `histogram` (`[b, K + 1]`), `trace`
-  (`[b, max_decode_len]`, per row call) and `width_trace` (`[max_decode_len]`, per iteration)."""
-  r = s.result
+def mark_plain(r: SpeculativeResult, before: SpeculativeResult, histogram: str, trace: str,
+               width_trace: Optional[str] = None) -> SpeculativeResult:
+  """`r` with its plain steps (those past `before`, the result when they began) counted at size 0
+  in the fields named `histogram`, `trace` and `width_trace` (`adaptive_fields`)."""
   calls = jnp.arange(getattr(r, trace).shape[1])  # [max_decode_len]
   plain = ((calls[None] >= before.target_calls[:, None])
            & (calls[None] < r.target_calls[:, None]))  # [b, max_decode_len]
@@ -85,17 +92,4 @@ def mark_plain(s: LoopState, before: SpeculativeResult, histogram: str, trace: s
   if width_trace is not None:
     iterations = (calls >= before.loop_iterations) & (calls < r.loop_iterations)
     fields[width_trace] = jnp.where(iterations, 0, getattr(r, width_trace))
-  return s.replace(result=r.replace(**fields))
-
-
-def as_adaptive_result(r: autoregressive.DecodeResult, depth: int, **fields) -> SpeculativeResult:
-  """`plain_decode`'s result `r` as the adaptive loops' result, statistics `depth` draft positions
-  wide, with their own `fields` (`gamma_histogram`, `tree_nodes_trace`, ...); `sequences` stay
-  `[b, 1 + max_decode_len]` (no draft slack), the statistics that are zeros are host constants."""
-  zeros_b = np.zeros((r.lengths.shape[0],), np.int32)
-  return SpeculativeResult(
-      sequences=r.sequences, lengths=r.lengths, target_calls=r.target_calls, proposed=zeros_b,
-      accepted=zeros_b, accepted_per_position=np.zeros((depth,), np.int32),
-      accept_histogram=np.zeros((depth + 1,), np.int32),
-      beta_sum=np.zeros((), np.float32), beta_count=np.zeros((), np.float32),
-      loop_iterations=r.loop_iterations, **fields)
+  return r.replace(**fields)
