@@ -160,23 +160,19 @@ def _sample_greedy(logits, rescale_log_probs):
 
 def _choose(rng, logits, temperature, topk, topp, rescale_log_probs):
   """`[rows, V]` logits -> (`[rows]` tokens, `[rows]` log-probs), scalar or per-row temperature."""
+
+  def pick(logits, t, p):
+    return jax.lax.cond(t > MIN_TEMPERATURE,
+                        lambda l, t: _sample_warm(rng, l, t, topk, p, rescale_log_probs),
+                        lambda l, t: _sample_greedy(l, rescale_log_probs), logits, t)
+
   temperature = jnp.asarray(temperature)
   if temperature.ndim == 0:
-    return jax.lax.cond(
-        temperature > MIN_TEMPERATURE,
-        lambda l, t: _sample_warm(rng, l, t, topk, topp, rescale_log_probs),
-        lambda l, t: _sample_greedy(l, rescale_log_probs), logits, temperature)
+    return pick(logits, temperature, topp)
   # Per row: one row at a time under vmap with the same (unbatched) key, as t5x does.
   row_topp = topp if jnp.ndim(topp) == 1 else jnp.broadcast_to(jnp.asarray(topp), temperature.shape)
-
-  def one_row(row_logits, t, p):
-    token, lp = jax.lax.cond(
-        t > MIN_TEMPERATURE,
-        lambda l, t: _sample_warm(rng, l, t, topk, p, rescale_log_probs),
-        lambda l, t: _sample_greedy(l, rescale_log_probs), row_logits[None], t)
-    return token[0], lp[0]
-
-  return jax.vmap(one_row)(logits, temperature, row_topp)
+  one_row = lambda row_logits, t, p: [x[0] for x in pick(row_logits[None], t, p)]
+  return tuple(jax.vmap(one_row)(logits, temperature, row_topp))
 
 
 def _single_trial(inputs, cache, tokens_to_logits, eos_id, rng, *, temperature, topk, topp,
