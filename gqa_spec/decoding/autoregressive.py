@@ -93,9 +93,6 @@ def decode(decoder: Decoder, decoder_state: PyTree, rng: jax.Array, *, max_decod
                 target_calls=jnp.zeros((batch,), jnp.int32), iterations=jnp.zeros((), jnp.int32),
                 rng=rng)
 
-  def cond(s: _State):
-    return ~jnp.all(s.done)
-
   def body(s: _State) -> _State:
     rng, step_rng = jax.random.split(s.rng)
     last = jnp.take_along_axis(s.sequences, s.lengths[:, None], axis=1)  # [b, 1]
@@ -112,16 +109,11 @@ def decode(decoder: Decoder, decoder_state: PyTree, rng: jax.Array, *, max_decod
                   target_calls=s.target_calls + active, iterations=s.iterations + jnp.any(active),
                   rng=rng)
 
-  final = jax.lax.while_loop(cond, chunked(body, loop_chunk), init)
+  step = body if loop_chunk == 1 else (  # `loop_chunk` bodies, a static trip count
+      lambda s: jax.lax.fori_loop(0, loop_chunk, lambda _, x: body(x), s))
+  final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), step, init)
   return DecodeResult(sequences=finish(final.sequences, final.lengths), lengths=final.lengths,
                       target_calls=final.target_calls, loop_iterations=final.iterations)
-
-
-def chunked(body, steps: int):
-  """`body` (a while-loop body), or `steps` applications of it as a static-trip-count loop."""
-  if steps == 1:
-    return body
-  return lambda s: jax.lax.fori_loop(0, steps, lambda _, x: body(x), s)
 
 
 def strip(sequences, lengths, eos_id: int = EOS) -> list:

@@ -14,13 +14,12 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from gqa_spec.decoding.targets import Decoder
 from gqa_spec.decoding import xla_options
+from gqa_spec.decoding.autoregressive import EOS
 from gqa_spec.decoding.sampling import NEG_INF
+from gqa_spec.decoding.targets import Decoder
 
 PyTree = Any
-DECODER_START = 0
-EOS = 1
 
 
 def brevity_penalty(alpha: float, length) -> jax.Array:

@@ -27,9 +27,6 @@ import numpy as np
 from gqa_spec import distributed
 from gqa_spec.decoding import cost_calibration
 
-DEFAULT_FLOOR = 0.97  # the speed below which speculation stops, over greedy decoding's
-DEFAULT_MIN_CALLS = 2  # speculative calls before the first decision
-
 
 @dataclasses.dataclass
 class SpeculationGuard:
@@ -44,8 +41,8 @@ class SpeculationGuard:
   """
   step_seconds: float
   call_seconds: float = 0.0
-  floor: float = DEFAULT_FLOOR
-  min_calls: int = DEFAULT_MIN_CALLS
+  floor: float = 0.97
+  min_calls: int = 2
   speculative_calls: int = 0
   speculative_seconds: float = 0.0
   speculative_steps: int = 0

@@ -66,25 +66,10 @@ class MeshT5Decoder(T5Decoder):
                  (shardings, tokens.sharding), part.cache_shardings, (params, tokens))
     return T5State(params=params, cache=cache)
 
-  def _constrain(self, state: T5State) -> T5State:
+  def _with_cache(self, state: T5State, cache: PyTree) -> T5State:
+    """Every new state constrained to the rules' shardings inside the loops."""
+    state = state.replace(cache=cache)
     return jax.lax.with_sharding_constraint(state, self.state_shardings(state))
-
-  def tokens_to_logits(self, state: T5State, tokens, positions=None, mask=None):
-    logits, state = super().tokens_to_logits(state, tokens, positions, mask)  # [b, k, V]
-    return logits, self._constrain(state)
-
-  def tokens_to_logits_and_hidden(self, state: T5State, tokens, positions=None, mask=None):
-    logits, hidden, state = super().tokens_to_logits_and_hidden(state, tokens, positions, mask)
-    return logits, hidden, self._constrain(state)
-
-  def rollback(self, state: T5State, index) -> T5State:
-    return self._constrain(super().rollback(state, index))
-
-  def move_slots(self, state: T5State, start, source) -> T5State:
-    return self._constrain(super().move_slots(state, start, source))
-
-  def reorder(self, state: T5State, rows) -> T5State:
-    return self._constrain(super().reorder(state, rows))
 
 
 def params_partitioner(config: T5Config, params: PyTree) -> Optional[Partitioner]:
@@ -123,11 +108,6 @@ def shard_rows(partitioner: Partitioner, rows: Any) -> jax.Array:
 _JITTED = {}  # one jitted function per (loop, statics, argument signature, compiler options)
 
 
-def _signature(tree: PyTree):
-  leaves, treedef = jax.tree_util.tree_flatten(tree)
-  return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
-
-
 def _result_shardings(partitioner: Partitioner, result: Any, rows: int) -> Any:
   """Per-row fields (`_PER_ROW`) with rows on `data`, everything else replicated."""
   def one(path, x):
@@ -151,12 +131,6 @@ def _draft_shardings(partitioner: Partitioner, draft: Any, state: PyTree) -> PyT
   return jax.tree_util.tree_map(lambda _: partitioner.replicated, state)
 
 
-def _skip(decoder: MeshT5Decoder, state: T5State, skip) -> jax.Array:
-  rows = decoder.index(state).shape[0]
-  skip = np.zeros((rows,), bool) if skip is None else np.asarray(skip, bool)
-  return put(skip, decoder.partitioner.rows_sharding(rows))
-
-
 def _run(key, fn, in_shardings, out_fn, args):
   """`fn(*args)` jitted once per `key` and argument signature: the inputs placed by
   `in_shardings`, the outputs constrained to `out_fn(outputs)` inside the trace (so the loop is
@@ -166,7 +140,8 @@ def _run(key, fn, in_shardings, out_fn, args):
     outputs = fn(*inputs)
     return jax.lax.with_sharding_constraint(outputs, out_fn(outputs))
 
-  key = key + (_signature(args), xla_options.key())
+  leaves, treedef = jax.tree_util.tree_flatten(args)  # the argument signature
+  key = key + (treedef, tuple((x.shape, str(x.dtype)) for x in leaves), xla_options.key())
   if key not in _JITTED:  # compiled once per key, like `jax.jit`
     _JITTED[key] = jax.jit(placed, in_shardings=in_shardings,
                            compiler_options=xla_options.current())
@@ -225,7 +200,8 @@ def _loop(decode, target, target_state, draft, draft_state, rng, skip, **static)
   part, rows = target.partitioner, target.index(target_state).shape[0]
   static = tuple(sorted(static.items()))
   fn = functools.partial(_call, decode, target, draft, static)
-  args = (target_state, draft_state, rng, _skip(target, target_state, skip))
+  skip = np.zeros((rows,), bool) if skip is None else np.asarray(skip, bool)  # `_run` places it
+  args = (target_state, draft_state, rng, skip)
   return _run((decode, target, draft) + static, fn,
               (target.state_shardings(target_state), _draft_shardings(part, draft, draft_state),
                part.replicated, part.rows_sharding(rows)),

@@ -159,25 +159,21 @@ def verify(rng: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array,
       p = jax.nn.softmax(target_logits[:, :gamma].astype(jnp.float32), axis=-1)  # [b, gamma, V]
       p_x = jnp.take_along_axis(p, draft_tokens[..., None], axis=-1)[..., 0]  # [b, gamma]
       accept |= p_x >= lenience * jnp.max(p, axis=-1)
+  else:
+    p = adjust_logits(target_logits, config)  # [b, gamma + 1, V]
+    q = draft_probs.astype(jnp.float32)  # [b, gamma, V]
     if limit is not None:
-      accept &= jnp.arange(gamma)[None] < limit[:, None]  # [b, gamma]
-    n = _first_rejection(accept)  # [b]
-    # Rejected or all accepted, the next token is the target's argmax at position n + 1.
-    token = jnp.take_along_axis(argmax, n[:, None], axis=1)[:, 0]  # [b]
-    return n, token, accept.astype(jnp.float32)
-
-  p = adjust_logits(target_logits, config)  # [b, gamma + 1, V]
-  q = draft_probs.astype(jnp.float32)  # [b, gamma, V]
-  if limit is not None:
-    q = jnp.where((jnp.arange(gamma)[None] < limit[:, None])[..., None], q, 0.0)  # [b, gamma, V]
-  p_x = jnp.take_along_axis(p[:, :gamma], draft_tokens[..., None], axis=-1)[..., 0]  # [b, gamma]
-  q_x = jnp.take_along_axis(q, draft_tokens[..., None], axis=-1)[..., 0]  # [b, gamma]
-  r_rng, t_rng = jax.random.split(rng)
-  r = jax.random.uniform(r_rng, p_x.shape)  # [b, gamma] in [0, 1)
-  accept = r * lenience * q_x < p_x  # r < p / (l q), without dividing by q = 0
+      q = jnp.where((jnp.arange(gamma)[None] < limit[:, None])[..., None], q, 0.0)  # [b, gamma, V]
+    p_x = jnp.take_along_axis(p[:, :gamma], draft_tokens[..., None], axis=-1)[..., 0]  # [b, gamma]
+    q_x = jnp.take_along_axis(q, draft_tokens[..., None], axis=-1)[..., 0]  # [b, gamma]
+    r_rng, t_rng = jax.random.split(rng)
+    r = jax.random.uniform(r_rng, p_x.shape)  # [b, gamma] in [0, 1)
+    accept = r * lenience * q_x < p_x  # r < p / (l q), without dividing by q = 0
   if limit is not None:
     accept &= jnp.arange(gamma)[None] < limit[:, None]  # [b, gamma]
   n = _first_rejection(accept)  # [b]
+  if config.greedy:  # rejected or all accepted, the next token is the target's argmax at n + 1
+    return n, jnp.take_along_axis(argmax, n[:, None], axis=1)[:, 0], accept.astype(jnp.float32)
   p_n = jnp.take_along_axis(p, n[:, None, None], axis=1)[:, 0]  # [b, V] p_{n+1}
   q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)  # [b, gamma + 1, V]
   q_n = jnp.take_along_axis(q_pad, n[:, None, None], axis=1)[:, 0]  # [b, V]; zeros if all accepted

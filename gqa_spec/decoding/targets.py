@@ -76,17 +76,17 @@ class T5Decoder:
   def tokens_to_logits(self, state: T5State, tokens: jax.Array, positions=None, mask=None):
     logits, cache = decode_cache.decode_tokens(self.model, state.params, state.cache, tokens,
                                                positions, mask)  # [b, k, V]
-    return logits, state.replace(cache=cache)
+    return logits, self._with_cache(state, cache)
 
   def tokens_to_logits_and_hidden(self, state: T5State, tokens: jax.Array, positions=None,
                                   mask=None):
     """`tokens_to_logits` also returning the final hidden states `[b, k, emb]` (same pass)."""
     logits, hidden, cache = decode_cache.decode_tokens_with_hidden(
         self.model, state.params, state.cache, tokens, positions, mask)  # [b, k, V], [b, k, D]
-    return logits, hidden, state.replace(cache=cache)
+    return logits, hidden, self._with_cache(state, cache)
 
   def rollback(self, state: T5State, index: jax.Array) -> T5State:
-    return state.replace(cache=decode_cache.set_cache_index(state.cache, index))
+    return self._with_cache(state, decode_cache.set_cache_index(state.cache, index))
 
   def index(self, state: T5State) -> jax.Array:
     return decode_cache.cache_index(state.cache)
@@ -96,11 +96,15 @@ class T5Decoder:
 
   def move_slots(self, state: T5State, start: jax.Array, source: jax.Array) -> T5State:
     """Copies slots `source [b, P]` to `start [b] + 0..P-1` (tree decoding's path compaction)."""
-    return state.replace(cache=decode_cache.move_slots(state.cache, start, source))
+    return self._with_cache(state, decode_cache.move_slots(state.cache, start, source))
 
   def reorder(self, state: T5State, rows: jax.Array) -> T5State:
     # Every cache leaf is batch-major (K/V, index, positions, encoder mask); params are not.
-    return state.replace(cache=jax.tree_util.tree_map(lambda x: x[rows], state.cache))
+    return self._with_cache(state, jax.tree_util.tree_map(lambda x: x[rows], state.cache))
+
+  def _with_cache(self, state: T5State, cache: PyTree) -> T5State:
+    """`state` holding `cache`, as every method returns it (`mesh.MeshT5Decoder` places it)."""
+    return state.replace(cache=cache)
 
 
 @functools.partial(xla_options.jit, static_argnames=('model', 'cache_length'))

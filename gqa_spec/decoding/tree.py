@@ -77,11 +77,6 @@ class TreeShape:
     return cls((width,) * depth, frontier=width, budget=nodes, replace=replace)
 
   @classmethod
-  def chain(cls, gamma: int) -> 'TreeShape':
-    """Plain speculative decoding's chain of gamma tokens."""
-    return cls((1,) * gamma)
-
-  @classmethod
   def parse(cls, spec: str) -> 'TreeShape':
     """`topk:4,2,2[,replace]` or `best:32,depth:6[,width:4][,replace]` (the CLI's `--tree`)."""
     m = re.fullmatch(r'topk:(\d+(?:,\d+)*)(,replace)?', spec)
@@ -296,9 +291,7 @@ def by_rank(tree: Tree) -> Tuple[Tree, jax.Array]:
 
 def first_nodes(tree: Tree, n: int) -> Tree:
   """The first n nodes (of a tree in rank order: the best-first tree of budget n)."""
-  cut = lambda x: None if x is None else x[:, :n]
-  return Tree(tokens=cut(tree.tokens), parents=cut(tree.parents), depths=cut(tree.depths),
-              valid=cut(tree.valid), q=cut(tree.q), rank=cut(tree.rank))
+  return jax.tree_util.tree_map(lambda x: x[:, :n], tree)
 
 
 def verify(rng: jax.Array, tree: Tree, target_logits: jax.Array, depth: int,

@@ -4,7 +4,7 @@ The loop of `speculative.py` with a token tree in place of the chain. Each itera
 grows a tree under each row's last token (`tree.grow`), the target scores root and nodes in one
 call (positions by depth, the ancestors-and-self mask), `tree.verify` accepts a path and a next
 token, the target's cache moves the path's slots into place (`move_slots`) and rolls back, and
-the draft commits the path (`TreeDraft`). `TreeShape.chain(gamma)` is chain speculation.
+the draft commits the path (`TreeDraft`). `topk:1,...,1` is chain speculation.
 
 Statistics reuse `SpeculativeResult`: `proposed` counts valid nodes, `accepted_per_position` is
 per depth, `accept_histogram` counts path lengths 0..D, and the alpha fields stay 0.
@@ -55,8 +55,6 @@ def decode(target: Decoder, target_state: PyTree, draft: TreeDraft, draft_state:
   tree `shape` in place of gamma (lenience must be 1; the target needs `move_slots` and
   `targets.cache_length(max_decode_len, N + 1)` slots).
   """
-  if config.lenience != 1.0:
-    raise ValueError('lenience < 1 is not supported with token trees')
   init = init_loop(target, target_state, draft_state, rng, max_decode_len, shape.depth, skip)
   body = lambda s: tree_step(target, draft, s, shape, config, max_decode_len, eos_id)[0]
   return with_draft_calls(jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init))

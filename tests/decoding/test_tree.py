@@ -29,7 +29,6 @@ def test_shapes_parse_and_count_nodes():
   assert (b.num_nodes, b.depth, b.frontier, b.num_fed) == (32, 6, 4, 4 * 5)
   assert b.num_candidates == 4 + 5 * 16
   assert TreeShape.parse('best:5,depth:2,width:3').describe() == 'best:5,depth:2,width:3'
-  assert TreeShape.chain(3) == TreeShape.parse('topk:1,1,1')
   for spec in ('topk:4,2,2,replace', 'best:5,depth:2,width:3,replace'):
     shape = TreeShape.parse(spec)
     assert shape.replace and shape.describe() == spec

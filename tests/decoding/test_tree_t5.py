@@ -67,7 +67,7 @@ def test_chain_tree_accepts_what_chain_speculation_accepts():
       ModelDraft.t5(model), ModelDraft.t5(model).decoder.init(perturbed_params('gqa'), enc,
                                                               MAX_LEN + 7 + 2),
       jax.random.PRNGKey(0), gamma=gamma, max_decode_len=MAX_LEN)
-  s = _run('gqa', TreeShape.chain(gamma), 'perturbed', 4)
+  s = _run('gqa', TreeShape.topk(*(1,) * gamma), 'perturbed', 4)
   c = speculative.summarize(chain)
   for key in ('tokens', 'target_calls', 'accepted', 'accept_histogram', 'accepted_per_position'):
     assert s[key] == c[key], key
