@@ -4,9 +4,9 @@ The chain loop (`speculative.chain_step`) with the draft length chosen inside th
 every iteration, in [0, gamma_max]. Shapes stay static: an iteration runs at the narrowest
 compiled width (`verify_gammas`) holding the longest active proposal, each width its own while
 loop (`loops_per_width`), and each row verifies only its own prefix (`sampling.verify`'s limit).
-Once no active row speculates (gamma 0 is final) the rest are plain target steps
-(`plain_steps.plain_loop`); where not even the first iteration would speculate, `decode` is
-greedy decoding (`plain_steps.plain_decode`).
+Once no active row speculates (gamma 0 is final) the rest are plain target steps (`plain_loop`,
+counted at draft length 0 by `mark_plain`); where not even the first iteration would speculate,
+`decode` is greedy decoding (`plain_decode`). Both serve the adaptive tree loop too.
 
 The output stays exact: a row's gamma depends only on the past, never on this iteration's draws,
 so it is a stopping rule (Leviathan et al. App. A.1; Chen et al. Theorem 1).
@@ -24,17 +24,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gqa_spec.decoding import sampling, theory, xla_options
+from gqa_spec.decoding import autoregressive, sampling, theory, xla_options
 from gqa_spec.decoding.autoregressive import EOS
 from gqa_spec.decoding.drafts.base import Draft
-from gqa_spec.decoding.plain_steps import adaptive_fields, mark_plain, plain_decode, plain_loop
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.speculative import (LoopState, SpeculativeResult, chain_step, init_loop,
                                            with_draft_calls)
@@ -323,3 +322,80 @@ def running_alpha(alpha: jax.Array, weight: jax.Array, beta: jax.Array, tried: j
   beta_sum = jnp.sum(jnp.where(tried, beta, 0.0), axis=1)  # [b]
   new_alpha = (kept * alpha + beta_sum) / jnp.maximum(new_weight, 1e-6)  # [b]
   return new_alpha, new_weight
+
+
+# ---- plain target steps, where no row speculates ------------------------------------------
+
+
+def adaptive_fields(batch: int, size: int, max_decode_len: int, histogram: str, trace: str,
+                    width_trace: Optional[str] = None) -> Dict[str, jax.Array]:
+  """An adaptive result's statistics before its first call, by name: `histogram [b, size]` zeros,
+  `trace [b, max_decode_len]` (per row call) and `width_trace [max_decode_len]` (per iteration)
+  -1."""
+  fields = {histogram: jnp.zeros((batch, size), jnp.int32),
+            trace: jnp.full((batch, max_decode_len), -1, jnp.int32)}
+  if width_trace is not None:
+    fields[width_trace] = jnp.full((max_decode_len,), -1, jnp.int32)
+  return fields
+
+
+@functools.partial(xla_options.jit, static_argnames=('target', 'depth', 'size', 'fields',
+                                                     'max_decode_len', 'config', 'eos_id'))
+def plain_decode(target: Decoder, target_state: PyTree, rng: jax.Array, *, depth: int, size: int,
+                 fields: Tuple[str, ...], max_decode_len: int, config: SamplingConfig,
+                 eos_id: int, skip: Optional[jax.Array]) -> SpeculativeResult:
+  """`adaptive.decode` (and `adaptive_tree.decode`) where no row speculates, as one compiled
+  program: autoregressive decoding as an adaptive result of `depth` draft positions, every call
+  counted at size 0 in its `fields` (`adaptive_fields`, the histogram `size` wide). `sequences`
+  stay `[b, 1 + max_decode_len]` (no draft slack)."""
+  r = autoregressive.decode(target, target_state, rng, max_decode_len=max_decode_len,
+                            config=config, eos_id=eos_id, skip=skip)
+  before = init_loop(target, target_state, None, rng, max_decode_len, depth, skip).result.replace(
+      sequences=r.sequences, lengths=r.lengths,
+      **adaptive_fields(r.lengths.shape[0], size, max_decode_len, *fields))
+  return mark_plain(before.replace(target_calls=r.target_calls, loop_iterations=r.loop_iterations),
+                    before, *fields)
+
+
+def plain_loop(target: Decoder, loop: LoopState, max_decode_len: int, config: SamplingConfig,
+               eos_id: int) -> LoopState:
+  """`loop` run to the end with plain one-token target steps, counting target calls and loop
+  iterations (`mark_plain` counts their draft sizes). The draft's state stays out of the loop's
+  carry: XLA would copy a carried input buffer into the loop once per call."""
+  batch = loop.done.shape[0]
+
+  def plain_step(s: LoopState) -> LoopState:
+    r = s.result
+    rng, step_rng = jax.random.split(s.rng)
+    active = ~s.done  # [b]
+    last = jnp.take_along_axis(r.sequences, r.lengths[:, None], axis=1)  # [b, 1]
+    logits, tstate = target.tokens_to_logits(s.target_state, last)  # [b, 1, V]
+    t, _ = sampling.choose(step_rng, logits[:, 0], config)  # [b]
+    rows = jnp.arange(batch)
+    slot = r.lengths + 1  # [b]
+    sequences = r.sequences.at[rows, slot].set(
+        jnp.where(active, t, r.sequences[rows, slot]))  # [b, width]
+    lengths = r.lengths + active  # [b]
+    done = s.done | (active & (t == eos_id)) | (lengths >= max_decode_len)
+    result = r.replace(sequences=sequences, lengths=lengths, target_calls=r.target_calls + active,
+                       loop_iterations=r.loop_iterations + 1)
+    return LoopState(target_state=target.rollback(tstate, lengths), draft_state=s.draft_state,
+                     done=done, result=result, rng=rng)
+
+  out = jax.lax.while_loop(lambda s: ~jnp.all(s.done), plain_step, loop.replace(draft_state=None))
+  return out.replace(draft_state=loop.draft_state)
+
+
+def mark_plain(r: SpeculativeResult, before: SpeculativeResult, histogram: str, trace: str,
+               width_trace: Optional[str] = None) -> SpeculativeResult:
+  """`r` with its plain steps (those past `before`, the result when they began) counted at size 0
+  in the fields named `histogram`, `trace` and `width_trace` (`adaptive_fields`)."""
+  calls = jnp.arange(getattr(r, trace).shape[1])  # [max_decode_len]
+  plain = ((calls[None] >= before.target_calls[:, None])
+           & (calls[None] < r.target_calls[:, None]))  # [b, max_decode_len]
+  fields = {trace: jnp.where(plain, 0, getattr(r, trace)),
+            histogram: getattr(r, histogram).at[:, 0].add(r.target_calls - before.target_calls)}
+  if width_trace is not None:
+    iterations = (calls >= before.loop_iterations) & (calls < r.loop_iterations)
+    fields[width_trace] = jnp.where(iterations, 0, getattr(r, width_trace))
+  return r.replace(**fields)

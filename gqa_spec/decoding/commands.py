@@ -183,14 +183,6 @@ def _gamma(text: str):
     raise argparse.ArgumentTypeError(f'expected an integer or auto, got {text!r}') from None
 
 
-def _load(path: str, what: str):
-  """A native checkpoint or a training run directory (`load.load_model`)."""
-  from gqa_spec.checkpoints import load  # pylint: disable=g-import-not-at-top
-  if not os.path.isdir(path):
-    raise UserError(f'{what} checkpoint directory not found: {path}')
-  return load.load_model(path)
-
-
 def _vocabulary(args: argparse.Namespace, carried: Optional[str], model_vocab_size: int):
   """The vocabulary of the text inputs and outputs (None: ids only): `--vocab`, the checkpoint's
   own, or `--task`'s; one with more ids than the model embeds is refused (`data.vocab_fit`)."""
@@ -225,8 +217,10 @@ def generate(args: argparse.Namespace) -> int:
                                   '--draft': args.draft, '--vocab': args.vocab})
   if distributed.start_from_args(args) and args.model_parallel is None:
     args.model_parallel = 1  # several processes decode on one mesh of all their devices
-  target_config, params, vocab_path = _load(args.model, 'model')
-  from gqa_spec.checkpoints import param_dtype  # pylint: disable=g-import-not-at-top
+  if not os.path.isdir(args.model):
+    raise UserError(f'model checkpoint directory not found: {args.model}')
+  from gqa_spec.checkpoints import load, param_dtype  # pylint: disable=g-import-not-at-top
+  target_config, params, vocab_path = load.load_model(args.model)  # or a training run directory
   target_config, params = param_dtype.cast(target_config, params, args.param_dtype)
   from gqa_spec.models import layout  # pylint: disable=g-import-not-at-top
   target_config, params = layout.for_decoding(target_config, params, args.layout)
@@ -297,16 +291,16 @@ def generate(args: argparse.Namespace) -> int:
   if args.stats:
     stats = speculative.summarize(results)
     stats.update(seconds=seconds, compile_seconds=compile_seconds,
-                 tokens_per_second=stats['tokens'] / seconds if seconds else None, **plan.stats())
-    stats.update(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                 tokens_per_second=stats['tokens'] / seconds if seconds else None, **plan.stats(),
+                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                  lenience=args.lenience, batch_size=batch, max_decode_len=max_len,
                  param_dtype=target_config.param_dtype, scan_layers=target_config.scan_layers,
-                 loop_chunk=stats.pop('loop_chunk'), examples=len(rows),
+                 examples=len(rows),
                  mesh={'data': mesh_shape[0], 'model': mesh_shape[1]},
-                 memory_per_device=memory.memory_per_device(
+                 memory_per_device=vars(memory.memory_per_device(
                      target_config, batch=batch, input_length=width,
                      cache_length=plan.cache_length(max_len), data=mesh_shape[0],
-                     model=mesh_shape[1]).to_dict())
+                     model=mesh_shape[1])))
     atomic.write_json(args.stats, stats, indent=2)
   return 0
 
@@ -324,18 +318,18 @@ def ngram_fit(args: argparse.Namespace) -> int:
 
 def _fit_inputs(rows: List[List[int]], args: argparse.Namespace, config,
                 cache_length: int) -> List[List[int]]:
-  """Rows longer than one device can take (`input_limit`) refused in one line, before anything
-  compiles, or with --truncate-inputs cut to that length (ending in EOS) with a warning."""
+  """Rows longer than one device can take (`memory.longest_input`) refused in one line, before
+  anything compiles, or with --truncate-inputs cut to that length (ending in EOS) with a warning."""
   import jax  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding import input_limit  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding import memory  # pylint: disable=g-import-not-at-top
   model = args.model_parallel or 1
   data = max(jax.device_count() // model, 1)
   if args.batch_size % data:
     data = 1  # the rows do not shard: every device holds the whole batch
-  estimate = input_limit.estimator(config, batch=args.batch_size, cache_length=cache_length,
+  estimate = memory.estimator(config, batch=args.batch_size, cache_length=cache_length,
                                    data=data, model=model)
-  available = input_limit.device_bytes()
-  limit = input_limit.longest_input(estimate, available)
+  available = memory.device_bytes()
+  limit = memory.longest_input(estimate, available)
   longest = max(range(len(rows)), key=lambda i: len(rows[i]))
   if len(rows[longest]) <= limit:
     return rows

@@ -34,9 +34,9 @@ from gqa_spec import distributed
 from gqa_spec.decoding import adaptive, adaptive_tree, autoregressive, sampling, theory, xla_options
 from gqa_spec.decoding import tree as tree_lib
 from gqa_spec.decoding.adaptive import AdaptiveGamma
+from gqa_spec.decoding.adaptive_tree import AdaptiveTree
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.targets import Decoder
-from gqa_spec.decoding.tree_policy import AdaptiveTree
 from gqa_spec.partitioning import to_host
 
 PyTree = Any
@@ -61,21 +61,18 @@ class Calibration(NamedTuple):
 # ---- timing ---------------------------------------------------------------------------------
 
 
-def _timed_runs(fn: Callable[[], Any], repeats: int, clock: Clock, warm: bool = True
-                ) -> List[float]:
+def min_time(fn: Callable[[], Any], repeats: int, clock: Clock = time.perf_counter,
+             warm: bool = True) -> float:
+  """Seconds of the fastest of `repeats` runs of `fn()`, after one untimed (compiling) run where
+  `warm`."""
   if warm:
-    jax.block_until_ready(fn())  # compile and warm up, untimed
+    jax.block_until_ready(fn())
   times = []
   for _ in range(repeats):
     t0 = clock()
     jax.block_until_ready(fn())
     times.append(clock() - t0)
-  return times
-
-
-def min_time(fn: Callable[[], Any], repeats: int, clock: Clock = time.perf_counter) -> float:
-  """Seconds of the fastest of `repeats` runs of `fn()`, after one untimed (compiling) run."""
-  return min(_timed_runs(fn, repeats, clock))
+  return min(times)
 
 
 def interleaved_per_iteration(runs: Sequence[Callable[[], Any]], repeats: int = 3,
@@ -147,8 +144,8 @@ def teacher_forced(next_token: Callable[..., Any], commit: Callable[..., Any], s
   n = max(int(jnp.max(lengths)), 1)
   passes = -(-min_calls // n)
   hits, positions = agreement(state, sequences, lengths)  # compiles
-  seconds = min(_timed_runs(lambda: loop(state, sequences, lengths, n, passes), repeats, clock,
-                            warm=False)) / (n * passes)
+  seconds = min_time(lambda: loop(state, sequences, lengths, n, passes), repeats, clock,
+                     warm=False) / (n * passes)
   for batch_state, batch_sequences, batch_lengths in (more if positions < min_positions else ()):
     h, p = agreement(batch_state, batch_sequences, batch_lengths)
     hits, positions = hits + h, positions + p
@@ -224,27 +221,23 @@ def measure_costs(target: Decoder, target_state: PyTree, draft: Any, draft_state
       return tree_lib.first_nodes(tree_lib.by_rank(grown)[0], 1).tokens[:, 0], dstate  # [b]
 
     commit = lambda dstate, seqs, at: draft.commit_tree(dstate, seqs, at, nothing)
-    slack, widths = shape.depth + 1, settings.widths
+    slack, widths, costs = shape.depth + 1, settings.widths, len(settings.widths)
     loop = adaptive_tree._speculative  # pylint: disable=protected-access
+    calls, draft_tokens = shape.depth, lambda width: shape.depth  # D draft calls grow a tree
   else:
     def next_token(dstate, seqs, at):
       tokens, _, dstate = draft.propose(dstate, seqs, at, rng, 1, sampling.GREEDY)  # [b, 1]
       return tokens[:, 0], dstate
 
     commit = draft.commit
-    slack, widths = settings.gamma_max + 1, settings.verify_widths
+    slack, widths, costs = settings.gamma_max + 1, settings.verify_widths, settings.gamma_max
     loop = adaptive._speculative  # pylint: disable=protected-access
+    calls = 1 if getattr(draft, 'propose_upto', None) is not None else 0  # 0: c = 0
+    draft_tokens = lambda width: width
   first = _first_stage(target, target_state, max_decode_len, next_token, commit, draft_state,
                        slack, more, config, clock)
-  if tree:
-    c = first.t_draft / shape.depth / first.t_step
-    draft_tokens = lambda width: shape.depth
-    floor = (first.v_floor,) * len(widths)
-  else:
-    c = first.t_draft / first.t_step if getattr(draft, 'propose_upto', None) is not None else 0.0
-    draft_tokens = lambda width: width
-    floor = (first.v_floor,) * settings.gamma_max
-  cal = Calibration(c, floor, first.alpha, first.t_step, first.lengths)
+  c = first.t_draft / calls / first.t_step if calls else 0.0
+  cal = Calibration(c, (first.v_floor,) * costs, first.alpha, first.t_step, first.lengths)
   policy = settings.calibrated(cal)
   if not getattr(draft, 'reads_target_hidden', False) and not policy.speculates:
     return cal

@@ -5,6 +5,11 @@ from `partitioning` (the rules the mesh decodes with), so the figures are the by
 occupy per device; activations, XLA temporaries and the loops' buffers are not counted. A K/V cache
 whose G heads the `model` axis does not divide is held whole on every model shard
 (`kv_replication_waste_bytes`, GQA paper sec. 2.2).
+
+Before anything compiles, `longest_input` finds the longest encoder input one device can take:
+XLA allocates a batch's encoder attention whole (quadratic in the input length S) beside the
+parameters and decode caches (linear in S), and a row too long would fail inside XLA after
+compiling; a longer row is refused in one line or truncated (`--truncate-inputs`).
 """
 
 from __future__ import annotations
@@ -12,13 +17,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Dict
+import os
+from typing import Any, Callable, Dict, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from gqa_spec.checkpoints import native
+from gqa_spec.decoding.targets import cache_length as cache_slots
+from gqa_spec.errors import UserError
 from gqa_spec.models import decode_cache
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.t5 import Transformer
@@ -63,9 +71,6 @@ class MemoryReport:
   other_cache_bytes: int
   total_bytes: int
 
-  def to_dict(self) -> Dict[str, int]:
-    return dataclasses.asdict(self)
-
 
 @functools.lru_cache(maxsize=64)
 def _abstract_cache(config: T5Config, batch: int, input_length: int, cache_length: int) -> Any:
@@ -79,7 +84,7 @@ def _abstract_cache(config: T5Config, batch: int, input_length: int, cache_lengt
       params, encoded, tokens)
 
 
-def _device_bytes(x: Any, spec: PartitionSpec, mesh_shape: Dict[str, int]) -> int:
+def _shard_bytes(x: Any, spec: PartitionSpec, mesh_shape: Dict[str, int]) -> int:
   """Bytes of one shard of `x` laid out by the mesh `spec` (every axis in it divides)."""
   shape = list(x.shape)
   for i, axis in enumerate(tuple(spec)):
@@ -118,7 +123,7 @@ def memory_per_device(config: T5Config, *, batch: int, input_length: int, cache_
 
   param_bytes = param_total = 0
   for _, x, logical in partitioning._with_paths(params, partitioning.logical_axes(params)):  # pylint: disable=protected-access
-    param_bytes += _device_bytes(x, partitioning.fit_spec(logical, x.shape, rules, mesh_shape),
+    param_bytes += _shard_bytes(x, partitioning.fit_spec(logical, x.shape, rules, mesh_shape),
                                  mesh_shape)
     param_total += _total_bytes(x)
 
@@ -128,7 +133,7 @@ def memory_per_device(config: T5Config, *, batch: int, input_length: int, cache_
   for path, x, logical in partitioning._with_paths(cache, partitioning.cache_logical_axes(cache)):  # pylint: disable=protected-access
     spec = partitioning.fit_spec(logical, x.shape, rules, mesh_shape)
     name = partitioning.path_name(path)
-    nbytes = _device_bytes(x, spec, mesh_shape)
+    nbytes = _shard_bytes(x, spec, mesh_shape)
     kind = next((k for k in kv if f'/{k}/' in name), None)
     if kind is None:
       other += nbytes
@@ -149,3 +154,59 @@ def memory_per_device(config: T5Config, *, batch: int, input_length: int, cache_
       kv_bytes_total=kv_total,
       kv_replication_waste_bytes=per_device_kv - kv_total // (data * model),
       other_cache_bytes=other, total_bytes=param_bytes + per_device_kv + other)
+
+
+_STEP = 8  # `generate` pads every input to a multiple of 8
+
+
+def device_bytes() -> int:
+  """Memory of one device: an accelerator's `bytes_limit`, or the host's physical memory."""
+  stats = jax.local_devices()[0].memory_stats() or {}  # this process's own (multi-process)
+  if stats.get('bytes_limit'):
+    return int(stats['bytes_limit'])
+  return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+
+
+def estimator(config: T5Config, *, batch: int, cache_length: int, data: int = 1,
+              model: int = 1) -> Callable[[int], int]:
+  """Input length -> bytes of parameters, decode caches (linear in the length: measured at 8 and
+  16 tokens) and encoder attention (float32 scores and probabilities `[rows, heads, S, S]` and the
+  position bias `[1, heads, S, S]`) on one device."""
+  at = lambda n: memory_per_device(config, batch=batch, input_length=n,
+                                   cache_length=cache_length, data=data, model=model)
+  short, longer = at(_STEP), at(2 * _STEP)
+  per_token = (longer.total_bytes - short.total_bytes) // _STEP
+  heads = config.num_heads // model if config.num_heads % model == 0 else config.num_heads
+  return lambda n: (short.total_bytes + per_token * (n - _STEP) +
+                    4 * heads * n * n * (2 * short.rows_per_device + 1))  # float32
+
+
+def longest_input(estimate: Callable[[int], int], available: int) -> int:
+  """The longest input length (a multiple of 8) whose `estimate` fits in `available` bytes; 0 when
+  not even 8 tokens fit."""
+  low, high = 0, _STEP
+  while estimate(high) <= available:  # doubling, then bisection over multiples of 8
+    low, high = high, high * 2
+  while high - low > _STEP:
+    mid = (low + high) // 2 // _STEP * _STEP
+    low, high = (mid, high) if estimate(mid) <= available else (low, mid)
+  return low
+
+
+def check_feature_length(config: T5Config, lengths: Optional[Mapping[str, int]], batch: int,
+                         beams: int = 1) -> None:
+  """`eval` / `infer`: a task's `inputs` feature length that one device cannot take (at this batch
+  size, with `targets` + 1 cache slots) refused in one line, before anything compiles. None: the
+  task's own lengths, checked where the batches are built."""
+  if not lengths or not lengths.get('inputs'):
+    return
+  estimate = estimator(config, batch=batch * beams,
+                       cache_length=cache_slots(lengths.get('targets', 1)))
+  available = device_bytes()
+  padded = -(-lengths['inputs'] // _STEP) * _STEP
+  if estimate(padded) > available:
+    raise UserError(
+        f"task_feature_lengths inputs={lengths['inputs']}: more than the "
+        f'{longest_input(estimate, available)} tokens one device can take at batch_size {batch} '
+        f'(about {estimate(padded) / 2**30:.3g} GiB of {available / 2**30:.3g} GiB); lower it or '
+        'batch_size')

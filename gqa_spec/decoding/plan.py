@@ -17,20 +17,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import re
 import time
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Sequence, Tuple
 
 import jax.numpy as jnp
 import numpy as np
 
 from gqa_spec.decoding import adaptive, adaptive_tree, cost_calibration, guard as guard_lib
 from gqa_spec.decoding.adaptive import AdaptiveGamma
+from gqa_spec.decoding.adaptive_tree import AdaptiveTree
 from gqa_spec.decoding.drafts import factory
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.targets import cache_length
 from gqa_spec.decoding.tree import TreeShape
-from gqa_spec.decoding.tree_policy import AdaptiveTree
 from gqa_spec.errors import UserError
 
 # flag -> (argparse dest, the value that means "not given", the method(s) it belongs to)
@@ -76,16 +75,6 @@ def _shown(flag: str, value) -> str:
   if flag == '--guard':
     return '--guard' if value else '--no-guard'
   return '--gamma auto' if flag == '--gamma' and value == 'auto' else flag
-
-
-def _tree_depth(spec: str) -> Optional[int]:
-  """The depth a `--tree` spec asks for, read before parsing it (None: not a tree spec)."""
-  m = re.search(r'(?:^|,)depth:(\d+)', spec)
-  if m:
-    return int(m.group(1))
-  if spec.startswith('topk:'):
-    return sum(part.isdigit() for part in spec[5:].split(','))
-  return None
 
 
 class Plan:
@@ -201,7 +190,7 @@ class ChainPlan(Plan):
 
 
 class StagedPlan(ChainPlan):
-  """A model draft that speculates its own tokens with a bigram (`drafts.staged`)."""
+  """A model draft that speculates its own tokens with a bigram (`drafts.model.StagedDraft`)."""
 
   selector = '--stage2'
   takes = frozenset({'--gamma', '--lenience', '--stage2', '--stage2-gamma'})
@@ -243,11 +232,11 @@ class TreePlan(StagedPlan):
     args = self.args
     if args.stage2_gamma is not None and args.stage2 is None:
       raise UserError('--stage2-gamma needs --stage2')
-    depth = _tree_depth(args.tree)
-    if depth is not None and depth > args.max_decode_len:
-      raise UserError(f'--tree depth {depth} is more than --max-decode-len {args.max_decode_len}: '
-                      f'no row accepts more tokens than that; give depth <= {args.max_decode_len}')
     self.shape = self._parse(args.tree)
+    if self.shape.depth > args.max_decode_len:
+      raise UserError(f'--tree depth {self.shape.depth} is more than --max-decode-len '
+                      f'{args.max_decode_len}: no row accepts more tokens than that; give depth <= '
+                      f'{args.max_decode_len}')
     if args.draft == 'none':
       raise UserError('--tree needs a --draft')
 
@@ -297,7 +286,8 @@ class _Adaptive(Plan):
 
   @property
   def measured(self) -> bool:
-    return self.args.cost_ratio is None
+    """Whether the costs are measured: not given, nor unused (the heuristic gamma policy)."""
+    return self.args.cost_ratio is None and self.args.gamma_policy != 'heuristic'
 
   def calibrate(self, d, batches):
     if not self.measured:
@@ -363,10 +353,6 @@ class AdaptiveChainPlan(_Adaptive):
         gamma_max=args.gamma_max or DEFAULT_GAMMA_MAX, policy=args.gamma_policy or 'optimal',
         cost_ratio=args.cost_ratio or 0.0, confidence=args.draft_confidence or 0.0)
 
-  @property
-  def measured(self):
-    return self.policy.policy == 'optimal' and self.args.cost_ratio is None
-
   def call_tokens(self):
     return self.policy.gamma_max + 1
 
@@ -398,7 +384,7 @@ class AdaptiveTreePlan(_Adaptive, TreePlan):
 
   @staticmethod
   def chosen(args):
-    return args.tree is not None and AdaptiveTree.is_spec(args.tree)
+    return args.tree is not None and args.tree.startswith('best:auto')
 
   def _parse(self, spec):
     self.policy = AdaptiveTree.parse(spec, cost_ratio=self.args.cost_ratio or 0.0)

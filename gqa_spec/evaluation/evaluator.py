@@ -39,7 +39,7 @@ import numpy as np
 from gqa_spec import arguments, atomic, progress
 from gqa_spec.data import exported
 from gqa_spec.evaluation import outputs
-from gqa_spec.decoding import input_limit
+from gqa_spec.decoding import memory
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 from gqa_spec.models.layout import DECODE_LAYOUT
@@ -454,7 +454,7 @@ def evaluate_checkpoint(checkpoint_path: str, mixture_or_task_name: str, output_
   arguments.check_outputs({'OUTPUT_DIR': output_dir}, folders=True,  # before any work
                           inputs={'CHECKPOINT_PATH': checkpoint_path, 'DRAFT': draft})
   config, params, step = load_any(checkpoint_path, scan_layers=scan_layers_of(layout or DECODE_LAYOUT), model=True)
-  input_limit.check_feature_length(config, task_feature_lengths, batch_size,
+  memory.check_feature_length(config, task_feature_lengths, batch_size,
                                    beam_size if decoding == 'beam' else 1)
   config, params = dtype_lib.cast(config, params, param_dtype, 'param_dtype')
   evaluator = InferenceEvaluator(mixture_or_task_name, config, split, task_feature_lengths,

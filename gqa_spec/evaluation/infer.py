@@ -29,7 +29,7 @@ import numpy as np
 from gqa_spec import arguments, atomic
 from gqa_spec.data import exported, vocab_fit
 from gqa_spec.evaluation import outputs
-from gqa_spec.decoding import input_limit
+from gqa_spec.decoding import memory
 from gqa_spec.errors import UserError
 from gqa_spec.decoding.targets import cache_length
 
@@ -134,7 +134,7 @@ def infer(checkpoint_path: str, mixture_or_task_name: str, output_dir: str, *,
                                            batch_size, num_examples)
   length = lengths['targets']
   config, params, _ = load_any(checkpoint_path, scan_layers=scan_layers, model=True)
-  input_limit.check_feature_length(config, lengths, batch_size,
+  memory.check_feature_length(config, lengths, batch_size,
                                    beam_size if decoding == 'beam' else 1)
   vocab_fit.check({name: vocab.vocab_size for name, vocab, _ in task_batches}, config.vocab_size,
                   checkpoint_path, checkpoint=checkpoint_path)

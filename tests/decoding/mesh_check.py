@@ -28,7 +28,7 @@ import numpy as np
 from gqa_spec.decoding import autoregressive, beam_search, mesh, sampling, speculative
 from gqa_spec.decoding import tree_speculative
 from gqa_spec.decoding.drafts import ModelDraft
-from gqa_spec.decoding.drafts.staged import StagedDraft
+from gqa_spec.decoding.drafts.model import StagedDraft
 from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
 from gqa_spec.decoding.tree import TreeShape
 from gqa_spec.decoding.targets import T5Decoder, cache_length

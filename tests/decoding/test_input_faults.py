@@ -13,7 +13,7 @@ import pytest
 
 from gqa_spec import cli
 from gqa_spec.checkpoints import native
-from gqa_spec.decoding import input_limit
+from gqa_spec.decoding import memory
 from tests.decoding.conftest import tiny_config
 
 
@@ -42,8 +42,8 @@ def test_non_utf8_input_names_file_and_line(ckpt, tmp_path, capsys):
 
 def test_a_row_too_long_is_refused_or_cut(ckpt, tmp_path, capsys, monkeypatch):
   config = native.load_config(ckpt)
-  estimate = input_limit.estimator(config, batch=2, cache_length=5)
-  monkeypatch.setattr(input_limit, 'device_bytes', lambda: estimate(16))  # 16 tokens fit
+  estimate = memory.estimator(config, batch=2, cache_length=5)
+  monkeypatch.setattr(memory, 'device_bytes', lambda: estimate(16))  # 16 tokens fit
   inputs, out = tmp_path / 'in.jsonl', tmp_path / 'o.jsonl'
   inputs.write_text(json.dumps({'input_ids': [5, 6, 1]}) + '\n' +
                     json.dumps({'input_ids': [7] * 39 + [1]}) + '\n')

@@ -15,7 +15,7 @@ import pytest
 
 from gqa_spec.decoding import autoregressive, sampling, speculative
 from gqa_spec.decoding.drafts import ModelDraft
-from gqa_spec.decoding.drafts.staged import StagedDraft
+from gqa_spec.decoding.drafts.model import StagedDraft
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.targets import T5Decoder, cache_length
 from tests.decoding.conftest import INPUTS, MAX_LEN, model_and_params, perturbed, TableDecoder

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from gqa_spec.decoding import (adaptive_tree, autoregressive, cost_calibration, sampling,
-                               speculative, theory, tree as tree_lib, tree_policy)
+                               speculative, theory, tree as tree_lib)
 from gqa_spec.decoding.adaptive_tree import AdaptiveTree
 from gqa_spec.decoding.cost_calibration import Calibration
 from gqa_spec.decoding.drafts.ngram import fit_ngram
-from gqa_spec.decoding.drafts.ngram_tree import NgramTreeDraft
+from gqa_spec.decoding.drafts.ngram import NgramTreeDraft
 from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
 from gqa_spec.decoding.sampling import SamplingConfig
 from gqa_spec.decoding.targets import T5Decoder, cache_length
@@ -254,7 +254,7 @@ def test_a_wide_tree_not_held_comes_back_with_the_lasting_prior():
   calls = [(1.0, 0.0, 0.0, 0.0)] * 2 + [(0.8, 0.4, 0.7, 0.2)] * 16
   fading = _held_widths(ad, calls)
   assert fading[0] == 4 and set(fading[1:]) == {2}, fading
-  lasting = dataclasses.replace(ad, prior_weight=tree_policy.CALIBRATED_PRIOR_CALLS)
+  lasting = dataclasses.replace(ad, prior_weight=adaptive_tree.CALIBRATED_PRIOR_CALLS)
   held = _held_widths(lasting, calls)
   assert 2 in held and held[-8:] == [4] * 8, held  # [4, 4, 2, 2, 4, ...]
   # Held at every call, the mean is the exponential moving average (the weight stays 1/(1-decay)).
@@ -264,7 +264,7 @@ def test_a_wide_tree_not_held_comes_back_with_the_lasting_prior():
   np.testing.assert_allclose(weight, 1 / 0.3, rtol=1e-6)
   calibrated = ad.calibrated(Calibration(0.05, (1.0, 1.1, 1.45, 2.0), 0.8, 1e-3,
                                          accepted=(0.8, 1.2, 1.9, 2.1)))
-  assert calibrated.prior_weight == tree_policy.CALIBRATED_PRIOR_CALLS
+  assert calibrated.prior_weight == adaptive_tree.CALIBRATED_PRIOR_CALLS
   assert ad.calibrated(Calibration(0.05, (1.0,) * 4, 0.8, 1e-3)).prior_weight == 0.0
 
 

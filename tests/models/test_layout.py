@@ -10,7 +10,7 @@ import pytest
 from gqa_spec.decoding import autoregressive, beam_search, speculative, tree_speculative
 from gqa_spec.decoding.drafts.chimera import ChimeraDraft
 from gqa_spec.decoding.drafts.model import ModelDraft
-from gqa_spec.decoding.drafts.staged import StagedDraft
+from gqa_spec.decoding.drafts.model import StagedDraft
 from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
 from gqa_spec.decoding.targets import T5Decoder, cache_length
 from gqa_spec.decoding.tree import TreeShape

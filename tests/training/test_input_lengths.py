@@ -7,7 +7,7 @@ import pytest
 
 from gqa_spec.checkpoints import native
 from gqa_spec.data import tasks
-from gqa_spec.decoding import input_limit
+from gqa_spec.decoding import memory
 from gqa_spec.errors import UserError
 from gqa_spec.evaluation import evaluator, infer
 from gqa_spec.models.config import T5Config
@@ -30,8 +30,8 @@ def checkpoint(tiny_data_dir, tmp_path_factory):
 
 def test_eval_and_infer_refuse_inputs_longer_than_the_device_takes(checkpoint, tmp_path,
                                                                    monkeypatch):
-  estimate = input_limit.estimator(CONFIG, batch=2, cache_length=LENGTHS['targets'] + 1)
-  monkeypatch.setattr(input_limit, 'device_bytes', lambda: estimate(24))  # 24 tokens fit, not 64
+  estimate = memory.estimator(CONFIG, batch=2, cache_length=LENGTHS['targets'] + 1)
+  monkeypatch.setattr(memory, 'device_bytes', lambda: estimate(24))  # 24 tokens fit, not 64
   message = (f'^task_feature_lengths inputs=64: more than the 24 tokens one device can take at '
              rf'batch_size 2 \(about {estimate(64) / 2**30:.3g} GiB of '
              rf'{estimate(24) / 2**30:.3g} GiB\); lower it or batch_size$')

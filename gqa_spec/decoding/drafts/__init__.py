@@ -4,10 +4,9 @@ from gqa_spec.decoding.drafts.base import Draft
 from gqa_spec.decoding.drafts.chimera import ChimeraDraft, ChimeraTreeDraft
 from gqa_spec.decoding.drafts.copy import CopyDraft
 from gqa_spec.decoding.drafts.factory import check_spec, make_draft
-from gqa_spec.decoding.drafts.model import ModelDraft
-from gqa_spec.decoding.drafts.ngram import NgramDraft, NgramModel, fit_ngram, load_ngram, save_ngram
-from gqa_spec.decoding.drafts.ngram_tree import NgramTreeDraft
-from gqa_spec.decoding.drafts.staged import StagedDraft
+from gqa_spec.decoding.drafts.model import ModelDraft, StagedDraft
+from gqa_spec.decoding.drafts.ngram import (NgramDraft, NgramModel, NgramTreeDraft, fit_ngram,
+                                             load_ngram, save_ngram)
 from gqa_spec.decoding.drafts.tree_model import TreeModelDraft
 
 __all__ = ['Draft', 'ChimeraDraft', 'ChimeraTreeDraft', 'CopyDraft', 'ModelDraft', 'NgramDraft', 'NgramModel',

@@ -42,8 +42,3 @@ def last_tokens(sequences: jax.Array, lengths: jax.Array, n: int) -> jax.Array:
   """`[b, n]` the last n tokens of each row (slot 0 = start token; earlier slots clip to 0)."""
   offsets = lengths[:, None] - (n - 1) + jnp.arange(n)  # [b, n]
   return jnp.take_along_axis(sequences, jnp.maximum(offsets, 0), axis=1)  # [b, n]
-
-
-def one_hot(tokens: jax.Array, vocab_size: int) -> jax.Array:
-  """`[b, gamma]` -> `[b, gamma, V]` float32: the q of a deterministic draft."""
-  return jax.nn.one_hot(tokens, vocab_size, dtype=jnp.float32)

@@ -13,10 +13,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from gqa_spec.decoding.drafts.base import last_tokens, one_hot
-
-EOS = 1
-PAD = 0
+from gqa_spec.decoding.autoregressive import EOS, PAD
+from gqa_spec.decoding.drafts.base import last_tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +51,7 @@ class CopyDraft:
     tokens = jnp.take_along_axis(padded, idx, axis=1)  # [b, gamma]
     tokens = jnp.where(found[:, None] & (tokens != PAD), tokens, self.eos_id)
     # After the first EOS keep proposing EOS (a row cannot continue past it anyway).
-    return tokens, one_hot(tokens, self.vocab_size), state
+    return tokens, jax.nn.one_hot(tokens, self.vocab_size, dtype=jnp.float32), state  # q
 
   def commit(self, state, sequences, lengths):
     return state

@@ -145,7 +145,7 @@ def make_tree_draft(spec: str, target_config, shape, max_decode_len: int, mesh: 
                                          max_decode_len, tree=True)
     return draft, init, f'{description}, tree {shape.describe()}'
   if spec.startswith('bigram:'):
-    from gqa_spec.decoding.drafts.ngram_tree import NgramTreeDraft  # pylint: disable=g-import-not-at-top
+    from gqa_spec.decoding.drafts.ngram import NgramTreeDraft  # pylint: disable=g-import-not-at-top
     path = spec.split(':', 1)[1]
     model = _ngram(path, target_config.vocab_size, 'a bigram tree draft')
     draft = NgramTreeDraft(target_config.vocab_size)
@@ -169,7 +169,7 @@ def make_staged_draft(spec: str, stage2: str, target_config, gamma: int, inner_g
   `StagedDraft` of gamma tokens or, with `shape` (a `tree.TreeShape`), a `TreeModelDraft` growing
   that tree with `inner_gamma` chain tokens after each expanded node. `mesh` and `param_dtype` as
   in `make_draft`."""
-  from gqa_spec.decoding.drafts.staged import StagedDraft  # pylint: disable=g-import-not-at-top
+  from gqa_spec.decoding.drafts.model import StagedDraft  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.drafts.tree_model import TreeModelDraft  # pylint: disable=g-import-not-at-top
   check_spec(spec)
   if not os.path.isdir(spec):
@@ -177,8 +177,6 @@ def make_staged_draft(spec: str, stage2: str, target_config, gamma: int, inner_g
                     'one')
   if not stage2.startswith('bigram:'):
     raise UserError(f'--stage2 must be bigram:PATH, got {stage2!r}')
-  if inner_gamma < 1:
-    raise UserError(f'--stage2-gamma must be >= 1, got {inner_gamma}')
   path = stage2.split(':', 1)[1]
   ngram = _ngram(path, target_config.vocab_size, 'the second stage')
   decoder, params = _model_decoder(spec, target_config, mesh, param_dtype)
