@@ -254,7 +254,7 @@ def run_widths(target: Decoder, init: Any, widths: Tuple[int, ...], body, max_de
                config: SamplingConfig, eos_id: int, *fields: str) -> SpeculativeResult:
   """An adaptive loop's call: `body(state, w)` at the narrowest width holding the largest ask
   (`state.want` of the active rows) while some row asks for more than 0 (`loops_per_width`),
-  then plain target steps, counted at size 0 in the result's `fields` (`plain_steps.mark_plain`)."""
+  then plain target steps, counted at size 0 in the result's `fields` (`mark_plain`)."""
   asks = lambda a: jnp.where(a.loop.done, 0, a.want)  # [b]
   final = loops_per_width(widths, lambda a: jnp.any(asks(a) > 0), lambda a: jnp.max(asks(a)),
                           body, init)
