@@ -13,7 +13,6 @@ import pytest
 
 from gqa_spec import cli
 from gqa_spec.checkpoints import load, manager, native
-from gqa_spec.decoding import commands as decoding_commands
 from gqa_spec.errors import UserError
 from gqa_spec.models.config import T5Config
 
@@ -43,12 +42,16 @@ def test_latest_step_then_a_given_step_then_best(run_dir, tmp_path, capsys, capl
   np.testing.assert_allclose(KERNEL(loaded), KERNEL(params) + 4)
   assert capsys.readouterr().err == (f'gqa-spec: {run}: a training run directory without best/; '
                                      'took its latest complete checkpoint, checkpoints/4\n')
-  _, loaded, _ = decoding_commands._load(os.path.join(run, 'checkpoints', '2'), 'model')  # --model
+  _, loaded, _ = load.load_model(os.path.join(run, 'checkpoints', '2'))  # what --model reads
   np.testing.assert_allclose(KERNEL(loaded), KERNEL(params) + 2)
   assert capsys.readouterr().err == (f'gqa-spec: {run}/checkpoints/2: took step 2 of the training '
                                      f'run {run}\n')
-  with pytest.raises(UserError, match='model checkpoint directory not found: .*checkpoints/3'):
-    decoding_commands._load(os.path.join(run, 'checkpoints', '3'), 'model')
+  inputs = tmp_path / 'in.jsonl'
+  inputs.write_text('{"input_ids": [5, 6]}\n')
+  assert cli.main(['generate', '--model', os.path.join(run, 'checkpoints', '3'), '--inputs',
+                   str(inputs), '--out', str(tmp_path / 'out.jsonl')]) == 2
+  assert capsys.readouterr().err == ('gqa-spec: error: model checkpoint directory not found: '
+                                     f'{run}/checkpoints/3\n')
   os.makedirs(os.path.join(run, 'checkpoints', '3'))  # a directory orbax never committed
   with pytest.raises(UserError, match=r'checkpoints/3: not a complete checkpoint \(its state/ '
                                       r'and meta/ are missing\)$'):
