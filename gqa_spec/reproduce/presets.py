@@ -50,6 +50,32 @@ class Variant:
     return f'g{self.kv_heads}_{self.method}_a{self.alpha:g}'
 
 
+@dataclasses.dataclass(frozen=True)
+class PremisePair:
+  """The `premise` stage's speculative pair: a target trained by the study whose batch-1 greedy
+  step is bound by reading its weights, and the preset's draft architecture distilled against it
+  (c far below the main target's). `target` is pre-trained on the preset's `pretrain_task` at
+  `pretrain_lengths` (rsqrt schedule: `pretrain_peak_lr` after `warmup_steps`) and fine-tuned on
+  `task` alone at its `finetune_lengths` (the preset's constant lr, best validation checkpoint);
+  the distilled and Chimera drafts train `draft_steps` at `draft_batch` against it (the preset's
+  draft lrs; the distilled one starts from the study's fine-tuned draft). Its speculative rows
+  decode the first `examples` test inputs of `task` at each of `batches`, `repeats` timed runs."""
+
+  target: T5Config
+  pretrain_steps: int
+  pretrain_batch: int
+  warmup_steps: int
+  pretrain_peak_lr: float
+  finetune_steps: int
+  finetune_batch: int
+  draft_steps: int
+  draft_batch: int
+  batches: Tuple[int, ...] = (1, 8)
+  examples: int = 16
+  repeats: int = 2
+  task: str = TRANSLATE
+
+
 # Numeric preset fields where 0 means something (no uptraining, greedy decoding); every other
 # number is a size, a count of steps or a rate, and must be positive.
 _MAY_BE_ZERO = ('alphas', 'method_ablation_alpha', 'temperatures')
@@ -158,6 +184,8 @@ class Preset:
   speculative_gqa: bool = True
   chain_drafts: Tuple[str, ...] = CHAIN_DRAFTS
   speculative_tasks: Tuple[str, ...] = ()
+  # The `premise` stage's pair (`PremisePair`); None: the preset has none, and the stage records so.
+  premise: Optional[PremisePair] = None
 
   def __post_init__(self):
     for field in dataclasses.fields(self):  # sizes, steps, rates: positive (`_MAY_BE_ZERO`: >= 0)
@@ -204,6 +232,25 @@ class Preset:
     if self.finetune_multitask and set(self.finetune_lengths) != {TRANSLATE, SUMMARIZE}:
       raise UserError(f'finetune_multitask fine-tunes on {MULTITASK} ({TRANSLATE} + {SUMMARIZE}); '
                       f'finetune_lengths has {sorted(self.finetune_lengths)}')
+
+    if self.premise is not None:
+      self._check_premise()
+
+  def _check_premise(self) -> None:
+    pair = self.premise
+    for field in dataclasses.fields(pair):
+      values = getattr(pair, field.name)
+      values = values if isinstance(values, tuple) else (values,)
+      if any(isinstance(x, (int, float)) and not isinstance(x, bool) and not x > 0 for x in values):
+        raise UserError(f'premise.{field.name} must be > 0, got {getattr(pair, field.name)}')
+    if pair.target.vocab_size != self.draft.vocab_size:
+      raise UserError(f'premise.target.vocab_size {pair.target.vocab_size} != the draft\'s '
+                      f'{self.draft.vocab_size}: the pair speculates with the study\'s draft')
+    if pair.task not in self.finetune_lengths:
+      raise UserError(f'premise.task {pair.task!r} is not a fine-tuning task')
+    if not pair.batches or any(pair.examples % b for b in pair.batches):
+      raise UserError(f'premise.batches {pair.batches} must divide premise.examples '
+                      f'{pair.examples}')
 
   def design(self) -> Dict[str, object]:
     """The study design, as stage records state it."""
@@ -342,8 +389,30 @@ def _cpu() -> Preset:
   smoke's stage from 61 s to 101 s, i.e. ~+66% of the 4 chain jobs' 720 s, ~480 s. Total
   11,886 + 41 (corpus) + 300 + 480 + 70 (report) = ~12,800 s = ~3 h 33 of stages, under the
   4.5 h the study may take on 2 cores: nothing trimmed.
+
+  The premise pair (`premise`, the `premise` stage; issue 59): the study's micro target is not
+  weight-bound and its nano draft costs c = 0.22-0.37 of a step, so Theorem 8 predicts no speedup
+  there. Sized from measurements on this 2-core machine (`benchmarks/decode.py --presets
+  small,micro,nano --kv mha --batch 1 --input-length 64`, `benchmarks/train_step.py --preset
+  small --settings finetune --batch 8`; 2026-12-07, another job beside them):
+    bandwidth 11.2 GB/s; the T5.1.1-small shape (vocabulary 32128) decodes a greedy step in
+      17.4 ms against its 15.2 ms weight-bytes bound (0.87 of the bandwidth: weight-bound);
+      micro 1.17 ms, nano 0.215 ms a step.
+    with this preset's vocabulary (8192) small's decoder holds ~112 MiB, so a step ~11-12 ms
+      (estimated from the bound, not measured): nano's c ~0.02, micro's ~0.1. The draft is the
+      study's nano, distilled against the pair's target.
+    small's train step at batch 8, 64/64 tokens: 3.1 s (vocabulary 32128; less at 8192).
+  Budget (estimated from those, not measured): pre-training 600 steps at batch 8 on the mixture
+  + fine-tuning 100 steps on translate (~30-35 min), Chimera and distillation 100 steps each
+  against it (~10 min), the speculative rows (batch 1 and 8, T = 0 and 1, 16 examples, 2 timed
+  runs) ~10-15 min: about an hour on top of the study. Its learning rates are not swept for this
+  size: warm-up 100 and peak 0.01 (T5's 1 / sqrt(10^4)); fine-tuning and the drafts take the
+  preset's rates.
   """
   micro, nano = model_preset('micro'), model_preset('nano')
+  pair = PremisePair(target=model_preset('small', vocab_size=nano.vocab_size),
+                     pretrain_steps=600, pretrain_batch=8, warmup_steps=100, pretrain_peak_lr=0.01,
+                     finetune_steps=100, finetune_batch=8, draft_steps=100, draft_batch=8)
   return Preset(
       name='cpu', use_sample_corpus=False, vocab_pieces=8000, target=micro, draft=nano,
       pretrain_steps=4000, pretrain_batch=16, pretrain_lengths=(128, 64), warmup_steps=500,
@@ -365,7 +434,8 @@ def _cpu() -> Preset:
       tree_shapes=('topk:4,2,2', 'best:16,depth:4'),
       chimera_tree='topk:4,2,2', stage2_gamma=3,
       pretrain_peak_lr=0.015, draft_pretrain_peak_lr=0.045, draft_finetune_learning_rate=0.03,
-      pretrain_task=PRETRAIN_MIXTURE, finetune_multitask=True, chimera_label_source='target')
+      pretrain_task=PRETRAIN_MIXTURE, finetune_multitask=True, chimera_label_source='target',
+      premise=pair)
 
 
 # Fields applied to both models of the gpu preset: bfloat16 activations (the measured H100 figures
@@ -458,76 +528,10 @@ def get(name: str) -> Preset:
   return PRESETS[name]()
 
 
-# Fields `--set` can change, by type; model configs and per-task dicts are not scalar knobs.
-_SETTABLE = {f.name: f.type for f in dataclasses.fields(Preset)
-             if f.type in ('int', 'float', 'bool', 'Tuple[int, ...]', 'Tuple[float, ...]',
-                           'Tuple[int, int]', 'Optional[float]')}
-# String fields `--set` can change, with their allowed values (`name` is not one: it is the preset).
-_CHOICES = {'pretrain_task': PRETRAIN_TASKS, 'chimera_label_source': ('data', 'target')}
-_SETTABLE.update({name: 'str' for name in _CHOICES})
-
-
-# `--set target.FIELD=N` / `draft.FIELD=N`: a model's sizes (e.g. a tiny gpu preset for tests).
-_MODELS = ('target', 'draft')
-_MODEL_INTS = ('vocab_size', 'emb_dim', 'num_heads', 'head_dim', 'mlp_dim', 'num_encoder_layers',
-               'num_decoder_layers')
-
-
-def _parse(key: str, text: str, kind: str):
-  def one(x: str, cast):
-    try:
-      return cast(x)
-    except ValueError:
-      kind_name = 'an integer' if cast is int else 'a number'
-      raise UserError(f'--set {key}={text}: {x!r} is not {kind_name}') from None
-  if kind == 'str':
-    if text not in _CHOICES[key]:
-      raise UserError(f'--set {key}={text}: expected one of {", ".join(_CHOICES[key])}')
-    return text
-  if kind == 'bool':
-    if text.lower() not in ('true', 'false', '1', '0'):
-      raise UserError(f'--set {key}={text}: expected true or false')
-    return text.lower() in ('true', '1')
-  if kind.startswith('Tuple'):
-    cast = float if 'float' in kind else int
-    values = tuple(one(x, cast) for x in text.split(',') if x.strip())
-    if kind == 'Tuple[int, int]' and len(values) != 2:
-      raise UserError(f'--set {key}={text}: expected two comma-separated integers')
-    return values
-  return one(text, float if 'float' in kind else int)
-
-
 def override(preset: Preset, assignments) -> Preset:
-  """`preset` with `KEY=VALUE` assignments applied (tuples as comma-separated values).
+  """`preset` with `--set KEY=VALUE` assignments applied (`overrides.apply`, which documents them).
 
-  E.g. `override(get('cpu'), ['warmup_steps=10000', 'gammas=1,3,7', 'target.emb_dim=64'])`;
-  `target.*` / `draft.*` set a model's integer sizes (`num_kv_heads` follows `num_heads` for MHA).
+  E.g. `override(get('cpu'), ['warmup_steps=10000', 'gammas=1,3,7', 'target.emb_dim=64'])`.
   """
-  changes, models = {}, {}
-  for item in assignments:
-    key, sep, text = item.partition('=')
-    key = key.strip()
-    if not sep:
-      raise UserError(f'--set {item!r}: expected KEY=VALUE')
-    model, dot, field = key.partition('.')
-    if dot and model in _MODELS:
-      if field not in _MODEL_INTS:
-        raise UserError(f'--set {key}: not a settable model field; settable: '
-                        f'{", ".join(f"{model}.{f}" for f in _MODEL_INTS)}')
-      models.setdefault(model, {})[field] = _parse(key, text.strip(), 'int')
-      continue
-    if key not in _SETTABLE:
-      raise UserError(f'--set {key}: not a settable preset field; settable: '
-                      f'{", ".join(sorted(_SETTABLE))}')
-    changes[key] = _parse(key, text.strip(), _SETTABLE[key])
-  for model, fields in models.items():  # `target.*` also resizes the long-timing model
-    if 'num_heads' in fields:  # the study's models are MHA
-      fields['num_kv_heads'] = fields['num_heads']
-    changes[model] = getattr(preset, model).replace(**fields)
-    if model == 'target':
-      changes['long_timing_config'] = preset.long_timing_config.replace(
-          **{k: v for k, v in fields.items() if k != 'num_encoder_layers'})
-  try:
-    return dataclasses.replace(preset, **changes)
-  except ValueError as e:  # a model config that cannot be built (T5Config's own checks)
-    raise UserError(f'--set: {e}') from None
+  from gqa_spec.reproduce import overrides  # pylint: disable=g-import-not-at-top
+  return overrides.apply(preset, assignments)
