@@ -63,6 +63,8 @@ is oriented so that the paper's direction is positive:
       6b Chimera vs the independent draft model: tokens per target call at matching gammas
          (greedy): holds if better by >= ACCEPT_MARGIN on average in every task, does not hold
          if worse by that much in any, else unresolved. Not run without Chimera rows.
+  On the premise pair (`premise_claims`, the `premise` stage's rows): 5c, 5d, 6a and 6b again,
+      by the same rules, as their own rows ('5c (premise pair)', ...).
 Rows: the grid's `rows`, and the drafts job's `drafts_rows` (chains 'draft model', 'distilled',
 'chimera', 'staged ...') and `tree_rows` ('draft model tree ...', 'chimera tree ...') where the
 stage has them; claims 6a-6b compare within the drafts job (same batches) when it exists. Staged /
@@ -409,15 +411,41 @@ def _draft_kind_claims(spec: Mapping) -> List[Claim]:
   return [staged, chimera]
 
 
+PREMISE_PAIR_CLAIMS = ('5c', '5d', '6a', '6b')
+
+
+def premise_claims(record: Optional[Mapping]) -> List[Claim]:
+  """Claims 5c, 5d, 6a and 6b decided on the premise stage's rows (`premise.py`) by the rules
+  above, unchanged, keyed '5c (premise pair)' etc.; none without rows (no pair, or no stage).
+
+  The stage's chains play the drafts job's `drafts_rows` ('draft model' the study's independent
+  draft, whose measured c, v and alpha are the premise's), its trees the `tree_rows`; 5c and 5d
+  read batch 1, 6a and 6b every batch (each setting against its own premise).
+  """
+  if not record or not record.get('rows'):
+    return []
+  chains = list(record['rows'])
+  spec = {'rows': [r for r in chains if r['draft'] == INDEPENDENT_DRAFT], 'drafts_rows': chains,
+          'tree_rows': list(record.get('tree_rows', []))}
+  out = []
+  for claim in speculative_claims(spec):
+    if claim.key in PREMISE_PAIR_CLAIMS:
+      claim.key = f'{claim.key} (premise pair)'
+      out.append(claim)
+  return out
+
+
 # ---------------------------------------------------------------------------------------------
 
 
 def all_claims(evaluate: Mapping, timing: Mapping, spec: Mapping, alpha: float,
-               predicted_times: Mapping[Tuple[str, int], float]) -> List[Claim]:
+               predicted_times: Mapping[Tuple[str, int], float],
+               premise_record: Optional[Mapping] = None) -> List[Claim]:
+  """Every claim of the table; with the premise stage's record, also 5c-6b on its pair."""
   quality = quality_claims(evaluate, alpha)
   return (quality + [speed_claim(timing.get('rows', []), predicted_times,
                                  Quality(evaluate).gqa_groups())]
-          + speculative_claims(spec))
+          + speculative_claims(spec) + premise_claims(premise_record))
 
 
 def markdown(claims: Sequence[Claim]) -> str:

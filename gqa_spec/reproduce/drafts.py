@@ -20,10 +20,12 @@ run directory's last checkpoint (`trainer.train`).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
 import os
+from typing import Optional
 
 from gqa_spec import rundir
 from gqa_spec.errors import UserError
@@ -61,7 +63,9 @@ def _accuracy(ctx, config, params, target_path: str, task: str, lengths) -> list
                                                                ctx.preset))
 
 
-def _train(ctx, kind: str, task: str, lengths, target_path: str, initial_path=None) -> dict:
+def _train(ctx, kind: str, task: str, lengths, target_path: str, initial_path=None,
+           size=None) -> dict:
+  """Trains a draft against the frozen target (`size`: `Size`, default the drafts stage's)."""
   from gqa_spec.training import draft_training, trainer  # pylint: disable=g-import-not-at-top
   from gqa_spec.training.data import DatasetConfig  # pylint: disable=g-import-not-at-top
   from gqa_spec.training.optimizer import constant  # pylint: disable=g-import-not-at-top
@@ -71,6 +75,8 @@ def _train(ctx, kind: str, task: str, lengths, target_path: str, initial_path=No
                       if kind == 'chimera' else
                       (p.distill_steps, p.distill_batch, p.distill_learning_rate))
   run_dir = ctx.model_dir('drafts', task, name)
+  if size is not None:
+    steps, batch, run_dir = size.steps, size.batch, os.path.join(size.models_dir, name)
   data = DatasetConfig(ctx.task(task), {'inputs': lengths[0], 'targets': lengths[1]},
                        batch_size=batch,
                        pack=False)
@@ -92,24 +98,40 @@ def _train(ctx, kind: str, task: str, lengths, target_path: str, initial_path=No
           'initial_checkpoint': None if initial_path is None else ctx.relative(initial_path)}
 
 
-def _chimera_job(ctx, task: str, lengths, target_path: str) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Size:
+  """Steps and batch of a draft job and where its run directories go (`<models_dir>/<draft>`):
+  the premise stage's drafts (`premise.py`); the drafts stage uses the preset's own."""
+
+  steps: int
+  batch: int
+  models_dir: str
+
+
+def chimera_job(ctx, task: str, lengths, target_path: str, size: Optional[Size] = None) -> dict:
+  """A Chimera draft trained against the frozen target at `target_path`, with its per-head
+  accuracy (module docstring)."""
   from gqa_spec.checkpoints import drafts as draft_records  # pylint: disable=g-import-not-at-top
-  record = _train(ctx, 'chimera', task, lengths, target_path)
+  record = _train(ctx, 'chimera', task, lengths, target_path, size=size)
   config, params, _ = draft_records.load_chimera(ctx.path(record['run_dir']))
   return dict(record, num_draft_heads=config.num_draft_heads,
               head_accuracy=_accuracy(ctx, config, params, target_path, task, lengths))
 
 
-def _distilled_job(ctx, task: str, lengths, target_path: str, independent: str) -> dict:
+def distilled_job(ctx, task: str, lengths, target_path: str, independent: str,
+                  size: Optional[Size] = None) -> dict:
+  """The draft architecture distilled against the frozen target from the `independent` draft's
+  checkpoint, with its accuracy (module docstring)."""
   from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
-  record = _train(ctx, 'model', task, lengths, target_path, initial_path=independent)
+  record = _train(ctx, 'model', task, lengths, target_path, initial_path=independent, size=size)
   checkpoint = os.path.join(ctx.path(record['run_dir']), rundir.DRAFT_EXPORT_DIR)
   config, params, _ = native.load_checkpoint(checkpoint)
   return dict(record, checkpoint=ctx.relative(checkpoint),
               head_accuracy=_accuracy(ctx, config, params, target_path, task, lengths))
 
 
-def _independent_job(ctx, task: str, lengths, target_path: str, independent: str) -> dict:
+def independent_job(ctx, task: str, lengths, target_path: str, independent: str) -> dict:
+  """The `independent` draft's accuracy against the target (nothing trained)."""
   from gqa_spec.checkpoints import native  # pylint: disable=g-import-not-at-top
   config, params, _ = native.load_checkpoint(independent)
   return {'task': task, 'draft': 'independent', 'kind': 'model', 'step': None,
@@ -133,11 +155,11 @@ def stage_drafts(ctx) -> dict:
   for task, lengths in p.finetune_lengths.items():
     target, independent = finetuned[(task, mha)], finetuned[(task, 'draft')]
     jobs += [
-        (f'{task}.chimera', lambda t=task, l=lengths, tp=target: _chimera_job(ctx, t, l, tp)),
+        (f'{task}.chimera', lambda t=task, l=lengths, tp=target: chimera_job(ctx, t, l, tp)),
         (f'{task}.distilled', lambda t=task, l=lengths, tp=target, i=independent:
-         _distilled_job(ctx, t, l, tp, i)),
+         distilled_job(ctx, t, l, tp, i)),
         (f'{task}.independent', lambda t=task, l=lengths, tp=target, i=independent:
-         _independent_job(ctx, t, l, tp, i)),
+         independent_job(ctx, t, l, tp, i)),
     ]
   return {'rows': jobs_lib.run_jobs(ctx, 'drafts', jobs, p.workers), 'target': mha}
 

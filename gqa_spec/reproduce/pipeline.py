@@ -16,11 +16,15 @@ Stages (in order; each writes `results/<preset>/<stage>.json` and is skipped whe
   timing       time per sample vs number of K/V groups at a short and a long input setting
   speculative  fine-tuned MHA and GQA targets with the draft model, bigram and copy drafts; for MHA
                also token trees, staged, Chimera (chain and tree) and distilled (`speculation.py`)
+  premise      the preset's premise pair (`Preset.premise`, cpu only): a weight-bound target
+               pre-trained and fine-tuned on translate, a Chimera and a distilled draft against
+               it, and the speculative rows at batch 1 and 8 where Theorem 8 can pay
+               (`premise.py`); a preset without one records so
   report       markdown tables, the claims table (`claims.py`), PNG figures (`figures.py`),
                commands and wall times
 This module only drives: `run` calls each stage's function in `STAGES` order (their modules:
-`pretraining`, `finetune`, `drafts`, `evaluate`, `timing`, `speculation`, `writeup`), all built on
-`jobs`. Models live under the work dir (default `runs/<preset>/`, not committed); everything a table needs
+`pretraining`, `finetune`, `drafts`, `evaluate`, `timing`, `speculation`, `premise`,
+`writeup`), all built on `jobs`. Models live under the work dir (default `runs/<preset>/`, not committed); everything a table needs
 is in the stage JSON. Inside a stage, finished jobs are skipped and a killed training job resumes
 from its last checkpoint (the trainer's own resume).
 """
@@ -36,7 +40,8 @@ from typing import Dict, Optional, Sequence
 
 from gqa_spec import progress, rundir_lock
 from gqa_spec.errors import UserError
-from gqa_spec.reproduce import drafts, evaluate, finetune, pretraining, speculation, timing
+from gqa_spec.reproduce import (drafts, evaluate, finetune, premise, pretraining, speculation,
+                                timing)
 from gqa_spec.reproduce import jobs as jobs_lib
 from gqa_spec.reproduce import presets as presets_lib
 from gqa_spec.reproduce import writeup
@@ -48,7 +53,7 @@ STAGE_FNS = {'corpus': pretraining.stage_corpus, 'pretrain': pretraining.stage_p
              'uptrain': pretraining.stage_uptrain, 'finetune': finetune.stage_finetune,
              'drafts': drafts.stage_drafts, 'evaluate': evaluate.stage_evaluate,
              'timing': timing.stage_timing, 'speculative': speculation.stage_speculative,
-             'report': writeup.stage_report}
+             'premise': premise.stage_premise, 'report': writeup.stage_report}
 
 
 def run(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str] = None,

@@ -59,16 +59,25 @@ def _test_inputs(task: str, lengths, n: int):
   return np.stack(rows).astype(np.int32)  # [n, inputs]
 
 
-def _batches(ctx, task: str, lengths):
+def _batches(ctx, task: str, lengths, examples=None, batch=None):
+  """`[batch, inputs]` batches of the first `examples` test inputs (default the preset's
+  `speculative_examples` and `speculative_batch`)."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   p = ctx.preset
-  inputs = _test_inputs(ctx.task(task), lengths, p.speculative_examples)
-  return [jnp.asarray(inputs[i:i + p.speculative_batch])
-          for i in range(0, len(inputs), p.speculative_batch)]
+  examples, batch = examples or p.speculative_examples, batch or p.speculative_batch
+  inputs = _test_inputs(ctx.task(task), lengths, examples)
+  return [jnp.asarray(inputs[i:i + batch]) for i in range(0, len(inputs), batch)]
 
 
 def param_bytes(params) -> int:
   return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params))
+
+
+def weights_per_step(config, params) -> int:
+  """Parameter bytes a decode step reads: the decoder's (its logits kernel included) and, where
+  the logits use the embedding, the embedding table; the encoder is not read while decoding."""
+  tied = param_bytes(params['token_embedder']) if config.logits_via_embedding else 0
+  return param_bytes(params['decoder']) + tied
 
 
 def _without_outputs(grid: dict) -> dict:
@@ -147,26 +156,48 @@ def _bytes_per_token(row: dict, target_bytes: int, draft_bytes: int,
 def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
                 trained: dict, memo) -> dict:
   """Plain, distilled, Chimera and staged chains and the trees, side by side (module docstring)."""
+  p = ctx.preset
+  paths = {'target': finetuned[(task, target_name)], 'draft model': finetuned[(task, 'draft')],
+           'distilled': ctx.path(trained[(task, 'distilled')]['checkpoint']),
+           'chimera': ctx.path(trained[(task, 'chimera')]['run_dir'])}
+  batches = memo(('batches', task), lambda: _batches(ctx, task, lengths))
+  successor = memo(('ngram', task, 2), lambda: fit_bigram(ctx, task)).successor()
+  return measure_drafts(ctx, task, lengths[1], target_name, paths, batches, successor,
+                        repeats=p.speculative_repeats)
+
+
+def fit_bigram(ctx, task: str):
+  """The bigram of `task`'s training targets (`NgramDraft`'s table) the staged drafts use."""
+  from gqa_spec.decoding.drafts.ngram import fit_ngram_on_task  # pylint: disable=g-import-not-at-top
+  return fit_ngram_on_task(ctx.task(task), 2)
+
+
+def measure_drafts(ctx, task: str, max_len: int, target_name: str, paths: dict, batches,
+                   successor, *, repeats: int, auto_drafts=()) -> dict:
+  """The drafts job's measurements on `batches` (`[b, S]` encoder inputs, one b): chains of the
+  'draft model', 'distilled', 'chimera' and staged drafts over the preset's `draft_gammas` and
+  temperatures, the trees, and `--gamma auto` for `auto_drafts` (`auto_rows`).
+
+  Args:
+    paths: 'target', 'draft model', 'distilled' (checkpoints) and 'chimera' (its run directory).
+    successor: `[V]` the task's bigram successor of each token (the staged drafts' second stage).
+  """
   from gqa_spec.reproduce import speed_grid  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding import drafts as d  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding.drafts.ngram import fit_ngram_on_task  # pylint: disable=g-import-not-at-top
   from gqa_spec.decoding.targets import T5Decoder  # pylint: disable=g-import-not-at-top
-  from gqa_spec.decoding.tree import TreeShape  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.t5 import Transformer  # pylint: disable=g-import-not-at-top
   from gqa_spec.checkpoints import drafts as draft_records  # pylint: disable=g-import-not-at-top
   from gqa_spec.models.chimera import trigram_table  # pylint: disable=g-import-not-at-top
   p = ctx.preset
-  L, gmax = lengths[1], max(p.gammas)
-  config, params, _ = _load(finetuned[(task, target_name)])
-  dconfig, dparams, _ = _load(finetuned[(task, 'draft')])
-  kconfig, kparams, _ = _load(ctx.path(trained[(task, 'distilled')]['checkpoint']))
-  cconfig, cparams, _ = draft_records.load_chimera(ctx.path(trained[(task, 'chimera')]['run_dir']))
+  L, gmax = max_len, max(p.gammas)
+  config, params, _ = _load(paths['target'])
+  dconfig, dparams, _ = _load(paths['draft model'])
+  kconfig, kparams, _ = _load(paths['distilled'])
+  cconfig, cparams, _ = draft_records.load_chimera(paths['chimera'])
   emb = params['token_embedder']['embedding']  # [V, D] the frozen target's, Chimera's input
   table = jax.jit(trigram_table)(cparams, emb)  # [3, V, F] once, outside the timed decoding
   plain, distilled = d.ModelDraft.t5(Transformer(dconfig)), d.ModelDraft.t5(Transformer(kconfig))
   staged, chimera = d.StagedDraft.t5(Transformer(dconfig), p.stage2_gamma), d.ChimeraDraft(cconfig)
-  successor = memo(('ngram', task, 2), lambda: fit_ngram_on_task(ctx.task(task), 2)).successor()
-  # successor: [V] the bigram's next token
   chains = {
       'draft model': (plain, lambda enc: plain.init(dparams, enc, L, gmax)),
       'distilled': (distilled, lambda enc: distilled.init(kparams, enc, L, gmax)),
@@ -189,13 +220,12 @@ def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
       chimera_tree, TreeShape.parse(p.chimera_tree),
       lambda enc: chimera_tree.init(cparams, emb, enc.shape[0], L, table))
   target = T5Decoder(Transformer(config))
-  batches = memo(('batches', task), lambda: _batches(ctx, task, lengths))
   grid = speed_grid.measure_grid(target, params, chains, batches, max_decode_len=L,
                               gammas=p.draft_gammas, temperatures=p.temperatures,
-                              repeats=p.speculative_repeats, workers=p.workers)
+                              repeats=repeats, workers=p.workers, auto_drafts=auto_drafts)
   tree_rows = speed_grid.measure_trees(target, params, trees, batches, max_decode_len=L,
                                     autoregressive_runs=grid['autoregressive'],
-                                    repeats=p.speculative_repeats, workers=p.workers)
+                                    repeats=repeats, workers=p.workers)
   t_bytes = param_bytes(params)
   draft_bytes = {'draft model': param_bytes(dparams), 'distilled': param_bytes(kparams),
                  'chimera': param_bytes(cparams)}
@@ -213,16 +243,20 @@ def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
     out_trees.append(_bytes_per_token(
         dict(r, task=task, target=target_name), t_bytes,
         draft_bytes['chimera' if is_chimera else 'draft model'], calls))
-  ar = {}
+  ar, b = {}, batches[0].shape[0]
   for temp, a in grid['autoregressive'].items():
-    steps = sum(max(min(len(o) + 1, L) for o in a['outputs'][i:i + p.speculative_batch])
-                for i in range(0, len(a['outputs']), p.speculative_batch))  # longest row per batch
+    steps = sum(max(min(len(o) + 1, L) for o in a['outputs'][i:i + b])
+                for i in range(0, len(a['outputs']), b))  # longest row per batch
     ar[temp] = dict({k: v for k, v in a.items() if k != 'outputs'},
                     target_bytes_per_token=t_bytes * steps / a['tokens'])
-  return {'task': task, 'target': target_name, 'drafts_rows': rows, 'tree_rows': out_trees,
-          'autoregressive': ar,
-          'target_step_seconds': grid['target_step_seconds'],
-          'param_bytes': dict(draft_bytes, target=t_bytes)}
+  out = {'task': task, 'target': target_name, 'drafts_rows': rows, 'tree_rows': out_trees,
+         'autoregressive': ar,
+         'target_step_seconds': grid['target_step_seconds'],
+         'param_bytes': dict(draft_bytes, target=t_bytes,
+                             target_weights_per_step=weights_per_step(config, params))}
+  if auto_drafts:
+    out['auto_rows'] = [dict(r, task=task, target=target_name) for r in grid['auto_rows']]
+  return out
 
 
 def staged_tree_spec(preset) -> str:

@@ -16,6 +16,10 @@ Stages (in order; each writes `results/<preset>/<stage>.json` and is skipped whe
   timing       time per sample vs number of K/V groups at a short and a long input setting
   speculative  fine-tuned MHA and GQA targets with the draft model, bigram and copy drafts; for MHA
                also token trees, staged, Chimera (chain and tree) and distilled (`speculation.py`)
+  premise      the preset's premise pair (`Preset.premise`, cpu only): a weight-bound target
+               pre-trained and fine-tuned on translate, a Chimera and a distilled draft against
+               it, and the speculative rows at batch 1 and 8 where Theorem 8 can pay
+               (`premise.py`); a preset without one records so
   report       markdown tables, the claims table (`claims.py`), PNG figures (`figures.py`),
                commands and wall times
 Models live under the work dir (default `runs/<preset>/`, not committed); everything a table needs
@@ -24,4 +28,4 @@ from its last checkpoint (the trainer's own resume).
 """
 
 STAGES = ('corpus', 'pretrain', 'uptrain', 'finetune', 'drafts', 'evaluate', 'timing',
-          'speculative', 'report')
+          'speculative', 'premise', 'report')

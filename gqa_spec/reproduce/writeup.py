@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from gqa_spec import atomic
-from gqa_spec.reproduce import finetune
+from gqa_spec.reproduce import finetune, premise
 from gqa_spec.reproduce import jobs as jobs_lib
 from gqa_spec.reproduce.jobs import Context
 from gqa_spec.reproduce.presets import SUMMARIZE, TASK_METRIC, TRANSLATE
@@ -25,7 +25,7 @@ def stage_report(ctx: Context) -> dict:
   spec_record = ctx.read_stage('speculative')
   spec = spec_record['rows']
   figures, claim_rows, claims_md = _figures_and_claims(ctx)
-  walls = {s: ctx.read_stage(s).get('wall_seconds') for s in STAGES[:-1]}
+  walls = {s: (_optional_stage(ctx, s) or {}).get('wall_seconds') for s in STAGES[:-1]}
   job_walls = {s: jobs_lib.job_seconds(ctx, s) for s in STAGES[:-1]}
   lines = [
       f'# Reproduction: preset `{p.name}`', '',
@@ -57,6 +57,8 @@ def stage_report(ctx: Context) -> dict:
       report.spector_table(spec_record), '',
       '## Drafts trained against the target (Chimera Table 5 form), MHA target', '',
       report.chimera_table(ctx.read_stage('drafts')['rows'], spec_record), '',
+      '## The premise pair: speculation where a greedy step is weight-bound', '',
+      premise.report_section(_optional_stage(ctx, 'premise')), '',
       '## Figures', '']
   lines += [f'Drawn from the stage JSON by `{command(ctx)} --stages report --force` (no '
             'retraining or re-timing).', '']
@@ -91,10 +93,19 @@ def _figures_and_claims(ctx: Context) -> Tuple[List[str], list, str]:
       timing['rows'], {s: config for s, (config, _) in timing_settings(p).items()})
   names = figures.plot_all(ctx.out_dir, evaluate['rows'], timing['rows'], spec,
                            p.method_ablation_alpha, predicted)
-  rows = claims.all_claims(evaluate, timing, spec, p.method_ablation_alpha, predicted)
+  rows = claims.all_claims(evaluate, timing, spec, p.method_ablation_alpha, predicted,
+                           _optional_stage(ctx, 'premise'))
   notes = [claims.PROXY_NOTE] if quality_claims.has_likelihood(evaluate) else []
   return names, rows, '\n\n'.join([quality_claims.quality_bar(evaluate), claims.markdown(rows),
                                      claims.NOTE] + notes)
+
+
+def _optional_stage(ctx: Context, stage: str) -> Optional[dict]:
+  """A stage's record, or None for the premise stage where it has not run (a study from before
+  the stage existed still reports); any other missing stage is an error (`read_stage`)."""
+  if stage == 'premise' and not os.path.exists(ctx.stage_path(stage)):
+    return None
+  return ctx.read_stage(stage)
 
 
 def _smoke_note(ctx: Context) -> str:
