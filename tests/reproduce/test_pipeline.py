@@ -1,8 +1,10 @@
 """The smoke reproduction end to end: every stage's outputs, exactness inside it, caching, resume."""
 
+import dataclasses
 import json
 import math
 import os
+import shutil
 
 import pytest
 
@@ -10,6 +12,7 @@ from gqa_spec.errors import UserError
 from gqa_spec.reproduce import bootstrap, pipeline, presets, speculation, stages
 
 SMOKE = presets.get('smoke')
+TR = presets.TRANSLATE
 # What smoke's models must reach; the models of the previous smoke preset (20 pre-training and 6
 # fine-tuning steps) scored 0.0 everywhere. Measured (2026-11-22, this preset): test BLEU 2.05-3.60
 # for the targets and 1.77 for the draft; ROUGE-1 4.99-22.8 for the targets with threefry dropout
@@ -301,3 +304,77 @@ def test_table1_shows_the_baselines_and_the_report_says_smoke(smoke_run):
   for b in baselines:
     assert f"| baseline: {b['baseline']} |" in report
   assert 'Teacher-forced likelihood of the test references' in report
+
+
+def test_smoke_has_no_premise_pair_and_its_report_says_so_once(smoke_run):
+  out_dir, _ = smoke_run
+  assert "'smoke' preset has no premise pair" in _stage(out_dir, 'premise')['skipped']
+  report = open(os.path.join(out_dir, 'report.md')).read()
+  assert report.count('No premise pair') == 1 and '(premise pair)' not in report
+
+
+def _premise_study(smoke_run, root, pair):
+  """A copy of the smoke study's results beside its data and models (linked, only read), where
+  the premise stage's training jobs are already finished: they are the smoke study's own
+  translation MHA target (pre-training, fine-tuning) and its drafts-stage jobs against it. The
+  stage then skips them (its resumption) and measures the pair; training a pair would take
+  minutes (the jobs are the drafts and fine-tuning stages' own, run by the smoke study)."""
+  out_dir, work_dir = smoke_run
+  out, work = str(root / 'results'), str(root / 'work')
+  os.makedirs(out)
+  for name in os.listdir(out_dir):
+    if name.endswith('.json') and name not in ('premise.json', 'report.json', 'preset.json'):
+      shutil.copy(os.path.join(out_dir, name), out)
+  os.makedirs(os.path.join(work, 'jobs', 'premise'))
+  for name in ('data', 'models'):
+    os.symlink(os.path.abspath(os.path.join(work_dir, name)), os.path.join(work, name))
+  mha = SMOKE.variants()[0].name
+  for job, source in (('pretrain', 'pretrain/target'), ('finetune', f'finetune/{TR}.{mha}'),
+                      ('chimera', f'drafts/{TR}.chimera'), ('distilled', f'drafts/{TR}.distilled'),
+                      ('independent', f'drafts/{TR}.independent')):
+    shutil.copy(os.path.join(work_dir, 'jobs', f'{source}.json'),
+                os.path.join(work, 'jobs', 'premise', f'{job}.json'))
+  # One temperature and one tree: each (draft, gamma, temperature, batch) is a loop to compile.
+  return out, work, dataclasses.replace(SMOKE, temperatures=(0.0,),
+                                        tree_shapes=SMOKE.tree_shapes[:1], premise=pair)
+
+
+def test_premise_stage_measures_its_pair_and_the_claims_are_decided_on_it(smoke_run, tmp_path,
+                                                                          monkeypatch):
+  """At batch 1 only (batch 8's rows are the same code at another batch size: test_premise.py
+  checks that each batch's job runs and its rows are tagged; every loop is another compile)."""
+  from gqa_spec.reproduce import claims, premise  # pylint: disable=g-import-not-at-top
+  pair = presets.PremisePair(target=SMOKE.target, pretrain_steps=SMOKE.pretrain_steps,
+                             pretrain_batch=SMOKE.pretrain_batch, warmup_steps=SMOKE.warmup_steps,
+                             pretrain_peak_lr=0.1, finetune_steps=SMOKE.finetune_steps,
+                             finetune_batch=SMOKE.finetune_batch, draft_steps=SMOKE.distill_steps,
+                             draft_batch=SMOKE.distill_batch, batches=(1,), examples=2, repeats=1)
+  out, work, preset = _premise_study(smoke_run, tmp_path, pair)
+  monkeypatch.setitem(presets.PRESETS, 'smoke', lambda: preset)
+  trained = sorted(os.listdir(os.path.join(work, 'jobs', 'premise')))
+  pipeline.run('smoke', out, work, stages=['premise'], progress_bar=False)
+  assert sorted(os.listdir(os.path.join(work, 'jobs', 'premise'))) == sorted(
+      trained + ['batch1.json'])  # the finished training jobs were skipped
+  record = _stage(out, 'premise')
+  chains = {r['draft'] for r in record['rows'] if r['batch_size'] == 1}
+  assert chains == {'draft model', 'distilled', 'chimera',
+                    f'staged (bigram {SMOKE.stage2_gamma}/call)'}, chains
+  trees = {r['draft'] for r in record['tree_rows'] if r['batch_size'] == 1}
+  assert trees == {f'draft model tree {SMOKE.tree_shapes[0]}', speculation.staged_tree_name(SMOKE),
+                   f'chimera tree {SMOKE.chimera_tree}'}, trees
+  [auto] = record['auto_rows']
+  assert (auto['draft'], auto['gamma'], auto['batch_size']) == ('distilled', 'auto', 1)
+  rows = record['rows'] + record['tree_rows'] + record['auto_rows']
+  assert all(r['tokens_equal_autoregressive'] for r in rows)  # greedy: exact
+  assert all(r['c'] > 0 and r['verify_ratio_v'] > 0 for r in record['rows'])  # Theorem 8's inputs
+  facts = record['premise']
+  assert facts['batch_size'] == 1 and facts['bound_seconds'] > 0 and facts['step_seconds'] > 0
+  assert facts['weights_read_fraction'] == pytest.approx(
+      facts['weight_bytes'] / facts['bandwidth_bytes_per_s'] / facts['step_seconds'])
+  assert facts['weight_bytes'] < facts['param_bytes']['target']  # the decoder's, not the encoder's
+  assert set(facts['c']) == {'draft model', 'distilled'}
+  decided = {c.key: c for c in claims.premise_claims(record)}
+  assert sorted(decided) == [f'{k} (premise pair)' for k in ('5c', '5d', '6a', '6b')]
+  assert all(c.verdict != 'not run' for c in decided.values()), decided
+  section = premise.report_section(record)
+  assert '| 1 | 0 | chain distilled (gamma=' in section and 'of the bandwidth' in section
