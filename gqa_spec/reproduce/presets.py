@@ -404,8 +404,11 @@ def _cpu() -> Preset:
     small's train step at batch 8, 64/64 tokens: 3.1 s (vocabulary 32128; less at 8192).
   Budget (estimated from those, not measured): pre-training 600 steps at batch 8 on the mixture
   + fine-tuning 100 steps on translate (~30-35 min), Chimera and distillation 100 steps each
-  against it (~10 min), the speculative rows (batch 1 and 8, T = 0 and 1, 16 examples, 2 timed
-  runs) ~10-15 min: about an hour on top of the study. Its learning rates are not swept for this
+  against it (~10 min); the speculative rows: per batch size ~28 loops (4 chains x 2 gammas, 4
+  trees, greedy and `--gamma auto`, each at T = 0 and 1) and ~10 step-time compiles, each loop
+  run 3 times (16 examples: ~10 s a greedy run at batch 1 at ~12 ms a step), ~15-30 min for
+  both batch sizes: about 1-1.25 h on top of the study. `--set premise.examples=8`,
+  `premise.repeats=1` or `premise=none` trim it. Its learning rates are not swept for this
   size: warm-up 100 and peak 0.01 (T5's 1 / sqrt(10^4)); fine-tuning and the drafts take the
   preset's rates.
   """
