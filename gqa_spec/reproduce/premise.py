@@ -82,7 +82,7 @@ def _train_target(ctx, pair, task: str, lengths) -> Dict[str, dict]:
 def _measure(ctx, pair, task: str, lengths, paths: dict, successor, batch: int) -> dict:
   """One `batch<b>` job (module docstring)."""
   bandwidth = memory_bandwidth()
-  batches = speculation._batches(ctx, task, lengths, pair.examples, batch)  # pylint: disable=protected-access
+  batches = speculation.input_batches(ctx, task, lengths, pair.examples, batch)
   out = speculation.measure_drafts(ctx, task, lengths[1], TARGET, paths, batches, successor,
                                    repeats=pair.repeats, auto_drafts=(PAIR_DRAFT,))
   for key in ('drafts_rows', 'tree_rows', 'auto_rows'):

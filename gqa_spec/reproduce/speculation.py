@@ -27,6 +27,8 @@ Jobs (each skipped once finished):
                          counted; the staged chain's draft calls vary, not counted; the staged
                          tree's are counted, `draft_calls`) and, at
                          temperature 0, whether the output equals greedy autoregressive decoding.
+The drafts job's measurement (`measure_drafts`) also measures the `premise` stage's pair
+(`premise.py`), at each of its batch sizes and with `--gamma auto` rows.
 A time-boxed preset narrows this (`Preset.chain_drafts`, `speculative_tasks`, `speculative_gqa`)
 and without `trained_drafts` runs no drafts job: the MHA chain job then also grows `tree_shapes`
 with the fine-tuned draft (`tree_rows`), against its own autoregressive runs.
@@ -59,7 +61,7 @@ def _test_inputs(task: str, lengths, n: int):
   return np.stack(rows).astype(np.int32)  # [n, inputs]
 
 
-def _batches(ctx, task: str, lengths, examples=None, batch=None):
+def input_batches(ctx, task: str, lengths, examples=None, batch=None):
   """`[batch, inputs]` batches of the first `examples` test inputs (default the preset's
   `speculative_examples` and `speculative_batch`)."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -115,7 +117,7 @@ def _chain_job(ctx, task: str, lengths, target_name: str, finetuned: dict, memo)
   }
   drafts = {name: drafts[name] for name in p.chain_drafts}
   target = T5Decoder(Transformer(config))
-  batches = memo(('batches', task), lambda: _batches(ctx, task, lengths))
+  batches = memo(('batches', task), lambda: input_batches(ctx, task, lengths))
   grid = speed_grid.measure_grid(target, params, drafts, batches,
                               max_decode_len=max_len, gammas=p.gammas,
                               temperatures=p.temperatures, repeats=p.speculative_repeats,
@@ -160,7 +162,7 @@ def _drafts_job(ctx, task: str, lengths, target_name: str, finetuned: dict,
   paths = {'target': finetuned[(task, target_name)], 'draft model': finetuned[(task, 'draft')],
            'distilled': ctx.path(trained[(task, 'distilled')]['checkpoint']),
            'chimera': ctx.path(trained[(task, 'chimera')]['run_dir'])}
-  batches = memo(('batches', task), lambda: _batches(ctx, task, lengths))
+  batches = memo(('batches', task), lambda: input_batches(ctx, task, lengths))
   successor = memo(('ngram', task, 2), lambda: fit_bigram(ctx, task)).successor()
   return measure_drafts(ctx, task, lengths[1], target_name, paths, batches, successor,
                         repeats=p.speculative_repeats)
