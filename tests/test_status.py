@@ -60,7 +60,7 @@ def test_reproduction_status_reports_stages_and_jobs(tmp_path):
   assert lines[1:] == [
       '  process: not running',
       '  stages done: corpus, pretrain',
-      '  stages pending: uptrain, finetune, drafts, evaluate, timing, speculative, report',
+      '  stages pending: uptrain, finetune, drafts, evaluate, timing, speculative, premise, report',
       '    corpus: 12 s', '    pretrain: 80 s',
       '  uptrain: 1 job(s) finished (g2_mean_a0.05)']
 

@@ -1,4 +1,4 @@
-"""`gqa-spec reproduce --set KEY=VALUE`: changes to a preset (`presets.override` calls `apply`).
+"""`gqa-spec reproduce --set KEY=VALUE`: changes to a preset (`apply`).
 
 Scalar and tuple fields of `Preset` by their type (tuples comma-separated), the string fields of
 `_CHOICES` among their values, a model's integer sizes as `target.FIELD` / `draft.FIELD`, and the
@@ -81,7 +81,7 @@ def _premise_override(preset: Preset, key: str, text: str, pair: Optional[Premis
 def apply(preset: Preset, assignments) -> Preset:
   """`preset` with `KEY=VALUE` assignments applied (tuples as comma-separated values).
 
-  E.g. `override(get('cpu'), ['warmup_steps=10000', 'gammas=1,3,7', 'target.emb_dim=64'])`;
+  E.g. `apply(presets.get('cpu'), ['warmup_steps=10000', 'gammas=1,3,7', 'target.emb_dim=64'])`;
   `target.*` / `draft.*` set a model's integer sizes (`num_kv_heads` follows `num_heads` for MHA).
   """
   changes, models = {}, {}

@@ -43,6 +43,7 @@ from gqa_spec.errors import UserError
 from gqa_spec.reproduce import (drafts, evaluate, finetune, premise, pretraining, speculation,
                                 timing)
 from gqa_spec.reproduce import jobs as jobs_lib
+from gqa_spec.reproduce import overrides as overrides_lib
 from gqa_spec.reproduce import presets as presets_lib
 from gqa_spec.reproduce import writeup
 from gqa_spec.reproduce.jobs import Context, compilation_cache
@@ -78,7 +79,7 @@ def run(preset_name: str, out_dir: Optional[str] = None, work_dir: Optional[str]
       and jobs are kept, a training job saves a checkpoint, and the same call resumes. The
       returned records then hold `'stopped': {'stage': ...}`.
   """
-  preset = presets_lib.override(presets_lib.get(preset_name), overrides)
+  preset = overrides_lib.apply(presets_lib.get(preset_name), overrides)
   if overrides and (out_dir is None or work_dir is None):
     raise UserError('--set changes the preset: give its own --out and --work-dir (the defaults '
                     f'hold the unchanged {preset_name!r} study)')

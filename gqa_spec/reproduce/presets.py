@@ -529,12 +529,3 @@ def get(name: str) -> Preset:
   if name not in PRESETS:
     raise UserError(f'unknown reproduction preset {name!r}; known: {sorted(PRESETS)}')
   return PRESETS[name]()
-
-
-def override(preset: Preset, assignments) -> Preset:
-  """`preset` with `--set KEY=VALUE` assignments applied (`overrides.apply`, which documents them).
-
-  E.g. `override(get('cpu'), ['warmup_steps=10000', 'gammas=1,3,7', 'target.emb_dim=64'])`.
-  """
-  from gqa_spec.reproduce import overrides  # pylint: disable=g-import-not-at-top
-  return overrides.apply(preset, assignments)

@@ -12,6 +12,7 @@ import pytest
 
 from gqa_spec.errors import UserError
 from gqa_spec.reproduce import jobs, presets, writeup
+from gqa_spec.reproduce import overrides
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 100
@@ -41,7 +42,7 @@ def _steps_logged(model_dir):
 
 def test_tiny_gpu_preset_stops_at_the_time_limit_and_resumes_without_tensorflow(tiny_gpu_export,
                                                                                  tmp_path):
-  preset = presets.override(presets.get('gpu'), TINY)
+  preset = overrides.apply(presets.get('gpu'), TINY)
   assert preset.target.num_heads == 4 and preset.target.num_kv_heads == 4
   exported = tiny_gpu_export
   out, work = str(tmp_path / 'results'), str(tmp_path / 'work')

@@ -10,6 +10,7 @@ import pytest
 
 from gqa_spec.errors import UserError
 from gqa_spec.reproduce import claims, drafts, finetune, premise, presets, verdicts
+from gqa_spec.reproduce import overrides
 from gqa_spec.reproduce import jobs as jobs_lib
 from gqa_spec.models.config import preset as model_preset
 
@@ -32,20 +33,20 @@ def test_cpu_has_a_t5_small_pair_at_its_vocabulary_and_the_others_none():
 
 def test_set_changes_the_pair_and_bad_values_are_one_line_errors():
   cpu = presets.get('cpu')
-  changed = presets.override(cpu, ['premise.pretrain_steps=5', 'premise.batches=1,2',
+  changed = overrides.apply(cpu, ['premise.pretrain_steps=5', 'premise.batches=1,2',
                                    'premise.examples=4', 'premise.target.num_decoder_layers=2'])
   assert (changed.premise.pretrain_steps, changed.premise.batches) == (5, (1, 2))
   assert changed.premise.target.num_decoder_layers == 2 and changed.target == cpu.target
-  assert presets.override(cpu, ['premise=none']).premise is None
+  assert overrides.apply(cpu, ['premise=none']).premise is None
   for bad, match in ((['premise.nope=1'], 'not a settable premise field'),
                      (['premise.pretrain_steps=0'], 'premise.pretrain_steps must be > 0'),
                      (['premise.target.vocab_size=512'], "the pair speculates with the study's"),
                      (['premise.batches=3'], 'must divide premise.examples'),
                      (['premise=off'], 'expected none')):
     with pytest.raises(UserError, match=match):
-      presets.override(cpu, bad)
+      overrides.apply(cpu, bad)
   with pytest.raises(UserError, match="'smoke' preset has no premise pair"):
-    presets.override(presets.get('smoke'), ['premise.examples=2'])
+    overrides.apply(presets.get('smoke'), ['premise.examples=2'])
 
 
 def _row(draft, batch, gamma, speedup, alpha, c, v, temp=0.0, tokens_per_call=2.0):

@@ -9,11 +9,12 @@ import pytest
 from gqa_spec import cli
 from gqa_spec.errors import UserError
 from gqa_spec.reproduce import pipeline, presets
+from gqa_spec.reproduce import overrides
 
 
 def test_overrides_are_parsed_by_field_type():
   base = presets.get('cpu')
-  p = presets.override(base, ['warmup_steps=10000', 'finetune_learning_rate=3e-3',
+  p = overrides.apply(base, ['warmup_steps=10000', 'finetune_learning_rate=3e-3',
                               'gammas=1,3,7', 'temperatures=0,0.5', 'long_timing=512, 128',
                               'use_sample_corpus=true', 'pretrain_task=ddtp_span_corruption',
                               'finetune_multitask=false'])
@@ -29,7 +30,7 @@ def test_overrides_are_parsed_by_field_type():
   assert (smoke.pretrain_task, smoke.finetune_multitask) == ('ddtp_span_corruption', False)
   # everything else is the preset's
   assert p.target == base.target and p.pretrain_steps == base.pretrain_steps
-  assert presets.override(base, []) == base
+  assert overrides.apply(base, []) == base
 
 
 def test_learning_rate_schedules_per_role():
@@ -37,7 +38,7 @@ def test_learning_rate_schedules_per_role():
   assert smoke.pretrain_schedule('target') == smoke.pretrain_schedule('draft') == (
       1.0, smoke.warmup_steps)
   assert smoke.finetune_lr('draft') == smoke.finetune_lr('target') == smoke.finetune_learning_rate
-  p = presets.override(smoke, ['pretrain_peak_lr=0.05', 'warmup_steps=400',
+  p = overrides.apply(smoke, ['pretrain_peak_lr=0.05', 'warmup_steps=400',
                                'draft_pretrain_peak_lr=0.2', 'draft_finetune_learning_rate=0.03'])
   base, warmup = p.pretrain_schedule('target')
   assert warmup == 400 and base / warmup ** 0.5 == pytest.approx(0.05)  # the peak
@@ -46,7 +47,7 @@ def test_learning_rate_schedules_per_role():
   assert p.finetune_lr('draft') == pytest.approx(0.03)
   assert p.finetune_lr('target') == smoke.finetune_learning_rate
   with pytest.raises(UserError, match="'fast' is not a number"):
-    presets.override(smoke, ['pretrain_peak_lr=fast'])
+    overrides.apply(smoke, ['pretrain_peak_lr=fast'])
 
 
 @pytest.mark.parametrize('assignment, message', [
@@ -67,7 +68,7 @@ def test_learning_rate_schedules_per_role():
 ])
 def test_bad_overrides_name_the_problem(assignment, message):
   with pytest.raises(UserError, match=message):
-    presets.override(presets.get('smoke'), [assignment])
+    overrides.apply(presets.get('smoke'), [assignment])
 
 
 def test_overrides_need_their_own_out_and_work_dirs(tmp_path):
@@ -104,7 +105,7 @@ def test_the_time_boxed_fields_narrow_the_study_and_bad_values_are_refused():
   assert [v.method for v in gpu.variants()] == [None, 'mean', 'mean']  # no first / random
   assert gpu.speculative_targets() == ('mha_g16',)
   assert list(gpu.speculative_task_lengths()) == [presets.TRANSLATE]
-  full = presets.override(gpu, ['method_ablation=true', 'speculative_gqa=true'])
+  full = overrides.apply(gpu, ['method_ablation=true', 'speculative_gqa=true'])
   assert [v.method for v in full.variants()][-2:] == ['first', 'random']
   assert full.speculative_targets() == ('mha_g16', 'g4_mean_a0.05')
   cpu = presets.get('cpu')  # the defaults keep the whole study
@@ -117,4 +118,4 @@ def test_the_time_boxed_fields_narrow_the_study_and_bad_values_are_refused():
   with pytest.raises(UserError, match='eval_workers must be a positive integer'):
     dataclasses.replace(cpu, eval_workers=0.5)
   with pytest.raises(UserError, match='--set trained_drafts=maybe: expected true or false'):
-    presets.override(cpu, ['trained_drafts=maybe'])
+    overrides.apply(cpu, ['trained_drafts=maybe'])

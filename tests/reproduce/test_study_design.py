@@ -9,6 +9,7 @@ import pytest
 
 from gqa_spec.errors import UserError
 from gqa_spec.reproduce import finetune, pipeline, presets, report
+from gqa_spec.reproduce import overrides
 from gqa_spec.reproduce.presets import MULTITASK, SUMMARIZE, TRANSLATE
 
 MEAN = 'mean_bleu_rouge1'
@@ -43,7 +44,7 @@ def test_multitask_lengths_are_the_longest_over_the_tasks():
   assert cpu.finetune_lengths == {TRANSLATE: (64, 64), SUMMARIZE: (128, 32)}
   assert cpu.multitask_lengths() == (128, 64)
   assert cpu.design()['finetune_lengths'] == {MULTITASK: [128, 64]}
-  per_task = presets.override(cpu, ['finetune_multitask=false']).design()
+  per_task = overrides.apply(cpu, ['finetune_multitask=false']).design()
   assert per_task['finetune'] == 'per task'
   assert per_task['finetune_lengths'] == {TRANSLATE: [64, 64], SUMMARIZE: [128, 32]}
 
@@ -77,11 +78,11 @@ def test_design_note_states_the_design_and_any_deviation():
   assert 'ddtp_span_corruption' in paper and 'per task' in paper
   assert 'deviates' not in paper
   both = report.design_note(
-      presets.override(smoke, ['pretrain_task=ddtp_mixture', 'finetune_multitask=true']), MEAN)
+      overrides.apply(smoke, ['pretrain_task=ddtp_mixture', 'finetune_multitask=true']), MEAN)
   assert '`ddtp_mixture`' in both and f'`{MULTITASK}`' in both and f'`{MEAN}`' in both
   assert 'deviates from the GQA paper' in both and 'budget' in both
   assert 'multi-task pre-training teaches the tasks' in both
-  only_finetune = report.design_note(presets.override(smoke, ['finetune_multitask=true']), MEAN)
+  only_finetune = report.design_note(overrides.apply(smoke, ['finetune_multitask=true']), MEAN)
   assert 'once on both tasks' in only_finetune and 'mixture instead' not in only_finetune
   assert 'multi-task pre-training teaches' not in only_finetune
 
@@ -141,7 +142,7 @@ def test_pretraining_and_uptraining_run_on_the_mixture(multitask_run):
 
 def test_multitask_finetuning_is_one_job_per_model_with_rows_per_task(multitask_run):
   out_dir, work_dir = multitask_run
-  preset = presets.override(presets.get('smoke'), OVERRIDES)
+  preset = overrides.apply(presets.get('smoke'), OVERRIDES)
   models = [v.name for v in preset.variants()] + ['draft']
   assert len(models) == 5
   assert sorted(os.listdir(os.path.join(work_dir, 'jobs', 'finetune'))) == sorted(
@@ -183,7 +184,7 @@ def test_multitask_finetuning_is_one_job_per_model_with_rows_per_task(multitask_
 
 def test_evaluate_scores_each_task_from_the_shared_checkpoint(multitask_run):
   out_dir, _ = multitask_run
-  preset = presets.override(presets.get('smoke'), OVERRIDES)
+  preset = overrides.apply(presets.get('smoke'), OVERRIDES)
   best_step = {r['name']: r['best']['step'] for r in _stage(out_dir, 'finetune')['rows']}
   rows = _stage(out_dir, 'evaluate')['rows']
   assert sorted((r['variant'], r['task']) for r in rows) == sorted(
